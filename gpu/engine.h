@@ -1,0 +1,190 @@
+// Engine: the compute back end the server talks to. Asynchronous: a job is
+// submitted, the engine stages its operands, computes, and reports the result
+// through a callback on one of its own threads; no caller ever waits on the
+// device. Two implementations: CudaEngine (gpu/cuda_engine.h) and HostEngine
+// (gpu/host_engine.h, OpenBLAS), chosen by the server's --engine flag.
+#ifndef MATMUL_GPU_ENGINE_H_
+#define MATMUL_GPU_ENGINE_H_
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/functional/any_invocable.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "common/dtype.h"
+#include "gpu/matmul_spec.h"
+
+namespace matmul {
+
+// Where a job ran: device index (-1 for the host engine) and the stream (or
+// host worker lane) within that device's pool.
+struct Placement {
+  int device = -1;
+  int stream = -1;
+};
+
+// Seconds each stage of one job took. Device stages (h2d, compute, d2h) come
+// from CUDA events on the CUDA engine and from host clocks on the host engine.
+struct StageTimings {
+  double queue = 0;     // submitted -> staging leased and work started
+  double stage_in = 0;  // operands copied into staging memory
+  double h2d = 0;
+  double compute = 0;
+  double d2h = 0;
+};
+
+// A finished job's product. Its bytes live in the engine's staging memory,
+// which stays leased until this object is destroyed; so a reply can be sent
+// straight from staging and released when the transport is done with it.
+// Move-only. Not thread-safe; destroy it on any thread.
+class JobResult {
+ public:
+  JobResult(absl::Span<const std::byte> c, Placement placement,
+            StageTimings timings, absl::AnyInvocable<void() &&> release)
+      : c_(c),
+        placement_(placement),
+        timings_(timings),
+        release_(std::move(release)) {}
+  JobResult(JobResult&& other) noexcept
+      : c_(other.c_),
+        placement_(other.placement_),
+        timings_(other.timings_),
+        release_(std::move(other.release_)) {
+    other.release_ = nullptr;
+  }
+  JobResult& operator=(JobResult&& other) noexcept {
+    if (this != &other) {
+      Release();
+      c_ = other.c_;
+      placement_ = other.placement_;
+      timings_ = other.timings_;
+      release_ = std::move(other.release_);
+      other.release_ = nullptr;
+    }
+    return *this;
+  }
+  JobResult(const JobResult&) = delete;
+  JobResult& operator=(const JobResult&) = delete;
+  ~JobResult() { Release(); }
+
+  // C, row-major, spec.c_bytes() long.
+  absl::Span<const std::byte> c() const { return c_; }
+  Placement placement() const { return placement_; }
+  const StageTimings& timings() const { return timings_; }
+
+ private:
+  void Release() {
+    if (release_) std::move(release_)();
+    release_ = nullptr;
+  }
+
+  absl::Span<const std::byte> c_;
+  Placement placement_;
+  StageTimings timings_;
+  absl::AnyInvocable<void() &&> release_;
+};
+
+// One multiply, implemented by the caller (the server wraps an RPC in it).
+// The engine owns a submitted job until it has called Done, then destroys it.
+class MatmulJob {
+ public:
+  virtual ~MatmulJob() = default;
+
+  virtual const MatmulSpec& spec() const = 0;
+
+  // Copies the operands into staging memory: `a` is spec().a_bytes() long,
+  // `b` spec().b_bytes(). Called at most once, before any device work, on
+  // whichever thread leased the staging; must not block on other jobs.
+  virtual absl::Status WriteOperands(absl::Span<std::byte> a,
+                                     absl::Span<std::byte> b) = 0;
+
+  // Called exactly once, on an engine thread (or inside Submit for jobs that
+  // fail at once), with the result or the reason there is none.
+  virtual void Done(absl::StatusOr<JobResult> result) = 0;
+
+  // A non-OK status once the caller no longer wants the result (CANCELLED,
+  // DEADLINE_EXCEEDED); the engine then drops the job if it has not started.
+  // Must be cheap and thread-safe.
+  virtual absl::Status Abandoned() const { return absl::OkStatus(); }
+};
+
+// A compute device as the engine sees it.
+struct DeviceInfo {
+  int index = 0;
+  std::string name;
+  std::string uuid;
+  int64_t memory_bytes = 0;
+  int multiprocessors = 0;
+  int copy_engines = 0;
+  std::string compute_capability;
+  int64_t staging_bytes = 0;
+};
+
+struct EngineInfo {
+  std::string name;  // "cuda" or "host"
+  std::vector<DeviceInfo> devices;
+  int streams_per_device = 0;
+  std::vector<DType> dtypes;
+};
+
+// Cumulative counters of one stream (host: worker lane).
+struct StreamStats {
+  int64_t jobs = 0;          // jobs that ran on it
+  double busy_seconds = 0;   // time it had work (CUDA: from events)
+};
+
+// Cumulative counters and current gauges of one device.
+struct DeviceStats {
+  std::string label;  // metrics label: device index, or "host"
+  std::vector<StreamStats> streams;
+  double busy_seconds = 0;          // union of its streams' busy time
+  double compute_busy_seconds = 0;  // union of GEMM time
+  double copy_busy_seconds = 0;     // union of H2D and D2H time
+  double copy_compute_overlap_seconds = 0;  // copies running during GEMMs
+  int64_t h2d_bytes = 0;
+  int64_t d2h_bytes = 0;
+  std::array<double, kNumDTypes> flops{};  // indexed by DType
+  int64_t staging_used_bytes = 0;
+  int64_t staging_total_bytes = 0;
+  int64_t device_memory_used_bytes = 0;
+  int64_t queued_jobs = 0;  // submitted, not yet started
+};
+
+struct EngineStats {
+  std::vector<DeviceStats> devices;
+};
+
+// Thread-safe: every method may be called from any thread.
+class Engine {
+ public:
+  virtual ~Engine() = default;
+
+  virtual const EngineInfo& info() const = 0;
+
+  // OK if a job of this spec can run here at all; RESOURCE_EXHAUSTED, with
+  // the numbers, if it never could (e.g. more than any device's memory).
+  virtual absl::Status CheckFits(const MatmulSpec& spec) const = 0;
+
+  // Queues a job. Its Done is called exactly once, possibly before Submit
+  // returns (e.g. UNAVAILABLE after Shutdown).
+  virtual void Submit(std::unique_ptr<MatmulJob> job) = 0;
+
+  // A snapshot of the counters, for metrics.
+  virtual EngineStats stats() const = 0;
+
+  // Runs every job already submitted to completion, then stops the engine's
+  // threads. Jobs submitted afterwards fail with UNAVAILABLE. Idempotent.
+  virtual void Shutdown() = 0;
+};
+
+}  // namespace matmul
+
+#endif  // MATMUL_GPU_ENGINE_H_

@@ -1,0 +1,38 @@
+#include "gpu/engine_factory.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "gpu/host_engine.h"
+
+namespace matmul {
+
+absl::StatusOr<EngineKind> ParseEngineKind(const std::string& text) {
+  if (text == "auto") return EngineKind::kAuto;
+  if (text == "cuda") return EngineKind::kCuda;
+  if (text == "host") return EngineKind::kHost;
+  return absl::InvalidArgumentError(
+      absl::StrCat("engine must be auto, cuda or host; got \"", text, "\""));
+}
+
+bool CudaEngineBuilt() {
+#ifdef MATMUL_HAVE_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(
+    const EngineOptions& options) {
+  if (options.kind == EngineKind::kCuda) {
+    return absl::FailedPreconditionError(
+        "--engine=cuda: this build has no CUDA engine");
+  }
+  HostEngineOptions host;
+  host.lanes = options.streams_per_device;
+  ASSIGN_OR_RETURN(std::unique_ptr<HostEngine> engine,
+                   HostEngine::Create(host));
+  return std::unique_ptr<Engine>(std::move(engine));
+}
+
+}  // namespace matmul

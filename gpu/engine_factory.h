@@ -1,0 +1,38 @@
+// CreateEngine: picks and builds the engine the server runs on. The only
+// place that knows which engines this binary was built with.
+#ifndef MATMUL_GPU_ENGINE_FACTORY_H_
+#define MATMUL_GPU_ENGINE_FACTORY_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "gpu/engine.h"
+
+namespace matmul {
+
+enum class EngineKind { kAuto, kCuda, kHost };
+
+struct EngineOptions {
+  EngineKind kind = EngineKind::kAuto;
+  // CUDA streams per device (host engine: worker lanes).
+  int streams_per_device = 4;
+  // Pinned staging memory per device, bytes (CUDA engine).
+  int64_t staging_bytes_per_device = int64_t{4} << 30;
+};
+
+// "auto", "cuda" or "host".
+absl::StatusOr<EngineKind> ParseEngineKind(const std::string& text);
+
+// Whether this binary includes the CUDA engine.
+bool CudaEngineBuilt();
+
+// kAuto: the CUDA engine when it was built and a GPU is visible, otherwise
+// the host engine. kCuda fails (FAILED_PRECONDITION) without a usable GPU.
+absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(
+    const EngineOptions& options);
+
+}  // namespace matmul
+
+#endif  // MATMUL_GPU_ENGINE_FACTORY_H_

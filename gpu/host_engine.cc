@@ -1,0 +1,324 @@
+#include "gpu/host_engine.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/float16.h"
+
+namespace matmul {
+namespace {
+
+void AtomicAdd(std::atomic<double>& target, double delta) {
+  double old = target.load(std::memory_order_relaxed);
+  while (!target.compare_exchange_weak(old, old + delta,
+                                       std::memory_order_relaxed)) {
+  }
+}
+
+std::string CpuName() {
+  // The host "device" is named after the processor, as /proc/cpuinfo has it.
+  FILE* f = std::fopen("/proc/cpuinfo", "r");
+  if (f == nullptr) return "host CPU";
+  char line[512];
+  std::string name = "host CPU";
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    if (std::strncmp(line, "model name", 10) == 0) {
+      const char* colon = std::strchr(line, ':');
+      if (colon != nullptr) {
+        name = colon + 1;
+        name.erase(0, name.find_first_not_of(" \t"));
+        name.erase(name.find_last_not_of(" \t\n") + 1);
+      }
+      break;
+    }
+  }
+  std::fclose(f);
+  return name;
+}
+
+// Row-major GEMM of one batch entry in float or double.
+template <typename T>
+void GemmOne(const MatmulSpec& s, const T* a, const T* b, T* c);
+
+template <>
+void GemmOne<float>(const MatmulSpec& s, const float* a, const float* b,
+                    float* c) {
+  cblas_sgemm(CblasRowMajor, s.transpose_a ? CblasTrans : CblasNoTrans,
+              s.transpose_b ? CblasTrans : CblasNoTrans, s.m, s.n, s.k, 1.0f,
+              a, s.transpose_a ? s.m : s.k, b, s.transpose_b ? s.k : s.n, 0.0f,
+              c, s.n);
+}
+
+template <>
+void GemmOne<double>(const MatmulSpec& s, const double* a, const double* b,
+                     double* c) {
+  cblas_dgemm(CblasRowMajor, s.transpose_a ? CblasTrans : CblasNoTrans,
+              s.transpose_b ? CblasTrans : CblasNoTrans, s.m, s.n, s.k, 1.0,
+              a, s.transpose_a ? s.m : s.k, b, s.transpose_b ? s.k : s.n, 0.0,
+              c, s.n);
+}
+
+template <typename T>
+void GemmBatched(const MatmulSpec& s, const T* a, const T* b, T* c) {
+  const int64_t a_stride = s.a_batch == 1 ? 0 : s.m * s.k;
+  const int64_t b_stride = s.b_batch == 1 ? 0 : s.k * s.n;
+  for (int64_t i = 0; i < s.batch; ++i) {
+    GemmOne<T>(s, a + i * a_stride, b + i * b_stride, c + i * s.m * s.n);
+  }
+}
+
+// float16 / bfloat16: widen to float32, multiply, round back.
+void GemmHalfPrecision(const MatmulSpec& s, const uint16_t* a,
+                       const uint16_t* b, uint16_t* c) {
+  const bool bf16 = s.dtype == DType::kBFloat16;
+  auto widen = [bf16](const uint16_t* in, int64_t n) {
+    std::vector<float> out(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      out[i] = bf16 ? BFloat16ToFloat(in[i]) : HalfToFloat(in[i]);
+    }
+    return out;
+  };
+  const std::vector<float> a32 = widen(a, s.a_elements());
+  const std::vector<float> b32 = widen(b, s.b_elements());
+  std::vector<float> c32(static_cast<size_t>(s.c_elements()));
+  GemmBatched<float>(s, a32.data(), b32.data(), c32.data());
+  for (int64_t i = 0; i < s.c_elements(); ++i) {
+    c[i] = bf16 ? FloatToBFloat16(c32[i]) : FloatToHalf(c32[i]);
+  }
+}
+
+}  // namespace
+
+void HostGemm(const MatmulSpec& spec, const std::byte* a, const std::byte* b,
+              std::byte* c) {
+  switch (spec.dtype) {
+    case DType::kFloat32:
+      GemmBatched<float>(spec, reinterpret_cast<const float*>(a),
+                         reinterpret_cast<const float*>(b),
+                         reinterpret_cast<float*>(c));
+      break;
+    case DType::kFloat64:
+      GemmBatched<double>(spec, reinterpret_cast<const double*>(a),
+                          reinterpret_cast<const double*>(b),
+                          reinterpret_cast<double*>(c));
+      break;
+    case DType::kFloat16:
+    case DType::kBFloat16:
+      GemmHalfPrecision(spec, reinterpret_cast<const uint16_t*>(a),
+                        reinterpret_cast<const uint16_t*>(b),
+                        reinterpret_cast<uint16_t*>(c));
+      break;
+  }
+}
+
+absl::StatusOr<std::unique_ptr<HostEngine>> HostEngine::Create(
+    const HostEngineOptions& options) {
+  if (options.lanes < 1 || options.lanes > 256) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "host engine: lanes must be in [1, 256], got ", options.lanes));
+  }
+  return std::unique_ptr<HostEngine>(new HostEngine(options));
+}
+
+HostEngine::HostEngine(const HostEngineOptions& options) {
+  info_.name = "host";
+  info_.streams_per_device = options.lanes;
+  info_.dtypes = {DType::kFloat32, DType::kFloat64, DType::kFloat16,
+                  DType::kBFloat16};
+  DeviceInfo device;
+  device.index = -1;
+  device.name = CpuName();
+  device.multiprocessors =
+      static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  info_.devices.push_back(device);
+
+  for (int i = 0; i < options.lanes; ++i) {
+    lanes_.push_back(std::make_unique<Lane>());
+  }
+  for (int i = 0; i < options.lanes; ++i) {
+    lanes_[i]->thread = std::thread([this, i] { LaneLoop(i); });
+  }
+}
+
+HostEngine::~HostEngine() { Shutdown(); }
+
+absl::Status HostEngine::CheckFits(const MatmulSpec& spec) const {
+  // OpenBLAS takes 32-bit dimensions and leading dimensions.
+  constexpr int64_t kMax = std::numeric_limits<int>::max();
+  if (spec.m > kMax || spec.n > kMax || spec.k > kMax) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "host engine: dimensions are limited to ", kMax, ", got m=", spec.m,
+        " n=", spec.n, " k=", spec.k));
+  }
+  return absl::OkStatus();
+}
+
+void HostEngine::Submit(std::unique_ptr<MatmulJob> job) {
+  // Readers hold shutdown_mu_ while they enqueue, so once Shutdown has set
+  // shut_down_ no job can land in a queue whose thread is gone.
+  {
+    absl::ReaderMutexLock shutdown_lock(&shutdown_mu_);
+    if (!shut_down_) {
+      Enqueue(std::move(job));
+      return;
+    }
+  }
+  job->Done(absl::UnavailableError("host engine is shut down"));
+}
+
+void HostEngine::Enqueue(std::unique_ptr<MatmulJob> job) {
+  // Least outstanding work first; ties go to the lowest index.
+  int best = 0;
+  double best_work = std::numeric_limits<double>::infinity();
+  for (int i = 0; i < static_cast<int>(lanes_.size()); ++i) {
+    absl::MutexLock lock(&lanes_[i]->mu);
+    if (lanes_[i]->outstanding_flops < best_work) {
+      best_work = lanes_[i]->outstanding_flops;
+      best = i;
+    }
+  }
+  Lane& lane = *lanes_[best];
+  const double work = job->spec().flops();
+  queued_.fetch_add(1, std::memory_order_relaxed);
+  absl::MutexLock lock(&lane.mu);
+  lane.outstanding_flops += work;
+  lane.queue.push_back({std::move(job), absl::Now()});
+  lane.cv.Signal();
+}
+
+void HostEngine::LaneLoop(int index) {
+  Lane& lane = *lanes_[index];
+  while (true) {
+    Queued next;
+    {
+      absl::MutexLock lock(&lane.mu);
+      while (lane.queue.empty() && !lane.stopping) lane.cv.Wait(&lane.mu);
+      if (lane.queue.empty()) return;  // stopping, and drained
+      next = std::move(lane.queue.front());
+      lane.queue.pop_front();
+    }
+    queued_.fetch_sub(1, std::memory_order_relaxed);
+    const double work = next.job->spec().flops();
+    Run(index, std::move(next));
+    absl::MutexLock lock(&lane.mu);
+    lane.outstanding_flops -= work;
+  }
+}
+
+void HostEngine::Run(int lane_index, Queued queued) {
+  Lane& lane = *lanes_[lane_index];
+  MatmulJob& job = *queued.job;
+  const MatmulSpec& spec = job.spec();
+  StageTimings timings;
+  const absl::Time started = absl::Now();
+  timings.queue = absl::ToDoubleSeconds(started - queued.submitted);
+
+  if (absl::Status abandoned = job.Abandoned(); !abandoned.ok()) {
+    job.Done(abandoned);
+    return;
+  }
+
+  const int64_t bytes = spec.a_bytes() + spec.b_bytes() + spec.c_bytes();
+  std::unique_ptr<std::byte[]> staging(new (std::nothrow) std::byte[bytes]);
+  if (staging == nullptr) {
+    job.Done(absl::ResourceExhaustedError(absl::StrCat(
+        "host engine: cannot allocate ", bytes, " bytes of staging memory")));
+    return;
+  }
+  staging_used_.fetch_add(bytes, std::memory_order_relaxed);
+  std::byte* a = staging.get();
+  std::byte* b = a + spec.a_bytes();
+  std::byte* c = b + spec.b_bytes();
+
+  absl::Status written = job.WriteOperands(
+      absl::MakeSpan(a, static_cast<size_t>(spec.a_bytes())),
+      absl::MakeSpan(b, static_cast<size_t>(spec.b_bytes())));
+  const absl::Time staged = absl::Now();
+  timings.stage_in = absl::ToDoubleSeconds(staged - started);
+  if (!written.ok()) {
+    staging_used_.fetch_sub(bytes, std::memory_order_relaxed);
+    job.Done(written);
+    return;
+  }
+
+  BeginBusy();
+  HostGemm(spec, a, b, c);
+  EndBusy();
+  const absl::Duration busy = absl::Now() - staged;
+  timings.compute = absl::ToDoubleSeconds(busy);
+  lane.jobs.fetch_add(1, std::memory_order_relaxed);
+  lane.busy_ns.fetch_add(absl::ToInt64Nanoseconds(busy),
+                         std::memory_order_relaxed);
+  AtomicAdd(flops_[static_cast<int>(spec.dtype)], spec.flops());
+
+  JobResult result(
+      absl::MakeConstSpan(c, static_cast<size_t>(spec.c_bytes())),
+      Placement{-1, lane_index}, timings,
+      [this, bytes, staging = std::move(staging)]() mutable {
+        staging.reset();
+        staging_used_.fetch_sub(bytes, std::memory_order_relaxed);
+      });
+  job.Done(std::move(result));
+}
+
+void HostEngine::BeginBusy() {
+  absl::MutexLock lock(&busy_mu_);
+  if (active_lanes_++ == 0) busy_since_ = absl::Now();
+}
+
+void HostEngine::EndBusy() {
+  absl::MutexLock lock(&busy_mu_);
+  if (--active_lanes_ == 0) busy_total_ += absl::Now() - busy_since_;
+}
+
+EngineStats HostEngine::stats() const {
+  DeviceStats device;
+  device.label = "host";
+  for (const auto& lane : lanes_) {
+    StreamStats s;
+    s.jobs = lane->jobs.load(std::memory_order_relaxed);
+    s.busy_seconds =
+        static_cast<double>(lane->busy_ns.load(std::memory_order_relaxed)) *
+        1e-9;
+    device.streams.push_back(s);
+  }
+  {
+    absl::MutexLock lock(&busy_mu_);
+    absl::Duration total = busy_total_;
+    if (active_lanes_ > 0) total += absl::Now() - busy_since_;
+    device.busy_seconds = absl::ToDoubleSeconds(total);
+  }
+  device.compute_busy_seconds = device.busy_seconds;
+  for (int i = 0; i < kNumDTypes; ++i) {
+    device.flops[i] = flops_[i].load(std::memory_order_relaxed);
+  }
+  device.staging_used_bytes = staging_used_.load(std::memory_order_relaxed);
+  device.queued_jobs = queued_.load(std::memory_order_relaxed);
+  EngineStats stats;
+  stats.devices.push_back(std::move(device));
+  return stats;
+}
+
+void HostEngine::Shutdown() {
+  {
+    absl::MutexLock lock(&shutdown_mu_);
+    if (shut_down_) return;
+    shut_down_ = true;
+  }
+  for (auto& lane : lanes_) {
+    absl::MutexLock lock(&lane->mu);
+    lane->stopping = true;
+    lane->cv.Signal();
+  }
+  for (auto& lane : lanes_) {
+    if (lane->thread.joinable()) lane->thread.join();
+  }
+}
+
+}  // namespace matmul

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Installs every system dependency of the project (Debian 12 / Ubuntu 24.04).
+# Idempotent: packages already present are skipped, and apt is not touched
+# when nothing is missing. README.md, .ci/run and the Dockerfile all use it.
+#
+#   scripts/install-deps.sh            build + test dependencies (default)
+#   scripts/install-deps.sh --runtime  only what the server needs to run
+set -euo pipefail
+
+mode=${1:---all}
+
+runtime_pkgs=(
+  libgrpc++1.51 libprotobuf32 libprometheus-cpp-pull1.0 libopenblas0-pthread
+)
+build_pkgs=(
+  build-essential cmake ninja-build ccache pkg-config git
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libabsl-dev prometheus-cpp-dev libopenblas-dev libgtest-dev libgmock-dev
+  python3 python3-grpcio python3-protobuf python3-numpy python3-pytest
+  python3-matplotlib
+  prometheus openssl curl ca-certificates
+  clang-14 libclang-rt-14-dev clang-format
+)
+
+case "$mode" in
+  --runtime) wanted=("${runtime_pkgs[@]}") ;;
+  --all) wanted=("${build_pkgs[@]}")
+         # Node may come from elsewhere (e.g. NodeSource, which bundles npm);
+         # only ask Debian for it when there is none.
+         command -v npm >/dev/null 2>&1 || wanted+=(nodejs npm) ;;
+  *) echo "usage: $0 [--runtime|--all]" >&2; exit 2 ;;
+esac
+
+# Ubuntu 24.04 names some runtime libraries differently; map them.
+if [ -r /etc/os-release ] && . /etc/os-release && [ "${ID:-}" = ubuntu ]; then
+  for i in "${!wanted[@]}"; do
+    case "${wanted[$i]}" in
+      libgrpc++1.51) wanted[$i]=libgrpc++1.51t64 ;;
+      libprotobuf32) wanted[$i]=libprotobuf32t64 ;;
+      libprometheus-cpp-pull1.0) wanted[$i]=libprometheus-cpp-pull1.0t64 ;;
+    esac
+  done
+fi
+
+missing=()
+for p in "${wanted[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#wanted[@]} packages present"
+else
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  echo "install-deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -q
+  $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+# Node tools used by the checks (buf lint, manifest validation) live in the
+# project's own tools/node_modules, pinned by tools/package-lock.json.
+if [ "$mode" = --all ] && [ -f "$(dirname "$0")/../tools/package.json" ]; then
+  (cd "$(dirname "$0")/../tools" && { [ -d node_modules ] && npm ls >/dev/null 2>&1 || npm ci --no-audit --no-fund --loglevel=error; })
+fi

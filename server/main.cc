@@ -1,0 +1,154 @@
+// matmul-server: flags, signals and start-up. Everything else lives in
+// MatmulServer. Flags may be written with dashes or underscores
+// (--max-message-bytes or --max_message_bytes).
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/dtype.h"
+#include "common/log.h"
+#include "gpu/engine_factory.h"
+#include "server/matmul_server.h"
+
+ABSL_FLAG(std::string, host, "0.0.0.0",
+          "Address to listen on for gRPC (0.0.0.0, ::, 127.0.0.1, ...)");
+ABSL_FLAG(int32_t, port, 50051, "gRPC port (0 picks a free one)");
+ABSL_FLAG(int32_t, metrics_port, 9464,
+          "Prometheus /metrics HTTP port (0 disables)");
+ABSL_FLAG(std::string, engine, "auto",
+          "auto (CUDA if a GPU is visible, else host), cuda or host");
+ABSL_FLAG(int32_t, streams_per_device, 4,
+          "CUDA streams per GPU (host engine: worker lanes)");
+ABSL_FLAG(int64_t, pinned_pool_bytes, int64_t{4} << 30,
+          "Pinned staging memory per GPU, bytes (CUDA engine)");
+ABSL_FLAG(int64_t, max_message_bytes, int64_t{1} << 30,
+          "Largest request or response message, bytes (at most 2^31-1)");
+ABSL_FLAG(int64_t, max_inflight_bytes, int64_t{8} << 30,
+          "Operand and result bytes held by requests in flight; beyond it "
+          "requests get RESOURCE_EXHAUSTED");
+ABSL_FLAG(int64_t, max_elements_per_operand, int64_t{1} << 31,
+          "Largest operand or result, elements");
+ABSL_FLAG(absl::Duration, drain_grace, absl::ZeroDuration(),
+          "On SIGTERM: report NOT_SERVING this long before refusing new "
+          "requests (let load balancers catch up)");
+ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30),
+          "On SIGTERM: how long in-flight requests get to finish");
+
+namespace {
+
+// absl flags are spelled with underscores; accept the dashed spelling too.
+std::vector<char*> NormalizeFlagNames(int argc, char** argv,
+                                      std::vector<std::string>& storage) {
+  storage.assign(argv, argv + argc);
+  for (std::string& arg : storage) {
+    if (arg.rfind("--", 0) != 0 || arg == "--") continue;
+    const size_t end = std::min(arg.find('='), arg.size());
+    for (size_t i = 2; i < end; ++i) {
+      if (arg[i] == '-') arg[i] = '_';
+    }
+  }
+  std::vector<char*> out;
+  for (std::string& arg : storage) out.push_back(arg.data());
+  return out;
+}
+
+std::string DescribeEngine(const matmul::Engine& engine) {
+  const matmul::EngineInfo& info = engine.info();
+  std::string text = absl::StrCat("engine ", info.name, ", ",
+                                  info.streams_per_device,
+                                  " streams per device");
+  for (const matmul::DeviceInfo& d : info.devices) {
+    absl::StrAppend(&text, "\n  device ", d.index, ": ", d.name);
+    if (!d.uuid.empty()) absl::StrAppend(&text, " ", d.uuid);
+    if (d.memory_bytes > 0) {
+      absl::StrAppend(&text, ", ", d.memory_bytes >> 20, " MiB, cc ",
+                      d.compute_capability, ", ", d.multiprocessors, " SMs, ",
+                      d.copy_engines, " copy engines, pinned pool ",
+                      d.staging_bytes >> 20, " MiB");
+    } else {
+      absl::StrAppend(&text, ", ", d.multiprocessors, " cores");
+    }
+  }
+  return text;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "matmul-server: multiplies matrices for gRPC clients on GPUs (or the "
+      "CPU)");
+  std::vector<std::string> storage;
+  std::vector<char*> args = NormalizeFlagNames(argc, argv, storage);
+  absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
+
+  // Signals are taken synchronously by this thread (sigwait below); block
+  // them before any other thread exists so that every thread inherits that.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  absl::StatusOr<matmul::EngineKind> kind =
+      matmul::ParseEngineKind(absl::GetFlag(FLAGS_engine));
+  if (!kind.ok()) {
+    matmul::LogLine(absl::StrCat("error: ", kind.status().message()));
+    return 2;
+  }
+  matmul::EngineOptions engine_options;
+  engine_options.kind = *kind;
+  engine_options.streams_per_device = absl::GetFlag(FLAGS_streams_per_device);
+  engine_options.staging_bytes_per_device =
+      absl::GetFlag(FLAGS_pinned_pool_bytes);
+
+  matmul::ServerOptions options;
+  const std::string host = absl::GetFlag(FLAGS_host);
+  const bool ipv6 = host.find(':') != std::string::npos && host[0] != '[';
+  options.listen_address = absl::StrCat(ipv6 ? "[" : "", host, ipv6 ? "]" : "",
+                                        ":", absl::GetFlag(FLAGS_port));
+  options.limits.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.limits.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes);
+  options.limits.max_elements_per_operand =
+      absl::GetFlag(FLAGS_max_elements_per_operand);
+  options.drain_grace = absl::GetFlag(FLAGS_drain_grace);
+  options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
+  if (options.limits.max_message_bytes <= 0 ||
+      options.limits.max_message_bytes > INT32_MAX) {
+    matmul::LogLine("error: --max-message-bytes must be in [1, 2147483647]");
+    return 2;
+  }
+
+  matmul::LogLine(absl::StrCat("matmul-server ", matmul::ServerVersion(),
+                               " starting on ", options.listen_address));
+  absl::StatusOr<std::unique_ptr<matmul::MatmulServer>> server =
+      matmul::MatmulServer::Start(
+          options, [&engine_options] { return CreateEngine(engine_options); });
+  if (!server.ok()) {
+    matmul::LogLine(absl::StrCat("error: ", server.status().ToString()));
+    return 1;
+  }
+  matmul::LogLine(DescribeEngine((*server)->engine()));
+  matmul::LogLine(absl::StrCat("serving on port ", (*server)->port(),
+                               "; max message ",
+                               options.limits.max_message_bytes,
+                               " bytes, max in flight ",
+                               options.limits.max_inflight_bytes, " bytes"));
+
+  int signal_number = 0;
+  sigwait(&signals, &signal_number);
+  matmul::LogLine(absl::StrCat("received ", strsignal(signal_number),
+                               "; shutting down"));
+  (*server)->Shutdown();
+  matmul::LogLine("stopped");
+  return 0;
+}

@@ -1,0 +1,104 @@
+#include "server/matmul_server.h"
+
+#include <climits>
+#include <utility>
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/security/server_credentials.h>
+#include <grpcpp/server_builder.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+
+namespace matmul {
+namespace {
+
+void SetHealth(grpc::Server& server, bool ready) {
+  grpc::HealthCheckServiceInterface* health = server.GetHealthCheckService();
+  if (health == nullptr) return;
+  health->SetServingStatus("", ready);
+  health->SetServingStatus(kServiceName, ready);
+  health->SetServingStatus(kReadinessService, ready);
+  // Liveness: the process is up and its event loop answers.
+  health->SetServingStatus(kLivenessService, true);
+}
+
+}  // namespace
+
+std::string ServerVersion() {
+#ifdef MATMUL_VERSION
+  return MATMUL_VERSION;
+#else
+  return "dev";
+#endif
+}
+
+MatmulServer::MatmulServer(const ServerOptions& options) : options_(options) {}
+
+MatmulServer::~MatmulServer() { Shutdown(); }
+
+absl::StatusOr<std::unique_ptr<MatmulServer>> MatmulServer::Start(
+    const ServerOptions& options, EngineProvider provider) {
+  std::unique_ptr<MatmulServer> self(new MatmulServer(options));
+  self->service_ =
+      std::make_unique<MatmulServiceImpl>(options.limits, ServerVersion());
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options.listen_address,
+                           grpc::InsecureServerCredentials(), &self->port_);
+  const int max_message = static_cast<int>(
+      std::min<int64_t>(options.limits.max_message_bytes, INT_MAX));
+  builder.SetMaxReceiveMessageSize(max_message);
+  builder.SetMaxSendMessageSize(max_message);
+  // Without this, gRPC sets SO_REUSEPORT and a second server on a busy port
+  // would silently share it instead of failing.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.RegisterService(self->service_.get());
+  self->server_ = builder.BuildAndStart();
+  if (self->server_ == nullptr || self->port_ == 0) {
+    self->server_.reset();
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", options.listen_address));
+  }
+  SetHealth(*self->server_, /*ready=*/false);
+  if (options.on_listening) options.on_listening(self->port_);
+
+  absl::StatusOr<std::unique_ptr<Engine>> engine = std::move(provider)();
+  if (!engine.ok()) {
+    self->Shutdown();
+    return engine.status();
+  }
+  self->engine_ = std::move(*engine);
+  self->service_->SetEngine(self->engine_.get());
+  SetHealth(*self->server_, /*ready=*/true);
+  return self;
+}
+
+void MatmulServer::Shutdown() {
+  {
+    absl::MutexLock lock(&shutdown_mu_);
+    if (shut_down_) return;
+    shut_down_ = true;
+  }
+  if (server_ != nullptr) {
+    SetHealth(*server_, /*ready=*/false);
+    if (options_.drain_grace > absl::ZeroDuration()) {
+      LogLine(absl::StrCat("draining: NOT_SERVING for ",
+                           absl::FormatDuration(options_.drain_grace),
+                           " before refusing new requests"));
+      absl::SleepFor(options_.drain_grace);
+    }
+    service_->StartDraining();
+    LogLine(absl::StrCat("draining: ", service_->inflight_requests(),
+                         " requests in flight, waiting up to ",
+                         absl::FormatDuration(options_.drain_timeout)));
+    server_->Shutdown(
+        absl::ToChronoTime(absl::Now() + options_.drain_timeout));
+  }
+  if (engine_ != nullptr) engine_->Shutdown();
+}
+
+}  // namespace matmul

@@ -1,0 +1,85 @@
+// MatmulServer: the whole server in one object, for main() and for tests. It
+// owns the gRPC server (MatmulService, grpc.health.v1, reflection) and the
+// engine, and runs the start-up and drain sequences.
+#ifndef MATMUL_SERVER_MATMUL_SERVER_H_
+#define MATMUL_SERVER_MATMUL_SERVER_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include <grpcpp/server.h>
+
+#include "absl/functional/any_invocable.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "gpu/engine.h"
+#include "server/matmul_service.h"
+#include "server/request_limits.h"
+
+namespace matmul {
+
+struct ServerOptions {
+  // gRPC listening address, e.g. "0.0.0.0:50051" or "127.0.0.1:0".
+  std::string listen_address = "0.0.0.0:50051";
+  RequestLimits limits;
+  // On Shutdown: how long health reports NOT_SERVING while RPCs are still
+  // accepted, so that load balancers stop sending here first.
+  absl::Duration drain_grace = absl::ZeroDuration();
+  // Then: how long in-flight RPCs get to finish before they are cancelled.
+  absl::Duration drain_timeout = absl::Seconds(30);
+  // Called once the port is bound, before the engine is built (health is
+  // NOT_SERVING until then). Optional.
+  std::function<void(int port)> on_listening;
+};
+
+// Health service names. "" and kServiceName follow the gRPC convention;
+// the probes use the two named ones: liveness stays SERVING while the
+// process drains, readiness does not.
+inline constexpr char kLivenessService[] = "liveness";
+inline constexpr char kReadinessService[] = "readiness";
+inline constexpr char kServiceName[] = "matmul.v1.MatmulService";
+
+// Thread-safe.
+class MatmulServer {
+ public:
+  using EngineProvider =
+      absl::AnyInvocable<absl::StatusOr<std::unique_ptr<Engine>>() &&>;
+
+  // Starts listening with health NOT_SERVING, then builds the engine with
+  // `provider` and turns health SERVING. Fails if the address cannot be
+  // bound or the engine cannot be built.
+  static absl::StatusOr<std::unique_ptr<MatmulServer>> Start(
+      const ServerOptions& options, EngineProvider provider);
+
+  ~MatmulServer();
+
+  // The bound port (useful with port 0).
+  int port() const { return port_; }
+  Engine& engine() { return *engine_; }
+  MatmulServiceImpl& service() { return *service_; }
+
+  // Graceful stop: health NOT_SERVING; after drain_grace, new RPCs are
+  // refused and in-flight ones get drain_timeout to finish; then the engine
+  // stops. Idempotent; blocks until done.
+  void Shutdown();
+
+ private:
+  explicit MatmulServer(const ServerOptions& options);
+
+  const ServerOptions options_;
+  std::unique_ptr<MatmulServiceImpl> service_;
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  absl::Mutex shutdown_mu_;
+  bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;
+};
+
+// The version string reported by GetServerInfo and metrics.
+std::string ServerVersion();
+
+}  // namespace matmul
+
+#endif  // MATMUL_SERVER_MATMUL_SERVER_H_

@@ -1,0 +1,231 @@
+#include "server/matmul_service.h"
+
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "server/grpc_status.h"
+#include "server/request_validation.h"
+
+namespace matmul {
+
+// One Multiply RPC, from the handler until gRPC calls OnDone. Its job runs
+// on the engine; Complete() finishes the RPC from the engine's thread.
+class MultiplyReactor final : public grpc::ServerUnaryReactor {
+ public:
+  MultiplyReactor(MatmulServiceImpl* service,
+                  grpc::CallbackServerContext* context,
+                  const v1::MultiplyRequest* request,
+                  v1::MultiplyResponse* response)
+      : service_(service),
+        context_(context),
+        request_(request),
+        response_(response),
+        deadline_(context->deadline()) {}
+
+  // Validates, admits and submits; or finishes at once with the reason not.
+  void Start();
+
+  void OnCancel() override { cancelled_.store(true, std::memory_order_relaxed); }
+
+  void OnDone() override {
+    if (admitted_) {
+      service_->inflight_bytes_.Release(reserved_bytes_);
+      service_->inflight_requests_.fetch_sub(1, std::memory_order_relaxed);
+    }
+    delete this;
+  }
+
+  // Called by the job, on engine threads.
+  absl::Status Abandoned() const;
+  absl::Status WriteOperands(absl::Span<std::byte> a, absl::Span<std::byte> b);
+  void Complete(const MatmulSpec& spec, absl::StatusOr<JobResult> result);
+
+ private:
+  void FinishWith(const absl::Status& status) { Finish(ToGrpcStatus(status)); }
+
+  MatmulServiceImpl* const service_;
+  grpc::CallbackServerContext* const context_;
+  const v1::MultiplyRequest* const request_;
+  v1::MultiplyResponse* const response_;
+  const std::chrono::system_clock::time_point deadline_;
+  std::atomic<bool> cancelled_{false};
+  bool admitted_ = false;
+  int64_t reserved_bytes_ = 0;
+};
+
+namespace {
+
+// The engine's view of a Multiply RPC.
+class MultiplyJob final : public MatmulJob {
+ public:
+  MultiplyJob(MultiplyReactor* reactor, const MatmulSpec& spec)
+      : reactor_(reactor), spec_(spec) {}
+
+  const MatmulSpec& spec() const override { return spec_; }
+  absl::Status WriteOperands(absl::Span<std::byte> a,
+                             absl::Span<std::byte> b) override {
+    return reactor_->WriteOperands(a, b);
+  }
+  void Done(absl::StatusOr<JobResult> result) override {
+    reactor_->Complete(spec_, std::move(result));
+  }
+  absl::Status Abandoned() const override { return reactor_->Abandoned(); }
+
+ private:
+  MultiplyReactor* const reactor_;
+  const MatmulSpec spec_;
+};
+
+bool DeadlinePassed(std::chrono::system_clock::time_point deadline) {
+  return deadline != std::chrono::system_clock::time_point::max() &&
+         std::chrono::system_clock::now() >= deadline;
+}
+
+}  // namespace
+
+void MultiplyReactor::Start() {
+  if (service_->draining_.load(std::memory_order_relaxed)) {
+    FinishWith(absl::UnavailableError("the server is shutting down"));
+    return;
+  }
+  Engine* engine = service_->engine_.load(std::memory_order_acquire);
+  if (engine == nullptr) {
+    FinishWith(absl::UnavailableError("the engine is still starting"));
+    return;
+  }
+  absl::StatusOr<MatmulSpec> spec =
+      ValidateMultiplyRequest(*request_, service_->limits_);
+  if (!spec.ok()) {
+    FinishWith(spec.status());
+    return;
+  }
+  if (absl::Status fits = engine->CheckFits(*spec); !fits.ok()) {
+    FinishWith(fits);
+    return;
+  }
+  if (DeadlinePassed(deadline_)) {
+    FinishWith(absl::DeadlineExceededError(
+        "the deadline passed before the request was admitted"));
+    return;
+  }
+  const int64_t bytes = spec->a_bytes() + spec->b_bytes() + spec->c_bytes();
+  if (!service_->inflight_bytes_.TryAcquire(bytes)) {
+    FinishWith(absl::ResourceExhaustedError(absl::StrCat(
+        "server busy: ", service_->inflight_bytes_.used(), " of ",
+        service_->inflight_bytes_.limit(),
+        " in-flight bytes are in use and this request needs ", bytes,
+        "; retry later")));
+    return;
+  }
+  admitted_ = true;
+  reserved_bytes_ = bytes;
+  service_->inflight_requests_.fetch_add(1, std::memory_order_relaxed);
+  engine->Submit(std::make_unique<MultiplyJob>(this, *spec));
+}
+
+absl::Status MultiplyReactor::Abandoned() const {
+  if (cancelled_.load(std::memory_order_relaxed)) {
+    return absl::CancelledError("the client cancelled the request");
+  }
+  if (DeadlinePassed(deadline_)) {
+    return absl::DeadlineExceededError(
+        "the deadline passed while the request was queued");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MultiplyReactor::WriteOperands(absl::Span<std::byte> a,
+                                            absl::Span<std::byte> b) {
+  const std::string& a_data = request_->a().data();
+  const std::string& b_data = request_->b().data();
+  if (a.size() != a_data.size() || b.size() != b_data.size()) {
+    return absl::InternalError(absl::StrCat(
+        "staging size mismatch: a ", a.size(), " vs ", a_data.size(), ", b ",
+        b.size(), " vs ", b_data.size()));
+  }
+  std::memcpy(a.data(), a_data.data(), a.size());
+  std::memcpy(b.data(), b_data.data(), b.size());
+  return absl::OkStatus();
+}
+
+void MultiplyReactor::Complete(const MatmulSpec& spec,
+                               absl::StatusOr<JobResult> result) {
+  if (!result.ok()) {
+    FinishWith(result.status());
+    return;
+  }
+  v1::Tensor* c = response_->mutable_c();
+  if (spec.c_is_3d) c->add_shape(spec.batch);
+  c->add_shape(spec.m);
+  c->add_shape(spec.n);
+  c->set_dtype(ToProto(spec.dtype));
+  const absl::Span<const std::byte> bytes = result->c();
+  c->set_data(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  v1::Placement* placement = response_->mutable_placement();
+  placement->set_device(result->placement().device);
+  placement->set_stream(result->placement().stream);
+  FinishWith(absl::OkStatus());
+}
+
+MatmulServiceImpl::MatmulServiceImpl(const RequestLimits& limits,
+                                     std::string version)
+    : limits_(limits),
+      version_(std::move(version)),
+      inflight_bytes_(limits.max_inflight_bytes) {}
+
+void MatmulServiceImpl::SetEngine(Engine* engine) {
+  engine_.store(engine, std::memory_order_release);
+}
+
+void MatmulServiceImpl::StartDraining() {
+  draining_.store(true, std::memory_order_relaxed);
+}
+
+grpc::ServerUnaryReactor* MatmulServiceImpl::Multiply(
+    grpc::CallbackServerContext* context, const v1::MultiplyRequest* request,
+    v1::MultiplyResponse* response) {
+  auto* reactor = new MultiplyReactor(this, context, request, response);
+  reactor->Start();
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* MatmulServiceImpl::GetServerInfo(
+    grpc::CallbackServerContext* context,
+    const v1::GetServerInfoRequest* /*request*/,
+    v1::GetServerInfoResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  Engine* engine = engine_.load(std::memory_order_acquire);
+  if (engine == nullptr) {
+    reactor->Finish(ToGrpcStatus(
+        absl::UnavailableError("the engine is still starting")));
+    return reactor;
+  }
+  const EngineInfo& info = engine->info();
+  response->set_engine(info.name);
+  response->set_version(version_);
+  response->set_streams_per_device(info.streams_per_device);
+  for (const DeviceInfo& d : info.devices) {
+    v1::Device* out = response->add_devices();
+    out->set_index(d.index);
+    out->set_name(d.name);
+    out->set_uuid(d.uuid);
+    out->set_memory_bytes(d.memory_bytes);
+    out->set_multiprocessors(d.multiprocessors);
+    out->set_copy_engines(d.copy_engines);
+    out->set_compute_capability(d.compute_capability);
+    out->set_staging_bytes(d.staging_bytes);
+  }
+  for (DType t : info.dtypes) response->add_dtypes(ToProto(t));
+  v1::Limits* limits = response->mutable_limits();
+  limits->set_max_message_bytes(limits_.max_message_bytes);
+  limits->set_max_elements_per_operand(limits_.max_elements_per_operand);
+  limits->set_max_inflight_bytes(limits_.max_inflight_bytes);
+  limits->set_max_dimension(limits_.max_dimension);
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+}  // namespace matmul

@@ -1,0 +1,30 @@
+// Validation of Multiply requests: turns a MultiplyRequest into a MatmulSpec,
+// or explains precisely what is wrong with it. Pure functions, thread-safe.
+#ifndef MATMUL_SERVER_REQUEST_VALIDATION_H_
+#define MATMUL_SERVER_REQUEST_VALIDATION_H_
+
+#include <optional>
+
+#include "absl/status/statusor.h"
+#include "common/dtype.h"
+#include "gpu/matmul_spec.h"
+#include "matmul/v1/matmul.pb.h"
+#include "server/request_limits.h"
+
+namespace matmul {
+
+// INVALID_ARGUMENT for a malformed request (missing operand, bad dtype or
+// shape, wrong byte count, mismatched dimensions); RESOURCE_EXHAUSTED when a
+// well-formed request exceeds `limits`. Messages name the field, the
+// expected and the received value. Size arithmetic cannot overflow.
+absl::StatusOr<MatmulSpec> ValidateMultiplyRequest(
+    const v1::MultiplyRequest& request, const RequestLimits& limits);
+
+// Mapping between the API's enums and the engine's; nullopt for values
+// outside the API (e.g. DTYPE_UNSPECIFIED or an unknown number).
+std::optional<DType> FromProto(v1::Dtype dtype);
+v1::Dtype ToProto(DType dtype);
+
+}  // namespace matmul
+
+#endif  // MATMUL_SERVER_REQUEST_VALIDATION_H_

@@ -1,0 +1,122 @@
+// Test support: an Engine whose jobs wait until the test lets them go, so
+// tests can hold requests in flight, fail them on purpose, or observe
+// cancellation. Released jobs are computed for real with HostGemm.
+#ifndef MATMUL_TESTS_FAKE_ENGINE_H_
+#define MATMUL_TESTS_FAKE_ENGINE_H_
+
+#include <deque>
+#include <memory>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "gpu/engine.h"
+#include "gpu/host_engine.h"
+
+namespace matmul::testing {
+
+// Thread-safe.
+class FakeEngine final : public Engine {
+ public:
+  FakeEngine() {
+    info_.name = "fake";
+    info_.streams_per_device = 1;
+    info_.dtypes = {DType::kFloat32, DType::kFloat64, DType::kFloat16,
+                    DType::kBFloat16};
+    info_.devices.push_back(DeviceInfo{});
+  }
+  ~FakeEngine() override { Shutdown(); }
+
+  const EngineInfo& info() const override { return info_; }
+  absl::Status CheckFits(const MatmulSpec&) const override {
+    return fits_status_;
+  }
+
+  void Submit(std::unique_ptr<MatmulJob> job) override {
+    {
+      absl::MutexLock lock(&mu_);
+      if (!shut_down_) {
+        held_.push_back(std::move(job));
+        return;
+      }
+    }
+    job->Done(absl::UnavailableError("fake engine shut down"));
+  }
+
+  EngineStats stats() const override { return EngineStats{}; }
+
+  void Shutdown() override {
+    std::deque<std::unique_ptr<MatmulJob>> jobs;
+    {
+      absl::MutexLock lock(&mu_);
+      shut_down_ = true;
+      jobs.swap(held_);
+    }
+    for (auto& job : jobs) Run(std::move(job), absl::OkStatus());
+  }
+
+  // Blocks until `n` jobs are held.
+  void WaitForHeld(size_t n) {
+    absl::MutexLock lock(&mu_);
+    auto enough = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return held_.size() >= n;
+    };
+    mu_.Await(absl::Condition(&enough));
+  }
+
+  size_t held() {
+    absl::MutexLock lock(&mu_);
+    return held_.size();
+  }
+
+  // Runs (status OK) or fails (status not OK) the oldest held job.
+  void ReleaseOne(absl::Status status = absl::OkStatus()) {
+    std::unique_ptr<MatmulJob> job;
+    {
+      absl::MutexLock lock(&mu_);
+      if (held_.empty()) return;
+      job = std::move(held_.front());
+      held_.pop_front();
+    }
+    Run(std::move(job), status);
+  }
+
+  absl::Status fits_status_ = absl::OkStatus();
+
+ private:
+  static void Run(std::unique_ptr<MatmulJob> job, absl::Status status) {
+    if (absl::Status abandoned = job->Abandoned(); !abandoned.ok()) {
+      job->Done(abandoned);
+      return;
+    }
+    if (!status.ok()) {
+      job->Done(status);
+      return;
+    }
+    const MatmulSpec& spec = job->spec();
+    auto staging = std::make_shared<std::vector<std::byte>>(
+        spec.a_bytes() + spec.b_bytes() + spec.c_bytes());
+    std::byte* a = staging->data();
+    std::byte* b = a + spec.a_bytes();
+    std::byte* c = b + spec.b_bytes();
+    absl::Status written =
+        job->WriteOperands(absl::MakeSpan(a, spec.a_bytes()),
+                           absl::MakeSpan(b, spec.b_bytes()));
+    if (!written.ok()) {
+      job->Done(written);
+      return;
+    }
+    HostGemm(spec, a, b, c);
+    job->Done(JobResult(absl::MakeConstSpan(c, spec.c_bytes()),
+                        Placement{0, 0}, StageTimings{},
+                        [staging]() mutable { staging.reset(); }));
+  }
+
+  EngineInfo info_;
+  absl::Mutex mu_;
+  std::deque<std::unique_ptr<MatmulJob>> held_ ABSL_GUARDED_BY(mu_);
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace matmul::testing
+
+#endif  // MATMUL_TESTS_FAKE_ENGINE_H_

@@ -1,0 +1,135 @@
+#include "tests/reference_gemm.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "common/float16.h"
+
+namespace matmul::testing {
+
+std::string RandomBytes(DType dtype, int64_t count, absl::BitGen& gen) {
+  std::string out(static_cast<size_t>(count) * DTypeSize(dtype), '\0');
+  for (int64_t i = 0; i < count; ++i) {
+    const double v = absl::Uniform<double>(gen, -1.0, 1.0);
+    char* p = out.data() + i * DTypeSize(dtype);
+    switch (dtype) {
+      case DType::kFloat32: {
+        const float f = static_cast<float>(v);
+        std::memcpy(p, &f, 4);
+        break;
+      }
+      case DType::kFloat64:
+        std::memcpy(p, &v, 8);
+        break;
+      case DType::kFloat16: {
+        const uint16_t h = FloatToHalf(static_cast<float>(v));
+        std::memcpy(p, &h, 2);
+        break;
+      }
+      case DType::kBFloat16: {
+        const uint16_t h = FloatToBFloat16(static_cast<float>(v));
+        std::memcpy(p, &h, 2);
+        break;
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<double> ToDoubles(DType dtype, const void* data, int64_t count) {
+  std::vector<double> out(static_cast<size_t>(count));
+  const char* p = static_cast<const char*>(data);
+  for (int64_t i = 0; i < count; ++i) {
+    const char* e = p + i * DTypeSize(dtype);
+    switch (dtype) {
+      case DType::kFloat32: {
+        float f;
+        std::memcpy(&f, e, 4);
+        out[i] = f;
+        break;
+      }
+      case DType::kFloat64:
+        std::memcpy(&out[i], e, 8);
+        break;
+      case DType::kFloat16:
+      case DType::kBFloat16: {
+        uint16_t h;
+        std::memcpy(&h, e, 2);
+        out[i] = dtype == DType::kFloat16 ? HalfToFloat(h) : BFloat16ToFloat(h);
+        break;
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<double> ReferenceGemm(const MatmulSpec& s,
+                                  const std::vector<double>& a,
+                                  const std::vector<double>& b) {
+  std::vector<double> c(static_cast<size_t>(s.c_elements()), 0.0);
+  for (int64_t bi = 0; bi < s.batch; ++bi) {
+    const double* ab = a.data() + (s.a_batch == 1 ? 0 : bi * s.m * s.k);
+    const double* bb = b.data() + (s.b_batch == 1 ? 0 : bi * s.k * s.n);
+    double* cb = c.data() + bi * s.m * s.n;
+    for (int64_t i = 0; i < s.m; ++i) {
+      for (int64_t p = 0; p < s.k; ++p) {
+        // A stored [m, k], or [k, m] when transposed.
+        const double av = s.transpose_a ? ab[p * s.m + i] : ab[i * s.k + p];
+        for (int64_t j = 0; j < s.n; ++j) {
+          // B stored [k, n], or [n, k] when transposed.
+          const double bv = s.transpose_b ? bb[j * s.k + p] : bb[p * s.n + j];
+          cb[i * s.n + j] += av * bv;
+        }
+      }
+    }
+  }
+  return c;
+}
+
+double RelativeError(const std::vector<double>& out,
+                     const std::vector<double>& ref) {
+  if (out.size() != ref.size()) return std::numeric_limits<double>::infinity();
+  double diff = 0;
+  double norm = 0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (!std::isfinite(out[i])) return std::numeric_limits<double>::infinity();
+    diff += (out[i] - ref[i]) * (out[i] - ref[i]);
+    norm += ref[i] * ref[i];
+  }
+  if (norm == 0) return diff == 0 ? 0 : std::numeric_limits<double>::infinity();
+  return std::sqrt(diff / norm);
+}
+
+double Tolerance(DType dtype, ComputeMode compute) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return compute == ComputeMode::kTf32 ? 1e-3 : 1e-5;
+    case DType::kFloat64:
+      return 1e-12;
+    case DType::kFloat16:
+    case DType::kBFloat16:
+      return 1e-2;
+  }
+  return 0;
+}
+
+MatmulSpec MakeSpec(DType dtype, int64_t batch_a, int64_t batch_b, int64_t m,
+                    int64_t n, int64_t k, bool transpose_a, bool transpose_b,
+                    bool c_is_3d, ComputeMode compute) {
+  MatmulSpec s;
+  s.dtype = dtype;
+  s.compute = compute;
+  s.a_batch = batch_a;
+  s.b_batch = batch_b;
+  s.batch = batch_a > batch_b ? batch_a : batch_b;
+  s.m = m;
+  s.n = n;
+  s.k = k;
+  s.transpose_a = transpose_a;
+  s.transpose_b = transpose_b;
+  s.c_is_3d = c_is_3d;
+  return s;
+}
+
+}  // namespace matmul::testing

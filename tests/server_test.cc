@@ -1,0 +1,572 @@
+// Integration tests: a real MatmulServer on 127.0.0.1:0, real gRPC clients.
+// Every status code the server can return is provoked here.
+#include "server/matmul_server.h"
+
+#include <grpcpp/create_channel.h>
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <future>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "gmock/gmock.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "gtest/gtest.h"
+#include "gpu/host_engine.h"
+#include "matmul/v1/matmul.grpc.pb.h"
+#include "server/request_validation.h"
+#include "tests/fake_engine.h"
+#include "tests/reference_gemm.h"
+
+namespace matmul {
+namespace {
+
+using ::grpc::health::v1::HealthCheckRequest;
+using ::grpc::health::v1::HealthCheckResponse;
+using ::testing::HasSubstr;
+using testing::FakeEngine;
+
+MatmulServer::EngineProvider HostProvider(int lanes = 4) {
+  return [lanes]() -> absl::StatusOr<std::unique_ptr<Engine>> {
+    HostEngineOptions options;
+    options.lanes = lanes;
+    absl::StatusOr<std::unique_ptr<HostEngine>> engine =
+        HostEngine::Create(options);
+    if (!engine.ok()) return engine.status();
+    return std::unique_ptr<Engine>(std::move(*engine));
+  };
+}
+
+// Hands a FakeEngine to the server while the test keeps a pointer to it.
+MatmulServer::EngineProvider FakeProvider(FakeEngine** out) {
+  return [out]() -> absl::StatusOr<std::unique_ptr<Engine>> {
+    auto engine = std::make_unique<FakeEngine>();
+    *out = engine.get();
+    return std::unique_ptr<Engine>(std::move(engine));
+  };
+}
+
+ServerOptions LocalOptions() {
+  ServerOptions options;
+  options.listen_address = "127.0.0.1:0";
+  options.drain_timeout = absl::Seconds(10);
+  return options;
+}
+
+std::unique_ptr<MatmulServer> StartOrDie(const ServerOptions& options,
+                                         MatmulServer::EngineProvider p) {
+  absl::StatusOr<std::unique_ptr<MatmulServer>> server =
+      MatmulServer::Start(options, std::move(p));
+  EXPECT_TRUE(server.ok()) << server.status();
+  return server.ok() ? std::move(*server) : nullptr;
+}
+
+std::shared_ptr<grpc::Channel> Channel(int port) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);
+  args.SetMaxSendMessageSize(-1);
+  return grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", port),
+                                   grpc::InsecureChannelCredentials(), args);
+}
+
+v1::Tensor RandomTensor(DType dtype, std::vector<int64_t> shape,
+                        absl::BitGen& gen) {
+  v1::Tensor t;
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    t.add_shape(d);
+    n *= d;
+  }
+  t.set_dtype(ToProto(dtype));
+  t.set_data(testing::RandomBytes(dtype, n, gen));
+  return t;
+}
+
+v1::MultiplyRequest RandomRequest(DType dtype, std::vector<int64_t> a_shape,
+                                  std::vector<int64_t> b_shape,
+                                  absl::BitGen& gen) {
+  v1::MultiplyRequest r;
+  *r.mutable_a() = RandomTensor(dtype, a_shape, gen);
+  *r.mutable_b() = RandomTensor(dtype, b_shape, gen);
+  return r;
+}
+
+// Checks a response against the float64 reference.
+void ExpectCorrect(const v1::MultiplyRequest& request,
+                   const v1::MultiplyResponse& response) {
+  absl::StatusOr<MatmulSpec> spec =
+      ValidateMultiplyRequest(request, RequestLimits());
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  const DType dtype = spec->dtype;
+  std::vector<int64_t> want_shape;
+  if (spec->c_is_3d) want_shape.push_back(spec->batch);
+  want_shape.push_back(spec->m);
+  want_shape.push_back(spec->n);
+  EXPECT_THAT(response.c().shape(), ::testing::ElementsAreArray(want_shape));
+  EXPECT_EQ(response.c().dtype(), request.a().dtype());
+  ASSERT_EQ(static_cast<int64_t>(response.c().data().size()), spec->c_bytes());
+  const std::vector<double> ref = testing::ReferenceGemm(
+      *spec, testing::ToDoubles(dtype, request.a().data().data(),
+                                spec->a_elements()),
+      testing::ToDoubles(dtype, request.b().data().data(), spec->b_elements()));
+  const std::vector<double> got = testing::ToDoubles(
+      dtype, response.c().data().data(), spec->c_elements());
+  EXPECT_LT(testing::RelativeError(got, ref),
+            testing::Tolerance(dtype, spec->compute));
+}
+
+HealthCheckResponse::ServingStatus Health(grpc::Channel& channel,
+                                          const std::string& service,
+                                          grpc::StatusCode* code = nullptr) {
+  auto stub = grpc::health::v1::Health::NewStub(
+      std::shared_ptr<grpc::Channel>(&channel, [](grpc::Channel*) {}));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(5));
+  HealthCheckRequest request;
+  request.set_service(service);
+  HealthCheckResponse response;
+  grpc::Status status = stub->Check(&context, request, &response);
+  if (code != nullptr) *code = status.error_code();
+  return response.status();
+}
+
+grpc::Status Multiply(v1::MatmulService::Stub& stub,
+                      const v1::MultiplyRequest& request,
+                      v1::MultiplyResponse* response,
+                      std::chrono::milliseconds timeout =
+                          std::chrono::milliseconds(30000)) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + timeout);
+  return stub.Multiply(&context, request, response);
+}
+
+TEST(ServerTest, MultipliesEveryDtypeAndShapeCorrectly) {
+  std::unique_ptr<MatmulServer> server = StartOrDie(LocalOptions(), HostProvider());
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::MatmulService::NewStub(Channel(server->port()));
+  absl::BitGen gen;
+  struct Case {
+    std::vector<int64_t> a, b;
+    bool ta, tb;
+  };
+  const std::vector<Case> cases = {
+      {{1, 1}, {1, 1}, false, false},   {{1, 17}, {17, 1}, false, false},
+      {{31, 7}, {7, 29}, false, false}, {{7, 31}, {29, 7}, true, true},
+      {{3, 5, 6}, {3, 6, 4}, false, false},
+      {{3, 5, 6}, {6, 4}, false, false}, {{5, 6}, {3, 6, 4}, false, false},
+      {{1, 6, 5}, {3, 4, 6}, true, true},
+  };
+  for (DType dtype : {DType::kFloat32, DType::kFloat64, DType::kFloat16,
+                      DType::kBFloat16}) {
+    for (const Case& c : cases) {
+      v1::MultiplyRequest request = RandomRequest(dtype, c.a, c.b, gen);
+      request.set_transpose_a(c.ta);
+      request.set_transpose_b(c.tb);
+      v1::MultiplyResponse response;
+      grpc::Status status = Multiply(*stub, request, &response);
+      ASSERT_TRUE(status.ok()) << status.error_message();
+      ExpectCorrect(request, response);
+      EXPECT_EQ(response.placement().device(), -1);
+    }
+  }
+}
+
+TEST(ServerTest, ConcurrentRequestsFromManyThreadsAreAllCorrect) {
+  std::unique_ptr<MatmulServer> server = StartOrDie(LocalOptions(), HostProvider());
+  ASSERT_NE(server, nullptr);
+  auto channel = Channel(server->port());
+  std::vector<std::thread> threads;
+  std::atomic<int> ok{0};
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      auto stub = v1::MatmulService::NewStub(channel);
+      absl::BitGen gen;
+      for (int i = 0; i < 10; ++i) {
+        const int64_t m = 1 + (t * 7 + i * 13) % 40;
+        const int64_t k = 1 + (t * 3 + i * 5) % 30;
+        const int64_t n = 1 + (t * 11 + i) % 50;
+        v1::MultiplyRequest request =
+            RandomRequest(DType::kFloat32, {m, k}, {k, n}, gen);
+        v1::MultiplyResponse response;
+        grpc::Status status = Multiply(*stub, request, &response);
+        EXPECT_TRUE(status.ok()) << status.error_message();
+        ExpectCorrect(request, response);
+        if (status.ok()) ++ok;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(ok.load(), 80);
+  EXPECT_EQ(server->service().inflight_requests(), 0);
+  EXPECT_EQ(server->service().inflight_bytes().used(), 0);
+}
+
+TEST(ServerTest, GetServerInfoDescribesEngineAndLimits) {
+  ServerOptions options = LocalOptions();
+  options.limits.max_message_bytes = 123456789;
+  options.limits.max_inflight_bytes = 987654321;
+  std::unique_ptr<MatmulServer> server = StartOrDie(options, HostProvider(3));
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::MatmulService::NewStub(Channel(server->port()));
+  grpc::ClientContext context;
+  v1::GetServerInfoResponse info;
+  ASSERT_TRUE(stub->GetServerInfo(&context, v1::GetServerInfoRequest(), &info)
+                  .ok());
+  EXPECT_EQ(info.engine(), "host");
+  EXPECT_FALSE(info.version().empty());
+  EXPECT_EQ(info.streams_per_device(), 3);
+  ASSERT_EQ(info.devices_size(), 1);
+  EXPECT_EQ(info.devices(0).index(), -1);
+  EXPECT_FALSE(info.devices(0).name().empty());
+  EXPECT_EQ(info.dtypes_size(), 4);
+  EXPECT_EQ(info.limits().max_message_bytes(), 123456789);
+  EXPECT_EQ(info.limits().max_inflight_bytes(), 987654321);
+  EXPECT_EQ(info.limits().max_elements_per_operand(),
+            RequestLimits().max_elements_per_operand);
+  EXPECT_EQ(info.limits().max_dimension(), RequestLimits().max_dimension);
+}
+
+TEST(ServerTest, HealthIsNotServingUntilTheEngineIsReady) {
+  absl::Notification listening;
+  absl::Notification engine_may_start;
+  std::atomic<int> port{0};
+  ServerOptions options = LocalOptions();
+  options.on_listening = [&](int p) {
+    port = p;
+    listening.Notify();
+  };
+  auto started = std::async(std::launch::async, [&] {
+    return MatmulServer::Start(
+        options, [&]() -> absl::StatusOr<std::unique_ptr<Engine>> {
+          engine_may_start.WaitForNotification();
+          return HostProvider()();
+        });
+  });
+  listening.WaitForNotification();
+  auto channel = Channel(port);
+  EXPECT_EQ(Health(*channel, ""), HealthCheckResponse::NOT_SERVING);
+  EXPECT_EQ(Health(*channel, kServiceName), HealthCheckResponse::NOT_SERVING);
+  EXPECT_EQ(Health(*channel, kReadinessService),
+            HealthCheckResponse::NOT_SERVING);
+  EXPECT_EQ(Health(*channel, kLivenessService), HealthCheckResponse::SERVING);
+  auto stub = v1::MatmulService::NewStub(channel);
+  absl::BitGen gen;
+  v1::MultiplyResponse response;
+  grpc::Status status = Multiply(
+      *stub, RandomRequest(DType::kFloat32, {2, 2}, {2, 2}, gen), &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(status.error_message(), HasSubstr("engine is still starting"));
+  grpc::ClientContext info_context;
+  v1::GetServerInfoResponse info;
+  EXPECT_EQ(stub->GetServerInfo(&info_context, {}, &info).error_code(),
+            grpc::StatusCode::UNAVAILABLE);
+
+  engine_may_start.Notify();
+  absl::StatusOr<std::unique_ptr<MatmulServer>> server = started.get();
+  ASSERT_TRUE(server.ok()) << server.status();
+  EXPECT_EQ(Health(*channel, ""), HealthCheckResponse::SERVING);
+  EXPECT_EQ(Health(*channel, kServiceName), HealthCheckResponse::SERVING);
+  EXPECT_EQ(Health(*channel, kReadinessService), HealthCheckResponse::SERVING);
+  grpc::StatusCode code;
+  Health(*channel, "no.such.Service", &code);
+  EXPECT_EQ(code, grpc::StatusCode::NOT_FOUND);
+}
+
+TEST(ServerTest, EngineThatFailsToStartFailsStart) {
+  absl::StatusOr<std::unique_ptr<MatmulServer>> server = MatmulServer::Start(
+      LocalOptions(), []() -> absl::StatusOr<std::unique_ptr<Engine>> {
+        return absl::FailedPreconditionError("no GPU");
+      });
+  EXPECT_EQ(server.status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(ServerTest, PortInUseFailsStart) {
+  std::unique_ptr<MatmulServer> first = StartOrDie(LocalOptions(), HostProvider());
+  ASSERT_NE(first, nullptr);
+  ServerOptions options = LocalOptions();
+  options.listen_address = absl::StrCat("127.0.0.1:", first->port());
+  absl::StatusOr<std::unique_ptr<MatmulServer>> second =
+      MatmulServer::Start(options, HostProvider());
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(second.status().message()),
+              HasSubstr("cannot listen on"));
+}
+
+TEST(ServerTest, InvalidRequestsGetInvalidArgumentAndTheServerKeepsServing) {
+  std::unique_ptr<MatmulServer> server = StartOrDie(LocalOptions(), HostProvider());
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::MatmulService::NewStub(Channel(server->port()));
+  absl::BitGen gen;
+  v1::MultiplyResponse response;
+
+  grpc::Status empty = Multiply(*stub, v1::MultiplyRequest(), &response);
+  EXPECT_EQ(empty.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(empty.error_message(), HasSubstr("a and b: required"));
+
+  grpc::Status inner = Multiply(
+      *stub, RandomRequest(DType::kFloat32, {3, 4}, {5, 6}, gen), &response);
+  EXPECT_EQ(inner.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(inner.error_message(), HasSubstr("inner dimensions differ"));
+
+  v1::MultiplyRequest short_data =
+      RandomRequest(DType::kFloat64, {3, 4}, {4, 5}, gen);
+  short_data.mutable_b()->mutable_data()->pop_back();
+  grpc::Status bytes = Multiply(*stub, short_data, &response);
+  EXPECT_EQ(bytes.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(bytes.error_message(), HasSubstr("b.data: expected 160 bytes"));
+
+  v1::MultiplyRequest mixed = RandomRequest(DType::kFloat32, {2, 2}, {2, 2}, gen);
+  mixed.mutable_b()->set_dtype(v1::DTYPE_FLOAT16);
+  grpc::Status dtypes = Multiply(*stub, mixed, &response);
+  EXPECT_EQ(dtypes.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(dtypes.error_message(), HasSubstr("b.dtype"));
+
+  v1::MultiplyRequest good = RandomRequest(DType::kFloat32, {4, 4}, {4, 4}, gen);
+  ASSERT_TRUE(Multiply(*stub, good, &response).ok());
+  ExpectCorrect(good, response);
+}
+
+TEST(ServerTest, OversizedRequestsGetResourceExhausted) {
+  ServerOptions options = LocalOptions();
+  options.limits.max_message_bytes = 1 << 20;
+  options.limits.max_elements_per_operand = 10000;
+  std::unique_ptr<MatmulServer> server = StartOrDie(options, HostProvider());
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::MatmulService::NewStub(Channel(server->port()));
+  absl::BitGen gen;
+  v1::MultiplyResponse response;
+
+  // Over the element limit: refused by validation, with the numbers.
+  grpc::Status elements = Multiply(
+      *stub, RandomRequest(DType::kFloat32, {101, 100}, {100, 2}, gen),
+      &response);
+  EXPECT_EQ(elements.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(elements.error_message(),
+              HasSubstr("10100 elements, over the server's limit of 10000"));
+
+  // Over the message limit: refused by gRPC before any parsing.
+  v1::MultiplyRequest big;
+  big.mutable_a()->set_data(std::string(2 << 20, 'x'));
+  grpc::Status message = Multiply(*stub, big, &response);
+  EXPECT_EQ(message.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+
+  v1::MultiplyRequest good = RandomRequest(DType::kFloat32, {8, 8}, {8, 8}, gen);
+  ASSERT_TRUE(Multiply(*stub, good, &response).ok());
+  ExpectCorrect(good, response);
+}
+
+TEST(ServerTest, EngineRefusalPassesThrough) {
+  FakeEngine* engine = nullptr;
+  std::unique_ptr<MatmulServer> server =
+      StartOrDie(LocalOptions(), FakeProvider(&engine));
+  ASSERT_NE(server, nullptr);
+  engine->fits_status_ = absl::ResourceExhaustedError(
+      "needs 200 GiB of device memory; the largest GPU has 141 GiB");
+  auto stub = v1::MatmulService::NewStub(Channel(server->port()));
+  absl::BitGen gen;
+  v1::MultiplyResponse response;
+  grpc::Status status = Multiply(
+      *stub, RandomRequest(DType::kFloat32, {2, 2}, {2, 2}, gen), &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(status.error_message(), HasSubstr("200 GiB"));
+}
+
+TEST(ServerTest, InflightByteBudgetRefusesWhatDoesNotFit) {
+  FakeEngine* engine = nullptr;
+  ServerOptions options = LocalOptions();
+  // One 16x16 float32 request holds 3 KiB (A, B and C); two do not fit.
+  options.limits.max_inflight_bytes = 4096;
+  std::unique_ptr<MatmulServer> server =
+      StartOrDie(options, FakeProvider(&engine));
+  ASSERT_NE(server, nullptr);
+  auto channel = Channel(server->port());
+  auto stub = v1::MatmulService::NewStub(channel);
+  absl::BitGen gen;
+  const v1::MultiplyRequest request =
+      RandomRequest(DType::kFloat32, {16, 16}, {16, 16}, gen);
+  v1::MultiplyResponse first_response;
+  auto first = std::async(std::launch::async, [&] {
+    return Multiply(*stub, request, &first_response);
+  });
+  engine->WaitForHeld(1);
+  EXPECT_EQ(server->service().inflight_bytes().used(), 3072);
+
+  v1::MultiplyResponse response;
+  grpc::Status second = Multiply(*stub, request, &response);
+  EXPECT_EQ(second.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(second.error_message(),
+              HasSubstr("3072 of 4096 in-flight bytes are in use and this "
+                        "request needs 3072"));
+
+  engine->ReleaseOne();
+  ASSERT_TRUE(first.get().ok());
+  ExpectCorrect(request, first_response);
+  // OnDone runs just after the client sees the reply.
+  for (int i = 0; i < 100 && server->service().inflight_bytes().used() != 0; ++i)
+    absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_EQ(server->service().inflight_bytes().used(), 0);
+  EXPECT_EQ(server->service().inflight_requests(), 0);
+}
+
+TEST(ServerTest, DeviceFaultFailsOneRequestWithInternal) {
+  FakeEngine* engine = nullptr;
+  std::unique_ptr<MatmulServer> server =
+      StartOrDie(LocalOptions(), FakeProvider(&engine));
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::MatmulService::NewStub(Channel(server->port()));
+  absl::BitGen gen;
+  const v1::MultiplyRequest request =
+      RandomRequest(DType::kFloat32, {8, 8}, {8, 8}, gen);
+  v1::MultiplyResponse bad_response;
+  auto bad = std::async(std::launch::async,
+                        [&] { return Multiply(*stub, request, &bad_response); });
+  engine->WaitForHeld(1);
+  v1::MultiplyResponse good_response;
+  auto good = std::async(std::launch::async, [&] {
+    return Multiply(*stub, request, &good_response);
+  });
+  engine->WaitForHeld(2);
+  engine->ReleaseOne(absl::InternalError(
+      "cublasGemmEx failed: CUBLAS_STATUS_EXECUTION_FAILED"));
+  engine->ReleaseOne();
+  grpc::Status bad_status = bad.get();
+  EXPECT_EQ(bad_status.error_code(), grpc::StatusCode::INTERNAL);
+  EXPECT_THAT(bad_status.error_message(), HasSubstr("CUBLAS_STATUS_EXECUTION"));
+  ASSERT_TRUE(good.get().ok());
+  ExpectCorrect(request, good_response);
+}
+
+TEST(ServerTest, DeadlineExceededWhileQueued) {
+  FakeEngine* engine = nullptr;
+  std::unique_ptr<MatmulServer> server =
+      StartOrDie(LocalOptions(), FakeProvider(&engine));
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::MatmulService::NewStub(Channel(server->port()));
+  absl::BitGen gen;
+  v1::MultiplyResponse response;
+  grpc::Status status =
+      Multiply(*stub, RandomRequest(DType::kFloat32, {8, 8}, {8, 8}, gen),
+               &response, std::chrono::milliseconds(300));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  // The engine then finds the job abandoned and drops it unstaged.
+  EXPECT_EQ(engine->held(), 1u);
+  engine->ReleaseOne();
+  for (int i = 0; i < 100 && server->service().inflight_requests() != 0; ++i)
+    absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_EQ(server->service().inflight_requests(), 0);
+  EXPECT_EQ(server->service().inflight_bytes().used(), 0);
+}
+
+TEST(ServerTest, ClientCancellationFreesTheRequest) {
+  FakeEngine* engine = nullptr;
+  std::unique_ptr<MatmulServer> server =
+      StartOrDie(LocalOptions(), FakeProvider(&engine));
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::MatmulService::NewStub(Channel(server->port()));
+  absl::BitGen gen;
+  const v1::MultiplyRequest request =
+      RandomRequest(DType::kFloat32, {8, 8}, {8, 8}, gen);
+  grpc::ClientContext context;
+  v1::MultiplyResponse response;
+  auto call = std::async(std::launch::async, [&] {
+    return stub->Multiply(&context, request, &response);
+  });
+  engine->WaitForHeld(1);
+  context.TryCancel();
+  EXPECT_EQ(call.get().error_code(), grpc::StatusCode::CANCELLED);
+  engine->ReleaseOne();
+  for (int i = 0; i < 100 && server->service().inflight_requests() != 0; ++i)
+    absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_EQ(server->service().inflight_requests(), 0);
+  EXPECT_EQ(server->service().inflight_bytes().used(), 0);
+}
+
+TEST(ServerTest, ShutdownDrainsInflightAndRefusesNewRequests) {
+  FakeEngine* engine = nullptr;
+  std::unique_ptr<MatmulServer> server =
+      StartOrDie(LocalOptions(), FakeProvider(&engine));
+  ASSERT_NE(server, nullptr);
+  auto channel = Channel(server->port());
+  auto stub = v1::MatmulService::NewStub(channel);
+  absl::BitGen gen;
+  const v1::MultiplyRequest request =
+      RandomRequest(DType::kFloat32, {32, 32}, {32, 32}, gen);
+  v1::MultiplyResponse inflight_response;
+  auto inflight = std::async(std::launch::async, [&] {
+    return Multiply(*stub, request, &inflight_response);
+  });
+  engine->WaitForHeld(1);
+
+  auto shutdown = std::async(std::launch::async, [&] { server->Shutdown(); });
+  // New work is refused while the in-flight request is still running.
+  grpc::Status refused = grpc::Status::OK;
+  for (int i = 0; i < 200; ++i) {
+    v1::MultiplyResponse response;
+    refused = Multiply(*stub, request, &response, std::chrono::seconds(2));
+    if (!refused.ok()) break;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(shutdown.wait_for(std::chrono::milliseconds(100)),
+            std::future_status::timeout);
+
+  engine->ReleaseOne();
+  grpc::Status done = inflight.get();
+  ASSERT_TRUE(done.ok()) << done.error_message();
+  ExpectCorrect(request, inflight_response);
+  shutdown.get();
+}
+
+// Server reflection answers list_services with our service in it. The
+// request is hand-encoded (field 7, list_services = ""), so the test needs
+// no reflection stubs.
+TEST(ServerTest, ReflectionListsTheService) {
+  std::unique_ptr<MatmulServer> server = StartOrDie(LocalOptions(), HostProvider());
+  ASSERT_NE(server, nullptr);
+  grpc::GenericStub stub(Channel(server->port()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(10));
+  grpc::CompletionQueue cq;
+  auto call = stub.PrepareCall(
+      &context,
+      "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &cq);
+  void* tag;
+  bool ok;
+  call->StartCall(reinterpret_cast<void*>(1));
+  ASSERT_TRUE(cq.Next(&tag, &ok) && ok);
+  const char list_services[] = {0x3a, 0x00};
+  grpc::Slice slice(list_services, sizeof list_services);
+  grpc::ByteBuffer request(&slice, 1);
+  call->Write(request, reinterpret_cast<void*>(2));
+  ASSERT_TRUE(cq.Next(&tag, &ok) && ok);
+  grpc::ByteBuffer reply;
+  call->Read(&reply, reinterpret_cast<void*>(3));
+  ASSERT_TRUE(cq.Next(&tag, &ok) && ok);
+  call->WritesDone(reinterpret_cast<void*>(4));
+  ASSERT_TRUE(cq.Next(&tag, &ok));
+  grpc::Status status;
+  call->Finish(&status, reinterpret_cast<void*>(5));
+  ASSERT_TRUE(cq.Next(&tag, &ok));
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(reply.Dump(&slices).ok());
+  std::string bytes;
+  for (const grpc::Slice& s : slices) {
+    bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
+  EXPECT_THAT(bytes, HasSubstr("matmul.v1.MatmulService"));
+  EXPECT_THAT(bytes, HasSubstr("grpc.health.v1.Health"));
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+}
+
+}  // namespace
+}  // namespace matmul
