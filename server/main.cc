@@ -4,7 +4,10 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -42,13 +45,34 @@ ABSL_FLAG(absl::Duration, drain_grace, absl::ZeroDuration(),
           "requests (let load balancers catch up)");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30),
           "On SIGTERM: how long in-flight requests get to finish");
+ABSL_FLAG(absl::Duration, max_connection_age, absl::Minutes(5),
+          "Close client connections (with GOAWAY) after this long, so that "
+          "long-lived clients rebalance across replicas; 0 disables");
+ABSL_FLAG(absl::Duration, max_connection_age_grace, absl::Seconds(60),
+          "Time RPCs get to finish on a connection closed for its age");
 
 namespace {
+
+// Every flag can also come from the environment as MATMUL_<NAME> (e.g.
+// MATMUL_ENGINE=cuda, MATMUL_MAX_MESSAGE_BYTES=...); the command line wins.
+constexpr const char* kEnvFlags[] = {
+    "host", "port", "metrics_port", "engine", "streams_per_device",
+    "pinned_pool_bytes", "max_message_bytes", "max_inflight_bytes",
+    "max_elements_per_operand", "drain_grace", "drain_timeout",
+    "max_connection_age", "max_connection_age_grace"};
 
 // absl flags are spelled with underscores; accept the dashed spelling too.
 std::vector<char*> NormalizeFlagNames(int argc, char** argv,
                                       std::vector<std::string>& storage) {
-  storage.assign(argv, argv + argc);
+  storage.assign(argv, argv + std::min(argc, 1));
+  for (const char* name : kEnvFlags) {
+    std::string env = absl::StrCat("MATMUL_", name);
+    for (char& c : env) c = static_cast<char>(std::toupper(c));
+    if (const char* value = std::getenv(env.c_str()); value != nullptr) {
+      storage.push_back(absl::StrCat("--", name, "=", value));
+    }
+  }
+  storage.insert(storage.end(), argv + std::min(argc, 1), argv + argc);
   for (std::string& arg : storage) {
     if (arg.rfind("--", 0) != 0 || arg == "--") continue;
     const size_t end = std::min(arg.find('='), arg.size());
@@ -122,6 +146,9 @@ int main(int argc, char** argv) {
       absl::GetFlag(FLAGS_max_elements_per_operand);
   options.drain_grace = absl::GetFlag(FLAGS_drain_grace);
   options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
+  options.max_connection_age = absl::GetFlag(FLAGS_max_connection_age);
+  options.max_connection_age_grace =
+      absl::GetFlag(FLAGS_max_connection_age_grace);
   if (options.limits.max_message_bytes <= 0 ||
       options.limits.max_message_bytes > INT32_MAX) {
     matmul::LogLine("error: --max-message-bytes must be in [1, 2147483647]");

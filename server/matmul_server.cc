@@ -56,6 +56,17 @@ absl::StatusOr<std::unique_ptr<MatmulServer>> MatmulServer::Start(
   // Without this, gRPC sets SO_REUSEPORT and a second server on a busy port
   // would silently share it instead of failing.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  if (options.max_connection_age > absl::ZeroDuration()) {
+    builder.AddChannelArgument(
+        GRPC_ARG_MAX_CONNECTION_AGE_MS,
+        static_cast<int>(std::min<int64_t>(
+            absl::ToInt64Milliseconds(options.max_connection_age), INT_MAX)));
+    builder.AddChannelArgument(
+        GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS,
+        static_cast<int>(std::min<int64_t>(
+            absl::ToInt64Milliseconds(options.max_connection_age_grace),
+            INT_MAX)));
+  }
   builder.RegisterService(self->service_.get());
   self->server_ = builder.BuildAndStart();
   if (self->server_ == nullptr || self->port_ == 0) {

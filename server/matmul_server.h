@@ -29,6 +29,10 @@ struct ServerOptions {
   absl::Duration drain_grace = absl::ZeroDuration();
   // Then: how long in-flight RPCs get to finish before they are cancelled.
   absl::Duration drain_timeout = absl::Seconds(30);
+  // Connections are closed (GOAWAY) after this age, plus the grace for
+  // their RPCs, so that clients re-resolve and rebalance. Zero: never.
+  absl::Duration max_connection_age = absl::ZeroDuration();
+  absl::Duration max_connection_age_grace = absl::Seconds(60);
   // Called once the port is bound, before the engine is built (health is
   // NOT_SERVING until then). Optional.
   std::function<void(int port)> on_listening;
