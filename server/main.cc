@@ -55,11 +55,19 @@ namespace {
 
 // Every flag can also come from the environment as MATMUL_<NAME> (e.g.
 // MATMUL_ENGINE=cuda, MATMUL_MAX_MESSAGE_BYTES=...); the command line wins.
-constexpr const char* kEnvFlags[] = {
-    "host", "port", "metrics_port", "engine", "streams_per_device",
-    "pinned_pool_bytes", "max_message_bytes", "max_inflight_bytes",
-    "max_elements_per_operand", "drain_grace", "drain_timeout",
-    "max_connection_age", "max_connection_age_grace"};
+constexpr const char* kEnvFlags[] = {"host",
+                                     "port",
+                                     "metrics_port",
+                                     "engine",
+                                     "streams_per_device",
+                                     "pinned_pool_bytes",
+                                     "max_message_bytes",
+                                     "max_inflight_bytes",
+                                     "max_elements_per_operand",
+                                     "drain_grace",
+                                     "drain_timeout",
+                                     "max_connection_age",
+                                     "max_connection_age_grace"};
 
 // absl flags are spelled with underscores; accept the dashed spelling too.
 std::vector<char*> NormalizeFlagNames(int argc, char** argv,
@@ -87,9 +95,9 @@ std::vector<char*> NormalizeFlagNames(int argc, char** argv,
 
 std::string DescribeEngine(const matmul::Engine& engine) {
   const matmul::EngineInfo& info = engine.info();
-  std::string text = absl::StrCat("engine ", info.name, ", ",
-                                  info.streams_per_device,
-                                  " streams per device");
+  std::string text =
+      absl::StrCat("engine ", info.name, ", ", info.streams_per_device,
+                   " streams per device");
   for (const matmul::DeviceInfo& d : info.devices) {
     absl::StrAppend(&text, "\n  device ", d.index, ": ", d.name);
     if (!d.uuid.empty()) absl::StrAppend(&text, " ", d.uuid);
@@ -165,16 +173,15 @@ int main(int argc, char** argv) {
     return 1;
   }
   matmul::LogLine(DescribeEngine((*server)->engine()));
-  matmul::LogLine(absl::StrCat("serving on port ", (*server)->port(),
-                               "; max message ",
-                               options.limits.max_message_bytes,
-                               " bytes, max in flight ",
-                               options.limits.max_inflight_bytes, " bytes"));
+  matmul::LogLine(
+      absl::StrCat("serving on port ", (*server)->port(), "; max message ",
+                   options.limits.max_message_bytes, " bytes, max in flight ",
+                   options.limits.max_inflight_bytes, " bytes"));
 
   int signal_number = 0;
   sigwait(&signals, &signal_number);
-  matmul::LogLine(absl::StrCat("received ", strsignal(signal_number),
-                               "; shutting down"));
+  matmul::LogLine(
+      absl::StrCat("received ", strsignal(signal_number), "; shutting down"));
   (*server)->Shutdown();
   matmul::LogLine("stopped");
   return 0;

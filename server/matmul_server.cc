@@ -1,12 +1,12 @@
 #include "server/matmul_server.h"
 
-#include <climits>
-#include <utility>
-
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
+
+#include <climits>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
@@ -102,12 +102,23 @@ void MatmulServer::Shutdown() {
                            " before refusing new requests"));
       absl::SleepFor(options_.drain_grace);
     }
+    // Refuse new Multiplies (UNAVAILABLE) while the admitted ones finish,
+    // then stop the transport; whatever is still running at the deadline
+    // is cancelled by gRPC.
     service_->StartDraining();
+    const absl::Time deadline = absl::Now() + options_.drain_timeout;
     LogLine(absl::StrCat("draining: ", service_->inflight_requests(),
                          " requests in flight, waiting up to ",
                          absl::FormatDuration(options_.drain_timeout)));
-    server_->Shutdown(
-        absl::ToChronoTime(absl::Now() + options_.drain_timeout));
+    while (service_->inflight_requests() > 0 && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    if (service_->inflight_requests() > 0) {
+      LogLine(absl::StrCat("draining: cancelling ",
+                           service_->inflight_requests(),
+                           " requests still in flight"));
+    }
+    server_->Shutdown(absl::ToChronoTime(deadline));
   }
   if (engine_ != nullptr) engine_->Shutdown();
 }

@@ -4,11 +4,11 @@
 #ifndef MATMUL_SERVER_MATMUL_SERVER_H_
 #define MATMUL_SERVER_MATMUL_SERVER_H_
 
+#include <grpcpp/server.h>
+
 #include <functional>
 #include <memory>
 #include <string>
-
-#include <grpcpp/server.h>
 
 #include "absl/functional/any_invocable.h"
 #include "absl/status/statusor.h"

@@ -5,14 +5,20 @@
 #include <memory>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "server/grpc_status.h"
 #include "server/request_validation.h"
 
 namespace matmul {
 
-// One Multiply RPC, from the handler until gRPC calls OnDone. Its job runs
-// on the engine; Complete() finishes the RPC from the engine's thread.
+// One Multiply RPC. It lives until both gRPC is done with it (OnDone) and,
+// if it was submitted, the engine has finished its job (Complete): two
+// references. The RPC is finished exactly once, by whichever comes first of
+// the engine's result and a cancellation (client cancel, deadline, or the
+// server's drain deadline); a job that outlives its RPC never touches the
+// request or response again, so a stuck job cannot hold up shutdown.
 class MultiplyReactor final : public grpc::ServerUnaryReactor {
  public:
   MultiplyReactor(MatmulServiceImpl* service,
@@ -20,7 +26,6 @@ class MultiplyReactor final : public grpc::ServerUnaryReactor {
                   const v1::MultiplyRequest* request,
                   v1::MultiplyResponse* response)
       : service_(service),
-        context_(context),
         request_(request),
         response_(response),
         deadline_(context->deadline()) {}
@@ -28,15 +33,20 @@ class MultiplyReactor final : public grpc::ServerUnaryReactor {
   // Validates, admits and submits; or finishes at once with the reason not.
   void Start();
 
-  void OnCancel() override { cancelled_.store(true, std::memory_order_relaxed); }
-
-  void OnDone() override {
-    if (admitted_) {
-      service_->inflight_bytes_.Release(reserved_bytes_);
-      service_->inflight_requests_.fetch_sub(1, std::memory_order_relaxed);
+  void OnCancel() override {
+    {
+      absl::MutexLock lock(&mu_);
+      cancelled_ = true;
+      // An operand copy in progress reads the request: let it end first.
+      mu_.Await(absl::Condition(this, &MultiplyReactor::NotWriting));
+      if (finished_) return;
+      finished_ = true;
     }
-    delete this;
+    Finish(grpc::Status(grpc::StatusCode::CANCELLED,
+                        "the request was cancelled or its deadline passed"));
   }
+
+  void OnDone() override { Unref(); }
 
   // Called by the job, on engine threads.
   absl::Status Abandoned() const;
@@ -44,16 +54,42 @@ class MultiplyReactor final : public grpc::ServerUnaryReactor {
   void Complete(const MatmulSpec& spec, absl::StatusOr<JobResult> result);
 
  private:
-  void FinishWith(const absl::Status& status) { Finish(ToGrpcStatus(status)); }
+  ~MultiplyReactor() override {
+    if (admitted_) {
+      service_->inflight_bytes_.Release(reserved_bytes_);
+      service_->inflight_requests_.fetch_sub(1, std::memory_order_relaxed);
+    }
+  }
+
+  void Unref() {
+    if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
+  }
+
+  // Finishes the RPC unless a cancellation already did.
+  void FinishWith(const absl::Status& status) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (finished_) return;
+      finished_ = true;
+    }
+    Finish(ToGrpcStatus(status));
+  }
 
   MatmulServiceImpl* const service_;
-  grpc::CallbackServerContext* const context_;
   const v1::MultiplyRequest* const request_;
   v1::MultiplyResponse* const response_;
   const std::chrono::system_clock::time_point deadline_;
-  std::atomic<bool> cancelled_{false};
+  std::atomic<int> refs_{1};
   bool admitted_ = false;
   int64_t reserved_bytes_ = 0;
+
+  mutable absl::Mutex mu_;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool NotWriting() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !writing_;
+  }
 };
 
 namespace {
@@ -113,22 +149,26 @@ void MultiplyReactor::Start() {
   }
   const int64_t bytes = spec->a_bytes() + spec->b_bytes() + spec->c_bytes();
   if (!service_->inflight_bytes_.TryAcquire(bytes)) {
-    FinishWith(absl::ResourceExhaustedError(absl::StrCat(
-        "server busy: ", service_->inflight_bytes_.used(), " of ",
-        service_->inflight_bytes_.limit(),
-        " in-flight bytes are in use and this request needs ", bytes,
-        "; retry later")));
+    FinishWith(absl::ResourceExhaustedError(
+        absl::StrCat("server busy: ", service_->inflight_bytes_.used(), " of ",
+                     service_->inflight_bytes_.limit(),
+                     " in-flight bytes are in use and this request needs ",
+                     bytes, "; retry later")));
     return;
   }
   admitted_ = true;
   reserved_bytes_ = bytes;
   service_->inflight_requests_.fetch_add(1, std::memory_order_relaxed);
+  refs_.fetch_add(1, std::memory_order_relaxed);  // the job's reference
   engine->Submit(std::make_unique<MultiplyJob>(this, *spec));
 }
 
 absl::Status MultiplyReactor::Abandoned() const {
-  if (cancelled_.load(std::memory_order_relaxed)) {
-    return absl::CancelledError("the client cancelled the request");
+  {
+    absl::MutexLock lock(&mu_);
+    if (cancelled_ || finished_) {
+      return absl::CancelledError("the request was cancelled");
+    }
   }
   if (DeadlinePassed(deadline_)) {
     return absl::DeadlineExceededError(
@@ -139,12 +179,23 @@ absl::Status MultiplyReactor::Abandoned() const {
 
 absl::Status MultiplyReactor::WriteOperands(absl::Span<std::byte> a,
                                             absl::Span<std::byte> b) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (cancelled_ || finished_) {
+      return absl::CancelledError("the request was cancelled");
+    }
+    writing_ = true;
+  }
+  absl::Cleanup done = [this] {
+    absl::MutexLock lock(&mu_);
+    writing_ = false;
+  };
   const std::string& a_data = request_->a().data();
   const std::string& b_data = request_->b().data();
   if (a.size() != a_data.size() || b.size() != b_data.size()) {
-    return absl::InternalError(absl::StrCat(
-        "staging size mismatch: a ", a.size(), " vs ", a_data.size(), ", b ",
-        b.size(), " vs ", b_data.size()));
+    return absl::InternalError(
+        absl::StrCat("staging size mismatch: a ", a.size(), " vs ",
+                     a_data.size(), ", b ", b.size(), " vs ", b_data.size()));
   }
   std::memcpy(a.data(), a_data.data(), a.size());
   std::memcpy(b.data(), b_data.data(), b.size());
@@ -153,8 +204,15 @@ absl::Status MultiplyReactor::WriteOperands(absl::Span<std::byte> a,
 
 void MultiplyReactor::Complete(const MatmulSpec& spec,
                                absl::StatusOr<JobResult> result) {
+  absl::Cleanup unref = [this] { Unref(); };
+  {
+    absl::MutexLock lock(&mu_);
+    if (finished_) return;  // cancelled meanwhile: the result is dropped
+    finished_ = true;
+  }
+  // From here on nothing else touches the response until Finish.
   if (!result.ok()) {
-    FinishWith(result.status());
+    Finish(ToGrpcStatus(result.status()));
     return;
   }
   v1::Tensor* c = response_->mutable_c();
@@ -167,7 +225,7 @@ void MultiplyReactor::Complete(const MatmulSpec& spec,
   v1::Placement* placement = response_->mutable_placement();
   placement->set_device(result->placement().device);
   placement->set_stream(result->placement().stream);
-  FinishWith(absl::OkStatus());
+  Finish(grpc::Status::OK);
 }
 
 MatmulServiceImpl::MatmulServiceImpl(const RequestLimits& limits,
@@ -199,8 +257,8 @@ grpc::ServerUnaryReactor* MatmulServiceImpl::GetServerInfo(
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   Engine* engine = engine_.load(std::memory_order_acquire);
   if (engine == nullptr) {
-    reactor->Finish(ToGrpcStatus(
-        absl::UnavailableError("the engine is still starting")));
+    reactor->Finish(
+        ToGrpcStatus(absl::UnavailableError("the engine is still starting")));
     return reactor;
   }
   const EngineInfo& info = engine->info();

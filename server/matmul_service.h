@@ -29,6 +29,8 @@ class MatmulServiceImpl final : public v1::MatmulService::CallbackService {
   // From now on Multiply answers UNAVAILABLE: the server is going away.
   void StartDraining();
 
+  bool draining() const { return draining_.load(std::memory_order_relaxed); }
+
   // Multiplies admitted and not yet finished.
   int64_t inflight_requests() const {
     return inflight_requests_.load(std::memory_order_relaxed);

@@ -1,11 +1,11 @@
 #include "server/request_validation.h"
 
 #include <string>
-#include "absl/strings/string_view.h"
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
 #include "common/status_macros.h"
 
 namespace matmul {
@@ -39,8 +39,9 @@ absl::StatusOr<OperandDims> CheckOperand(const v1::Tensor& t,
   const int rank = t.shape_size();
   if (rank != 2 && rank != 3) {
     return absl::InvalidArgumentError(absl::StrCat(
-        name, ".shape: expected 2 dimensions [rows, cols] or 3 [batch, rows, "
-              "cols], got ",
+        name,
+        ".shape: expected 2 dimensions [rows, cols] or 3 [batch, rows, "
+        "cols], got ",
         rank, " (", ShapeString(t.shape()), ")"));
   }
   int64_t elements = 1;
@@ -48,9 +49,8 @@ absl::StatusOr<OperandDims> CheckOperand(const v1::Tensor& t,
   for (int i = 0; i < rank; ++i) {
     const int64_t d = t.shape(i);
     if (d <= 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(name, ".shape[", i,
-                       "]: expected a positive dimension, got ", d));
+      return absl::InvalidArgumentError(absl::StrCat(
+          name, ".shape[", i, "]: expected a positive dimension, got ", d));
     }
     const bool is_batch = rank == 3 && i == 0;
     const int64_t limit = is_batch ? limits.max_batch : limits.max_dimension;
@@ -62,20 +62,20 @@ absl::StatusOr<OperandDims> CheckOperand(const v1::Tensor& t,
     overflow = overflow || __builtin_mul_overflow(elements, d, &elements);
   }
   if (overflow || elements > limits.max_elements_per_operand) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        name, ": shape ", ShapeString(t.shape()), " has ",
-        overflow ? "more than 2^63" : absl::StrCat(elements),
-        " elements, over the server's limit of ",
-        limits.max_elements_per_operand, " elements per operand"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat(name, ": shape ", ShapeString(t.shape()), " has ",
+                     overflow ? "more than 2^63" : absl::StrCat(elements),
+                     " elements, over the server's limit of ",
+                     limits.max_elements_per_operand, " elements per operand"));
   }
   int64_t bytes = 0;
   const int64_t elem = static_cast<int64_t>(DTypeSize(dtype));
   if (__builtin_mul_overflow(elements, elem, &bytes) ||
       static_cast<int64_t>(t.data().size()) != bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        name, ".data: expected ", bytes, " bytes (shape ",
-        ShapeString(t.shape()), " of ", DtypeString(t.dtype()), ", ", elem,
-        " bytes each), got ", t.data().size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ".data: expected ", bytes, " bytes (shape ",
+                     ShapeString(t.shape()), " of ", DtypeString(t.dtype()),
+                     ", ", elem, " bytes each), got ", t.data().size()));
   }
   OperandDims dims;
   dims.is_3d = rank == 3;
@@ -101,20 +101,29 @@ absl::StatusOr<DType> CheckDtype(const v1::Tensor& t, absl::string_view name) {
 
 std::optional<DType> FromProto(v1::Dtype dtype) {
   switch (dtype) {
-    case v1::DTYPE_FLOAT32: return DType::kFloat32;
-    case v1::DTYPE_FLOAT64: return DType::kFloat64;
-    case v1::DTYPE_FLOAT16: return DType::kFloat16;
-    case v1::DTYPE_BFLOAT16: return DType::kBFloat16;
-    default: return std::nullopt;
+    case v1::DTYPE_FLOAT32:
+      return DType::kFloat32;
+    case v1::DTYPE_FLOAT64:
+      return DType::kFloat64;
+    case v1::DTYPE_FLOAT16:
+      return DType::kFloat16;
+    case v1::DTYPE_BFLOAT16:
+      return DType::kBFloat16;
+    default:
+      return std::nullopt;
   }
 }
 
 v1::Dtype ToProto(DType dtype) {
   switch (dtype) {
-    case DType::kFloat32: return v1::DTYPE_FLOAT32;
-    case DType::kFloat64: return v1::DTYPE_FLOAT64;
-    case DType::kFloat16: return v1::DTYPE_FLOAT16;
-    case DType::kBFloat16: return v1::DTYPE_BFLOAT16;
+    case DType::kFloat32:
+      return v1::DTYPE_FLOAT32;
+    case DType::kFloat64:
+      return v1::DTYPE_FLOAT64;
+    case DType::kFloat16:
+      return v1::DTYPE_FLOAT16;
+    case DType::kBFloat16:
+      return v1::DTYPE_BFLOAT16;
   }
   return v1::DTYPE_UNSPECIFIED;
 }

@@ -43,6 +43,13 @@ class FakeEngine final : public Engine {
   }
 
   EngineStats stats() const override { return EngineStats{}; }
+  std::vector<StreamSpan> RecentSpans(absl::Duration) const override {
+    return {};
+  }
+  absl::StatusOr<HostBuffer> AllocateHostBuffer(int64_t bytes) override {
+    auto* data = new std::byte[bytes];
+    return HostBuffer(data, bytes, [data] { delete[] data; });
+  }
 
   void Shutdown() override {
     std::deque<std::unique_ptr<MatmulJob>> jobs;
@@ -98,16 +105,15 @@ class FakeEngine final : public Engine {
     std::byte* a = staging->data();
     std::byte* b = a + spec.a_bytes();
     std::byte* c = b + spec.b_bytes();
-    absl::Status written =
-        job->WriteOperands(absl::MakeSpan(a, spec.a_bytes()),
-                           absl::MakeSpan(b, spec.b_bytes()));
+    absl::Status written = job->WriteOperands(
+        absl::MakeSpan(a, spec.a_bytes()), absl::MakeSpan(b, spec.b_bytes()));
     if (!written.ok()) {
       job->Done(written);
       return;
     }
     HostGemm(spec, a, b, c);
-    job->Done(JobResult(absl::MakeConstSpan(c, spec.c_bytes()),
-                        Placement{0, 0}, StageTimings{},
+    job->Done(JobResult(absl::MakeConstSpan(c, spec.c_bytes()), Placement{0, 0},
+                        StageTimings{},
                         [staging]() mutable { staging.reset(); }));
   }
 

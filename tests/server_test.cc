@@ -1,7 +1,5 @@
 // Integration tests: a real MatmulServer on 127.0.0.1:0, real gRPC clients.
 // Every status code the server can return is provoked here.
-#include "server/matmul_server.h"
-
 #include <grpcpp/create_channel.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
@@ -15,10 +13,11 @@
 
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
+#include "gpu/host_engine.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
-#include "gpu/host_engine.h"
 #include "matmul/v1/matmul.grpc.pb.h"
+#include "server/matmul_server.h"
 #include "server/request_validation.h"
 #include "tests/fake_engine.h"
 #include "tests/reference_gemm.h"
@@ -28,8 +27,8 @@ namespace {
 
 using ::grpc::health::v1::HealthCheckRequest;
 using ::grpc::health::v1::HealthCheckResponse;
-using ::testing::HasSubstr;
 using testing::FakeEngine;
+using ::testing::HasSubstr;
 
 MatmulServer::EngineProvider HostProvider(int lanes = 4) {
   return [lanes]() -> absl::StatusOr<std::unique_ptr<Engine>> {
@@ -111,11 +110,11 @@ void ExpectCorrect(const v1::MultiplyRequest& request,
   EXPECT_EQ(response.c().dtype(), request.a().dtype());
   ASSERT_EQ(static_cast<int64_t>(response.c().data().size()), spec->c_bytes());
   const std::vector<double> ref = testing::ReferenceGemm(
-      *spec, testing::ToDoubles(dtype, request.a().data().data(),
-                                spec->a_elements()),
+      *spec,
+      testing::ToDoubles(dtype, request.a().data().data(), spec->a_elements()),
       testing::ToDoubles(dtype, request.b().data().data(), spec->b_elements()));
-  const std::vector<double> got = testing::ToDoubles(
-      dtype, response.c().data().data(), spec->c_elements());
+  const std::vector<double> got =
+      testing::ToDoubles(dtype, response.c().data().data(), spec->c_elements());
   EXPECT_LT(testing::RelativeError(got, ref),
             testing::Tolerance(dtype, spec->compute));
 }
@@ -136,18 +135,18 @@ HealthCheckResponse::ServingStatus Health(grpc::Channel& channel,
   return response.status();
 }
 
-grpc::Status Multiply(v1::MatmulService::Stub& stub,
-                      const v1::MultiplyRequest& request,
-                      v1::MultiplyResponse* response,
-                      std::chrono::milliseconds timeout =
-                          std::chrono::milliseconds(30000)) {
+grpc::Status Multiply(
+    v1::MatmulService::Stub& stub, const v1::MultiplyRequest& request,
+    v1::MultiplyResponse* response,
+    std::chrono::milliseconds timeout = std::chrono::milliseconds(30000)) {
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + timeout);
   return stub.Multiply(&context, request, response);
 }
 
 TEST(ServerTest, MultipliesEveryDtypeAndShapeCorrectly) {
-  std::unique_ptr<MatmulServer> server = StartOrDie(LocalOptions(), HostProvider());
+  std::unique_ptr<MatmulServer> server =
+      StartOrDie(LocalOptions(), HostProvider());
   ASSERT_NE(server, nullptr);
   auto stub = v1::MatmulService::NewStub(Channel(server->port()));
   absl::BitGen gen;
@@ -156,14 +155,13 @@ TEST(ServerTest, MultipliesEveryDtypeAndShapeCorrectly) {
     bool ta, tb;
   };
   const std::vector<Case> cases = {
-      {{1, 1}, {1, 1}, false, false},   {{1, 17}, {17, 1}, false, false},
-      {{31, 7}, {7, 29}, false, false}, {{7, 31}, {29, 7}, true, true},
-      {{3, 5, 6}, {3, 6, 4}, false, false},
-      {{3, 5, 6}, {6, 4}, false, false}, {{5, 6}, {3, 6, 4}, false, false},
-      {{1, 6, 5}, {3, 4, 6}, true, true},
+      {{1, 1}, {1, 1}, false, false},       {{1, 17}, {17, 1}, false, false},
+      {{31, 7}, {7, 29}, false, false},     {{7, 31}, {29, 7}, true, true},
+      {{3, 5, 6}, {3, 6, 4}, false, false}, {{3, 5, 6}, {6, 4}, false, false},
+      {{5, 6}, {3, 6, 4}, false, false},    {{1, 6, 5}, {3, 4, 6}, true, true},
   };
-  for (DType dtype : {DType::kFloat32, DType::kFloat64, DType::kFloat16,
-                      DType::kBFloat16}) {
+  for (DType dtype :
+       {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16}) {
     for (const Case& c : cases) {
       v1::MultiplyRequest request = RandomRequest(dtype, c.a, c.b, gen);
       request.set_transpose_a(c.ta);
@@ -178,7 +176,8 @@ TEST(ServerTest, MultipliesEveryDtypeAndShapeCorrectly) {
 }
 
 TEST(ServerTest, ConcurrentRequestsFromManyThreadsAreAllCorrect) {
-  std::unique_ptr<MatmulServer> server = StartOrDie(LocalOptions(), HostProvider());
+  std::unique_ptr<MatmulServer> server =
+      StartOrDie(LocalOptions(), HostProvider());
   ASSERT_NE(server, nullptr);
   auto channel = Channel(server->port());
   std::vector<std::thread> threads;
@@ -203,6 +202,9 @@ TEST(ServerTest, ConcurrentRequestsFromManyThreadsAreAllCorrect) {
   }
   for (auto& t : threads) t.join();
   EXPECT_EQ(ok.load(), 80);
+  // The last reactors go just after their replies reach the clients.
+  for (int i = 0; i < 100 && server->service().inflight_requests() != 0; ++i)
+    absl::SleepFor(absl::Milliseconds(10));
   EXPECT_EQ(server->service().inflight_requests(), 0);
   EXPECT_EQ(server->service().inflight_bytes().used(), 0);
 }
@@ -216,8 +218,8 @@ TEST(ServerTest, GetServerInfoDescribesEngineAndLimits) {
   auto stub = v1::MatmulService::NewStub(Channel(server->port()));
   grpc::ClientContext context;
   v1::GetServerInfoResponse info;
-  ASSERT_TRUE(stub->GetServerInfo(&context, v1::GetServerInfoRequest(), &info)
-                  .ok());
+  ASSERT_TRUE(
+      stub->GetServerInfo(&context, v1::GetServerInfoRequest(), &info).ok());
   EXPECT_EQ(info.engine(), "host");
   EXPECT_FALSE(info.version().empty());
   EXPECT_EQ(info.streams_per_device(), 3);
@@ -287,7 +289,8 @@ TEST(ServerTest, EngineThatFailsToStartFailsStart) {
 }
 
 TEST(ServerTest, PortInUseFailsStart) {
-  std::unique_ptr<MatmulServer> first = StartOrDie(LocalOptions(), HostProvider());
+  std::unique_ptr<MatmulServer> first =
+      StartOrDie(LocalOptions(), HostProvider());
   ASSERT_NE(first, nullptr);
   ServerOptions options = LocalOptions();
   options.listen_address = absl::StrCat("127.0.0.1:", first->port());
@@ -299,7 +302,8 @@ TEST(ServerTest, PortInUseFailsStart) {
 }
 
 TEST(ServerTest, InvalidRequestsGetInvalidArgumentAndTheServerKeepsServing) {
-  std::unique_ptr<MatmulServer> server = StartOrDie(LocalOptions(), HostProvider());
+  std::unique_ptr<MatmulServer> server =
+      StartOrDie(LocalOptions(), HostProvider());
   ASSERT_NE(server, nullptr);
   auto stub = v1::MatmulService::NewStub(Channel(server->port()));
   absl::BitGen gen;
@@ -321,13 +325,15 @@ TEST(ServerTest, InvalidRequestsGetInvalidArgumentAndTheServerKeepsServing) {
   EXPECT_EQ(bytes.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(bytes.error_message(), HasSubstr("b.data: expected 160 bytes"));
 
-  v1::MultiplyRequest mixed = RandomRequest(DType::kFloat32, {2, 2}, {2, 2}, gen);
+  v1::MultiplyRequest mixed =
+      RandomRequest(DType::kFloat32, {2, 2}, {2, 2}, gen);
   mixed.mutable_b()->set_dtype(v1::DTYPE_FLOAT16);
   grpc::Status dtypes = Multiply(*stub, mixed, &response);
   EXPECT_EQ(dtypes.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(dtypes.error_message(), HasSubstr("b.dtype"));
 
-  v1::MultiplyRequest good = RandomRequest(DType::kFloat32, {4, 4}, {4, 4}, gen);
+  v1::MultiplyRequest good =
+      RandomRequest(DType::kFloat32, {4, 4}, {4, 4}, gen);
   ASSERT_TRUE(Multiply(*stub, good, &response).ok());
   ExpectCorrect(good, response);
 }
@@ -343,9 +349,9 @@ TEST(ServerTest, OversizedRequestsGetResourceExhausted) {
   v1::MultiplyResponse response;
 
   // Over the element limit: refused by validation, with the numbers.
-  grpc::Status elements = Multiply(
-      *stub, RandomRequest(DType::kFloat32, {101, 100}, {100, 2}, gen),
-      &response);
+  grpc::Status elements =
+      Multiply(*stub, RandomRequest(DType::kFloat32, {101, 100}, {100, 2}, gen),
+               &response);
   EXPECT_EQ(elements.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_THAT(elements.error_message(),
               HasSubstr("10100 elements, over the server's limit of 10000"));
@@ -356,7 +362,8 @@ TEST(ServerTest, OversizedRequestsGetResourceExhausted) {
   grpc::Status message = Multiply(*stub, big, &response);
   EXPECT_EQ(message.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
 
-  v1::MultiplyRequest good = RandomRequest(DType::kFloat32, {8, 8}, {8, 8}, gen);
+  v1::MultiplyRequest good =
+      RandomRequest(DType::kFloat32, {8, 8}, {8, 8}, gen);
   ASSERT_TRUE(Multiply(*stub, good, &response).ok());
   ExpectCorrect(good, response);
 }
@@ -408,7 +415,8 @@ TEST(ServerTest, InflightByteBudgetRefusesWhatDoesNotFit) {
   ASSERT_TRUE(first.get().ok());
   ExpectCorrect(request, first_response);
   // OnDone runs just after the client sees the reply.
-  for (int i = 0; i < 100 && server->service().inflight_bytes().used() != 0; ++i)
+  for (int i = 0; i < 100 && server->service().inflight_bytes().used() != 0;
+       ++i)
     absl::SleepFor(absl::Milliseconds(10));
   EXPECT_EQ(server->service().inflight_bytes().used(), 0);
   EXPECT_EQ(server->service().inflight_requests(), 0);
@@ -424,8 +432,9 @@ TEST(ServerTest, DeviceFaultFailsOneRequestWithInternal) {
   const v1::MultiplyRequest request =
       RandomRequest(DType::kFloat32, {8, 8}, {8, 8}, gen);
   v1::MultiplyResponse bad_response;
-  auto bad = std::async(std::launch::async,
-                        [&] { return Multiply(*stub, request, &bad_response); });
+  auto bad = std::async(std::launch::async, [&] {
+    return Multiply(*stub, request, &bad_response);
+  });
   engine->WaitForHeld(1);
   v1::MultiplyResponse good_response;
   auto good = std::async(std::launch::async, [&] {
@@ -489,8 +498,10 @@ TEST(ServerTest, ClientCancellationFreesTheRequest) {
 
 TEST(ServerTest, ShutdownDrainsInflightAndRefusesNewRequests) {
   FakeEngine* engine = nullptr;
+  ServerOptions options = LocalOptions();
+  options.drain_grace = absl::Milliseconds(500);
   std::unique_ptr<MatmulServer> server =
-      StartOrDie(LocalOptions(), FakeProvider(&engine));
+      StartOrDie(options, FakeProvider(&engine));
   ASSERT_NE(server, nullptr);
   auto channel = Channel(server->port());
   auto stub = v1::MatmulService::NewStub(channel);
@@ -504,14 +515,20 @@ TEST(ServerTest, ShutdownDrainsInflightAndRefusesNewRequests) {
   engine->WaitForHeld(1);
 
   auto shutdown = std::async(std::launch::async, [&] { server->Shutdown(); });
-  // New work is refused while the in-flight request is still running.
-  grpc::Status refused = grpc::Status::OK;
-  for (int i = 0; i < 200; ++i) {
-    v1::MultiplyResponse response;
-    refused = Multiply(*stub, request, &response, std::chrono::seconds(2));
-    if (!refused.ok()) break;
-    absl::SleepFor(absl::Milliseconds(10));
+  // During the grace period health says NOT_SERVING (liveness stays up) so
+  // that load balancers stop sending here.
+  HealthCheckResponse::ServingStatus readiness = HealthCheckResponse::SERVING;
+  for (int i = 0; i < 100 && readiness == HealthCheckResponse::SERVING; ++i) {
+    readiness = Health(*channel, kReadinessService);
   }
+  EXPECT_EQ(readiness, HealthCheckResponse::NOT_SERVING);
+  EXPECT_EQ(Health(*channel, ""), HealthCheckResponse::NOT_SERVING);
+  EXPECT_EQ(Health(*channel, kLivenessService), HealthCheckResponse::SERVING);
+  EXPECT_FALSE(server->service().draining());
+  // Then new work is refused while the in-flight request is still running.
+  while (!server->service().draining()) absl::SleepFor(absl::Milliseconds(1));
+  v1::MultiplyResponse refused_response;
+  grpc::Status refused = Multiply(*stub, request, &refused_response);
   EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_EQ(shutdown.wait_for(std::chrono::milliseconds(100)),
             std::future_status::timeout);
@@ -523,11 +540,40 @@ TEST(ServerTest, ShutdownDrainsInflightAndRefusesNewRequests) {
   shutdown.get();
 }
 
+// A job the engine never finishes cannot hold the server up: after the
+// drain timeout its RPC is cancelled and Shutdown returns; the engine's
+// late result is then dropped.
+TEST(ServerTest, StuckJobDoesNotBlockShutdownPastTheDrainTimeout) {
+  FakeEngine* engine = nullptr;
+  ServerOptions options = LocalOptions();
+  options.drain_timeout = absl::Milliseconds(300);
+  std::unique_ptr<MatmulServer> server =
+      StartOrDie(options, FakeProvider(&engine));
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::MatmulService::NewStub(Channel(server->port()));
+  absl::BitGen gen;
+  v1::MultiplyResponse response;
+  auto stuck = std::async(std::launch::async, [&] {
+    return Multiply(*stub, RandomRequest(DType::kFloat32, {8, 8}, {8, 8}, gen),
+                    &response);
+  });
+  engine->WaitForHeld(1);
+  const absl::Time start = absl::Now();
+  server->Shutdown();  // runs the held job (FakeEngine::Shutdown) at the end
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  const grpc::StatusCode code = stuck.get().error_code();
+  EXPECT_TRUE(code == grpc::StatusCode::CANCELLED ||
+              code == grpc::StatusCode::UNAVAILABLE)
+      << code;
+  EXPECT_EQ(server->service().inflight_requests(), 0);
+}
+
 // Server reflection answers list_services with our service in it. The
 // request is hand-encoded (field 7, list_services = ""), so the test needs
 // no reflection stubs.
 TEST(ServerTest, ReflectionListsTheService) {
-  std::unique_ptr<MatmulServer> server = StartOrDie(LocalOptions(), HostProvider());
+  std::unique_ptr<MatmulServer> server =
+      StartOrDie(LocalOptions(), HostProvider());
   ASSERT_NE(server, nullptr);
   grpc::GenericStub stub(Channel(server->port()));
   grpc::ClientContext context;
