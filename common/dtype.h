@@ -4,6 +4,7 @@
 #define MATMUL_COMMON_DTYPE_H_
 
 #include <cstddef>
+
 #include "absl/strings/string_view.h"
 
 namespace matmul {
@@ -18,10 +19,14 @@ enum class ComputeMode {
 
 constexpr std::size_t DTypeSize(DType t) {
   switch (t) {
-    case DType::kFloat32: return 4;
-    case DType::kFloat64: return 8;
-    case DType::kFloat16: return 2;
-    case DType::kBFloat16: return 2;
+    case DType::kFloat32:
+      return 4;
+    case DType::kFloat64:
+      return 8;
+    case DType::kFloat16:
+      return 2;
+    case DType::kBFloat16:
+      return 2;
   }
   return 0;
 }
@@ -29,10 +34,14 @@ constexpr std::size_t DTypeSize(DType t) {
 // Lower-case name as used on the command line and in metric labels.
 constexpr absl::string_view DTypeName(DType t) {
   switch (t) {
-    case DType::kFloat32: return "float32";
-    case DType::kFloat64: return "float64";
-    case DType::kFloat16: return "float16";
-    case DType::kBFloat16: return "bfloat16";
+    case DType::kFloat32:
+      return "float32";
+    case DType::kFloat64:
+      return "float64";
+    case DType::kFloat16:
+      return "float16";
+    case DType::kBFloat16:
+      return "bfloat16";
   }
   return "unknown";
 }

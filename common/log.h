@@ -5,18 +5,19 @@
 
 #include <cstdio>
 #include <string>
-#include "absl/strings/string_view.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 
 namespace matmul {
 
 inline void LogLine(absl::string_view message) {
-  std::string line = absl::StrCat(
-      absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ ", absl::Now(), absl::UTCTimeZone()),
-      message, "\n");
+  std::string line =
+      absl::StrCat(absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ ", absl::Now(),
+                                    absl::UTCTimeZone()),
+                   message, "\n");
   std::fwrite(line.data(), 1, line.size(), stderr);
 }
 

@@ -10,10 +10,10 @@
 #define MATMUL_CONCAT_(a, b) MATMUL_CONCAT_INNER_(a, b)
 
 // Returns from the current function with `expr`'s status if it is not OK.
-#define RETURN_IF_ERROR(expr)                          \
-  do {                                                 \
-    ::absl::Status matmul_status_ = (expr);            \
-    if (!matmul_status_.ok()) return matmul_status_;   \
+#define RETURN_IF_ERROR(expr)                        \
+  do {                                               \
+    ::absl::Status matmul_status_ = (expr);          \
+    if (!matmul_status_.ok()) return matmul_status_; \
   } while (0)
 
 // Evaluates `rexpr` (an absl::StatusOr<T>); on error returns its status,

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -92,6 +93,64 @@ class JobResult {
   absl::AnyInvocable<void() &&> release_;
 };
 
+// Host memory the engine can copy to and from the device directly (pinned on
+// the CUDA engine). Move-only; frees itself. Thread-compatible.
+class HostBuffer {
+ public:
+  HostBuffer() = default;
+  HostBuffer(std::byte* data, int64_t size, absl::AnyInvocable<void() &&> free)
+      : data_(data), size_(size), free_(std::move(free)) {}
+  HostBuffer(HostBuffer&& other) noexcept { *this = std::move(other); }
+  HostBuffer& operator=(HostBuffer&& other) noexcept {
+    if (this != &other) {
+      Reset();
+      data_ = std::exchange(other.data_, nullptr);
+      size_ = std::exchange(other.size_, 0);
+      free_ = std::move(other.free_);
+      other.free_ = nullptr;
+    }
+    return *this;
+  }
+  HostBuffer(const HostBuffer&) = delete;
+  HostBuffer& operator=(const HostBuffer&) = delete;
+  ~HostBuffer() { Reset(); }
+
+  std::byte* data() const { return data_; }
+  int64_t size() const { return size_; }
+
+ private:
+  void Reset() {
+    if (free_) std::move(free_)();
+    free_ = nullptr;
+    data_ = nullptr;
+    size_ = 0;
+  }
+
+  std::byte* data_ = nullptr;
+  int64_t size_ = 0;
+  absl::AnyInvocable<void() &&> free_;
+};
+
+// Operands a caller already holds in memory from Engine::AllocateHostBuffer;
+// the engine copies them to the device from there, with no staging copy.
+// They must stay untouched until the job is Done.
+struct PrestagedOperands {
+  const std::byte* a = nullptr;
+  const std::byte* b = nullptr;
+};
+
+// One activity of one stream, for the pipeline timeline (wall-clock times;
+// on the CUDA engine converted from CUDA event timestamps).
+struct StreamSpan {
+  enum class Kind { kH2D, kCompute, kD2H };
+  int device = -1;
+  int stream = 0;
+  Kind kind = Kind::kCompute;
+  int64_t job = 0;  // sequence number of the job, per engine
+  absl::Time start;
+  absl::Time end;
+};
+
 // One multiply, implemented by the caller (the server wraps an RPC in it).
 // The engine owns a submitted job until it has called Done, then destroys it.
 class MatmulJob {
@@ -99,6 +158,12 @@ class MatmulJob {
   virtual ~MatmulJob() = default;
 
   virtual const MatmulSpec& spec() const = 0;
+
+  // If set, the operands are already in engine-allocated host memory and
+  // WriteOperands is not called.
+  virtual std::optional<PrestagedOperands> prestaged() const {
+    return std::nullopt;
+  }
 
   // Copies the operands into staging memory: `a` is spec().a_bytes() long,
   // `b` spec().b_bytes(). Called at most once, before any device work, on
@@ -137,17 +202,17 @@ struct EngineInfo {
 
 // Cumulative counters of one stream (host: worker lane).
 struct StreamStats {
-  int64_t jobs = 0;          // jobs that ran on it
-  double busy_seconds = 0;   // time it had work (CUDA: from events)
+  int64_t jobs = 0;         // jobs that ran on it
+  double busy_seconds = 0;  // time it had work (CUDA: from events)
 };
 
 // Cumulative counters and current gauges of one device.
 struct DeviceStats {
   std::string label;  // metrics label: device index, or "host"
   std::vector<StreamStats> streams;
-  double busy_seconds = 0;          // union of its streams' busy time
-  double compute_busy_seconds = 0;  // union of GEMM time
-  double copy_busy_seconds = 0;     // union of H2D and D2H time
+  double busy_seconds = 0;                  // union of its streams' busy time
+  double compute_busy_seconds = 0;          // union of GEMM time
+  double copy_busy_seconds = 0;             // union of H2D and D2H time
   double copy_compute_overlap_seconds = 0;  // copies running during GEMMs
   int64_t h2d_bytes = 0;
   int64_t d2h_bytes = 0;
@@ -179,6 +244,14 @@ class Engine {
 
   // A snapshot of the counters, for metrics.
   virtual EngineStats stats() const = 0;
+
+  // Stream activity that ended within the last `window`, oldest first (the
+  // engine keeps a bounded history).
+  virtual std::vector<StreamSpan> RecentSpans(absl::Duration window) const = 0;
+
+  // Host memory that jobs can use as PrestagedOperands (pinned on the CUDA
+  // engine; that is slow to allocate, so allocate once and reuse).
+  virtual absl::StatusOr<HostBuffer> AllocateHostBuffer(int64_t bytes) = 0;
 
   // Runs every job already submitted to completion, then stops the engine's
   // threads. Jobs submitted afterwards fail with UNAVAILABLE. Idempotent.

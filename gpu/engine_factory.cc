@@ -1,8 +1,13 @@
 #include "gpu/engine_factory.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
 #include "common/status_macros.h"
 #include "gpu/host_engine.h"
+#ifdef MATMUL_HAVE_CUDA
+#include "gpu/cuda_engine.h"
+#include "gpu/device_registry.h"
+#endif
 
 namespace matmul {
 
@@ -24,10 +29,27 @@ bool CudaEngineBuilt() {
 
 absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(
     const EngineOptions& options) {
+#ifdef MATMUL_HAVE_CUDA
+  const bool use_cuda =
+      options.kind == EngineKind::kCuda ||
+      (options.kind == EngineKind::kAuto && VisibleCudaDevices() > 0);
+  if (use_cuda) {
+    CudaEngineOptions cuda;
+    cuda.streams_per_device = options.streams_per_device;
+    cuda.pinned_bytes_per_device = options.staging_bytes_per_device;
+    ASSIGN_OR_RETURN(std::unique_ptr<CudaEngine> engine,
+                     CudaEngine::Create(cuda));
+    return std::unique_ptr<Engine>(std::move(engine));
+  }
+  if (options.kind == EngineKind::kAuto) {
+    LogLine("no CUDA device is visible; using the host engine");
+  }
+#else
   if (options.kind == EngineKind::kCuda) {
     return absl::FailedPreconditionError(
         "--engine=cuda: this build has no CUDA engine");
   }
+#endif
   HostEngineOptions host;
   host.lanes = options.streams_per_device;
   ASSIGN_OR_RETURN(std::unique_ptr<HostEngine> engine,

@@ -50,18 +50,18 @@ template <>
 void GemmOne<float>(const MatmulSpec& s, const float* a, const float* b,
                     float* c) {
   cblas_sgemm(CblasRowMajor, s.transpose_a ? CblasTrans : CblasNoTrans,
-              s.transpose_b ? CblasTrans : CblasNoTrans, s.m, s.n, s.k, 1.0f,
-              a, s.transpose_a ? s.m : s.k, b, s.transpose_b ? s.k : s.n, 0.0f,
-              c, s.n);
+              s.transpose_b ? CblasTrans : CblasNoTrans, s.m, s.n, s.k, 1.0f, a,
+              s.transpose_a ? s.m : s.k, b, s.transpose_b ? s.k : s.n, 0.0f, c,
+              s.n);
 }
 
 template <>
 void GemmOne<double>(const MatmulSpec& s, const double* a, const double* b,
                      double* c) {
   cblas_dgemm(CblasRowMajor, s.transpose_a ? CblasTrans : CblasNoTrans,
-              s.transpose_b ? CblasTrans : CblasNoTrans, s.m, s.n, s.k, 1.0,
-              a, s.transpose_a ? s.m : s.k, b, s.transpose_b ? s.k : s.n, 0.0,
-              c, s.n);
+              s.transpose_b ? CblasTrans : CblasNoTrans, s.m, s.n, s.k, 1.0, a,
+              s.transpose_a ? s.m : s.k, b, s.transpose_b ? s.k : s.n, 0.0, c,
+              s.n);
 }
 
 template <typename T>
@@ -152,9 +152,9 @@ absl::Status HostEngine::CheckFits(const MatmulSpec& spec) const {
   // OpenBLAS takes 32-bit dimensions and leading dimensions.
   constexpr int64_t kMax = std::numeric_limits<int>::max();
   if (spec.m > kMax || spec.n > kMax || spec.k > kMax) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "host engine: dimensions are limited to ", kMax, ", got m=", spec.m,
-        " n=", spec.n, " k=", spec.k));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("host engine: dimensions are limited to ", kMax,
+                     ", got m=", spec.m, " n=", spec.n, " k=", spec.k));
   }
   return absl::OkStatus();
 }
@@ -224,7 +224,10 @@ void HostEngine::Run(int lane_index, Queued queued) {
     return;
   }
 
-  const int64_t bytes = spec.a_bytes() + spec.b_bytes() + spec.c_bytes();
+  // Staging: the operands (unless the caller holds them already) and C.
+  const std::optional<PrestagedOperands> prestaged = job.prestaged();
+  const int64_t operand_bytes = prestaged ? 0 : spec.a_bytes() + spec.b_bytes();
+  const int64_t bytes = operand_bytes + spec.c_bytes();
   std::unique_ptr<std::byte[]> staging(new (std::nothrow) std::byte[bytes]);
   if (staging == nullptr) {
     job.Done(absl::ResourceExhaustedError(absl::StrCat(
@@ -232,13 +235,18 @@ void HostEngine::Run(int lane_index, Queued queued) {
     return;
   }
   staging_used_.fetch_add(bytes, std::memory_order_relaxed);
-  std::byte* a = staging.get();
-  std::byte* b = a + spec.a_bytes();
-  std::byte* c = b + spec.b_bytes();
+  const std::byte* a = prestaged ? prestaged->a : staging.get();
+  const std::byte* b =
+      prestaged ? prestaged->b : staging.get() + spec.a_bytes();
+  std::byte* c = staging.get() + operand_bytes;
 
-  absl::Status written = job.WriteOperands(
-      absl::MakeSpan(a, static_cast<size_t>(spec.a_bytes())),
-      absl::MakeSpan(b, static_cast<size_t>(spec.b_bytes())));
+  absl::Status written = absl::OkStatus();
+  if (!prestaged) {
+    written = job.WriteOperands(
+        absl::MakeSpan(staging.get(), static_cast<size_t>(spec.a_bytes())),
+        absl::MakeSpan(staging.get() + spec.a_bytes(),
+                       static_cast<size_t>(spec.b_bytes())));
+  }
   const absl::Time staged = absl::Now();
   timings.stage_in = absl::ToDoubleSeconds(staged - started);
   if (!written.ok()) {
@@ -250,20 +258,28 @@ void HostEngine::Run(int lane_index, Queued queued) {
   BeginBusy();
   HostGemm(spec, a, b, c);
   EndBusy();
-  const absl::Duration busy = absl::Now() - staged;
+  const absl::Time computed = absl::Now();
+  const absl::Duration busy = computed - staged;
   timings.compute = absl::ToDoubleSeconds(busy);
+  StreamSpan span;
+  span.device = -1;
+  span.stream = lane_index;
+  span.kind = StreamSpan::Kind::kCompute;
+  span.job = next_job_.fetch_add(1, std::memory_order_relaxed);
+  span.start = staged;
+  span.end = computed;
+  spans_.Add(span);
   lane.jobs.fetch_add(1, std::memory_order_relaxed);
   lane.busy_ns.fetch_add(absl::ToInt64Nanoseconds(busy),
                          std::memory_order_relaxed);
   AtomicAdd(flops_[static_cast<int>(spec.dtype)], spec.flops());
 
-  JobResult result(
-      absl::MakeConstSpan(c, static_cast<size_t>(spec.c_bytes())),
-      Placement{-1, lane_index}, timings,
-      [this, bytes, staging = std::move(staging)]() mutable {
-        staging.reset();
-        staging_used_.fetch_sub(bytes, std::memory_order_relaxed);
-      });
+  JobResult result(absl::MakeConstSpan(c, static_cast<size_t>(spec.c_bytes())),
+                   Placement{-1, lane_index}, timings,
+                   [this, bytes, staging = std::move(staging)]() mutable {
+                     staging.reset();
+                     staging_used_.fetch_sub(bytes, std::memory_order_relaxed);
+                   });
   job.Done(std::move(result));
 }
 
@@ -303,6 +319,15 @@ EngineStats HostEngine::stats() const {
   EngineStats stats;
   stats.devices.push_back(std::move(device));
   return stats;
+}
+
+absl::StatusOr<HostBuffer> HostEngine::AllocateHostBuffer(int64_t bytes) {
+  std::byte* data = new (std::nothrow) std::byte[bytes];
+  if (data == nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot allocate ", bytes, " bytes of host memory"));
+  }
+  return HostBuffer(data, bytes, [data] { delete[] data; });
 }
 
 void HostEngine::Shutdown() {

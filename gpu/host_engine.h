@@ -17,6 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "gpu/engine.h"
+#include "gpu/span_history.h"
 
 namespace matmul {
 
@@ -35,6 +36,10 @@ class HostEngine final : public Engine {
   absl::Status CheckFits(const MatmulSpec& spec) const override;
   void Submit(std::unique_ptr<MatmulJob> job) override;
   EngineStats stats() const override;
+  std::vector<StreamSpan> RecentSpans(absl::Duration window) const override {
+    return spans_.Recent(window);
+  }
+  absl::StatusOr<HostBuffer> AllocateHostBuffer(int64_t bytes) override;
   void Shutdown() override;
 
  private:
@@ -76,6 +81,8 @@ class HostEngine final : public Engine {
   std::atomic<int64_t> queued_{0};
   std::atomic<int64_t> staging_used_{0};
   std::array<std::atomic<double>, kNumDTypes> flops_{};
+  std::atomic<int64_t> next_job_{1};
+  SpanHistory spans_;
 };
 
 // Computes C = op(A)·op(B) for `spec` on the calling thread with OpenBLAS.

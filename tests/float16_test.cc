@@ -115,7 +115,8 @@ TEST(BFloat16Test, RoundsToNearestTiesToEven) {
   EXPECT_EQ(FloatToBFloat16(std::numeric_limits<float>::max()), 0x7f80);
   EXPECT_TRUE(std::isnan(BFloat16ToFloat(FloatToBFloat16(std::nanf("")))));
   // A NaN whose payload is all in the low bits stays a NaN.
-  EXPECT_TRUE(std::isnan(BFloat16ToFloat(FloatToBFloat16(BitsToFloat(0x7f800001)))));
+  EXPECT_TRUE(
+      std::isnan(BFloat16ToFloat(FloatToBFloat16(BitsToFloat(0x7f800001)))));
 }
 
 }  // namespace

@@ -105,7 +105,8 @@ class HostEngineGemmTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(HostEngineGemmTest, MatchesFloat64Reference) {
   const auto [dtype, compute, ba, bb, m, n, k, ta, tb, is3d] = GetParam();
-  const MatmulSpec spec = MakeSpec(dtype, ba, bb, m, n, k, ta, tb, is3d, compute);
+  const MatmulSpec spec =
+      MakeSpec(dtype, ba, bb, m, n, k, ta, tb, is3d, compute);
   absl::BitGen gen;
   const std::string a = RandomBytes(dtype, spec.a_elements(), gen);
   const std::string b = RandomBytes(dtype, spec.b_elements(), gen);
@@ -125,8 +126,8 @@ TEST_P(HostEngineGemmTest, MatchesFloat64Reference) {
 
 std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
   const auto [dtype, compute, ba, bb, m, n, k, ta, tb, is3d] = info.param;
-  return absl::StrCat(DTypeName(dtype), "_", ComputeModeName(compute), "_b",
-                      ba, "x", bb, "_", m, "x", n, "x", k, ta ? "_ta" : "",
+  return absl::StrCat(DTypeName(dtype), "_", ComputeModeName(compute), "_b", ba,
+                      "x", bb, "_", m, "x", n, "x", k, ta ? "_ta" : "",
                       tb ? "_tb" : "", is3d ? "_3d" : "");
 }
 
@@ -143,8 +144,8 @@ std::vector<Case> AllCases() {
       {3, 3, 5, 6, 7, true},    {4, 1, 5, 6, 7, true},  // B broadcast
       {1, 4, 5, 6, 7, true},                            // A broadcast
   };
-  for (DType dtype : {DType::kFloat32, DType::kFloat64, DType::kFloat16,
-                      DType::kBFloat16}) {
+  for (DType dtype :
+       {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16}) {
     for (const Shape& s : shapes) {
       for (int t = 0; t < 4; ++t) {
         cases.emplace_back(dtype, ComputeMode::kStrict, s.ba, s.bb, s.m, s.n,
@@ -166,9 +167,8 @@ TEST(HostEngineTest, AbandonedJobIsDroppedBeforeStaging) {
       MakeSpec(DType::kFloat32, 1, 1, 2, 2, 2, false, false, false);
   std::promise<TestJob::Outcome> promise;
   auto future = promise.get_future();
-  auto job = std::make_unique<TestJob>(spec, std::string(16, '\0'),
-                                       std::string(16, '\0'),
-                                       std::move(promise));
+  auto job = std::make_unique<TestJob>(
+      spec, std::string(16, '\0'), std::string(16, '\0'), std::move(promise));
   job->abandoned_ = absl::CancelledError("client went away");
   engine->Submit(std::move(job));
   const TestJob::Outcome out = future.get();
@@ -182,9 +182,8 @@ TEST(HostEngineTest, WriteOperandsFailureFailsTheJob) {
       MakeSpec(DType::kFloat32, 1, 1, 2, 2, 2, false, false, false);
   std::promise<TestJob::Outcome> promise;
   auto future = promise.get_future();
-  auto job = std::make_unique<TestJob>(spec, std::string(16, '\0'),
-                                       std::string(16, '\0'),
-                                       std::move(promise));
+  auto job = std::make_unique<TestJob>(
+      spec, std::string(16, '\0'), std::string(16, '\0'), std::move(promise));
   job->write_status_ = absl::DataLossError("payload vanished");
   engine->Submit(std::move(job));
   EXPECT_EQ(future.get().status.code(), absl::StatusCode::kDataLoss);

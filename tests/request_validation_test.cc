@@ -23,9 +23,9 @@ v1::Tensor MakeTensor(std::initializer_list<int64_t> shape,
   }
   t.set_dtype(dtype);
   const int64_t size =
-      dtype == v1::DTYPE_FLOAT64 ? 8
+      dtype == v1::DTYPE_FLOAT64                                    ? 8
       : (dtype == v1::DTYPE_FLOAT16 || dtype == v1::DTYPE_BFLOAT16) ? 2
-                                                                      : 4;
+                                                                    : 4;
   if (data_bytes < 0) data_bytes = elements > 0 ? elements * size : 0;
   t.set_data(std::string(static_cast<size_t>(data_bytes), '\0'));
   return t;
@@ -133,11 +133,11 @@ TEST(RequestValidationTest, UnspecifiedAndUnknownDtype) {
 }
 
 TEST(RequestValidationTest, DifferentDtypes) {
-  ExpectError(MakeRequest(MakeTensor({2, 2}),
-                          MakeTensor({2, 2}, v1::DTYPE_FLOAT64)),
-              absl::StatusCode::kInvalidArgument,
-              "b.dtype: expected DTYPE_FLOAT32 (the dtype of a), got "
-              "DTYPE_FLOAT64");
+  ExpectError(
+      MakeRequest(MakeTensor({2, 2}), MakeTensor({2, 2}, v1::DTYPE_FLOAT64)),
+      absl::StatusCode::kInvalidArgument,
+      "b.dtype: expected DTYPE_FLOAT32 (the dtype of a), got "
+      "DTYPE_FLOAT64");
 }
 
 TEST(RequestValidationTest, UnknownComputeMode) {
@@ -162,10 +162,10 @@ TEST(RequestValidationTest, WrongRank) {
 }
 
 TEST(RequestValidationTest, ZeroAndNegativeDims) {
-  ExpectError(MakeRequest(MakeTensor({0, 4}, v1::DTYPE_FLOAT32, 0),
-                          MakeTensor({4, 4})),
-              absl::StatusCode::kInvalidArgument,
-              "a.shape[0]: expected a positive dimension, got 0");
+  ExpectError(
+      MakeRequest(MakeTensor({0, 4}, v1::DTYPE_FLOAT32, 0), MakeTensor({4, 4})),
+      absl::StatusCode::kInvalidArgument,
+      "a.shape[0]: expected a positive dimension, got 0");
   v1::MultiplyRequest r = MakeRequest(MakeTensor({2, 2}), MakeTensor({2, 2}));
   r.mutable_b()->set_shape(1, -3);
   ExpectError(r, absl::StatusCode::kInvalidArgument,
@@ -251,7 +251,8 @@ TEST(RequestValidationTest, AdversarialDimsDoNotOverflow) {
         << spec.status();
   }
   // 2^32 * 2^32 wraps to 0 in 64 bits; 2^62 * 4 bytes wraps to 0 as well.
-  v1::MultiplyRequest wrap = MakeRequest(MakeTensor({1, 1}), MakeTensor({1, 1}));
+  v1::MultiplyRequest wrap =
+      MakeRequest(MakeTensor({1, 1}), MakeTensor({1, 1}));
   wrap.mutable_a()->clear_shape();
   wrap.mutable_a()->add_shape(int64_t{1} << 32);
   wrap.mutable_a()->add_shape(int64_t{1} << 32);
@@ -264,10 +265,11 @@ TEST(RequestValidationTest, AdversarialDimsDoNotOverflow) {
   bytes_wrap.mutable_a()->add_shape(int64_t{1} << 31);
   bytes_wrap.mutable_a()->add_shape(int64_t{1} << 31);
   bytes_wrap.mutable_a()->set_data("");
-  ExpectError(bytes_wrap, absl::StatusCode::kInvalidArgument, "a.data:",
-              limits);
+  ExpectError(bytes_wrap, absl::StatusCode::kInvalidArgument,
+              "a.data:", limits);
   // Default limits: 2^31 is over the per-dimension limit.
-  v1::MultiplyRequest dflt = MakeRequest(MakeTensor({1, 1}), MakeTensor({1, 1}));
+  v1::MultiplyRequest dflt =
+      MakeRequest(MakeTensor({1, 1}), MakeTensor({1, 1}));
   dflt.mutable_b()->set_shape(0, int64_t{1} << 31);
   ExpectError(dflt, absl::StatusCode::kResourceExhausted,
               "b.shape[0]: 2147483648 exceeds the server's limit");
@@ -295,8 +297,8 @@ TEST(RequestValidationTest, OverInflightBudget) {
 }
 
 TEST(RequestValidationTest, DtypeMappingRoundTrips) {
-  for (DType t : {DType::kFloat32, DType::kFloat64, DType::kFloat16,
-                  DType::kBFloat16}) {
+  for (DType t :
+       {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16}) {
     EXPECT_EQ(FromProto(ToProto(t)), t);
   }
   EXPECT_FALSE(FromProto(v1::DTYPE_UNSPECIFIED).has_value());

@@ -1,0 +1,24 @@
+// The one place that turns a MatmulSpec into a cuBLAS call.
+#ifndef MATMUL_GPU_CUBLAS_GEMM_H_
+#define MATMUL_GPU_CUBLAS_GEMM_H_
+
+#include <cublas_v2.h>
+
+#include "absl/status/status.h"
+#include "gpu/matmul_spec.h"
+
+namespace matmul {
+
+// Enqueues C = op(A)·op(B) on the handle's stream; A, B and C are device
+// pointers holding row-major data as MatmulSpec describes. Row-major C = A·B
+// is computed as column-major Cᵀ = Bᵀ·Aᵀ, so no data is transposed.
+// Types: float32 (COMPUTE_32F, or COMPUTE_32F_FAST_TF32 in tf32 mode),
+// float64 (COMPUTE_64F), float16 and bfloat16 (inputs and output in the
+// dtype, COMPUTE_32F accumulation). Batches use strided-batched GEMM with
+// stride 0 for a broadcast operand. Dimensions must fit in int.
+absl::Status EnqueueGemm(cublasHandle_t handle, const MatmulSpec& spec,
+                         const void* a, const void* b, void* c);
+
+}  // namespace matmul
+
+#endif  // MATMUL_GPU_CUBLAS_GEMM_H_

@@ -1,0 +1,831 @@
+#include "gpu/cuda_engine.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <deque>
+#include <limits>
+#include <set>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "common/log.h"
+#include "common/status_macros.h"
+#include "gpu/cublas_gemm.h"
+#include "gpu/cuda_resources.h"
+#include "gpu/cuda_status.h"
+#include "gpu/device_registry.h"
+#include "gpu/interval_union.h"
+#include "gpu/pinned_pool.h"
+#include "gpu/stream_pool.h"
+
+namespace matmul {
+namespace {
+
+// Device allocations are carved into A, B and C at this alignment.
+constexpr int64_t kDeviceAlignment = 256;
+
+int64_t AlignUp(int64_t bytes, int64_t alignment) {
+  return (bytes + alignment - 1) / alignment * alignment;
+}
+
+int64_t DeviceBytes(const MatmulSpec& spec) {
+  return AlignUp(spec.a_bytes(), kDeviceAlignment) +
+         AlignUp(spec.b_bytes(), kDeviceAlignment) +
+         AlignUp(spec.c_bytes(), kDeviceAlignment);
+}
+
+// Rough seconds of device work, for least-outstanding-work scheduling only.
+double EstimatedSeconds(const MatmulSpec& spec) {
+  double rate = 50e12;  // float32 strict
+  if (spec.dtype == DType::kFloat64) rate = 50e12;
+  if (spec.dtype == DType::kFloat16 || spec.dtype == DType::kBFloat16) {
+    rate = 600e12;
+  }
+  if (spec.dtype == DType::kFloat32 && spec.compute == ComputeMode::kTf32) {
+    rate = 300e12;
+  }
+  const double bytes =
+      static_cast<double>(spec.a_bytes() + spec.b_bytes() + spec.c_bytes());
+  return bytes / 40e9 + spec.flops() / rate + 10e-6;
+}
+
+void AtomicAddDouble(std::atomic<double>& target, double delta) {
+  double old = target.load(std::memory_order_relaxed);
+  while (!target.compare_exchange_weak(old, old + delta,
+                                       std::memory_order_relaxed)) {
+  }
+}
+
+// The four timing events of one job on its stream.
+struct EventSet {
+  CudaEvent start;
+  CudaEvent h2d_done;
+  CudaEvent gemm_done;
+  CudaEvent end;
+};
+
+}  // namespace
+
+// A job between its enqueue on a stream and its completion.
+struct CudaEngine::InFlight {
+  std::unique_ptr<MatmulJob> job;
+  Device* device = nullptr;
+  Lane* lane = nullptr;
+  int64_t job_id = 0;
+  MatmulSpec spec;
+  double estimate = 0;       // seconds, as added to the lane's outstanding work
+  int64_t device_bytes = 0;  // reserved against the device budget
+  PinnedPool::Lease lease;
+  std::byte* host_c = nullptr;
+  std::unique_ptr<EventSet> events;
+  StageTimings timings;
+  absl::Status status;  // an error met while enqueueing
+};
+
+struct CudaEngine::Lane {
+  Device* device = nullptr;
+  int index = 0;  // stream index within the device
+  PooledStream* stream = nullptr;
+  absl::Mutex mu;
+  absl::CondVar cv;
+  struct Queued {
+    std::unique_ptr<MatmulJob> job;
+    absl::Time submitted;
+    double estimate = 0;
+  };
+  std::deque<Queued> queue ABSL_GUARDED_BY(mu);
+  bool stopping ABSL_GUARDED_BY(mu) = false;
+  // Seconds of estimated work queued or running on this stream.
+  std::atomic<double> outstanding{0};
+  std::thread thread;
+  // Stats (updated by completion threads).
+  std::atomic<int64_t> jobs{0};
+  std::atomic<double> busy_seconds{0};
+};
+
+struct CudaEngine::Device {
+  int index = 0;
+  CudaEngine* engine = nullptr;
+  std::unique_ptr<StreamPool> streams;
+  std::unique_ptr<PinnedPool> pinned;
+  cudaMemPool_t memory_pool = nullptr;
+  std::vector<std::unique_ptr<Lane>> lanes;
+
+  // Device memory budget: bytes reserved by jobs in flight.
+  absl::Mutex memory_mu;
+  absl::CondVar memory_freed;
+  int64_t memory_budget = 0;
+  int64_t memory_reserved ABSL_GUARDED_BY(memory_mu) = 0;
+
+  // Idle stream used only to record clock anchors (completes at once).
+  CudaStream anchor_stream;
+  absl::Mutex clock_mu;
+  CudaEvent anchor ABSL_GUARDED_BY(clock_mu);
+  absl::Time anchor_host ABSL_GUARDED_BY(clock_mu);
+  double anchor_offset_ms ABSL_GUARDED_BY(clock_mu) = 0;
+
+  // Spare timing events.
+  absl::Mutex events_mu;
+  std::vector<std::unique_ptr<EventSet>> spare_events
+      ABSL_GUARDED_BY(events_mu);
+
+  // Jobs enqueued and not completed; the completion queue.
+  absl::Mutex done_mu;
+  absl::CondVar done_cv;
+  std::set<InFlight*> in_flight ABSL_GUARDED_BY(done_mu);
+  std::deque<InFlight*> done ABSL_GUARDED_BY(done_mu);
+  bool stopping ABSL_GUARDED_BY(done_mu) = false;
+  std::vector<std::thread> completion_threads;
+
+  // False once the device's context has failed (sticky CUDA error).
+  std::atomic<bool> healthy{true};
+  absl::Status failure ABSL_GUARDED_BY(done_mu);
+  // When the clock anchor was last refreshed (Unix ns).
+  std::atomic<int64_t> anchored_ns{0};
+
+  absl::Status Failure() {
+    absl::MutexLock lock(&done_mu);
+    return failure;
+  }
+
+  // Busy accounting in device milliseconds (unions over streams).
+  mutable absl::Mutex stats_mu;
+  IntervalUnion busy_union ABSL_GUARDED_BY(stats_mu);
+  IntervalUnion copy_union ABSL_GUARDED_BY(stats_mu);
+  IntervalUnion compute_union ABSL_GUARDED_BY(stats_mu);
+  double busy_ms ABSL_GUARDED_BY(stats_mu) = 0;
+  double copy_ms ABSL_GUARDED_BY(stats_mu) = 0;
+  double compute_ms ABSL_GUARDED_BY(stats_mu) = 0;
+  double overlap_ms ABSL_GUARDED_BY(stats_mu) = 0;
+  double latest_end_ms ABSL_GUARDED_BY(stats_mu) = 0;
+  std::atomic<int64_t> h2d_bytes{0};
+  std::atomic<int64_t> d2h_bytes{0};
+  std::array<std::atomic<double>, kNumDTypes> flops{};
+  std::atomic<int64_t> queued{0};
+
+  absl::StatusOr<std::unique_ptr<EventSet>> TakeEvents();
+  void ReturnEvents(std::unique_ptr<EventSet> events);
+  absl::Status ReserveMemory(int64_t bytes, MatmulJob& job);
+  void ReleaseMemory(int64_t bytes);
+  // Milliseconds on this device's clock, and wall time, of a completed event.
+  absl::StatusOr<double> DeviceMs(cudaEvent_t event);
+  absl::Time WallTime(double device_ms);
+  void RefreshAnchor();
+};
+
+absl::StatusOr<std::unique_ptr<EventSet>> CudaEngine::Device::TakeEvents() {
+  {
+    absl::MutexLock lock(&events_mu);
+    if (!spare_events.empty()) {
+      std::unique_ptr<EventSet> events = std::move(spare_events.back());
+      spare_events.pop_back();
+      return events;
+    }
+  }
+  auto events = std::make_unique<EventSet>();
+  ASSIGN_OR_RETURN(events->start, CreateEvent());
+  ASSIGN_OR_RETURN(events->h2d_done, CreateEvent());
+  ASSIGN_OR_RETURN(events->gemm_done, CreateEvent());
+  ASSIGN_OR_RETURN(events->end, CreateEvent());
+  return events;
+}
+
+void CudaEngine::Device::ReturnEvents(std::unique_ptr<EventSet> events) {
+  if (events == nullptr) return;
+  absl::MutexLock lock(&events_mu);
+  spare_events.push_back(std::move(events));
+}
+
+absl::Status CudaEngine::Device::ReserveMemory(int64_t bytes, MatmulJob& job) {
+  absl::MutexLock lock(&memory_mu);
+  while (memory_reserved + bytes > memory_budget) {
+    if (absl::Status stop = job.Abandoned(); !stop.ok()) return stop;
+    memory_freed.WaitWithTimeout(&memory_mu, absl::Milliseconds(50));
+  }
+  memory_reserved += bytes;
+  return absl::OkStatus();
+}
+
+void CudaEngine::Device::ReleaseMemory(int64_t bytes) {
+  absl::MutexLock lock(&memory_mu);
+  memory_reserved -= bytes;
+  memory_freed.SignalAll();
+}
+
+absl::StatusOr<double> CudaEngine::Device::DeviceMs(cudaEvent_t event) {
+  absl::MutexLock lock(&clock_mu);
+  float ms = 0;
+  CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, anchor.get(), event));
+  return anchor_offset_ms + static_cast<double>(ms);
+}
+
+absl::Time CudaEngine::Device::WallTime(double device_ms) {
+  absl::MutexLock lock(&clock_mu);
+  return anchor_host + absl::Microseconds(static_cast<int64_t>(
+                           (device_ms - anchor_offset_ms) * 1e3));
+}
+
+// Event timestamps are float milliseconds relative to an anchor event; a
+// fresh anchor every few seconds keeps them precise to about a microsecond.
+void CudaEngine::Device::RefreshAnchor() {
+  absl::StatusOr<CudaEvent> fresh = CreateEvent();
+  if (!fresh.ok()) return;
+  if (cudaEventRecord(fresh->get(), anchor_stream.get()) != cudaSuccess ||
+      cudaEventSynchronize(fresh->get()) != cudaSuccess) {
+    return;
+  }
+  const absl::Time now = absl::Now();
+  absl::MutexLock lock(&clock_mu);
+  float ms = 0;
+  if (anchor &&
+      cudaEventElapsedTime(&ms, anchor.get(), fresh->get()) != cudaSuccess) {
+    return;
+  }
+  anchor_offset_ms += static_cast<double>(ms);
+  anchor = std::move(*fresh);
+  anchor_host = now;
+}
+
+namespace {
+
+// Host function at the end of a job's stream work: hands the job to the
+// completion threads. Must not call CUDA.
+void CUDART_CB OnStreamDone(void* user_data) {
+  auto* flight = static_cast<CudaEngine::InFlight*>(user_data);
+  CudaEngine::Device* device = flight->device;
+  absl::MutexLock lock(&device->done_mu);
+  device->done.push_back(flight);
+  device->done_cv.Signal();
+}
+
+}  // namespace
+
+CudaEngine::CudaEngine(const CudaEngineOptions& options) : options_(options) {}
+
+absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(
+    const CudaEngineOptions& options) {
+  if (options.streams_per_device < 1 || options.streams_per_device > 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("streams per device must be in [1, 64], got ",
+                     options.streams_per_device));
+  }
+  std::unique_ptr<CudaEngine> engine(new CudaEngine(options));
+  if (absl::Status status = engine->Init(); !status.ok()) {
+    engine->Shutdown();
+    return status;
+  }
+  return engine;
+}
+
+absl::Status CudaEngine::Init() {
+  ASSIGN_OR_RETURN(std::vector<DeviceInfo> visible, DiscoverCudaDevices());
+  std::vector<int> chosen = options_.devices;
+  if (chosen.empty()) {
+    for (const DeviceInfo& d : visible) chosen.push_back(d.index);
+  }
+  info_.name = "cuda";
+  info_.streams_per_device = options_.streams_per_device;
+  info_.dtypes = {DType::kFloat32, DType::kFloat64, DType::kFloat16,
+                  DType::kBFloat16};
+
+  for (int index : chosen) {
+    if (index < 0 || index >= static_cast<int>(visible.size())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "no CUDA device ", index, " (", visible.size(), " visible)"));
+    }
+    ScopedDevice scoped(index);
+    auto device = std::make_unique<Device>();
+    device->index = index;
+    device->engine = this;
+    ASSIGN_OR_RETURN(device->streams,
+                     StreamPool::Create(index, options_.streams_per_device,
+                                        options_.cublas_workspace_bytes));
+    ASSIGN_OR_RETURN(PinnedBuffer pinned,
+                     PinnedBuffer::Allocate(options_.pinned_bytes_per_device));
+    // The pool owns the region through a HostBuffer that frees it.
+    auto* region = new PinnedBuffer(std::move(pinned));
+    device->pinned = std::make_unique<PinnedPool>(
+        HostBuffer(region->data(), static_cast<int64_t>(region->size()),
+                   [region] { delete region; }));
+
+    // Stream-ordered allocations from the device's default pool, which keeps
+    // freed memory for reuse instead of returning it to the driver.
+    CUDA_RETURN_IF_ERROR(
+        cudaDeviceGetDefaultMemPool(&device->memory_pool, index));
+    uint64_t keep = std::numeric_limits<uint64_t>::max();
+    CUDA_RETURN_IF_ERROR(cudaMemPoolSetAttribute(
+        device->memory_pool, cudaMemPoolAttrReleaseThreshold, &keep));
+    size_t free_bytes = 0;
+    size_t total_bytes = 0;
+    CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
+    device->memory_budget =
+        std::max<int64_t>(0, static_cast<int64_t>(free_bytes) -
+                                 options_.device_memory_reserve_bytes);
+
+    ASSIGN_OR_RETURN(device->anchor_stream, CreateStream());
+    device->RefreshAnchor();
+    {
+      absl::MutexLock lock(&device->clock_mu);
+      if (!device->anchor) {
+        return absl::InternalError(
+            absl::StrCat("device ", index, ": cannot record a clock anchor"));
+      }
+    }
+
+    DeviceInfo info = visible[index];
+    info.staging_bytes = device->pinned->capacity();
+    info_.devices.push_back(info);
+
+    for (int s = 0; s < options_.streams_per_device; ++s) {
+      auto lane = std::make_unique<Lane>();
+      lane->device = device.get();
+      lane->index = s;
+      lane->stream = &device->streams->at(s);
+      lanes_.push_back(lane.get());
+      device->lanes.push_back(std::move(lane));
+    }
+    devices_.push_back(std::move(device));
+  }
+
+  for (auto& device : devices_) {
+    Device* d = device.get();
+    for (auto& lane : d->lanes) {
+      Lane* l = lane.get();
+      l->thread = std::thread([this, l] { LaneLoop(l); });
+    }
+    for (int i = 0; i < options_.streams_per_device; ++i) {
+      d->completion_threads.emplace_back([this, d] { CompletionLoop(d); });
+    }
+  }
+  return absl::OkStatus();
+}
+
+CudaEngine::~CudaEngine() {
+  Shutdown();
+  // Resources go in a fixed order, each with its device current: streams
+  // (synchronized first) and handles, then the pinned region.
+  for (auto& device : devices_) {
+    ScopedDevice scoped(device->index);
+    device->lanes.clear();
+    device->streams.reset();
+    {
+      absl::MutexLock lock(&device->events_mu);
+      device->spare_events.clear();
+    }
+    {
+      absl::MutexLock lock(&device->clock_mu);
+      device->anchor.Reset();
+    }
+    device->anchor_stream.Reset();
+    device->pinned.reset();
+  }
+}
+
+absl::Status CudaEngine::CheckFits(const MatmulSpec& spec) const {
+  constexpr int64_t kMaxInt = std::numeric_limits<int>::max();
+  if (spec.m > kMaxInt || spec.n > kMaxInt || spec.k > kMaxInt ||
+      spec.batch > kMaxInt) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cuBLAS takes 32-bit dimensions; got m=", spec.m,
+                     " n=", spec.n, " k=", spec.k, " batch=", spec.batch));
+  }
+  const int64_t device_bytes = DeviceBytes(spec);
+  const int64_t pinned_bytes = spec.a_bytes() + spec.b_bytes() + spec.c_bytes();
+  int64_t best_memory = 0;
+  int64_t best_pinned = 0;
+  for (const auto& device : devices_) {
+    best_memory = std::max(best_memory, device->memory_budget);
+    best_pinned = std::max(best_pinned, device->pinned->capacity());
+  }
+  if (device_bytes > best_memory) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the request needs ", device_bytes,
+        " bytes of device memory (A, B and C); the largest GPU has ",
+        best_memory, " bytes available to requests"));
+  }
+  if (pinned_bytes > best_pinned) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the request needs ", pinned_bytes,
+                     " bytes of pinned staging memory; each GPU's pool has ",
+                     best_pinned, " bytes (--pinned-pool-bytes)"));
+  }
+  return absl::OkStatus();
+}
+
+CudaEngine::Lane* CudaEngine::PickLane(const MatmulSpec& spec) const {
+  const int64_t device_bytes = DeviceBytes(spec);
+  const int64_t pinned_bytes = spec.a_bytes() + spec.b_bytes() + spec.c_bytes();
+  Lane* best = nullptr;
+  double best_work = std::numeric_limits<double>::infinity();
+  for (Lane* lane : lanes_) {
+    Device* d = lane->device;
+    if (d->healthy.load(std::memory_order_relaxed) == false ||
+        device_bytes > d->memory_budget ||
+        pinned_bytes > d->pinned->capacity()) {
+      continue;
+    }
+    const double work = lane->outstanding.load(std::memory_order_relaxed);
+    if (work < best_work) {
+      best_work = work;
+      best = lane;
+    }
+  }
+  return best;
+}
+
+void CudaEngine::Submit(std::unique_ptr<MatmulJob> job) {
+  absl::Status refused;
+  {
+    absl::ReaderMutexLock shutdown_lock(&shutdown_mu_);
+    if (shut_down_) {
+      refused = absl::UnavailableError("the CUDA engine is shut down");
+    } else if (Lane* lane = PickLane(job->spec()); lane == nullptr) {
+      refused = absl::UnavailableError(
+          "no healthy GPU can take the request (see the server log)");
+    } else {
+      const double estimate = EstimatedSeconds(job->spec());
+      AtomicAddDouble(lane->outstanding, estimate);
+      lane->device->queued.fetch_add(1, std::memory_order_relaxed);
+      absl::MutexLock lock(&lane->mu);
+      lane->queue.push_back({std::move(job), absl::Now(), estimate});
+      lane->cv.Signal();
+      return;
+    }
+  }
+  job->Done(refused);
+}
+
+void CudaEngine::LaneLoop(Lane* lane) {
+  cudaSetDevice(lane->device->index);
+  while (true) {
+    Lane::Queued next;
+    {
+      absl::MutexLock lock(&lane->mu);
+      while (lane->queue.empty() && !lane->stopping) lane->cv.Wait(&lane->mu);
+      if (lane->queue.empty()) return;
+      next = std::move(lane->queue.front());
+      lane->queue.pop_front();
+    }
+    Dispatch(lane, std::move(next.job), next.submitted, next.estimate);
+  }
+}
+
+void CudaEngine::Dispatch(Lane* lane, std::unique_ptr<MatmulJob> job,
+                          absl::Time submitted, double estimate) {
+  Device* d = lane->device;
+  bool started = false;
+  auto fail = [&](const absl::Status& status) {
+    if (!started) d->queued.fetch_sub(1, std::memory_order_relaxed);
+    AtomicAddDouble(lane->outstanding, -estimate);
+    job->Done(status);
+  };
+  if (absl::Status abandoned = job->Abandoned(); !abandoned.ok()) {
+    fail(abandoned);
+    return;
+  }
+  if (!d->healthy.load(std::memory_order_relaxed)) {
+    fail(d->Failure());
+    return;
+  }
+  const MatmulSpec spec = job->spec();
+  const int64_t device_bytes = DeviceBytes(spec);
+  if (absl::Status reserved = d->ReserveMemory(device_bytes, *job);
+      !reserved.ok()) {
+    fail(reserved);
+    return;
+  }
+  const std::optional<PrestagedOperands> prestaged = job->prestaged();
+  const int64_t pinned_bytes =
+      spec.c_bytes() + (prestaged ? 0 : spec.a_bytes() + spec.b_bytes());
+  absl::StatusOr<PinnedPool::Lease> lease =
+      d->pinned->Acquire(pinned_bytes, [&job] { return job->Abandoned(); });
+  if (!lease.ok()) {
+    d->ReleaseMemory(device_bytes);
+    fail(lease.status());
+    return;
+  }
+  d->queued.fetch_sub(1, std::memory_order_relaxed);
+  started = true;
+
+  auto flight = std::make_unique<InFlight>();
+  flight->device = d;
+  flight->lane = lane;
+  flight->job_id = next_job_.fetch_add(1, std::memory_order_relaxed);
+  flight->spec = spec;
+  flight->estimate = estimate;
+  flight->device_bytes = device_bytes;
+  const absl::Time start = absl::Now();
+  flight->timings.queue = absl::ToDoubleSeconds(start - submitted);
+
+  std::byte* slot = lease->data();
+  const std::byte* host_a = prestaged ? prestaged->a : slot;
+  const std::byte* host_b = prestaged ? prestaged->b : slot + spec.a_bytes();
+  flight->host_c = prestaged ? slot : slot + spec.a_bytes() + spec.b_bytes();
+  flight->lease = std::move(*lease);
+  if (!prestaged) {
+    absl::Status written = job->WriteOperands(
+        absl::MakeSpan(slot, static_cast<size_t>(spec.a_bytes())),
+        absl::MakeSpan(slot + spec.a_bytes(),
+                       static_cast<size_t>(spec.b_bytes())));
+    flight->timings.stage_in = absl::ToDoubleSeconds(absl::Now() - start);
+    if (!written.ok()) {
+      d->ReleaseMemory(device_bytes);
+      flight.reset();  // returns the lease
+      fail(written);
+      return;
+    }
+  }
+  if (options_.poison_outputs) {
+    std::memset(flight->host_c, 0xff, static_cast<size_t>(spec.c_bytes()));
+  }
+  absl::StatusOr<std::unique_ptr<EventSet>> events = d->TakeEvents();
+  if (!events.ok()) {
+    d->ReleaseMemory(device_bytes);
+    flight.reset();
+    fail(events.status());
+    return;
+  }
+  flight->events = std::move(*events);
+  flight->job = std::move(job);
+  Enqueue(flight.release(), host_a, host_b);
+}
+
+void CudaEngine::Enqueue(InFlight* flight, const std::byte* host_a,
+                         const std::byte* host_b) {
+  Device* d = flight->device;
+  const MatmulSpec& spec = flight->spec;
+  cudaStream_t stream = flight->lane->stream->stream.get();
+  EventSet& ev = *flight->events;
+  {
+    absl::MutexLock lock(&d->done_mu);
+    d->in_flight.insert(flight);
+  }
+  void* memory = nullptr;
+  flight->status = [&]() -> absl::Status {
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(ev.start.get(), stream));
+    CUDA_RETURN_IF_ERROR(cudaMallocFromPoolAsync(
+        &memory, static_cast<size_t>(flight->device_bytes), d->memory_pool,
+        stream));
+    auto* device_a = static_cast<std::byte*>(memory);
+    std::byte* device_b = device_a + AlignUp(spec.a_bytes(), kDeviceAlignment);
+    std::byte* device_c = device_b + AlignUp(spec.b_bytes(), kDeviceAlignment);
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(device_a, host_a, spec.a_bytes(),
+                                         cudaMemcpyHostToDevice, stream));
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(device_b, host_b, spec.b_bytes(),
+                                         cudaMemcpyHostToDevice, stream));
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(ev.h2d_done.get(), stream));
+    if (options_.poison_outputs) {
+      CUDA_RETURN_IF_ERROR(
+          cudaMemsetAsync(device_c, 0xff, spec.c_bytes(), stream));
+    }
+    RETURN_IF_ERROR(EnqueueGemm(flight->lane->stream->cublas.get(), spec,
+                                device_a, device_b, device_c));
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(ev.gemm_done.get(), stream));
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(flight->host_c, device_c,
+                                         spec.c_bytes(), cudaMemcpyDeviceToHost,
+                                         stream));
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(ev.end.get(), stream));
+    return absl::OkStatus();
+  }();
+  // Freed in stream order: later work on any stream can reuse it.
+  if (memory != nullptr) cudaFreeAsync(memory, stream);
+  if (cudaLaunchHostFunc(stream, OnStreamDone, flight) != cudaSuccess) {
+    // Error path only: wait for what was enqueued before handing back the
+    // memory it reads, then complete here.
+    cudaStreamSynchronize(stream);
+    if (flight->status.ok()) {
+      flight->status = absl::InternalError(
+          "cudaLaunchHostFunc failed after the job was enqueued");
+    }
+    OnStreamDone(flight);
+  }
+}
+
+void CudaEngine::CompletionLoop(Device* d) {
+  cudaSetDevice(d->index);
+  absl::Time last_progress = absl::Now();
+  while (true) {
+    InFlight* flight = nullptr;
+    {
+      absl::MutexLock lock(&d->done_mu);
+      while (d->done.empty() && !(d->stopping && d->in_flight.empty())) {
+        if (d->done_cv.WaitWithTimeout(&d->done_mu, absl::Seconds(1)) &&
+            d->done.empty() && !d->in_flight.empty()) {
+          break;  // timed out with work in flight: look at the device below
+        }
+      }
+      if (!d->done.empty()) {
+        flight = d->done.front();
+        d->done.pop_front();
+        d->in_flight.erase(flight);
+      } else if (d->stopping && d->in_flight.empty()) {
+        return;
+      }
+    }
+    const absl::Time now = absl::Now();
+    if (flight != nullptr) {
+      last_progress = now;
+      Complete(flight);
+    } else if (now - last_progress > absl::Seconds(1)) {
+      // Nothing completed for a while: a broken context never runs host
+      // functions, so ask the streams directly.
+      for (auto& lane : d->lanes) {
+        const cudaError_t error = cudaStreamQuery(lane->stream->stream.get());
+        if (error != cudaSuccess && error != cudaErrorNotReady) {
+          FailDevice(d, CudaStatus(error, "cudaStreamQuery"));
+          break;
+        }
+      }
+    }
+    const int64_t now_ns = absl::ToUnixNanos(now);
+    int64_t anchored_ns = d->anchored_ns.load(std::memory_order_relaxed);
+    if (now_ns - anchored_ns > 5'000'000'000 &&
+        d->anchored_ns.compare_exchange_strong(anchored_ns, now_ns)) {
+      d->RefreshAnchor();
+    }
+  }
+}
+
+void CudaEngine::Complete(InFlight* flight) {
+  std::unique_ptr<InFlight> owned(flight);
+  Device* d = flight->device;
+  Lane* lane = flight->lane;
+  const MatmulSpec& spec = flight->spec;
+  absl::Status status = flight->status;
+  std::array<double, 4> ms{};  // start, h2d_done, gemm_done, end
+  if (status.ok()) {
+    const EventSet& ev = *flight->events;
+    const cudaEvent_t events[4] = {ev.start.get(), ev.h2d_done.get(),
+                                   ev.gemm_done.get(), ev.end.get()};
+    for (int i = 0; i < 4 && status.ok(); ++i) {
+      absl::StatusOr<double> t = d->DeviceMs(events[i]);
+      if (t.ok()) {
+        ms[i] = *t;
+      } else {
+        status = t.status();
+      }
+    }
+  }
+  d->ReleaseMemory(flight->device_bytes);
+  d->ReturnEvents(std::move(flight->events));
+  AtomicAddDouble(lane->outstanding, -flight->estimate);
+  if (!status.ok()) {
+    flight->job->Done(status);
+    return;
+  }
+
+  flight->timings.h2d = (ms[1] - ms[0]) * 1e-3;
+  flight->timings.compute = (ms[2] - ms[1]) * 1e-3;
+  flight->timings.d2h = (ms[3] - ms[2]) * 1e-3;
+  lane->jobs.fetch_add(1, std::memory_order_relaxed);
+  AtomicAddDouble(lane->busy_seconds, (ms[3] - ms[0]) * 1e-3);
+  d->h2d_bytes.fetch_add(spec.a_bytes() + spec.b_bytes(),
+                         std::memory_order_relaxed);
+  d->d2h_bytes.fetch_add(spec.c_bytes(), std::memory_order_relaxed);
+  AtomicAddDouble(d->flops[static_cast<int>(spec.dtype)], spec.flops());
+  {
+    absl::MutexLock lock(&d->stats_mu);
+    d->busy_ms += d->busy_union.Add(ms[0], ms[3]).added;
+    for (auto [from, to] : {std::pair{ms[0], ms[1]}, std::pair{ms[2], ms[3]}}) {
+      const IntervalUnion::Added copy =
+          d->copy_union.Add(from, to, &d->compute_union);
+      d->copy_ms += copy.added;
+      d->overlap_ms += copy.overlap;
+    }
+    const IntervalUnion::Added compute =
+        d->compute_union.Add(ms[1], ms[2], &d->copy_union);
+    d->compute_ms += compute.added;
+    d->overlap_ms += compute.overlap;
+    // Streams run in order and report within seconds of finishing, so no
+    // interval still to come starts a minute before the latest end.
+    d->latest_end_ms = std::max(d->latest_end_ms, ms[3]);
+    const double horizon = d->latest_end_ms - 60e3;
+    d->busy_union.ForgetBefore(horizon);
+    d->copy_union.ForgetBefore(horizon);
+    d->compute_union.ForgetBefore(horizon);
+  }
+  const StreamSpan::Kind kinds[3] = {StreamSpan::Kind::kH2D,
+                                     StreamSpan::Kind::kCompute,
+                                     StreamSpan::Kind::kD2H};
+  for (int i = 0; i < 3; ++i) {
+    StreamSpan span;
+    span.device = d->index;
+    span.stream = lane->index;
+    span.kind = kinds[i];
+    span.job = flight->job_id;
+    span.start = d->WallTime(ms[i]);
+    span.end = d->WallTime(ms[i + 1]);
+    spans_.Add(span);
+  }
+
+  JobResult result(
+      absl::MakeConstSpan(flight->host_c, static_cast<size_t>(spec.c_bytes())),
+      Placement{d->index, lane->index}, flight->timings,
+      [lease = std::move(flight->lease)]() mutable { lease.Release(); });
+  flight->job->Done(std::move(result));
+}
+
+void CudaEngine::FailDevice(Device* d, const absl::Status& cause) {
+  const absl::Status status = absl::InternalError(
+      absl::StrCat("GPU ", d->index, " failed: ", cause.message()));
+  std::set<InFlight*> victims;
+  {
+    absl::MutexLock lock(&d->done_mu);
+    if (!d->healthy.load()) return;
+    d->healthy.store(false);
+    d->failure = status;
+    victims.swap(d->in_flight);
+  }
+  LogLine(absl::StrCat("error: ", status.message(), "; failing ",
+                       victims.size(), " requests in flight on it"));
+  // A failed context never runs the jobs' host functions, so each job is
+  // finished here. The InFlight records are left allocated on purpose: the
+  // stream could in principle still reference them.
+  for (InFlight* flight : victims) {
+    flight->job->Done(status);
+    d->ReleaseMemory(flight->device_bytes);
+    AtomicAddDouble(flight->lane->outstanding, -flight->estimate);
+    flight->lease.Release();
+  }
+}
+
+EngineStats CudaEngine::stats() const {
+  EngineStats stats;
+  for (const auto& device : devices_) {
+    Device* d = device.get();
+    DeviceStats out;
+    out.label = absl::StrCat(d->index);
+    for (const auto& lane : d->lanes) {
+      StreamStats s;
+      s.jobs = lane->jobs.load(std::memory_order_relaxed);
+      s.busy_seconds = lane->busy_seconds.load(std::memory_order_relaxed);
+      out.streams.push_back(s);
+    }
+    {
+      absl::MutexLock lock(&d->stats_mu);
+      out.busy_seconds = d->busy_ms * 1e-3;
+      out.compute_busy_seconds = d->compute_ms * 1e-3;
+      out.copy_busy_seconds = d->copy_ms * 1e-3;
+      out.copy_compute_overlap_seconds = d->overlap_ms * 1e-3;
+    }
+    out.h2d_bytes = d->h2d_bytes.load(std::memory_order_relaxed);
+    out.d2h_bytes = d->d2h_bytes.load(std::memory_order_relaxed);
+    for (int i = 0; i < kNumDTypes; ++i) {
+      out.flops[i] = d->flops[i].load(std::memory_order_relaxed);
+    }
+    out.staging_used_bytes = d->pinned->used();
+    out.staging_total_bytes = d->pinned->capacity();
+    {
+      absl::MutexLock lock(&d->memory_mu);
+      out.device_memory_used_bytes = d->memory_reserved;
+    }
+    out.queued_jobs = d->queued.load(std::memory_order_relaxed);
+    stats.devices.push_back(std::move(out));
+  }
+  return stats;
+}
+
+absl::StatusOr<HostBuffer> CudaEngine::AllocateHostBuffer(int64_t bytes) {
+  ASSIGN_OR_RETURN(PinnedBuffer pinned,
+                   PinnedBuffer::Allocate(static_cast<size_t>(bytes)));
+  auto* owned = new PinnedBuffer(std::move(pinned));
+  return HostBuffer(owned->data(), bytes, [owned] { delete owned; });
+}
+
+void CudaEngine::Shutdown() {
+  {
+    absl::MutexLock lock(&shutdown_mu_);
+    if (shut_down_) return;
+    shut_down_ = true;
+  }
+  // Lanes dispatch what they hold, then the completion threads finish every
+  // job in flight.
+  for (Lane* lane : lanes_) {
+    absl::MutexLock lock(&lane->mu);
+    lane->stopping = true;
+    lane->cv.Signal();
+  }
+  for (Lane* lane : lanes_) {
+    if (lane->thread.joinable()) lane->thread.join();
+  }
+  for (auto& device : devices_) {
+    {
+      absl::MutexLock lock(&device->done_mu);
+      device->stopping = true;
+      device->done_cv.SignalAll();
+    }
+    for (std::thread& t : device->completion_threads) {
+      if (t.joinable()) t.join();
+    }
+  }
+}
+
+}  // namespace matmul

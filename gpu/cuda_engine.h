@@ -1,0 +1,100 @@
+// CudaEngine: the Engine on NVIDIA GPUs. One process drives every visible
+// GPU; each has a StreamPool (streams with their own cuBLAS handle and
+// workspace), a PinnedPool of staging memory allocated once at start, and a
+// stream-ordered device memory pool.
+//
+// A job's path: Submit picks the stream with the least outstanding work (on
+// any device that can hold the job) and queues the job on that stream's lane
+// thread. The lane leases device memory and pinned staging (waiting while the
+// device is full), has the job write its operands into the pinned slot (one
+// copy), and enqueues on its stream: H2D A and B -> GEMM -> D2H C into the
+// slot, with CUDA events between the stages, then a host function. The lane
+// goes straight on to the next job, so while one stream computes another's
+// copy runs (the H200 has three copy engines). The host function only queues
+// the job for the device's completion threads, which read the event
+// timestamps, account stream busy time and finish the job. No thread ever
+// waits on the device for a request.
+//
+// Thread-safe.
+#ifndef MATMUL_GPU_CUDA_ENGINE_H_
+#define MATMUL_GPU_CUDA_ENGINE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "gpu/engine.h"
+#include "gpu/span_history.h"
+
+namespace matmul {
+
+struct CudaEngineOptions {
+  int streams_per_device = 4;
+  // Pinned staging memory per device.
+  int64_t pinned_bytes_per_device = int64_t{4} << 30;
+  // cuBLAS workspace per stream (NVIDIA recommends 32 MiB on Hopper).
+  int64_t cublas_workspace_bytes = int64_t{32} << 20;
+  // Device memory kept free for the driver, cuBLAS and fragmentation.
+  int64_t device_memory_reserve_bytes = int64_t{1} << 30;
+  // Devices to use; empty means all visible.
+  std::vector<int> devices;
+  // Test aid: fill every result buffer (device and pinned) with NaN bytes
+  // before the GEMM writes it, so a result never written cannot pass.
+  bool poison_outputs = false;
+};
+
+class CudaEngine final : public Engine {
+ public:
+  // FAILED_PRECONDITION when no GPU is visible.
+  static absl::StatusOr<std::unique_ptr<CudaEngine>> Create(
+      const CudaEngineOptions& options);
+  ~CudaEngine() override;
+
+  const EngineInfo& info() const override { return info_; }
+  absl::Status CheckFits(const MatmulSpec& spec) const override;
+  void Submit(std::unique_ptr<MatmulJob> job) override;
+  EngineStats stats() const override;
+  std::vector<StreamSpan> RecentSpans(absl::Duration window) const override {
+    return spans_.Recent(window);
+  }
+  absl::StatusOr<HostBuffer> AllocateHostBuffer(int64_t bytes) override;
+  void Shutdown() override;
+
+  struct Device;
+  struct Lane;
+  struct InFlight;
+
+ private:
+  explicit CudaEngine(const CudaEngineOptions& options);
+  absl::Status Init();
+  // The lane with the least outstanding work on a healthy device that can
+  // hold `spec`; null if none.
+  Lane* PickLane(const MatmulSpec& spec) const;
+  void LaneLoop(Lane* lane);
+  void Dispatch(Lane* lane, std::unique_ptr<MatmulJob> job,
+                absl::Time submitted, double estimate);
+  void Enqueue(InFlight* flight, const std::byte* host_a,
+               const std::byte* host_b);
+  void CompletionLoop(Device* device);
+  void Complete(InFlight* flight);
+  // Fails every job in flight on a device whose context is broken.
+  void FailDevice(Device* device, const absl::Status& cause);
+
+  const CudaEngineOptions options_;
+  EngineInfo info_;
+  std::vector<std::unique_ptr<Device>> devices_;
+  std::vector<Lane*> lanes_;  // every device's lanes, owned by the devices
+  SpanHistory spans_;
+  std::atomic<int64_t> next_job_{1};
+  // Submit holds it shared while it enqueues; Shutdown exclusively.
+  absl::Mutex shutdown_mu_;
+  bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;
+};
+
+}  // namespace matmul
+
+#endif  // MATMUL_GPU_CUDA_ENGINE_H_
