@@ -1,0 +1,381 @@
+"""End-to-end tests of matmul-cli against a real matmul-server (host engine).
+
+Run with /usr/bin/python3 (it has NumPy; the python3 first on PATH may not):
+
+    MATMUL_BIN_DIR=build/bin /usr/bin/python3 -m pytest -q tests/client/cli_e2e_test.py
+
+MATMUL_BIN_DIR names the directory holding matmul-server and matmul-cli
+(CTest sets it); it defaults to <repo>/build/bin.
+"""
+
+import os
+import pathlib
+import re
+import signal
+import subprocess
+import threading
+
+import numpy as np
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+BIN_DIR = pathlib.Path(os.environ.get("MATMUL_BIN_DIR", REPO / "build" / "bin"))
+SERVER = BIN_DIR / "matmul-server"
+CLI = BIN_DIR / "matmul-cli"
+
+# Relative Frobenius error allowed per dtype, against a float64 product of
+# the very inputs the server saw.
+TOLERANCE = {
+    "float32": 1e-5,
+    "float64": 1e-12,
+    "float16": 1e-2,
+    "bfloat16": 1e-2,
+}
+
+
+class Server:
+    """A matmul-server child process on a free port."""
+
+    def __init__(self):
+        self.proc = subprocess.Popen(
+            [str(SERVER), "--port", "0", "--metrics-port", "0", "--engine", "host"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.log = []
+        self._ready = threading.Event()
+        self.port = None
+        # Drain stderr for the whole life of the process so that it never
+        # blocks on a full pipe.
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        if not self._ready.wait(timeout=60) or self.port is None:
+            self.proc.kill()
+            self.proc.wait()
+            raise RuntimeError(
+                "matmul-server did not report 'serving on port N':\n"
+                + "".join(self.log))
+        self.target = "127.0.0.1:%d" % self.port
+
+    def _read(self):
+        for line in self.proc.stderr:
+            self.log.append(line)
+            match = re.search(r"serving on port (\d+)", line)
+            if match and self.port is None:
+                self.port = int(match.group(1))
+                self._ready.set()
+        self._ready.set()  # exited without serving
+
+    def stop(self):
+        """SIGTERM, then the exit status."""
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise
+        finally:
+            self._reader.join(timeout=5)
+
+
+@pytest.fixture(scope="module")
+def server():
+    assert SERVER.exists(), "%s is not built" % SERVER
+    assert CLI.exists(), "%s is not built" % CLI
+    s = Server()
+    yield s
+    rc = s.stop()
+    assert rc == 0, "matmul-server exited %d on SIGTERM:\n%s" % (rc, "".join(s.log))
+
+
+def run_cli(*args):
+    return subprocess.run([str(CLI)] + [str(a) for a in args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def relative_error(got, want):
+    got = np.asarray(got, dtype=np.float64)
+    want = np.asarray(want, dtype=np.float64)
+    norm = np.linalg.norm(want)
+    return np.linalg.norm(got - want) / (norm if norm > 0 else 1.0)
+
+
+def to_bfloat16_bits(a):
+    """float32 -> bfloat16 bits, rounded to nearest even (finite inputs)."""
+    u = np.ascontiguousarray(a, dtype="<f4").view("<u4").astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype("<u2")
+
+
+def from_bfloat16_bits(bits):
+    return (np.asarray(bits, dtype=np.uint32) << 16).view(np.float32)
+
+
+def op(x, transpose):
+    return np.swapaxes(x, -1, -2) if transpose else x
+
+
+def multiply(server, tmp_path, a, b, *flags, name="c"):
+    """Saves a and b, runs matmul-cli multiply, returns (result, stdout)."""
+    a_path, b_path = tmp_path / (name + "_a.npy"), tmp_path / (name + "_b.npy")
+    out = tmp_path / (name + ".npy")
+    np.save(a_path, a)
+    np.save(b_path, b)
+    r = run_cli("multiply", "--target", server.target, "--a", a_path,
+                "--b", b_path, "--out", out, *flags)
+    assert r.returncode == 0, "matmul-cli failed (%d):\n%s%s" % (
+        r.returncode, r.stdout, r.stderr)
+    return np.load(out), r.stdout
+
+
+RNG = np.random.default_rng(20261202)
+
+# (a stored shape, b stored shape, transpose_a, transpose_b)
+SHAPES = [
+    ((17, 33), (33, 9), False, False),
+    ((1, 1), (1, 1), False, False),
+    ((64, 128), (128, 96), False, False),
+    ((33, 17), (33, 9), True, False),
+    ((17, 33), (9, 33), False, True),
+    ((33, 17), (9, 33), True, True),
+    ((4, 8, 16), (4, 16, 5), False, False),
+    ((4, 16, 8), (4, 5, 16), True, True),
+    ((8, 16), (3, 16, 5), False, False),        # 2-D A broadcast
+    ((3, 8, 16), (16, 5), False, False),        # 2-D B broadcast
+    ((1, 8, 16), (3, 16, 5), False, False),     # batch-1 A broadcast
+    ((3, 8, 16), (1, 5, 16), False, True),      # batch-1 B broadcast
+]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
+@pytest.mark.parametrize("a_shape,b_shape,ta,tb", SHAPES)
+def test_multiply_matches_numpy(server, tmp_path, dtype, a_shape, b_shape,
+                                ta, tb):
+    a = RNG.standard_normal(a_shape).astype(dtype)
+    b = RNG.standard_normal(b_shape).astype(dtype)
+    flags = (["--transpose-a"] if ta else []) + (["--transpose-b"] if tb else [])
+    c, stdout = multiply(server, tmp_path, a, b, *flags)
+    want = np.matmul(op(a.astype(np.float64), ta), op(b.astype(np.float64), tb))
+    assert c.dtype == np.dtype(dtype)
+    assert c.shape == want.shape
+    assert relative_error(c, want) < TOLERANCE[dtype]
+    # One summary line: where it went, its shape, its dtype, where it ran.
+    assert stdout.count("\n") == 1
+    assert "shape [%s]" % ", ".join(str(d) for d in want.shape) in stdout
+    assert dtype in stdout and " ms" in stdout and "host" in stdout
+
+
+@pytest.mark.parametrize("a_shape,b_shape,ta,tb", [
+    ((17, 33), (33, 9), False, False),
+    ((4, 16, 8), (4, 5, 16), True, True),
+    ((8, 16), (3, 16, 5), False, False),
+])
+def test_bfloat16_from_float32(server, tmp_path, a_shape, b_shape, ta, tb):
+    a = RNG.standard_normal(a_shape).astype(np.float32)
+    b = RNG.standard_normal(b_shape).astype(np.float32)
+    flags = (["--transpose-a"] if ta else []) + (["--transpose-b"] if tb else [])
+    c, stdout = multiply(server, tmp_path, a, b, "--dtype", "bfloat16", *flags)
+    # What the server multiplied: the inputs rounded to bfloat16.
+    a16 = from_bfloat16_bits(to_bfloat16_bits(a)).astype(np.float64)
+    b16 = from_bfloat16_bits(to_bfloat16_bits(b)).astype(np.float64)
+    want = np.matmul(op(a16, ta), op(b16, tb))
+    assert c.dtype == np.float32  # written as float32 by default
+    assert c.shape == want.shape
+    assert relative_error(c, want) < TOLERANCE["bfloat16"]
+    # Every value is a bfloat16 widened exactly.
+    assert not np.any(c.view(np.uint32) & 0xFFFF)
+    assert "bfloat16" in stdout
+
+    # --bf16-out bits gives the same values as raw bits.
+    bits, _ = multiply(server, tmp_path, a, b, "--dtype=bfloat16",
+                       "--bf16-out=bits", *flags, name="bits")
+    assert bits.dtype == np.dtype("<u2")
+    np.testing.assert_array_equal(from_bfloat16_bits(bits), c)
+
+    # Raw '<u2' inputs are taken as bfloat16 bits: same product.
+    raw, _ = multiply(server, tmp_path, to_bfloat16_bits(a), to_bfloat16_bits(b),
+                      "--dtype", "bfloat16", *flags, name="raw")
+    np.testing.assert_array_equal(raw, c)
+
+
+def test_explicit_dtype_converts_inputs(server, tmp_path):
+    a = RNG.standard_normal((12, 20))
+    b = RNG.standard_normal((20, 7))
+    c, stdout = multiply(server, tmp_path, a, b, "--dtype", "float32")
+    assert c.dtype == np.float32
+    want = a.astype(np.float32).astype(np.float64) @ b.astype(np.float32).astype(np.float64)
+    assert relative_error(c, want) < TOLERANCE["float32"]
+    # Mixed inputs are fine once a dtype is named.
+    c, _ = multiply(server, tmp_path, a.astype(np.float32), b, "--dtype=float64",
+                    name="mixed")
+    assert c.dtype == np.float64
+    want = a.astype(np.float32).astype(np.float64) @ b
+    assert relative_error(c, want) < TOLERANCE["float64"]
+    c, _ = multiply(server, tmp_path, a, b, "--dtype", "float16", name="half")
+    assert c.dtype == np.float16
+    assert relative_error(c, a @ b) < TOLERANCE["float16"]
+
+
+def test_fortran_order_and_big_endian_inputs(server, tmp_path):
+    a = RNG.standard_normal((3, 9, 14)).astype(np.float32)
+    b = RNG.standard_normal((14, 6)).astype(np.float32)
+    want = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    c, _ = multiply(server, tmp_path, np.asfortranarray(a), b.astype(">f4"))
+    assert c.dtype == np.float32
+    assert relative_error(c, want) < TOLERANCE["float32"]
+
+
+def test_tf32_compute_mode(server, tmp_path):
+    a = RNG.standard_normal((32, 64)).astype(np.float32)
+    b = RNG.standard_normal((64, 16)).astype(np.float32)
+    c, _ = multiply(server, tmp_path, a, b, "--compute", "tf32", "--timeout", "60")
+    # TF32 keeps 10 mantissa bits of the inputs.
+    assert relative_error(c, a.astype(np.float64) @ b) < 1e-2
+
+
+def test_info(server):
+    r = run_cli("info", "--target", server.target, "--timeout=30")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert re.search(r"engine:\s+host", out), out
+    assert re.search(r"version:\s+\S+", out), out
+    assert re.search(r"streams per device:\s+\d+", out), out
+    assert re.search(r"dtypes:\s+float32, float64, float16, bfloat16", out), out
+    assert re.search(r"devices:\s+1", out), out
+    assert "CPU cores" in out
+    assert re.search(r"max message:\s+\d+ bytes", out), out
+    assert re.search(r"max in flight:\s+\d+ bytes", out), out
+
+
+def run_multiply_files(server, tmp_path, a, b, *flags):
+    a_path, b_path = tmp_path / "a.npy", tmp_path / "b.npy"
+    np.save(a_path, a)
+    np.save(b_path, b)
+    return run_cli("multiply", "--target", server.target, "--a", a_path,
+                   "--b", b_path, "--out", tmp_path / "c.npy", *flags)
+
+
+def test_inner_dimension_mismatch_is_invalid_argument(server, tmp_path):
+    r = run_multiply_files(server, tmp_path, np.ones((4, 5), np.float32),
+                           np.ones((6, 3), np.float32))
+    assert r.returncode == 1
+    assert r.stderr.startswith("error: INVALID_ARGUMENT: inner dimensions differ"), r.stderr
+    # The server's own message, which names the shapes.
+    assert "[4, 5]" in r.stderr and "[6, 3]" in r.stderr
+    assert not (tmp_path / "c.npy").exists()
+
+
+def test_batch_mismatch_is_invalid_argument(server, tmp_path):
+    r = run_multiply_files(server, tmp_path, np.ones((2, 4, 5), np.float32),
+                           np.ones((3, 5, 3), np.float32))
+    assert r.returncode == 1
+    assert r.stderr.startswith("error: INVALID_ARGUMENT: batch dimensions differ"), r.stderr
+
+
+def test_mixed_dtypes_need_an_explicit_dtype(server, tmp_path):
+    r = run_multiply_files(server, tmp_path, np.ones((2, 2), np.float32),
+                           np.ones((2, 2), np.float64))
+    assert r.returncode == 1
+    assert "float32" in r.stderr and "float64" in r.stderr
+    assert "--dtype" in r.stderr
+
+
+def test_uint16_needs_dtype_bfloat16(server, tmp_path):
+    r = run_multiply_files(server, tmp_path, np.ones((2, 2), np.uint16),
+                           np.ones((2, 2), np.uint16))
+    assert r.returncode == 1
+    assert "--dtype bfloat16" in r.stderr
+
+
+def test_unsupported_npy_dtype(server, tmp_path):
+    r = run_multiply_files(server, tmp_path, np.ones((2, 2), np.int32),
+                           np.ones((2, 2), np.float32))
+    assert r.returncode == 1
+    assert "unsupported dtype '<i4'" in r.stderr
+
+
+def test_missing_file(server, tmp_path):
+    np.save(tmp_path / "b.npy", np.ones((2, 2), np.float32))
+    missing = tmp_path / "nope.npy"
+    r = run_cli("multiply", "--target", server.target, "--a", missing,
+                "--b", tmp_path / "b.npy", "--out", tmp_path / "c.npy")
+    assert r.returncode != 0
+    assert str(missing) in r.stderr
+    assert "No such file or directory" in r.stderr
+
+
+def test_not_an_npy_file(server, tmp_path):
+    (tmp_path / "a.npy").write_text("hello")
+    np.save(tmp_path / "b.npy", np.ones((2, 2), np.float32))
+    r = run_cli("multiply", "--target", server.target, "--a", tmp_path / "a.npy",
+                "--b", tmp_path / "b.npy", "--out", tmp_path / "c.npy")
+    assert r.returncode == 1
+    assert "not a .npy file" in r.stderr
+
+
+def test_unwritable_output(server, tmp_path):
+    np.save(tmp_path / "a.npy", np.ones((2, 2), np.float32))
+    r = run_cli("multiply", "--target", server.target, "--a", tmp_path / "a.npy",
+                "--b", tmp_path / "a.npy", "--out", tmp_path / "no" / "c.npy")
+    assert r.returncode == 1
+    assert "no/c.npy" in r.stderr
+
+
+def test_unreachable_server(tmp_path):
+    np.save(tmp_path / "a.npy", np.ones((2, 2), np.float32))
+    # Port 1 on loopback: nothing listens there.
+    r = run_cli("multiply", "--target", "127.0.0.1:1", "--a", tmp_path / "a.npy",
+                "--b", tmp_path / "a.npy", "--out", tmp_path / "c.npy",
+                "--timeout", "20")
+    assert r.returncode == 1
+    assert r.stderr.startswith("error: UNAVAILABLE: "), r.stderr
+    r = run_cli("info", "--target", "127.0.0.1:1")
+    assert r.returncode == 1
+    assert r.stderr.startswith("error: UNAVAILABLE: "), r.stderr
+
+
+@pytest.mark.parametrize("args,message", [
+    ([], "no command"),
+    (["frobnicate"], "unknown command"),
+    (["multiply", "--target", "x:1", "--a", "a", "--b", "b"], "--out is required"),
+    (["multiply", "--target", "x:1", "--a", "a", "--b", "b", "--out", "c",
+      "--bogus"], "unknown flag --bogus"),
+    (["multiply", "--target", "x:1", "--a", "a", "--b", "b", "--out"],
+     "--out needs a value"),
+    (["multiply", "--target", "x:1", "--a", "a", "--b", "b", "--out", "c",
+      "--compute", "fast"], "--compute takes strict or tf32"),
+    (["multiply", "--target", "x:1", "--a", "a", "--b", "b", "--out", "c",
+      "--dtype=int8"], "--dtype takes"),
+    (["multiply", "--target", "x:1", "--a", "a", "--b", "b", "--out", "c",
+      "--timeout", "-1"], "--timeout takes a positive number"),
+    (["multiply", "--target", "x:1", "--a", "a", "--b", "b", "--out", "c",
+      "--bf16-out", "bits"], "--bf16-out applies only with --dtype bfloat16"),
+    (["multiply", "--target", "x:1", "--a", "a", "--a", "b", "--b", "b",
+      "--out", "c"], "--a is given more than once"),
+    (["multiply", "--target", "x:1", "--a", "a", "--b", "b", "--out", "c",
+      "stray"], "unexpected argument"),
+    (["info"], "--target is required"),
+])
+def test_usage_errors_exit_2(args, message):
+    r = run_cli(*args)
+    assert r.returncode == 2, r.stderr
+    assert message in r.stderr
+    assert "usage:" in r.stderr
+
+
+def test_help():
+    r = run_cli("--help")
+    assert r.returncode == 0
+    assert "usage:" in r.stdout
+
+
+def test_sigterm_stops_the_server_cleanly(tmp_path):
+    s = Server()
+    try:
+        r = run_cli("info", "--target", s.target)
+        assert r.returncode == 0, r.stderr
+    finally:
+        rc = s.stop()
+    assert rc == 0, "".join(s.log)
