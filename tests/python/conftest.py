@@ -1,0 +1,110 @@
+"""Fixtures for the Python client's tests: real matmul-server processes.
+
+The server binary is $MATMUL_BIN_DIR/matmul-server (default: build/bin of this
+checkout); matmul_client must be importable (PYTHONPATH=build/python). Each
+server runs the host engine on 127.0.0.1 with a port the kernel picks, and is
+stopped with SIGTERM at the end, which must make it exit with status 0.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import threading
+from pathlib import Path
+from typing import Iterator, List, Optional
+
+import pytest
+
+try:
+    import matmul_client
+except ImportError as error:
+    raise pytest.UsageError(
+        f"cannot import matmul_client ({error}): build the matmul_python target and run "
+        f"with PYTHONPATH=<build>/python"
+    ) from error
+
+_REPO_ROOT = Path(__file__).resolve().parents[2]
+_START_TIMEOUT_S = 30
+_STOP_TIMEOUT_S = 30
+
+
+class ServerProcess:
+    """A matmul-server child process on 127.0.0.1; ``target`` is its address."""
+
+    def __init__(self, *flags: str) -> None:
+        binary = Path(os.environ.get("MATMUL_BIN_DIR", _REPO_ROOT / "build" / "bin")) / "matmul-server"
+        if not binary.is_file():
+            raise FileNotFoundError(f"{binary} not found: build matmul-server or set MATMUL_BIN_DIR")
+        self.log: List[str] = []
+        self.port: Optional[int] = None
+        self._ready = threading.Event()
+        self._process = subprocess.Popen(
+            [str(binary), "--host", "127.0.0.1", "--port", "0", "--metrics-port", "0",
+             "--engine", "host", *flags],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        # Keep draining stderr so that the server never blocks on a full pipe.
+        threading.Thread(target=self._read_log, daemon=True).start()
+        if not self._ready.wait(_START_TIMEOUT_S) or self.port is None:
+            self._process.kill()
+            self._process.wait()
+            raise RuntimeError(f"matmul-server did not start:\n{self.output()}")
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def output(self) -> str:
+        return "".join(self.log)
+
+    def stop(self) -> int:
+        """Sends SIGTERM and returns the exit status."""
+        self._process.send_signal(signal.SIGTERM)
+        try:
+            return self._process.wait(_STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+            raise
+
+    def _read_log(self) -> None:
+        assert self._process.stderr is not None
+        for line in self._process.stderr:
+            self.log.append(line)
+            match = re.search(r"serving on port (\d+)", line)
+            if match and self.port is None:
+                self.port = int(match.group(1))
+                self._ready.set()
+        self._ready.set()  # The server exited (before or after serving).
+
+
+def _serve(*flags: str) -> Iterator[ServerProcess]:
+    server = ServerProcess(*flags)
+    yield server
+    status = server.stop()
+    assert status == 0, f"matmul-server exited with {status} after SIGTERM:\n{server.output()}"
+
+
+@pytest.fixture(scope="session")
+def server() -> Iterator[ServerProcess]:
+    """A server with the default limits, shared by the whole session."""
+    yield from _serve()
+
+
+@pytest.fixture(scope="session")
+def small_server() -> Iterator[ServerProcess]:
+    """A server with small limits: 64 KiB messages, 10,000 elements per operand."""
+    yield from _serve("--max-message-bytes", "65536", "--max-elements-per-operand", "10000")
+
+
+@pytest.fixture(scope="session")
+def client(server: ServerProcess) -> Iterator[matmul_client.Client]:
+    """A client of ``server``; every call has a 60 s deadline unless it sets one."""
+    with matmul_client.Client(server.target, timeout=60) as c:
+        yield c
