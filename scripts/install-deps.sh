@@ -31,13 +31,15 @@ case "$mode" in
   *) echo "usage: $0 [--runtime|--all]" >&2; exit 2 ;;
 esac
 
-# Ubuntu 24.04 names some runtime libraries differently; map them.
+# Ubuntu 24.04 (noble) renamed the libraries caught by the 64-bit time_t
+# transition: gRPC and protobuf carry a t64 suffix there. prometheus-cpp
+# (libprometheus-cpp-pull1.0) and OpenBLAS (libopenblas0-pthread) keep their
+# Debian names.
 if [ -r /etc/os-release ] && . /etc/os-release && [ "${ID:-}" = ubuntu ]; then
   for i in "${!wanted[@]}"; do
     case "${wanted[$i]}" in
       libgrpc++1.51) wanted[$i]=libgrpc++1.51t64 ;;
       libprotobuf32) wanted[$i]=libprotobuf32t64 ;;
-      libprometheus-cpp-pull1.0) wanted[$i]=libprometheus-cpp-pull1.0t64 ;;
     esac
   done
 fi

@@ -1,0 +1,206 @@
+// Tests of the deployment checkers (deploy/validate.mjs,
+// deploy/check-dockerfile.mjs): the rendered overlays pass, and each kind
+// of mistake they exist to catch is caught. Run by scripts/check-deploy.sh
+// (node --test tests/deploy/).
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { execFileSync } from "node:child_process";
+import { mkdtempSync, readFileSync, writeFileSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import {
+  YAML,
+  repoRoot,
+  defaultContext,
+  parseDuration,
+  parseQuantity,
+  policyProblems,
+  schemaProblems,
+  unknownFieldProblems,
+} from "../../deploy/validate.mjs";
+import { dockerfileProblems } from "../../deploy/check-dockerfile.mjs";
+
+function render(overlay) {
+  const dir = join(repoRoot, "deploy", overlay);
+  let text;
+  try {
+    text = execFileSync("kubectl", ["kustomize", dir], { encoding: "utf8" });
+  } catch {
+    text = execFileSync("kustomize", ["build", dir], { encoding: "utf8" });
+  }
+  return YAML.parseAllDocuments(text).map((d) => d.toJS()).filter(Boolean);
+}
+
+const ctx = defaultContext();
+const base = render("base");
+const tls = render("overlays/tls");
+const keda = render("overlays/keda");
+const clone = (docs) => structuredClone(docs);
+const find = (docs, kind) => docs.find((d) => d.kind === kind);
+const server = (docs) =>
+  find(docs, "Deployment").spec.template.spec.containers.find((c) => c.name === "server");
+const setEnv = (c, name, value) => {
+  const e = c.env.find((x) => x.name === name);
+  if (e) e.value = value;
+  else c.env.push({ name, value });
+};
+
+// Policy problems of `docs` after `mutate`, as one string for matching.
+function policyAfter(docs, mutate, context = ctx) {
+  const copy = clone(docs);
+  mutate(copy);
+  return policyProblems(copy, context).join("\n");
+}
+
+test("rendered overlays pass every check", () => {
+  for (const docs of [base, tls, keda]) {
+    assert.deepEqual(schemaProblems(docs), []);
+    assert.deepEqual(policyProblems(docs, ctx), []);
+  }
+  assert.deepEqual(unknownFieldProblems([...base, ...tls, ...keda]), []);
+});
+
+test("schema: wrong types are caught", () => {
+  const docs = clone(base);
+  server(docs).ports[0].containerPort = "grpc";
+  assert.match(schemaProblems(docs).join("\n"), /containerPort must be integer/);
+});
+
+test("fields: a misspelt field is caught", () => {
+  const docs = clone(base);
+  server(docs).readinesProbe = server(docs).readinessProbe;
+  find(docs, "HorizontalPodAutoscaler").spec.minReplica = 1;
+  const text = unknownFieldProblems(docs).join("\n");
+  assert.match(text, /'readinesProbe' does not exist/);
+  assert.match(text, /'minReplica' does not exist/);
+});
+
+test("policy: GPU, toleration, security", () => {
+  assert.match(
+    policyAfter(base, (d) => delete server(d).resources.limits["nvidia.com/gpu"]),
+    /must request a GPU/,
+  );
+  assert.match(
+    policyAfter(base, (d) => (find(d, "Deployment").spec.template.spec.tolerations = [])),
+    /no toleration for nvidia.com\/gpu/,
+  );
+  assert.match(
+    policyAfter(base, (d) => (server(d).securityContext.readOnlyRootFilesystem = false)),
+    /readOnlyRootFilesystem must be true/,
+  );
+  assert.match(
+    policyAfter(base, (d) => (server(d).securityContext.capabilities = { drop: ["NET_RAW"] })),
+    /capabilities must drop ALL/,
+  );
+  assert.match(
+    policyAfter(base, (d) => delete find(d, "Deployment").spec.template.spec.enableServiceLinks),
+    /enableServiceLinks must be false/,
+  );
+});
+
+test("policy: probes and drain timing", () => {
+  assert.match(
+    policyAfter(base, (d) => (server(d).livenessProbe.grpc.service = "readiness")),
+    /livenessProbe must check health service "liveness"/,
+  );
+  assert.match(
+    policyAfter(tls, (d) => (server(d).readinessProbe.grpc.port = 50051)),
+    /readinessProbe must use port 8081/,
+  );
+  assert.match(
+    policyAfter(base, (d) => (find(d, "Deployment").spec.template.spec.terminationGracePeriodSeconds = 30)),
+    /terminationGracePeriodSeconds 30 must exceed/,
+  );
+  assert.match(
+    policyAfter(base, (d) => setEnv(server(d), "MATMUL_DRAIN_TIMEOUT", "60s")),
+    /must exceed preStop 0s \+ drain grace 5s \+ drain timeout 60s/,
+  );
+});
+
+test("policy: memory covers the pinned pool", () => {
+  assert.match(
+    policyAfter(base, (d) => setEnv(server(d), "MATMUL_PINNED_POOL_BYTES", String(8 * 2 ** 30))),
+    /memory limit 14Gi is below .* = 18Gi/,
+  );
+  assert.match(
+    policyAfter(base, (d) => (server(d).resources.requests.memory = "8Gi")),
+    /memory request and limit differ/,
+  );
+});
+
+test("policy: environment variables the server does not read", () => {
+  assert.match(
+    policyAfter(base, (d) => setEnv(server(d), "MATMUL_DRAIN_GRCE", "5s")),
+    /MATMUL_DRAIN_GRCE is not a variable matmul-server reads/,
+  );
+  assert.match(
+    policyAfter(base, (d) => server(d).env.push({ name: "MATMUL_PORT", value: "50052" })),
+    /MATMUL_PORT is set twice/,
+  );
+  assert.match(
+    policyAfter(tls, (d) => setEnv(server(d), "MATMUL_HEALTH_PORT", "0")),
+    /with TLS the probes need a plaintext MATMUL_HEALTH_PORT/,
+  );
+});
+
+test("policy: services, monitor and autoscalers fit together", () => {
+  assert.match(
+    policyAfter(base, (d) => {
+      for (const s of d.filter((x) => x.kind === "Service")) s.spec.ports.push({ name: "metrics", port: 9464, targetPort: "metrics" });
+    }),
+    /port metrics is on 2 selected Services/,
+  );
+  assert.match(
+    policyAfter(base, (d) => (d.find((x) => x.kind === "Service").spec.ports[0].targetPort = "grcp")),
+    /targetPort grcp is not a container port/,
+  );
+  assert.match(
+    policyAfter(keda, (d) => d.push(find(base, "HorizontalPodAutoscaler"))),
+    /want exactly one autoscaler .* found 1 HPA \+ 1 ScaledObject/,
+  );
+  assert.match(
+    policyAfter(base, (d) => (find(d, "HorizontalPodAutoscaler").spec.metrics[0].pods.metric.name = "gpu_busy")),
+    /metric gpu_busy is not served by deploy\/prometheus-adapter\/values.yaml/,
+  );
+});
+
+test("policy: PrometheusRule must match deploy/prometheus/", () => {
+  const canonical = { files: ["x.yml"], groups: [{ name: "g", rules: [{ record: "a", expr: "1" }] }] };
+  assert.match(
+    policyAfter(base, () => {}, { ...ctx, canonical }),
+    /spec.groups differ from deploy\/prometheus\/ \(x.yml\)/,
+  );
+  const same = { files: ["x.yml"], groups: find(base, "PrometheusRule").spec.groups };
+  assert.equal(policyAfter(base, () => {}, { ...ctx, canonical: same }), "");
+});
+
+test("durations and quantities", () => {
+  assert.equal(parseDuration("5s"), 5);
+  assert.equal(parseDuration("1m30s"), 90);
+  assert.equal(parseDuration("250ms"), 0.25);
+  assert.equal(parseDuration("0"), 0);
+  assert.ok(Number.isNaN(parseDuration("5 seconds")));
+  assert.equal(parseQuantity("14Gi"), 14 * 2 ** 30);
+  assert.equal(parseQuantity("700m"), 0.7);
+  assert.equal(parseQuantity("4"), 4);
+});
+
+test("Dockerfile: the repository's passes, a broken one does not", () => {
+  assert.deepEqual(dockerfileProblems(), []);
+  const dir = mkdtempSync(join(tmpdir(), "dockerfile-"));
+  try {
+    const broken = readFileSync(join(repoRoot, "Dockerfile"), "utf8")
+      .replace(/^USER .*$/m, "USER matmul")
+      .replace(/^ARG CUDA_VERSION=.*$/m, "ARG CUDA_VERSION=12.8.0")
+      .replace(/^ENTRYPOINT .*$/m, "ENTRYPOINT /usr/local/bin/matmul-server")
+      .replace(/^(RUN \S*install-deps\.sh) --runtime/m, "$1");
+    writeFileSync(join(dir, "Dockerfile"), broken);
+    const text = dockerfileProblems(join(dir, "Dockerfile")).join("\n");
+    assert.match(text, /USER must be a numeric non-root uid/);
+    assert.match(text, /not a pinned nvidia\/cuda:13\.0\.x/);
+    assert.match(text, /ENTRYPOINT must be the exec form/);
+    assert.match(text, /must run scripts\/install-deps.sh --runtime/);
+  } finally {
+    rmSync(dir, { recursive: true });
+  }
+});
