@@ -5,6 +5,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <future>
 #include <memory>
 #include <string>
@@ -13,7 +14,7 @@
 
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
-#include "gpu/host_engine.h"
+#include "gpu/engine_factory.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "matmul/v1/matmul.grpc.pb.h"
@@ -30,15 +31,32 @@ using ::grpc::health::v1::HealthCheckResponse;
 using testing::FakeEngine;
 using ::testing::HasSubstr;
 
+// The engine these tests run against: the host engine by default, or the
+// one MATMUL_TEST_ENGINE names (e.g. "cuda" on a GPU host).
+std::string EngineUnderTest() {
+  const char* name = std::getenv("MATMUL_TEST_ENGINE");
+  return name == nullptr ? "host" : name;
+}
+
 MatmulServer::EngineProvider HostProvider(int lanes = 4) {
   return [lanes]() -> absl::StatusOr<std::unique_ptr<Engine>> {
-    HostEngineOptions options;
-    options.lanes = lanes;
-    absl::StatusOr<std::unique_ptr<HostEngine>> engine =
-        HostEngine::Create(options);
-    if (!engine.ok()) return engine.status();
-    return std::unique_ptr<Engine>(std::move(*engine));
+    EngineOptions options;
+    absl::StatusOr<EngineKind> kind = ParseEngineKind(EngineUnderTest());
+    if (!kind.ok()) return kind.status();
+    options.kind = *kind;
+    options.streams_per_device = lanes;
+    options.staging_bytes_per_device = int64_t{1} << 30;
+    return CreateEngine(options);
   };
+}
+
+// Host engine results report device -1; GPUs report their index.
+void ExpectPlacement(const v1::MultiplyResponse& response) {
+  if (EngineUnderTest() == "host") {
+    EXPECT_EQ(response.placement().device(), -1);
+  } else {
+    EXPECT_GE(response.placement().device(), 0);
+  }
 }
 
 // Hands a FakeEngine to the server while the test keeps a pointer to it.
@@ -170,7 +188,7 @@ TEST(ServerTest, MultipliesEveryDtypeAndShapeCorrectly) {
       grpc::Status status = Multiply(*stub, request, &response);
       ASSERT_TRUE(status.ok()) << status.error_message();
       ExpectCorrect(request, response);
-      EXPECT_EQ(response.placement().device(), -1);
+      ExpectPlacement(response);
     }
   }
 }
@@ -220,11 +238,11 @@ TEST(ServerTest, GetServerInfoDescribesEngineAndLimits) {
   v1::GetServerInfoResponse info;
   ASSERT_TRUE(
       stub->GetServerInfo(&context, v1::GetServerInfoRequest(), &info).ok());
-  EXPECT_EQ(info.engine(), "host");
+  EXPECT_EQ(info.engine(), EngineUnderTest());
   EXPECT_FALSE(info.version().empty());
   EXPECT_EQ(info.streams_per_device(), 3);
-  ASSERT_EQ(info.devices_size(), 1);
-  EXPECT_EQ(info.devices(0).index(), -1);
+  ASSERT_GE(info.devices_size(), 1);
+  EXPECT_EQ(info.devices(0).index(), EngineUnderTest() == "host" ? -1 : 0);
   EXPECT_FALSE(info.devices(0).name().empty());
   EXPECT_EQ(info.dtypes_size(), 4);
   EXPECT_EQ(info.limits().max_message_bytes(), 123456789);

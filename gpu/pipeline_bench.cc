@@ -1,0 +1,446 @@
+// matmul-pipeline-bench: the CUDA engine's pipeline in process (no gRPC).
+//
+// For each size and mode it measures, on device 0:
+//   - the ceilings, each stage alone with raw CUDA/cuBLAS on one stream:
+//     t_h2d (A and B from pinned memory), t_gemm (cublasGemmEx), t_d2h (C);
+//     the pipeline can at best finish 1/max(t_h2d, t_gemm, t_d2h) jobs/s, and
+//     a single stream serializes to 1/(t_h2d + t_gemm + t_d2h);
+//   - the engine's throughput with one stream and with the pool, fed
+//     operands already in pinned host memory (PrestagedOperands), with
+//     enough jobs in flight to keep every stream busy;
+//   - the GEMM time inside the engine (from its CUDA events) against raw.
+// Prints a table and optionally writes JSON.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/random/random.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "common/float16.h"
+#include "common/status_macros.h"
+#include "gpu/cublas_gemm.h"
+#include "gpu/cuda_engine.h"
+#include "gpu/cuda_resources.h"
+#include "gpu/cuda_status.h"
+
+namespace matmul {
+namespace {
+
+struct Mode {
+  std::string name;
+  DType dtype;
+  ComputeMode compute;
+};
+
+absl::StatusOr<Mode> ParseMode(absl::string_view name) {
+  if (name == "float32")
+    return Mode{"float32", DType::kFloat32, ComputeMode::kStrict};
+  if (name == "tf32") return Mode{"tf32", DType::kFloat32, ComputeMode::kTf32};
+  if (name == "bfloat16")
+    return Mode{"bfloat16", DType::kBFloat16, ComputeMode::kStrict};
+  if (name == "float16")
+    return Mode{"float16", DType::kFloat16, ComputeMode::kStrict};
+  if (name == "float64")
+    return Mode{"float64", DType::kFloat64, ComputeMode::kStrict};
+  return absl::InvalidArgumentError(absl::StrCat("unknown mode ", name));
+}
+
+void FillRandom(std::byte* data, DType dtype, int64_t count) {
+  absl::BitGen gen;
+  for (int64_t i = 0; i < count; ++i) {
+    const float v = absl::Uniform(gen, -1.0f, 1.0f);
+    switch (dtype) {
+      case DType::kFloat32:
+        std::memcpy(data + 4 * i, &v, 4);
+        break;
+      case DType::kFloat64: {
+        const double d = v;
+        std::memcpy(data + 8 * i, &d, 8);
+        break;
+      }
+      case DType::kFloat16: {
+        const uint16_t h = FloatToHalf(v);
+        std::memcpy(data + 2 * i, &h, 2);
+        break;
+      }
+      case DType::kBFloat16: {
+        const uint16_t h = FloatToBFloat16(v);
+        std::memcpy(data + 2 * i, &h, 2);
+        break;
+      }
+    }
+  }
+}
+
+struct Ceilings {
+  double h2d = 0;   // seconds for A and B
+  double gemm = 0;  // seconds
+  double d2h = 0;   // seconds for C
+};
+
+// Times `enqueue` (which enqueues one repetition on `stream`) with events.
+template <typename F>
+absl::StatusOr<double> TimeOnStream(cudaStream_t stream, int reps, F enqueue) {
+  absl::StatusOr<CudaEvent> start = CreateEvent();
+  absl::StatusOr<CudaEvent> stop = CreateEvent();
+  if (!start.ok()) return start.status();
+  if (!stop.ok()) return stop.status();
+  for (int i = 0; i < 2; ++i) {  // warm-up
+    if (absl::Status s = enqueue(); !s.ok()) return s;
+  }
+  CUDA_RETURN_IF_ERROR(cudaEventRecord(start->get(), stream));
+  for (int i = 0; i < reps; ++i) {
+    if (absl::Status s = enqueue(); !s.ok()) return s;
+  }
+  CUDA_RETURN_IF_ERROR(cudaEventRecord(stop->get(), stream));
+  CUDA_RETURN_IF_ERROR(cudaEventSynchronize(stop->get()));
+  float ms = 0;
+  CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, start->get(), stop->get()));
+  return ms * 1e-3 / reps;
+}
+
+int RepsFor(double estimate_s) {
+  return static_cast<int>(
+      std::clamp(0.3 / std::max(estimate_s, 1e-6), 5.0, 2000.0));
+}
+
+absl::StatusOr<Ceilings> MeasureCeilings(const MatmulSpec& spec) {
+  ScopedDevice device(0);
+  absl::StatusOr<PinnedBuffer> host =
+      PinnedBuffer::Allocate(spec.a_bytes() + spec.b_bytes() + spec.c_bytes());
+  if (!host.ok()) return host.status();
+  FillRandom(host->data(), spec.dtype, spec.a_elements() + spec.b_elements());
+  absl::StatusOr<DeviceBuffer> dev =
+      DeviceBuffer::Allocate(spec.a_bytes() + spec.b_bytes() + spec.c_bytes());
+  if (!dev.ok()) return dev.status();
+  absl::StatusOr<CudaStream> stream = CreateStream();
+  absl::StatusOr<CublasHandle> cublas = CreateCublasHandle();
+  absl::StatusOr<DeviceBuffer> workspace = DeviceBuffer::Allocate(32 << 20);
+  if (!stream.ok() || !cublas.ok() || !workspace.ok()) {
+    return absl::InternalError("cannot create stream, handle or workspace");
+  }
+  CUBLAS_RETURN_IF_ERROR(cublasSetStream(cublas->get(), stream->get()));
+  CUBLAS_RETURN_IF_ERROR(
+      cublasSetWorkspace(cublas->get(), workspace->data(), workspace->size()));
+  std::byte* h = host->data();
+  auto* d = static_cast<std::byte*>(dev->data());
+  const int64_t ab = spec.a_bytes() + spec.b_bytes();
+  cudaStream_t s = stream->get();
+
+  auto h2d = [&]() -> absl::Status {
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d, h, ab, cudaMemcpyHostToDevice, s));
+    return absl::OkStatus();
+  };
+  auto gemm = [&]() -> absl::Status {
+    return EnqueueGemm(cublas->get(), spec, d, d + spec.a_bytes(), d + ab);
+  };
+  auto d2h = [&]() -> absl::Status {
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(h + ab, d + ab, spec.c_bytes(),
+                                         cudaMemcpyDeviceToHost, s));
+    return absl::OkStatus();
+  };
+  Ceilings c;
+  absl::StatusOr<double> t = TimeOnStream(s, 3, h2d);
+  if (!t.ok()) return t.status();
+  t = TimeOnStream(s, RepsFor(*t), h2d);
+  if (!t.ok()) return t.status();
+  c.h2d = *t;
+  t = TimeOnStream(s, 3, gemm);
+  if (!t.ok()) return t.status();
+  t = TimeOnStream(s, RepsFor(*t), gemm);
+  if (!t.ok()) return t.status();
+  c.gemm = *t;
+  t = TimeOnStream(s, 3, d2h);
+  if (!t.ok()) return t.status();
+  t = TimeOnStream(s, RepsFor(*t), d2h);
+  if (!t.ok()) return t.status();
+  c.d2h = *t;
+  return c;
+}
+
+// Keeps `depth` jobs in flight on an engine, all reading the same pinned
+// operands, and counts completions.
+class ClosedLoop {
+ public:
+  ClosedLoop(Engine& engine, const MatmulSpec& spec, PrestagedOperands ops)
+      : engine_(engine), spec_(spec), ops_(ops) {}
+
+  void Start(int depth) {
+    for (int i = 0; i < depth; ++i) SubmitOne();
+  }
+  void Stop() {
+    stopping_.store(true);
+    absl::MutexLock lock(&mu_);
+    auto drained = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return outstanding_ == 0;
+    };
+    mu_.Await(absl::Condition(&drained));
+  }
+  int64_t completed() const { return completed_.load(); }
+  int64_t failed() const { return failed_.load(); }
+  absl::Status first_error() {
+    absl::MutexLock lock(&mu_);
+    return first_error_;
+  }
+  // Mean engine GEMM seconds over jobs completed since the last Reset.
+  double MeanCompute() {
+    absl::MutexLock lock(&mu_);
+    return samples_ == 0 ? 0 : compute_sum_ / samples_;
+  }
+  void ResetSamples() {
+    absl::MutexLock lock(&mu_);
+    compute_sum_ = 0;
+    samples_ = 0;
+  }
+
+ private:
+  class Job final : public MatmulJob {
+   public:
+    explicit Job(ClosedLoop* loop) : loop_(loop) {}
+    const MatmulSpec& spec() const override { return loop_->spec_; }
+    std::optional<PrestagedOperands> prestaged() const override {
+      return loop_->ops_;
+    }
+    absl::Status WriteOperands(absl::Span<std::byte>,
+                               absl::Span<std::byte>) override {
+      return absl::InternalError("prestaged job asked to write operands");
+    }
+    void Done(absl::StatusOr<JobResult> result) override {
+      loop_->OnDone(result);
+    }
+
+   private:
+    ClosedLoop* loop_;
+  };
+
+  void SubmitOne() {
+    {
+      absl::MutexLock lock(&mu_);
+      ++outstanding_;
+    }
+    engine_.Submit(std::make_unique<Job>(this));
+  }
+
+  void OnDone(const absl::StatusOr<JobResult>& result) {
+    if (result.ok()) {
+      completed_.fetch_add(1);
+    } else {
+      failed_.fetch_add(1);
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      if (result.ok()) {
+        compute_sum_ += result->timings().compute;
+        ++samples_;
+      } else if (first_error_.ok()) {
+        first_error_ = result.status();
+      }
+      --outstanding_;
+    }
+    if (!stopping_.load() && result.ok()) SubmitOne();
+  }
+
+  Engine& engine_;
+  const MatmulSpec spec_;
+  const PrestagedOperands ops_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<int64_t> completed_{0};
+  std::atomic<int64_t> failed_{0};
+  absl::Mutex mu_;
+  int outstanding_ ABSL_GUARDED_BY(mu_) = 0;
+  double compute_sum_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t samples_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status first_error_ ABSL_GUARDED_BY(mu_);
+};
+
+struct EngineRun {
+  double rate = 0;          // jobs/s
+  double mean_compute = 0;  // seconds, engine GEMM from events
+  double device_busy = 0;   // fraction of the window
+  double overlap = 0;       // copy-compute overlap / copy busy
+};
+
+absl::StatusOr<EngineRun> RunEngine(const MatmulSpec& spec, int streams,
+                                    absl::Duration window) {
+  CudaEngineOptions options;
+  options.streams_per_device = streams;
+  options.devices = {0};
+  // Only C is staged (the operands are prestaged): 1 GiB holds 16 results
+  // of n=4096 float32, more than the jobs kept in flight.
+  options.pinned_bytes_per_device = int64_t{1} << 30;
+  ASSIGN_OR_RETURN(std::unique_ptr<CudaEngine> engine,
+                   CudaEngine::Create(options));
+  ASSIGN_OR_RETURN(HostBuffer a, engine->AllocateHostBuffer(spec.a_bytes()));
+  ASSIGN_OR_RETURN(HostBuffer b, engine->AllocateHostBuffer(spec.b_bytes()));
+  FillRandom(a.data(), spec.dtype, spec.a_elements());
+  FillRandom(b.data(), spec.dtype, spec.b_elements());
+  ClosedLoop loop(*engine, spec, PrestagedOperands{a.data(), b.data()});
+  // Two jobs per stream: one computing, one copying.
+  loop.Start(std::max(4, 2 * streams));
+  absl::SleepFor(std::min(absl::Milliseconds(500), window / 2));  // warm-up
+  const int64_t c0 = loop.completed();
+  const EngineStats s0 = engine->stats();
+  loop.ResetSamples();
+  const absl::Time t0 = absl::Now();
+  absl::SleepFor(window);
+  const int64_t c1 = loop.completed();
+  const absl::Time t1 = absl::Now();
+  const EngineStats s1 = engine->stats();
+  EngineRun run;
+  run.mean_compute = loop.MeanCompute();
+  loop.Stop();
+  if (loop.failed() > 0) {
+    return absl::InternalError(absl::StrCat(
+        loop.failed(), " jobs failed: ", loop.first_error().ToString()));
+  }
+  const double seconds = absl::ToDoubleSeconds(t1 - t0);
+  run.rate = static_cast<double>(c1 - c0) / seconds;
+  const DeviceStats& d0 = s0.devices[0];
+  const DeviceStats& d1 = s1.devices[0];
+  run.device_busy = (d1.busy_seconds - d0.busy_seconds) / seconds;
+  const double copy = d1.copy_busy_seconds - d0.copy_busy_seconds;
+  run.overlap = copy > 0 ? (d1.copy_compute_overlap_seconds -
+                            d0.copy_compute_overlap_seconds) /
+                               copy
+                         : 0;
+  return run;
+}
+
+int Main(int argc, char** argv) {
+  std::vector<int64_t> sizes = {256, 1024, 4096};
+  std::vector<std::string> modes = {"float32", "tf32", "bfloat16"};
+  int streams = 4;
+  double seconds = 2;
+  std::string json_path;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto value = [&]() -> std::string {
+      const size_t eq = arg.find('=');
+      if (eq != std::string::npos) return arg.substr(eq + 1);
+      return i + 1 < argc ? argv[++i] : "";
+    };
+    if (arg.rfind("--sizes", 0) == 0) {
+      sizes.clear();
+      for (absl::string_view s : absl::StrSplit(value(), ',')) {
+        int64_t n;
+        if (!absl::SimpleAtoi(s, &n) || n <= 0) {
+          std::fprintf(stderr, "bad size %s\n", std::string(s).c_str());
+          return 2;
+        }
+        sizes.push_back(n);
+      }
+    } else if (arg.rfind("--modes", 0) == 0) {
+      modes = absl::StrSplit(value(), ',');
+    } else if (arg.rfind("--streams", 0) == 0) {
+      streams = std::atoi(value().c_str());
+    } else if (arg.rfind("--seconds", 0) == 0) {
+      seconds = std::atof(value().c_str());
+    } else if (arg.rfind("--json", 0) == 0) {
+      json_path = value();
+    } else {
+      std::fprintf(stderr,
+                   "usage: matmul-pipeline-bench [--sizes 256,1024,4096] "
+                   "[--modes float32,tf32,bfloat16] [--streams 4] "
+                   "[--seconds 2] [--json FILE]\n");
+      return 2;
+    }
+  }
+  cudaDeviceProp prop;
+  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) {
+    std::fprintf(stderr, "no CUDA device\n");
+    return 1;
+  }
+  std::printf(
+      "device 0: %s, %d SMs, %d copy engines; pool of %d streams; "
+      "%.1f s per point\n\n",
+      prop.name, prop.multiProcessorCount, prop.asyncEngineCount, streams,
+      seconds);
+  std::printf(
+      "%6s %-9s | %8s %8s %8s | %9s %9s | %9s %9s %7s %6s | %8s %6s | %7s "
+      "%5s %5s\n",
+      "n", "mode", "h2d ms", "gemm ms", "d2h ms", "ceil/s", "serial/s",
+      "1strm/s", "pool/s", "%ceil", "xser", "eng gemm", "%raw", "TFLOP/s",
+      "busy", "ovlp");
+  std::vector<std::string> rows;
+  for (int64_t n : sizes) {
+    for (const std::string& mode_name : modes) {
+      absl::StatusOr<Mode> mode = ParseMode(mode_name);
+      if (!mode.ok()) {
+        std::fprintf(stderr, "%s\n", mode.status().ToString().c_str());
+        return 2;
+      }
+      MatmulSpec spec;
+      spec.dtype = mode->dtype;
+      spec.compute = mode->compute;
+      spec.m = spec.n = spec.k = n;
+      absl::StatusOr<Ceilings> c = MeasureCeilings(spec);
+      if (!c.ok()) {
+        std::fprintf(stderr, "n=%lld %s: %s\n", static_cast<long long>(n),
+                     mode_name.c_str(), c.status().ToString().c_str());
+        return 1;
+      }
+      const absl::Duration window = absl::Seconds(seconds);
+      absl::StatusOr<EngineRun> one = RunEngine(spec, 1, window);
+      absl::StatusOr<EngineRun> pool = RunEngine(spec, streams, window);
+      if (!one.ok() || !pool.ok()) {
+        std::fprintf(
+            stderr, "engine run failed: %s\n",
+            (!one.ok() ? one.status() : pool.status()).ToString().c_str());
+        return 1;
+      }
+      const double ceiling = 1.0 / std::max({c->h2d, c->gemm, c->d2h});
+      const double serial = 1.0 / (c->h2d + c->gemm + c->d2h);
+      std::printf(
+          "%6lld %-9s | %8.3f %8.3f %8.3f | %9.1f %9.1f | %9.1f %9.1f %6.1f%% "
+          "%5.2fx | %8.3f %5.1f%% | %7.1f %4.0f%% %4.0f%%\n",
+          static_cast<long long>(n), mode_name.c_str(), c->h2d * 1e3,
+          c->gemm * 1e3, c->d2h * 1e3, ceiling, serial, one->rate, pool->rate,
+          100 * pool->rate / ceiling, pool->rate / serial,
+          one->mean_compute * 1e3, 100 * one->mean_compute / c->gemm,
+          spec.flops() * pool->rate / 1e12, 100 * pool->device_busy,
+          100 * pool->overlap);
+      std::fflush(stdout);
+      rows.push_back(absl::StrCat(
+          "{\"n\":", n, ",\"mode\":\"", mode_name, "\",\"t_h2d_s\":", c->h2d,
+          ",\"t_gemm_s\":", c->gemm, ",\"t_d2h_s\":", c->d2h,
+          ",\"ceiling_per_s\":", ceiling, ",\"serialized_per_s\":", serial,
+          ",\"one_stream_per_s\":", one->rate, ",\"pool_per_s\":", pool->rate,
+          ",\"pool_streams\":", streams, ",\"engine_gemm_s\":",
+          one->mean_compute, ",\"pool_engine_gemm_s\":", pool->mean_compute,
+          ",\"raw_gemm_tflops\":", spec.flops() / c->gemm / 1e12,
+          ",\"pool_tflops\":", spec.flops() * pool->rate / 1e12,
+          ",\"pool_device_busy\":", pool->device_busy,
+          ",\"pool_copy_compute_overlap\":", pool->overlap, "}"));
+    }
+  }
+  if (!json_path.empty()) {
+    std::ofstream out(json_path);
+    out << "{\"device\":\"" << prop.name << "\",\"points\":[\n"
+        << absl::StrJoin(rows, ",\n") << "\n]}\n";
+  }
+  std::printf(
+      "\nceil/s = 1/max(h2d, gemm, d2h), each measured alone; serial/s = "
+      "1/(h2d+gemm+d2h); eng gemm = engine GEMM time (1 stream, CUDA events) "
+      "vs raw cuBLAS; busy = device busy (union over streams); ovlp = "
+      "copy time overlapped with GEMMs\n");
+  return 0;
+}
+
+}  // namespace
+}  // namespace matmul
+
+int main(int argc, char** argv) { return matmul::Main(argc, argv); }
