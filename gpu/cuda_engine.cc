@@ -441,6 +441,27 @@ CudaEngine::Lane* CudaEngine::PickLane(const MatmulSpec& spec) const {
   return best;
 }
 
+absl::Status CudaEngine::Inject(FaultInjector::Point point, int64_t job) {
+  if (options_.fault_injector == nullptr) return absl::OkStatus();
+  return options_.fault_injector->Inject(point, job);
+}
+
+absl::Duration CudaEngine::MinimumDuration(const MatmulSpec& spec) const {
+  // Upper bounds of the H200's rates, so that this stays a lower bound on
+  // any current GPU: 64 GB/s per PCIe direction, dense tensor peaks.
+  double peak = 70e12;  // float32 / float64 without tensor cores
+  if (spec.dtype == DType::kFloat16 || spec.dtype == DType::kBFloat16) {
+    peak = 1000e12;
+  } else if (spec.dtype == DType::kFloat32 &&
+             spec.compute == ComputeMode::kTf32) {
+    peak = 500e12;
+  }
+  const double h2d =
+      static_cast<double>(spec.a_bytes() + spec.b_bytes()) / 64e9;
+  const double d2h = static_cast<double>(spec.c_bytes()) / 64e9;
+  return absl::Seconds(h2d + spec.flops() / peak + d2h);
+}
+
 void CudaEngine::Submit(std::unique_ptr<MatmulJob> job) {
   absl::Status refused;
   {
@@ -571,6 +592,7 @@ void CudaEngine::Enqueue(InFlight* flight, const std::byte* host_a,
   void* memory = nullptr;
   flight->status = [&]() -> absl::Status {
     CUDA_RETURN_IF_ERROR(cudaEventRecord(ev.start.get(), stream));
+    RETURN_IF_ERROR(Inject(FaultInjector::Point::kDeviceAlloc, flight->job_id));
     CUDA_RETURN_IF_ERROR(cudaMallocFromPoolAsync(
         &memory, static_cast<size_t>(flight->device_bytes), d->memory_pool,
         stream));
@@ -586,6 +608,7 @@ void CudaEngine::Enqueue(InFlight* flight, const std::byte* host_a,
       CUDA_RETURN_IF_ERROR(
           cudaMemsetAsync(device_c, 0xff, spec.c_bytes(), stream));
     }
+    RETURN_IF_ERROR(Inject(FaultInjector::Point::kGemm, flight->job_id));
     RETURN_IF_ERROR(EnqueueGemm(flight->lane->stream->cublas.get(), spec,
                                 device_a, device_b, device_c));
     CUDA_RETURN_IF_ERROR(cudaEventRecord(ev.gemm_done.get(), stream));
@@ -660,6 +683,9 @@ void CudaEngine::Complete(InFlight* flight) {
   Lane* lane = flight->lane;
   const MatmulSpec& spec = flight->spec;
   absl::Status status = flight->status;
+  if (status.ok()) {
+    status = Inject(FaultInjector::Point::kCompletion, flight->job_id);
+  }
   std::array<double, 4> ms{};  // start, h2d_done, gemm_done, end
   if (status.ok()) {
     const EventSet& ev = *flight->events;

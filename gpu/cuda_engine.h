@@ -32,6 +32,21 @@
 
 namespace matmul {
 
+// Test seam for device faults that the real device cannot produce on demand:
+// the engine asks it at each point of a job's path, and a non-OK answer is
+// handled exactly as if the CUDA or cuBLAS call there had failed with it.
+// Must be thread-safe.
+class FaultInjector {
+ public:
+  enum class Point {
+    kDeviceAlloc,  // the job's stream-ordered device allocation
+    kGemm,         // the cuBLAS GEMM launch
+    kCompletion,   // reading the job's events once its stream is done
+  };
+  virtual ~FaultInjector() = default;
+  virtual absl::Status Inject(Point point, int64_t job_id) = 0;
+};
+
 struct CudaEngineOptions {
   int streams_per_device = 4;
   // Pinned staging memory per device.
@@ -45,6 +60,8 @@ struct CudaEngineOptions {
   // Test aid: fill every result buffer (device and pinned) with NaN bytes
   // before the GEMM writes it, so a result never written cannot pass.
   bool poison_outputs = false;
+  // Test aid: fault injection (not owned; must outlive the engine).
+  FaultInjector* fault_injector = nullptr;
 };
 
 class CudaEngine final : public Engine {
@@ -56,6 +73,7 @@ class CudaEngine final : public Engine {
 
   const EngineInfo& info() const override { return info_; }
   absl::Status CheckFits(const MatmulSpec& spec) const override;
+  absl::Duration MinimumDuration(const MatmulSpec& spec) const override;
   void Submit(std::unique_ptr<MatmulJob> job) override;
   EngineStats stats() const override;
   std::vector<StreamSpan> RecentSpans(absl::Duration window) const override {
@@ -81,6 +99,7 @@ class CudaEngine final : public Engine {
                const std::byte* host_b);
   void CompletionLoop(Device* device);
   void Complete(InFlight* flight);
+  absl::Status Inject(FaultInjector::Point point, int64_t job);
   // Fails every job in flight on a device whose context is broken.
   void FailDevice(Device* device, const absl::Status& cause);
 

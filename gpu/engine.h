@@ -238,6 +238,14 @@ class Engine {
   // the numbers, if it never could (e.g. more than any device's memory).
   virtual absl::Status CheckFits(const MatmulSpec& spec) const = 0;
 
+  // A lower bound on how long a job of this spec takes on an idle engine
+  // (transfers at the bus's peak rate, GEMM at the arithmetic peak). A
+  // request whose deadline is nearer than this cannot be met.
+  virtual absl::Duration MinimumDuration(const MatmulSpec& spec) const {
+    (void)spec;
+    return absl::ZeroDuration();
+  }
+
   // Queues a job. Its Done is called exactly once, possibly before Submit
   // returns (e.g. UNAVAILABLE after Shutdown).
   virtual void Submit(std::unique_ptr<MatmulJob> job) = 0;

@@ -34,6 +34,7 @@ class HostEngine final : public Engine {
 
   const EngineInfo& info() const override { return info_; }
   absl::Status CheckFits(const MatmulSpec& spec) const override;
+  absl::Duration MinimumDuration(const MatmulSpec& spec) const override;
   void Submit(std::unique_ptr<MatmulJob> job) override;
   EngineStats stats() const override;
   std::vector<StreamSpan> RecentSpans(absl::Duration window) const override {

@@ -14,7 +14,7 @@ namespace {
 // Bytes a response needs beside C's data (tags, lengths, shape, placement).
 constexpr int64_t kResponseOverheadBytes = 128;
 
-std::string ShapeString(const google::protobuf::RepeatedField<int64_t>& s) {
+std::string ShapeString(absl::Span<const int64_t> s) {
   return absl::StrCat("[", absl::StrJoin(s, ", "), "]");
 }
 
@@ -33,21 +33,21 @@ struct OperandDims {
   int64_t cols = 0;
 };
 
-absl::StatusOr<OperandDims> CheckOperand(const v1::Tensor& t,
+absl::StatusOr<OperandDims> CheckOperand(const OperandHeader& t,
                                          absl::string_view name, DType dtype,
                                          const RequestLimits& limits) {
-  const int rank = t.shape_size();
+  const int rank = static_cast<int>(t.shape.size());
   if (rank != 2 && rank != 3) {
     return absl::InvalidArgumentError(absl::StrCat(
         name,
         ".shape: expected 2 dimensions [rows, cols] or 3 [batch, rows, "
         "cols], got ",
-        rank, " (", ShapeString(t.shape()), ")"));
+        rank, " (", ShapeString(t.shape), ")"));
   }
   int64_t elements = 1;
   bool overflow = false;
   for (int i = 0; i < rank; ++i) {
-    const int64_t d = t.shape(i);
+    const int64_t d = t.shape[i];
     if (d <= 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           name, ".shape[", i, "]: expected a positive dimension, got ", d));
@@ -63,36 +63,36 @@ absl::StatusOr<OperandDims> CheckOperand(const v1::Tensor& t,
   }
   if (overflow || elements > limits.max_elements_per_operand) {
     return absl::ResourceExhaustedError(
-        absl::StrCat(name, ": shape ", ShapeString(t.shape()), " has ",
+        absl::StrCat(name, ": shape ", ShapeString(t.shape), " has ",
                      overflow ? "more than 2^63" : absl::StrCat(elements),
                      " elements, over the server's limit of ",
                      limits.max_elements_per_operand, " elements per operand"));
   }
   int64_t bytes = 0;
   const int64_t elem = static_cast<int64_t>(DTypeSize(dtype));
-  if (__builtin_mul_overflow(elements, elem, &bytes) ||
-      static_cast<int64_t>(t.data().size()) != bytes) {
+  if (__builtin_mul_overflow(elements, elem, &bytes) || t.data_bytes != bytes) {
     return absl::InvalidArgumentError(
         absl::StrCat(name, ".data: expected ", bytes, " bytes (shape ",
-                     ShapeString(t.shape()), " of ", DtypeString(t.dtype()),
-                     ", ", elem, " bytes each), got ", t.data().size()));
+                     ShapeString(t.shape), " of ", DtypeString(t.dtype), ", ",
+                     elem, " bytes each), got ", t.data_bytes));
   }
   OperandDims dims;
   dims.is_3d = rank == 3;
-  dims.batch = rank == 3 ? t.shape(0) : 1;
-  dims.rows = t.shape(rank - 2);
-  dims.cols = t.shape(rank - 1);
+  dims.batch = rank == 3 ? t.shape[0] : 1;
+  dims.rows = t.shape[rank - 2];
+  dims.cols = t.shape[rank - 1];
   return dims;
 }
 
-absl::StatusOr<DType> CheckDtype(const v1::Tensor& t, absl::string_view name) {
-  std::optional<DType> dtype = FromProto(t.dtype());
+absl::StatusOr<DType> CheckDtype(const OperandHeader& t,
+                                 absl::string_view name) {
+  std::optional<DType> dtype = FromProto(static_cast<v1::Dtype>(t.dtype));
   if (!dtype.has_value()) {
     return absl::InvalidArgumentError(absl::StrCat(
         name,
         ".dtype: expected DTYPE_FLOAT32, DTYPE_FLOAT64, DTYPE_FLOAT16 or "
         "DTYPE_BFLOAT16, got ",
-        DtypeString(t.dtype())));
+        DtypeString(t.dtype)));
   }
   return *dtype;
 }
@@ -128,25 +128,48 @@ v1::Dtype ToProto(DType dtype) {
   return v1::DTYPE_UNSPECIFIED;
 }
 
+MultiplyHeader HeaderOf(const v1::MultiplyRequest& request) {
+  auto operand = [](bool present, const v1::Tensor& t) {
+    OperandHeader h;
+    h.present = present;
+    h.shape = absl::MakeConstSpan(t.shape().data(), t.shape_size());
+    h.dtype = t.dtype();
+    h.data_bytes = static_cast<int64_t>(t.data().size());
+    return h;
+  };
+  MultiplyHeader header;
+  header.a = operand(request.has_a(), request.a());
+  header.b = operand(request.has_b(), request.b());
+  header.transpose_a = request.transpose_a();
+  header.transpose_b = request.transpose_b();
+  header.compute_mode = request.compute_mode();
+  return header;
+}
+
 absl::StatusOr<MatmulSpec> ValidateMultiplyRequest(
     const v1::MultiplyRequest& request, const RequestLimits& limits) {
-  if (!request.has_a() && !request.has_b()) {
+  return ValidateMultiplyHeader(HeaderOf(request), limits);
+}
+
+absl::StatusOr<MatmulSpec> ValidateMultiplyHeader(const MultiplyHeader& request,
+                                                  const RequestLimits& limits) {
+  if (!request.a.present && !request.b.present) {
     return absl::InvalidArgumentError(
         "a and b: required, the request has no operands");
   }
-  if (!request.has_a()) return absl::InvalidArgumentError("a: required");
-  if (!request.has_b()) return absl::InvalidArgumentError("b: required");
+  if (!request.a.present) return absl::InvalidArgumentError("a: required");
+  if (!request.b.present) return absl::InvalidArgumentError("b: required");
 
-  ASSIGN_OR_RETURN(const DType dtype, CheckDtype(request.a(), "a"));
-  ASSIGN_OR_RETURN(const DType b_dtype, CheckDtype(request.b(), "b"));
+  ASSIGN_OR_RETURN(const DType dtype, CheckDtype(request.a, "a"));
+  ASSIGN_OR_RETURN(const DType b_dtype, CheckDtype(request.b, "b"));
   if (b_dtype != dtype) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "b.dtype: expected ", DtypeString(request.a().dtype()),
-        " (the dtype of a), got ", DtypeString(request.b().dtype())));
+    return absl::InvalidArgumentError(
+        absl::StrCat("b.dtype: expected ", DtypeString(request.a.dtype),
+                     " (the dtype of a), got ", DtypeString(request.b.dtype)));
   }
 
   ComputeMode compute;
-  switch (request.compute_mode()) {
+  switch (request.compute_mode) {
     case v1::COMPUTE_MODE_UNSPECIFIED:
     case v1::COMPUTE_MODE_STRICT:
       compute = ComputeMode::kStrict;
@@ -158,16 +181,16 @@ absl::StatusOr<MatmulSpec> ValidateMultiplyRequest(
       return absl::InvalidArgumentError(absl::StrCat(
           "compute_mode: expected COMPUTE_MODE_STRICT or COMPUTE_MODE_TF32, "
           "got unknown value ",
-          static_cast<int>(request.compute_mode())));
+          request.compute_mode));
   }
 
   ASSIGN_OR_RETURN(const OperandDims a,
-                   CheckOperand(request.a(), "a", dtype, limits));
+                   CheckOperand(request.a, "a", dtype, limits));
   ASSIGN_OR_RETURN(const OperandDims b,
-                   CheckOperand(request.b(), "b", dtype, limits));
+                   CheckOperand(request.b, "b", dtype, limits));
 
-  const bool ta = request.transpose_a();
-  const bool tb = request.transpose_b();
+  const bool ta = request.transpose_a;
+  const bool tb = request.transpose_b;
   const int64_t m = ta ? a.cols : a.rows;
   const int64_t a_k = ta ? a.rows : a.cols;
   const int64_t b_k = tb ? b.cols : b.rows;
@@ -177,8 +200,9 @@ absl::StatusOr<MatmulSpec> ValidateMultiplyRequest(
         "inner dimensions differ: op(a) is [", m, ", ", a_k, "] and op(b) is [",
         b_k, ", ", n, "]; expected op(a)'s columns (", a_k,
         ") to equal op(b)'s rows, got ", b_k, " (a.shape ",
-        ShapeString(request.a().shape()), ", transpose_a=", ta, "; b.shape ",
-        ShapeString(request.b().shape()), ", transpose_b=", tb, ")"));
+        ShapeString(request.a.shape), ", transpose_a=", ta ? "true" : "false",
+        "; b.shape ", ShapeString(request.b.shape),
+        ", transpose_b=", tb ? "true" : "false", ")"));
   }
   if (a.batch != b.batch && a.batch != 1 && b.batch != 1) {
     return absl::InvalidArgumentError(absl::StrCat(

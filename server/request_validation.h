@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "common/dtype.h"
 #include "gpu/matmul_spec.h"
 #include "matmul/v1/matmul.pb.h"
@@ -13,10 +14,32 @@
 
 namespace matmul {
 
+// What validation needs of one operand, however the request was decoded
+// (a parsed protobuf message, or the zero-copy wire decoder).
+struct OperandHeader {
+  bool present = false;
+  absl::Span<const int64_t> shape;
+  int dtype = 0;  // raw matmul.v1.Dtype value, possibly out of range
+  int64_t data_bytes = 0;
+};
+
+struct MultiplyHeader {
+  OperandHeader a;
+  OperandHeader b;
+  bool transpose_a = false;
+  bool transpose_b = false;
+  int compute_mode = 0;  // raw matmul.v1.ComputeMode value
+};
+
+// The header of a parsed message (spans point into `request`).
+MultiplyHeader HeaderOf(const v1::MultiplyRequest& request);
+
 // INVALID_ARGUMENT for a malformed request (missing operand, bad dtype or
 // shape, wrong byte count, mismatched dimensions); RESOURCE_EXHAUSTED when a
 // well-formed request exceeds `limits`. Messages name the field, the
 // expected and the received value. Size arithmetic cannot overflow.
+absl::StatusOr<MatmulSpec> ValidateMultiplyHeader(const MultiplyHeader& request,
+                                                  const RequestLimits& limits);
 absl::StatusOr<MatmulSpec> ValidateMultiplyRequest(
     const v1::MultiplyRequest& request, const RequestLimits& limits);
 

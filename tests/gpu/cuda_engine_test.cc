@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "gpu/cuda_resources.h"
 #include "gpu/device_registry.h"
 #include "gtest/gtest.h"
 #include "tests/reference_gemm.h"
@@ -372,6 +373,133 @@ TEST(CudaEngineTest, AbandonedJobIsDroppedAndShutdownIsClean) {
   auto lf = late.get_future();
   engine->Submit(std::make_unique<AbandonedJob>(std::move(late)));
   EXPECT_EQ(lf.get().code(), absl::StatusCode::kUnavailable);
+}
+
+// Fails the jobs whose ids are listed, at one point of their path.
+class ListFaults final : public FaultInjector {
+ public:
+  ListFaults(Point point, std::vector<int64_t> jobs, absl::Status status)
+      : point_(point), jobs_(std::move(jobs)), status_(std::move(status)) {}
+  absl::Status Inject(Point point, int64_t job) override {
+    if (point == point_ &&
+        std::find(jobs_.begin(), jobs_.end(), job) != jobs_.end()) {
+      return status_;
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  const Point point_;
+  const std::vector<int64_t> jobs_;
+  const absl::Status status_;
+};
+
+class CudaEngineFaultTest
+    : public ::testing::TestWithParam<FaultInjector::Point> {};
+
+// One job (the 7th of 24) meets a device fault at each point of its path: it
+// fails alone, with its message; every other job is right; nothing leaks.
+TEST_P(CudaEngineFaultTest, OneFaultyJobFailsAloneAndTheRestFlow) {
+  SKIP_WITHOUT_GPU();
+  ListFaults faults(
+      GetParam(), {7},
+      absl::InternalError("injected: CUBLAS_STATUS_EXECUTION_FAILED"));
+  CudaEngineOptions options;
+  options.streams_per_device = 4;
+  options.pinned_bytes_per_device = int64_t{1} << 30;
+  options.poison_outputs = true;
+  options.fault_injector = &faults;
+  absl::StatusOr<std::unique_ptr<CudaEngine>> engine =
+      CudaEngine::Create(options);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const MatmulSpec spec =
+      MakeSpec(DType::kFloat32, 1, 1, 512, 384, 256, false, false, false);
+  absl::BitGen gen;
+  const std::string a = RandomBytes(DType::kFloat32, spec.a_elements(), gen);
+  const std::string b = RandomBytes(DType::kFloat32, spec.b_elements(), gen);
+  const std::vector<double> ref = ReferenceGemm(
+      spec, ToDoubles(DType::kFloat32, a.data(), spec.a_elements()),
+      ToDoubles(DType::kFloat32, b.data(), spec.b_elements()));
+  std::vector<std::future<Outcome>> futures;
+  // Submitted one after another, so job ids are 1..24 in this order.
+  for (int i = 0; i < 24; ++i) {
+    futures.push_back(SubmitJob(**engine, spec, &a, &b));
+    futures.back().wait();
+  }
+  int failed = 0;
+  for (int i = 0; i < 24; ++i) {
+    Outcome out = futures[i].get();
+    if (i + 1 == 7) {
+      EXPECT_EQ(out.status.code(), absl::StatusCode::kInternal) << out.status;
+      EXPECT_NE(out.status.message().find("CUBLAS_STATUS_EXECUTION_FAILED"),
+                absl::string_view::npos);
+      ++failed;
+      continue;
+    }
+    ASSERT_TRUE(out.status.ok()) << "job " << i + 1 << ": " << out.status;
+    EXPECT_LT(
+        RelativeError(
+            ToDoubles(DType::kFloat32, out.c.data(), spec.c_elements()), ref),
+        1e-5);
+  }
+  EXPECT_EQ(failed, 1);
+  const DeviceStats d = (*engine)->stats().devices[0];
+  EXPECT_EQ(d.staging_used_bytes, 0);
+  EXPECT_EQ(d.device_memory_used_bytes, 0);
+  int64_t jobs = 0;
+  for (const StreamStats& s : d.streams) jobs += s.jobs;
+  EXPECT_EQ(jobs, 23);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    EveryPoint, CudaEngineFaultTest,
+    ::testing::Values(FaultInjector::Point::kDeviceAlloc,
+                      FaultInjector::Point::kGemm,
+                      FaultInjector::Point::kCompletion),
+    [](const ::testing::TestParamInfo<FaultInjector::Point>& info) {
+      switch (info.param) {
+        case FaultInjector::Point::kDeviceAlloc:
+          return std::string("DeviceAlloc");
+        case FaultInjector::Point::kGemm:
+          return std::string("Gemm");
+        case FaultInjector::Point::kCompletion:
+          return std::string("Completion");
+      }
+      return std::string("Unknown");
+    });
+
+// A real fault, no injection: another user of the GPU takes almost all of
+// its memory after the engine started, so the job's device allocation
+// fails. That job fails alone (RESOURCE_EXHAUSTED, naming the CUDA call);
+// once the memory is back, the same job succeeds.
+TEST(CudaEngineTest, RealDeviceOutOfMemoryFailsOnlyThatJob) {
+  SKIP_WITHOUT_GPU();
+  std::unique_ptr<CudaEngine> engine = NewEngine(2);
+  ASSERT_NE(engine, nullptr);
+  const MatmulSpec spec =
+      MakeSpec(DType::kFloat32, 1, 1, 8192, 8192, 8192, false, false, false);
+  absl::BitGen gen;
+  const std::string a = RandomBytes(DType::kFloat32, spec.a_elements(), gen);
+  const std::string b = RandomBytes(DType::kFloat32, spec.b_elements(), gen);
+  void* hog = nullptr;
+  {
+    ScopedDevice device(0);
+    size_t free_bytes = 0, total = 0;
+    ASSERT_EQ(cudaMemGetInfo(&free_bytes, &total), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&hog, free_bytes - (size_t{256} << 20)), cudaSuccess);
+  }
+  Outcome starved = SubmitJob(*engine, spec, &a, &b).get();
+  EXPECT_EQ(starved.status.code(), absl::StatusCode::kResourceExhausted)
+      << starved.status;
+  EXPECT_NE(starved.status.message().find("cudaMallocFromPoolAsync"),
+            absl::string_view::npos)
+      << starved.status;
+  ASSERT_EQ(cudaFree(hog), cudaSuccess);
+  Outcome fed = SubmitJob(*engine, spec, &a, &b).get();
+  ASSERT_TRUE(fed.status.ok()) << fed.status;
+  const DeviceStats d = engine->stats().devices[0];
+  EXPECT_EQ(d.device_memory_used_bytes, 0);
+  EXPECT_EQ(d.staging_used_bytes, 0);
 }
 
 }  // namespace

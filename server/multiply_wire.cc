@@ -1,0 +1,330 @@
+#include "server/multiply_wire.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace matmul {
+namespace {
+
+// Protobuf wire types.
+constexpr int kVarint = 0;
+constexpr int kFixed64 = 1;
+constexpr int kLengthDelimited = 2;
+constexpr int kStartGroup = 3;
+constexpr int kEndGroup = 4;
+constexpr int kFixed32 = 5;
+
+// Sequential reader over the chunks; positions count from the start of the
+// message.
+class Reader {
+ public:
+  explicit Reader(absl::Span<const ByteChunk> chunks) : chunks_(chunks) {
+    for (const ByteChunk& c : chunks) total_ += static_cast<int64_t>(c.size());
+  }
+
+  int64_t pos() const { return pos_; }
+  int64_t total() const { return total_; }
+
+  bool ReadVarint(uint64_t* value) {
+    uint64_t result = 0;
+    for (int i = 0; i < 10; ++i) {
+      uint8_t byte;
+      if (!ReadByte(&byte)) return false;
+      result |= static_cast<uint64_t>(byte & 0x7f) << (7 * i);
+      if ((byte & 0x80) == 0) {
+        *value = result;
+        return true;
+      }
+    }
+    return false;  // more than 10 bytes
+  }
+
+  // Advances `n` bytes; appends them to `pieces` as spans when given.
+  bool Take(int64_t n, std::vector<ByteChunk>* pieces) {
+    if (n < 0 || n > total_ - pos_) return false;
+    while (n > 0) {
+      Normalize();
+      const ByteChunk& chunk = chunks_[index_];
+      const int64_t take =
+          std::min<int64_t>(n, static_cast<int64_t>(chunk.size()) - offset_);
+      if (pieces != nullptr) pieces->push_back(chunk.subspan(offset_, take));
+      offset_ += take;
+      pos_ += take;
+      n -= take;
+    }
+    return true;
+  }
+
+ private:
+  void Normalize() {
+    while (index_ < chunks_.size() &&
+           offset_ == static_cast<int64_t>(chunks_[index_].size())) {
+      ++index_;
+      offset_ = 0;
+    }
+  }
+
+  bool ReadByte(uint8_t* byte) {
+    Normalize();
+    if (index_ == chunks_.size()) return false;
+    *byte = chunks_[index_][offset_++];
+    ++pos_;
+    return true;
+  }
+
+  absl::Span<const ByteChunk> chunks_;
+  size_t index_ = 0;
+  int64_t offset_ = 0;
+  int64_t pos_ = 0;
+  int64_t total_ = 0;
+};
+
+absl::Status Malformed(const Reader& r, absl::string_view what) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("malformed MultiplyRequest at byte ", r.pos(), " of ",
+                   r.total(), ": ", what));
+}
+
+// Reads a field key; fails on field number 0 or a read past `end`.
+absl::Status ReadKey(Reader& r, int64_t end, int* field, int* wire_type) {
+  // Keys are 32-bit varints of at most 5 bytes; like protobuf, bits beyond
+  // 32 in the fifth byte are dropped.
+  uint64_t key = 0;
+  const int64_t start = r.pos();
+  if (!r.ReadVarint(&key) || r.pos() > end) {
+    return Malformed(r, "truncated field key");
+  }
+  if (r.pos() - start > 5) return Malformed(r, "field key over 5 bytes");
+  key &= UINT32_MAX;
+  *field = static_cast<int>(key >> 3);
+  *wire_type = static_cast<int>(key & 7);
+  if (*field == 0) return Malformed(r, "field number 0");
+  return absl::OkStatus();
+}
+
+absl::Status ReadVarint(Reader& r, int64_t end, uint64_t* value) {
+  if (!r.ReadVarint(value) || r.pos() > end) {
+    return Malformed(r, "truncated or overlong varint");
+  }
+  return absl::OkStatus();
+}
+
+// Reads a length prefix and returns where the delimited bytes end.
+absl::StatusOr<int64_t> ReadLength(Reader& r, int64_t end) {
+  uint64_t length = 0;
+  if (absl::Status s = ReadVarint(r, end, &length); !s.ok()) return s;
+  if (length > static_cast<uint64_t>(end - r.pos())) {
+    return Malformed(r, absl::StrCat("length ", length, " runs past the end"));
+  }
+  return r.pos() + static_cast<int64_t>(length);
+}
+
+absl::Status SkipField(Reader& r, int64_t end, int wire_type) {
+  switch (wire_type) {
+    case kVarint: {
+      uint64_t ignored;
+      return ReadVarint(r, end, &ignored);
+    }
+    case kFixed64:
+    case kFixed32: {
+      const int64_t n = wire_type == kFixed64 ? 8 : 4;
+      if (n > end - r.pos() || !r.Take(n, nullptr)) {
+        return Malformed(r, "truncated fixed-width field");
+      }
+      return absl::OkStatus();
+    }
+    case kLengthDelimited: {
+      absl::StatusOr<int64_t> field_end = ReadLength(r, end);
+      if (!field_end.ok()) return field_end.status();
+      r.Take(*field_end - r.pos(), nullptr);
+      return absl::OkStatus();
+    }
+    case kStartGroup:
+      // Deprecated groups, skipped as protobuf does: fields up to the
+      // matching end-group key.
+      return absl::InternalError("handled by SkipGroup");
+    default:
+      return Malformed(r, absl::StrCat("unexpected wire type ", wire_type));
+  }
+}
+
+absl::Status SkipAny(Reader& r, int64_t end, int field, int wire_type,
+                     int depth);
+
+absl::Status SkipGroup(Reader& r, int64_t end, int group_field, int depth) {
+  if (depth > 32) return Malformed(r, "groups nested too deeply");
+  while (true) {
+    int field, wire_type;
+    if (absl::Status s = ReadKey(r, end, &field, &wire_type); !s.ok()) return s;
+    if (wire_type == kEndGroup) {
+      if (field != group_field) return Malformed(r, "mismatched end group");
+      return absl::OkStatus();
+    }
+    if (absl::Status s = SkipAny(r, end, field, wire_type, depth + 1);
+        !s.ok()) {
+      return s;
+    }
+  }
+}
+
+absl::Status SkipAny(Reader& r, int64_t end, int field, int wire_type,
+                     int depth) {
+  if (wire_type == kStartGroup) return SkipGroup(r, end, field, depth);
+  return SkipField(r, end, wire_type);
+}
+
+absl::Status DecodeTensor(Reader& r, int64_t end, WireTensor* t) {
+  t->present = true;
+  while (r.pos() < end) {
+    int field, wire_type;
+    if (absl::Status s = ReadKey(r, end, &field, &wire_type); !s.ok()) return s;
+    if (field == 1 && wire_type == kLengthDelimited) {  // packed shape
+      absl::StatusOr<int64_t> packed_end = ReadLength(r, end);
+      if (!packed_end.ok()) return packed_end.status();
+      while (r.pos() < *packed_end) {
+        uint64_t d;
+        if (absl::Status s = ReadVarint(r, *packed_end, &d); !s.ok()) return s;
+        t->shape.push_back(static_cast<int64_t>(d));
+      }
+    } else if (field == 1 && wire_type == kVarint) {  // unpacked shape
+      uint64_t d;
+      if (absl::Status s = ReadVarint(r, end, &d); !s.ok()) return s;
+      t->shape.push_back(static_cast<int64_t>(d));
+    } else if (field == 2 && wire_type == kVarint) {
+      uint64_t v;
+      if (absl::Status s = ReadVarint(r, end, &v); !s.ok()) return s;
+      t->dtype = static_cast<int32_t>(static_cast<uint32_t>(v));
+    } else if (field == 3 && wire_type == kLengthDelimited) {
+      absl::StatusOr<int64_t> data_end = ReadLength(r, end);
+      if (!data_end.ok()) return data_end.status();
+      t->data.clear();
+      t->data_bytes = *data_end - r.pos();
+      r.Take(t->data_bytes, &t->data);
+    } else if (absl::Status s = SkipAny(r, end, field, wire_type, 0); !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+void PutVarint(std::string& out, uint64_t v) {
+  while (v >= 0x80) {
+    out.push_back(static_cast<char>((v & 0x7f) | 0x80));
+    v >>= 7;
+  }
+  out.push_back(static_cast<char>(v));
+}
+
+void PutKey(std::string& out, int field, int wire_type) {
+  PutVarint(out, static_cast<uint64_t>(field) << 3 | wire_type);
+}
+
+// int32 fields: negative values take ten bytes, sign-extended.
+uint64_t Int32Wire(int32_t v) {
+  return static_cast<uint64_t>(static_cast<int64_t>(v));
+}
+
+}  // namespace
+
+MultiplyHeader WireMultiplyRequest::header() const {
+  auto operand = [](const WireTensor& t) {
+    OperandHeader h;
+    h.present = t.present;
+    h.shape = absl::MakeConstSpan(t.shape);
+    h.dtype = t.dtype;
+    h.data_bytes = t.data_bytes;
+    return h;
+  };
+  MultiplyHeader h;
+  h.a = operand(a);
+  h.b = operand(b);
+  h.transpose_a = transpose_a;
+  h.transpose_b = transpose_b;
+  h.compute_mode = compute_mode;
+  return h;
+}
+
+absl::StatusOr<WireMultiplyRequest> DecodeMultiplyRequest(
+    absl::Span<const ByteChunk> chunks) {
+  Reader r(chunks);
+  const int64_t end = r.total();
+  WireMultiplyRequest request;
+  while (r.pos() < end) {
+    int field, wire_type;
+    if (absl::Status s = ReadKey(r, end, &field, &wire_type); !s.ok()) return s;
+    if ((field == 1 || field == 2) && wire_type == kLengthDelimited) {
+      absl::StatusOr<int64_t> tensor_end = ReadLength(r, end);
+      if (!tensor_end.ok()) return tensor_end.status();
+      if (absl::Status s = DecodeTensor(r, *tensor_end,
+                                        field == 1 ? &request.a : &request.b);
+          !s.ok()) {
+        return s;
+      }
+    } else if ((field == 3 || field == 4 || field == 5) &&
+               wire_type == kVarint) {
+      uint64_t v;
+      if (absl::Status s = ReadVarint(r, end, &v); !s.ok()) return s;
+      if (field == 3) request.transpose_a = v != 0;
+      if (field == 4) request.transpose_b = v != 0;
+      if (field == 5) {
+        request.compute_mode = static_cast<int32_t>(static_cast<uint32_t>(v));
+      }
+    } else if (absl::Status s = SkipAny(r, end, field, wire_type, 0); !s.ok()) {
+      return s;
+    }
+  }
+  return request;
+}
+
+void CopyPieces(absl::Span<const ByteChunk> pieces, std::byte* out) {
+  for (const ByteChunk& piece : pieces) {
+    std::memcpy(out, piece.data(), piece.size());
+    out += piece.size();
+  }
+}
+
+ResponseFraming FrameMultiplyResponse(absl::Span<const int64_t> c_shape,
+                                      int dtype, int64_t c_bytes, int device,
+                                      int stream) {
+  // Tensor c: packed shape (1), dtype (2), data (3) last so that the data
+  // can follow the prefix as its own slice.
+  std::string shape;
+  for (int64_t d : c_shape) PutVarint(shape, static_cast<uint64_t>(d));
+  std::string tensor_head;
+  PutKey(tensor_head, 1, kLengthDelimited);
+  PutVarint(tensor_head, shape.size());
+  tensor_head += shape;
+  if (dtype != 0) {
+    PutKey(tensor_head, 2, kVarint);
+    PutVarint(tensor_head, Int32Wire(dtype));
+  }
+  PutKey(tensor_head, 3, kLengthDelimited);
+  PutVarint(tensor_head, static_cast<uint64_t>(c_bytes));
+  const uint64_t tensor_size =
+      tensor_head.size() + static_cast<uint64_t>(c_bytes);
+
+  ResponseFraming framing;
+  framing.prefix.reserve(16 + tensor_head.size());
+  PutKey(framing.prefix, 1, kLengthDelimited);
+  PutVarint(framing.prefix, tensor_size);
+  framing.prefix += tensor_head;
+
+  // Placement (2): proto3 leaves zero-valued fields out.
+  std::string placement;
+  if (device != 0) {
+    PutKey(placement, 1, kVarint);
+    PutVarint(placement, Int32Wire(device));
+  }
+  if (stream != 0) {
+    PutKey(placement, 2, kVarint);
+    PutVarint(placement, Int32Wire(stream));
+  }
+  PutKey(framing.suffix, 2, kLengthDelimited);
+  PutVarint(framing.suffix, placement.size());
+  framing.suffix += placement;
+  return framing;
+}
+
+}  // namespace matmul

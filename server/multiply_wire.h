@@ -1,0 +1,75 @@
+// The Multiply messages on the wire, without the protobuf runtime in the data
+// path. Decoding a MultiplyRequest reads its header fields and records where
+// each operand's bytes lie in the received buffer, copying nothing, so the
+// operands go from gRPC's receive buffers straight into pinned staging (one
+// copy). Encoding a MultiplyResponse writes the few header bytes and lets the
+// product follow as its own slice, taken from pinned memory without a copy.
+//
+// The encoding is exactly protobuf's (proto3, matmul/v1/matmul.proto), so
+// every client sees an ordinary message. Pure functions; thread-safe.
+#ifndef MATMUL_SERVER_MULTIPLY_WIRE_H_
+#define MATMUL_SERVER_MULTIPLY_WIRE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "server/request_validation.h"
+
+namespace matmul {
+
+using ByteChunk = absl::Span<const uint8_t>;
+
+// One decoded operand (matmul.v1.Tensor).
+struct WireTensor {
+  bool present = false;
+  std::vector<int64_t> shape;
+  int dtype = 0;
+  // The data: pieces of the received chunks, in order; data_bytes in all.
+  std::vector<ByteChunk> data;
+  int64_t data_bytes = 0;
+};
+
+// A decoded matmul.v1.MultiplyRequest. Its data pieces point into the
+// chunks it was decoded from, which must outlive it.
+struct WireMultiplyRequest {
+  WireTensor a;
+  WireTensor b;
+  bool transpose_a = false;
+  bool transpose_b = false;
+  int compute_mode = 0;
+
+  // The header for validation (spans point into this object).
+  MultiplyHeader header() const;
+};
+
+// Decodes a MultiplyRequest from its bytes, given as `chunks` in order (the
+// message may be split anywhere). Protobuf's rules for the known fields: the
+// last value of a scalar wins, shapes may be packed or not and repeated
+// occurrences append, an operand that occurs twice is merged, and its data
+// is the last occurrence's. Unknown fields are skipped; a field whose wire
+// type does not match is treated as unknown, as protobuf does.
+// INVALID_ARGUMENT, naming the offset, for bytes that are not a valid
+// encoding (truncated, bad varint, group wire types, field number 0).
+absl::StatusOr<WireMultiplyRequest> DecodeMultiplyRequest(
+    absl::Span<const ByteChunk> chunks);
+
+// Copies `pieces` one after another into `out` (their total size).
+void CopyPieces(absl::Span<const ByteChunk> pieces, std::byte* out);
+
+// The bytes of a MultiplyResponse around its product's data: the message
+// is prefix + data (c_bytes long, not included here) + suffix.
+struct ResponseFraming {
+  std::string prefix;
+  std::string suffix;
+};
+ResponseFraming FrameMultiplyResponse(absl::Span<const int64_t> c_shape,
+                                      int dtype, int64_t c_bytes, int device,
+                                      int stream);
+
+}  // namespace matmul
+
+#endif  // MATMUL_SERVER_MULTIPLY_WIRE_H_

@@ -1,0 +1,191 @@
+#include "server/multiply_wire.h"
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "matmul/v1/matmul.pb.h"
+
+namespace matmul {
+namespace {
+
+using ::testing::ElementsAreArray;
+
+// Splits `bytes` into chunks at random points (some empty).
+std::vector<ByteChunk> Split(const std::string& bytes, std::mt19937& gen) {
+  std::vector<ByteChunk> chunks;
+  const auto* data = reinterpret_cast<const uint8_t*>(bytes.data());
+  size_t pos = 0;
+  while (pos < bytes.size()) {
+    const size_t n = std::min<size_t>(gen() % 40, bytes.size() - pos);
+    chunks.emplace_back(data + pos, n);
+    pos += n;
+  }
+  if (gen() % 2) chunks.emplace_back(data + pos, 0);
+  return chunks;
+}
+
+std::string Data(const WireTensor& t) {
+  std::string out(static_cast<size_t>(t.data_bytes), '\0');
+  CopyPieces(t.data, reinterpret_cast<std::byte*>(out.data()));
+  return out;
+}
+
+// The decoder agrees with protobuf on `bytes`: both fail, or both succeed
+// with the same fields.
+void ExpectSameAsProtobuf(const std::string& bytes, std::mt19937& gen) {
+  v1::MultiplyRequest message;
+  const bool protobuf_ok = message.ParseFromString(bytes);
+  const std::vector<ByteChunk> chunks = Split(bytes, gen);
+  absl::StatusOr<WireMultiplyRequest> wire = DecodeMultiplyRequest(chunks);
+  std::string hex;
+  for (unsigned char c : bytes) {
+    char buf[4];
+    std::snprintf(buf, sizeof buf, "%02x ", c);
+    hex += buf;
+  }
+  ASSERT_EQ(wire.ok(), protobuf_ok) << wire.status() << " bytes: " << hex;
+  if (!protobuf_ok) {
+    EXPECT_EQ(wire.status().code(), absl::StatusCode::kInvalidArgument);
+    return;
+  }
+  auto same_tensor = [](const WireTensor& w, bool has, const v1::Tensor& t) {
+    EXPECT_EQ(w.present, has);
+    EXPECT_THAT(w.shape, ElementsAreArray(t.shape()));
+    EXPECT_EQ(w.dtype, t.dtype());
+    EXPECT_EQ(w.data_bytes, static_cast<int64_t>(t.data().size()));
+    EXPECT_EQ(Data(w), t.data());
+  };
+  same_tensor(wire->a, message.has_a(), message.a());
+  same_tensor(wire->b, message.has_b(), message.b());
+  EXPECT_EQ(wire->transpose_a, message.transpose_a());
+  EXPECT_EQ(wire->transpose_b, message.transpose_b());
+  EXPECT_EQ(wire->compute_mode, message.compute_mode());
+}
+
+v1::MultiplyRequest RandomRequest(std::mt19937& gen) {
+  v1::MultiplyRequest r;
+  for (v1::Tensor* t : {r.mutable_a(), r.mutable_b()}) {
+    if (gen() % 5 == 0) continue;
+    const int rank = gen() % 5;
+    for (int i = 0; i < rank; ++i) {
+      // Mostly small, sometimes huge or negative (validation's business).
+      const int kind = gen() % 10;
+      t->add_shape(kind == 0   ? -static_cast<int64_t>(gen())
+                   : kind == 1 ? (int64_t{1} << 62) + gen()
+                               : gen() % 300);
+    }
+    t->set_dtype(static_cast<v1::Dtype>(gen() % 6 == 5 ? -7 : gen() % 5));
+    t->set_data(std::string(gen() % 200, static_cast<char>(gen())));
+  }
+  if (gen() % 5 == 0) r.clear_a();
+  r.set_transpose_a(gen() % 2);
+  r.set_transpose_b(gen() % 2);
+  r.set_compute_mode(static_cast<v1::ComputeMode>(gen() % 4));
+  return r;
+}
+
+TEST(MultiplyWireTest, AgreesWithProtobufOnRandomMessages) {
+  std::mt19937 gen(1);
+  for (int i = 0; i < 2000; ++i) {
+    ExpectSameAsProtobuf(RandomRequest(gen).SerializeAsString(), gen);
+  }
+}
+
+TEST(MultiplyWireTest, AgreesWithProtobufOnEveryTruncation) {
+  std::mt19937 gen(2);
+  for (int i = 0; i < 40; ++i) {
+    const std::string bytes = RandomRequest(gen).SerializeAsString();
+    for (size_t n = 0; n <= bytes.size(); ++n) {
+      ExpectSameAsProtobuf(bytes.substr(0, n), gen);
+    }
+  }
+}
+
+TEST(MultiplyWireTest, AgreesWithProtobufOnCorruptedBytes) {
+  std::mt19937 gen(3);
+  for (int i = 0; i < 20000; ++i) {
+    std::string bytes = RandomRequest(gen).SerializeAsString();
+    if (bytes.empty()) continue;
+    for (int flips = 1 + gen() % 4; flips > 0; --flips) {
+      bytes[gen() % bytes.size()] = static_cast<char>(gen());
+    }
+    ExpectSameAsProtobuf(bytes, gen);
+  }
+}
+
+// Concatenated messages merge (protobuf semantics), unpacked shapes, unknown
+// fields of every wire type (groups too) and mismatched wire types.
+TEST(MultiplyWireTest, MergesAndSkipsAsProtobufDoes) {
+  std::mt19937 gen(4);
+  v1::MultiplyRequest first;
+  first.mutable_a()->add_shape(3);
+  first.mutable_a()->set_data("first");
+  first.mutable_a()->set_dtype(v1::DTYPE_FLOAT32);
+  first.set_transpose_a(true);
+  v1::MultiplyRequest second;
+  second.mutable_a()->add_shape(4);
+  second.mutable_a()->set_data("second");
+  second.set_compute_mode(v1::COMPUTE_MODE_TF32);
+  ExpectSameAsProtobuf(first.SerializeAsString() + second.SerializeAsString(),
+                       gen);
+
+  std::string unpacked;
+  unpacked += "\x0a\x06";          // a: 6 bytes
+  unpacked += "\x08\x05\x08\x07";  // shape 5, shape 7 (unpacked)
+  unpacked += "\x10\x01";          // dtype FLOAT32
+  ExpectSameAsProtobuf(unpacked, gen);
+
+  std::string unknown = first.SerializeAsString();
+  unknown += std::string("\xa0\x06\x2a", 3);  // field 100 varint
+  unknown += std::string("\xa9\x06", 2) + std::string(8, 'x');  // fixed64
+  unknown += std::string("\xad\x06", 2) + std::string(4, 'y');  // fixed32
+  unknown += std::string("\xa2\x06\x03zzz", 6);                 // bytes
+  unknown += std::string("\xa3\x06\x08\x01\xa4\x06", 6);        // group
+  unknown += std::string("\x18\x05\x00\x00\x00\x00", 6);  // wrong wire type
+  ExpectSameAsProtobuf(unknown, gen);
+
+  ExpectSameAsProtobuf(std::string("\x00\x01", 2), gen);  // field number 0
+  ExpectSameAsProtobuf(std::string("\xa4\x06", 2), gen);  // stray end group
+  ExpectSameAsProtobuf(std::string(11, '\xff'), gen);     // overlong varint
+}
+
+TEST(MultiplyWireTest, DataIsNotCopied) {
+  v1::MultiplyRequest r;
+  r.mutable_a()->set_data(std::string(1000, 'a'));
+  const std::string bytes = r.SerializeAsString();
+  const ByteChunk chunk(reinterpret_cast<const uint8_t*>(bytes.data()),
+                        bytes.size());
+  absl::StatusOr<WireMultiplyRequest> wire =
+      DecodeMultiplyRequest(absl::MakeConstSpan(&chunk, 1));
+  ASSERT_TRUE(wire.ok());
+  ASSERT_EQ(wire->a.data.size(), 1u);
+  // The piece points into the received bytes themselves.
+  EXPECT_GE(wire->a.data[0].data(), chunk.data());
+  EXPECT_LE(wire->a.data[0].data() + 1000, chunk.data() + chunk.size());
+}
+
+TEST(MultiplyWireTest, ResponseFramingParsesAsAMultiplyResponse) {
+  for (int device : {-1, 0, 3}) {
+    for (int stream : {0, 2}) {
+      const std::string data(24, '\x7f');
+      const int64_t shape[] = {2, 3};
+      ResponseFraming framing = FrameMultiplyResponse(
+          shape, v1::DTYPE_FLOAT32, static_cast<int64_t>(data.size()), device,
+          stream);
+      v1::MultiplyResponse response;
+      ASSERT_TRUE(
+          response.ParseFromString(framing.prefix + data + framing.suffix));
+      EXPECT_THAT(response.c().shape(), ElementsAreArray(shape));
+      EXPECT_EQ(response.c().dtype(), v1::DTYPE_FLOAT32);
+      EXPECT_EQ(response.c().data(), data);
+      EXPECT_EQ(response.placement().device(), device);
+      EXPECT_EQ(response.placement().stream(), stream);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace matmul
