@@ -1,0 +1,106 @@
+// matmul-bench's report: the figures derived from a LoadResult (requests/s,
+// payload GB/s, TFLOP/s, latency percentiles), the table printed on stdout
+// and the JSON document written with --json.
+//
+// JSON document (schema "matmul-bench/1"):
+//   { "schema", "tool", "label", "timestamp", "host", "target",
+//     "command_line": [...], "config": {...}, "server": {...},
+//     "points": [ {point}, ... ] }
+// Each point object is self-contained (it repeats the run's label, target,
+// shape, dtype, host and server), so points from several files can be
+// pooled:
+//   label, timestamp (point start), host, target,
+//   shape ("MxKxN" | "BxMxKxN"), batch (0: 2-D), m, k, n, dtype, compute,
+//   mode ("closed" | "open"), concurrency, channels, rate (null if closed),
+//   duration_s | requests_target (the other null), warmup_s, timeout_s,
+//   elapsed_s (the window throughput is divided by),
+//   requests (measured completions), ok, ok_in_window, errors,
+//   errors_by_code {CODE: n} (gRPC code names and WRONG_ANSWER),
+//   error_messages {CODE: first message},
+//   requests_per_s (successful), request_bytes, response_bytes (payload per
+//   request), request_gb_per_s, response_gb_per_s, total_gb_per_s,
+//   flops_per_request, tflop_per_s,
+//   latency_ms {count, p50, p90, p99, p99_9, min, max, mean} (successful
+//   requests only),
+//   verify {enabled, every, checked, mismatches},
+//   delayed_starts (open loop: starts that waited for a free slot),
+//   interrupted, abandoned,
+//   server {engine, version, streams_per_device, device_names [..],
+//           devices [{index, name, uuid, memory_bytes, multiprocessors,
+//                     copy_engines, compute_capability, staging_bytes}],
+//           dtypes [..], limits {max_message_bytes, ...}}
+// 1 GB = 1e9 bytes; payload counts the tensors' data bytes only.
+//
+// Pure functions over plain values; thread-safe.
+#ifndef MATMUL_CLIENT_BENCH_REPORT_H_
+#define MATMUL_CLIENT_BENCH_REPORT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "client/bench_workload.h"
+#include "client/load_generator.h"
+#include "matmul/v1/matmul.pb.h"
+
+namespace matmul {
+
+// What holds for every point of one matmul-bench run.
+struct BenchRun {
+  std::string label;
+  std::string target;
+  std::string host;       // this machine's host name
+  std::string timestamp;  // start of the run, UTC, RFC 3339
+  std::vector<std::string> command_line;
+  BenchShape shape;
+  DType dtype = DType::kFloat32;
+  ComputeMode compute = ComputeMode::kStrict;
+  int64_t request_bytes = 0;
+  int64_t response_bytes = 0;
+  double flops_per_request = 0;
+  int distinct_requests = 0;
+  uint64_t seed = 0;
+  bool verify = false;
+  v1::GetServerInfoResponse server;
+};
+
+// One measured point.
+struct BenchPoint {
+  LoadPoint point;
+  int channels = 1;
+  std::string timestamp;  // start of the point, UTC, RFC 3339
+  LoadResult result;
+};
+
+struct PointMetrics {
+  double requests_per_s = 0;     // successful requests per second
+  double request_gb_per_s = 0;   // A + B payload, client to server
+  double response_gb_per_s = 0;  // C payload, server to client
+  double total_gb_per_s = 0;
+  double tflop_per_s = 0;
+  double p50_ms = 0;
+  double p90_ms = 0;
+  double p99_ms = 0;
+  double p999_ms = 0;
+  double min_ms = 0;
+  double max_ms = 0;
+  double mean_ms = 0;
+};
+
+PointMetrics ComputeMetrics(const BenchRun& run, const BenchPoint& point);
+
+// A few lines describing the run (server, shape, payload sizes).
+std::string RunDescription(const BenchRun& run);
+// The table's header line and one row per point (each ends in '\n').
+std::string TableHeader();
+std::string TableRow(const BenchRun& run, const BenchPoint& point);
+// Lines detailing a point's errors by code (empty when there are none).
+std::string ErrorLines(const BenchPoint& point);
+
+// The whole JSON document, pretty-printed, ending in '\n'.
+std::string ReportJson(const BenchRun& run,
+                       const std::vector<BenchPoint>& points);
+
+}  // namespace matmul
+
+#endif  // MATMUL_CLIENT_BENCH_REPORT_H_

@@ -1,0 +1,425 @@
+#include "client/load_generator.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <memory>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+
+namespace matmul {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Slots for the 17 gRPC status codes and WRONG_ANSWER.
+constexpr int kGrpcCodes = 17;
+constexpr int kWrongAnswerSlot = kGrpcCodes;
+constexpr int kCodeSlots = kGrpcCodes + 1;
+
+// A completion that runs inside the call that issued it (gRPC may do that
+// for a call that fails at once) issues its successor inline at most this
+// deep; beyond, the driver thread issues it, so errors cannot recurse
+// without bound.
+constexpr int kMaxInlineDepth = 8;
+
+// How long the driver sleeps at most between looks at the clock and `stop`.
+constexpr auto kTick = std::chrono::milliseconds(100);
+
+// How long after the last deadline could have passed the stragglers are
+// still waited for.
+constexpr absl::Duration kDrainGrace = absl::Seconds(10);
+
+enum Phase : int { kWarmup, kMeasure, kDone };
+
+int64_t Nanos(Clock::duration d) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
+}
+
+absl::Duration ToAbsl(Clock::duration d) { return absl::Nanoseconds(Nanos(d)); }
+
+Clock::duration ToClock(absl::Duration d) {
+  return std::chrono::nanoseconds(absl::ToInt64Nanoseconds(d));
+}
+
+void StoreMax(std::atomic<int64_t>& target, int64_t value) {
+  int64_t seen = target.load(std::memory_order_relaxed);
+  while (value > seen && !target.compare_exchange_weak(
+                             seen, value, std::memory_order_relaxed)) {
+  }
+}
+
+thread_local int inline_depth = 0;
+
+// Everything one Run shares with its in-flight calls. Owned jointly by Run
+// and every callback, so a late callback never touches freed memory.
+struct RunState {
+  MatmulClient* client = nullptr;
+  const std::vector<const v1::MultiplyRequest*>* requests = nullptr;
+  const LoadGenerator::ResponseChecker* checker = nullptr;
+  LoadPoint point;
+  MultiplyOptions options;
+  bool open_loop = false;
+  bool count_mode = false;
+
+  std::atomic<int> phase{kWarmup};
+  std::atomic<bool> stop_issuing{false};
+  std::atomic<uint64_t> next_request{0};
+  std::atomic<int64_t> measured_started{0};
+  std::atomic<int64_t> measured_completed{0};
+  std::atomic<int64_t> ok_in_window{0};
+  std::atomic<int64_t> ok{0};
+  std::atomic<int64_t> errors{0};
+  std::atomic<int64_t> verify_sequence{0};
+  std::atomic<int64_t> verified{0};
+  std::atomic<int64_t> mismatches{0};
+  std::atomic<int64_t> code_counts[kCodeSlots] = {};
+  // Clock::time_point of the last measured completion, in nanoseconds.
+  std::atomic<int64_t> last_completion_ns{0};
+  LatencyHistogram latency_ns;
+
+  absl::Mutex mu;
+  absl::CondVar cv;  // signalled when the driver has something to do
+  int64_t in_flight ABSL_GUARDED_BY(mu) = 0;
+  // Closed loop: successors the driver must issue (see kMaxInlineDepth).
+  int64_t deferred ABSL_GUARDED_BY(mu) = 0;
+  bool driver_waits_for_slot ABSL_GUARDED_BY(mu) = false;
+  std::map<std::string, std::string> messages ABSL_GUARDED_BY(mu);
+
+  void RecordError(int slot, absl::string_view message) {
+    errors.fetch_add(1, std::memory_order_relaxed);
+    if (code_counts[slot].fetch_add(1, std::memory_order_relaxed) == 0) {
+      const std::string name =
+          slot == kWrongAnswerSlot
+              ? std::string(kWrongAnswerCode)
+              : absl::StatusCodeToString(static_cast<absl::StatusCode>(slot));
+      absl::MutexLock lock(&mu);
+      messages.emplace(name, std::string(message));
+    }
+  }
+};
+
+void OnDone(std::shared_ptr<RunState> s, int index, Clock::time_point start,
+            bool measured, absl::StatusOr<v1::MultiplyResponse> response);
+
+// Starts one request unless the point is over; `start` is when its latency
+// starts (the scheduled time in an open loop, now in a closed one).
+bool Issue(const std::shared_ptr<RunState>& s, Clock::time_point start) {
+  if (s->stop_issuing.load(std::memory_order_relaxed)) return false;
+  const bool measured = s->phase.load(std::memory_order_relaxed) == kMeasure;
+  if (measured) {
+    const int64_t n =
+        s->measured_started.fetch_add(1, std::memory_order_relaxed);
+    if (s->count_mode && n >= s->point.requests) {
+      s->stop_issuing.store(true, std::memory_order_relaxed);
+      return false;
+    }
+  }
+  {
+    // Checked again under the lock: once Run has seen nothing in flight
+    // after stopping, nothing more may start (Run's caller may free the
+    // client).
+    absl::MutexLock lock(&s->mu);
+    if (s->stop_issuing.load(std::memory_order_relaxed)) return false;
+    ++s->in_flight;
+  }
+  const int index =
+      static_cast<int>(s->next_request.fetch_add(1, std::memory_order_relaxed) %
+                       s->requests->size());
+  if (!s->open_loop) start = Clock::now();
+  s->client->MultiplyRawAsync(
+      *(*s->requests)[index], s->options,
+      [s, index, start,
+       measured](absl::StatusOr<v1::MultiplyResponse> response) mutable {
+        OnDone(std::move(s), index, start, measured, std::move(response));
+      });
+  return true;
+}
+
+void OnDone(std::shared_ptr<RunState> s, int index, Clock::time_point start,
+            bool measured, absl::StatusOr<v1::MultiplyResponse> response) {
+  const Clock::time_point now = Clock::now();
+  const int phase = s->phase.load(std::memory_order_relaxed);
+  bool ok = response.ok();
+  if (measured) {
+    if (ok) {
+      s->latency_ns.Record(Nanos(now - start));
+      const int every = s->point.verify_every;
+      if (every > 0 &&
+          s->verify_sequence.fetch_add(1, std::memory_order_relaxed) % every ==
+              0) {
+        s->verified.fetch_add(1, std::memory_order_relaxed);
+        const absl::Status check = (*s->checker)(index, *response);
+        if (!check.ok()) {
+          ok = false;
+          s->mismatches.fetch_add(1, std::memory_order_relaxed);
+          s->RecordError(kWrongAnswerSlot, check.message());
+        }
+      }
+      if (ok) s->ok.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      const int code = static_cast<int>(response.status().code());
+      s->RecordError(code >= 0 && code < kGrpcCodes ? code : 2 /* UNKNOWN */,
+                     response.status().message());
+    }
+  }
+  if (ok && (s->count_mode ? measured : phase == kMeasure)) {
+    s->ok_in_window.fetch_add(1, std::memory_order_relaxed);
+  }
+  response = absl::StatusOr<v1::MultiplyResponse>();  // free the payload now
+
+  bool count_reached = false;
+  if (measured) {
+    StoreMax(s->last_completion_ns, Nanos(now.time_since_epoch()));
+    count_reached =
+        s->measured_completed.fetch_add(1, std::memory_order_relaxed) + 1 ==
+        s->point.requests;
+  }
+
+  {
+    absl::MutexLock lock(&s->mu);
+    --s->in_flight;
+    if (count_reached || s->driver_waits_for_slot ||
+        (s->in_flight == 0 && s->stop_issuing.load())) {
+      s->cv.SignalAll();
+    }
+  }
+  if (s->open_loop) return;
+  // Closed loop: the successor.
+  if (inline_depth < kMaxInlineDepth) {
+    ++inline_depth;
+    Issue(s, now);
+    --inline_depth;
+  } else {
+    absl::MutexLock lock(&s->mu);
+    ++s->deferred;
+    s->cv.SignalAll();
+  }
+}
+
+}  // namespace
+
+LoadGenerator::LoadGenerator(MatmulClient* client,
+                             std::vector<const v1::MultiplyRequest*> requests,
+                             ResponseChecker checker)
+    : client_(client),
+      requests_(std::move(requests)),
+      checker_(std::move(checker)) {}
+
+absl::StatusOr<LoadResult> LoadGenerator::Run(
+    const LoadPoint& point, const std::atomic<bool>& stop,
+    absl::FunctionRef<void(const LoadProgress&)> progress) {
+  if (point.concurrency < 1) {
+    return absl::InvalidArgumentError("concurrency must be at least 1");
+  }
+  if (!(point.rate >= 0) || std::isinf(point.rate)) {
+    return absl::InvalidArgumentError("the rate must be finite and >= 0");
+  }
+  if (point.requests < 0 ||
+      (point.requests == 0 && (point.duration <= absl::ZeroDuration() ||
+                               point.duration == absl::InfiniteDuration()))) {
+    return absl::InvalidArgumentError(
+        "a point needs a finite positive duration or a request count");
+  }
+  if (point.warmup < absl::ZeroDuration() ||
+      point.warmup == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError("the warm-up must be finite and >= 0");
+  }
+  if (point.timeout <= absl::ZeroDuration() ||
+      point.timeout == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError("the timeout must be finite and > 0");
+  }
+  if (point.verify_every < 0 || (point.verify_every > 0 && !checker_)) {
+    return absl::InvalidArgumentError(
+        "verification needs verify_every > 0 and a checker");
+  }
+  if (requests_.empty()) {
+    return absl::InvalidArgumentError("no requests to send");
+  }
+
+  auto s = std::make_shared<RunState>();
+  s->client = client_;
+  s->requests = &requests_;
+  s->checker = &checker_;
+  s->point = point;
+  s->options.timeout = point.timeout;
+  s->open_loop = point.rate > 0;
+  s->count_mode = point.requests > 0;
+
+  const Clock::time_point t_start = Clock::now();
+  const Clock::time_point warmup_end = t_start + ToClock(point.warmup);
+  const bool warmup = point.warmup > absl::ZeroDuration();
+  s->phase.store(warmup ? kWarmup : kMeasure);
+  Clock::time_point t0 = t_start;
+  Clock::time_point t1 = t_start;
+  bool window_closed = false;
+  LoadResult result;
+
+  // Open loop: the i-th request is due at t_start + i / rate.
+  int64_t sent = 0;
+  Clock::time_point next_send = t_start;
+  bool send_delayed = false;
+  auto due = [&](int64_t i) {
+    return t_start + std::chrono::duration_cast<Clock::duration>(
+                         std::chrono::duration<double>(static_cast<double>(i) /
+                                                       point.rate));
+  };
+
+  const bool report_progress = point.progress_interval > absl::ZeroDuration();
+  Clock::time_point next_progress =
+      t_start + (report_progress ? ToClock(point.progress_interval)
+                                 : Clock::duration::zero());
+
+  if (!s->open_loop) {
+    for (int i = 0; i < point.concurrency; ++i) {
+      if (!Issue(s, Clock::now())) break;
+    }
+  }
+
+  while (true) {
+    Clock::time_point now = Clock::now();
+    if (stop.load(std::memory_order_relaxed)) {
+      result.interrupted = true;
+      break;
+    }
+    if (s->phase.load() == kWarmup && now >= warmup_end) {
+      t0 = now;
+      s->phase.store(kMeasure);
+    }
+    if (s->phase.load() == kMeasure) {
+      if (!s->count_mode && now >= t0 + ToClock(point.duration)) {
+        t1 = now;
+        s->phase.store(kDone);
+        window_closed = true;
+        break;
+      }
+      if (s->count_mode && s->measured_completed.load() >= point.requests) {
+        break;
+      }
+    }
+
+    int64_t deferred = 0;
+    {
+      absl::MutexLock lock(&s->mu);
+      std::swap(deferred, s->deferred);
+    }
+    for (int64_t i = 0; i < deferred; ++i) Issue(s, now);
+
+    // Open loop: start every request that is due, while slots are free.
+    bool slot_wait = false;
+    while (s->open_loop && !s->stop_issuing.load() && now >= next_send) {
+      {
+        absl::MutexLock lock(&s->mu);
+        if (s->in_flight >= point.concurrency) {
+          slot_wait = true;
+          if (!send_delayed) {
+            send_delayed = true;
+            ++result.delayed_starts;
+          }
+          break;
+        }
+      }
+      if (!Issue(s, next_send)) break;
+      send_delayed = false;
+      next_send = due(++sent);
+      now = Clock::now();
+    }
+
+    if (report_progress && now >= next_progress) {
+      LoadProgress p;
+      p.elapsed = ToAbsl(now - t_start);
+      p.warming_up = s->phase.load() == kWarmup;
+      p.ok = s->ok_in_window.load();
+      const double measured_s =
+          p.warming_up ? 0 : std::chrono::duration<double>(now - t0).count();
+      p.ok_per_second = measured_s > 0 ? p.ok / measured_s : 0;
+      p.errors = s->errors.load();
+      {
+        absl::MutexLock lock(&s->mu);
+        p.in_flight = s->in_flight;
+      }
+      progress(p);
+      while (next_progress <= now) {
+        next_progress += ToClock(point.progress_interval);
+      }
+    }
+
+    // Sleep until the next thing to do, a completion that needs the
+    // driver, or a tick.
+    Clock::time_point wake = now + kTick;
+    if (s->phase.load() == kWarmup) wake = std::min(wake, warmup_end);
+    if (s->phase.load() == kMeasure && !s->count_mode) {
+      wake = std::min(wake, t0 + ToClock(point.duration));
+    }
+    if (s->open_loop && !slot_wait) wake = std::min(wake, next_send);
+    if (report_progress) wake = std::min(wake, next_progress);
+    absl::MutexLock lock(&s->mu);
+    s->driver_waits_for_slot = slot_wait;
+    const bool work_waiting =
+        s->deferred > 0 ||
+        (s->count_mode && s->measured_completed.load() >= point.requests) ||
+        (slot_wait && s->in_flight < point.concurrency);
+    const Clock::time_point before_wait = Clock::now();
+    if (!work_waiting && wake > before_wait) {
+      s->cv.WaitWithTimeout(&s->mu, ToAbsl(wake - before_wait));
+    }
+    s->driver_waits_for_slot = false;
+  }
+
+  // Stop issuing and wait for what is in flight.
+  {
+    absl::MutexLock lock(&s->mu);
+    s->stop_issuing.store(true);
+  }
+  const Clock::time_point end = Clock::now();
+  if (!window_closed) {
+    t1 = end;
+    if (s->phase.load() == kWarmup) t0 = end;  // interrupted while warming up
+    s->phase.store(kDone);
+  }
+  result.ok_in_window = s->ok_in_window.load();
+  {
+    const absl::Time give_up = absl::Now() + point.timeout + kDrainGrace;
+    absl::MutexLock lock(&s->mu);
+    s->deferred = 0;
+    while (s->in_flight > 0 && absl::Now() < give_up) {
+      s->cv.WaitWithDeadline(&s->mu, give_up);
+      s->deferred = 0;  // successors that will never be issued
+    }
+    result.abandoned = s->in_flight;
+  }
+
+  if (s->count_mode && !result.interrupted) {
+    const Clock::time_point last(
+        std::chrono::nanoseconds(s->last_completion_ns.load()));
+    result.elapsed = ToAbsl(std::max(last, t0) - t0);
+  } else {
+    result.elapsed = ToAbsl(t1 - t0);
+  }
+  if (s->count_mode) result.ok_in_window = s->ok_in_window.load();
+  result.completed = s->measured_completed.load();
+  result.ok = s->ok.load();
+  result.errors = s->errors.load();
+  result.verified = s->verified.load();
+  result.mismatches = s->mismatches.load();
+  for (int slot = 0; slot < kCodeSlots; ++slot) {
+    const int64_t n = s->code_counts[slot].load();
+    if (n == 0) continue;
+    result.errors_by_code[slot == kWrongAnswerSlot
+                              ? std::string(kWrongAnswerCode)
+                              : absl::StatusCodeToString(
+                                    static_cast<absl::StatusCode>(slot))] = n;
+  }
+  {
+    absl::MutexLock lock(&s->mu);
+    result.error_messages = s->messages;
+  }
+  result.latency_ns = s->latency_ns;
+  return result;
+}
+
+}  // namespace matmul

@@ -1,0 +1,295 @@
+"""End-to-end tests of matmul-bench and scripts/plot_bench.py against a real
+matmul-server (host engine).
+
+Run with /usr/bin/python3 (it has matplotlib; the python3 first on PATH may
+not):
+
+    MATMUL_BIN_DIR=build/bin /usr/bin/python3 -m pytest -q tests/bench/bench_e2e_test.py
+
+MATMUL_BIN_DIR names the directory holding matmul-server and matmul-bench
+(CTest sets it); it defaults to <repo>/build/bin. MATMUL_REPO_DIR names the
+repository (for scripts/plot_bench.py); it defaults to this file's.
+"""
+
+import json
+import os
+import pathlib
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+HERE = pathlib.Path(__file__).resolve()
+REPO = pathlib.Path(os.environ.get("MATMUL_REPO_DIR", HERE.parents[2]))
+BIN_DIR = pathlib.Path(os.environ.get("MATMUL_BIN_DIR", REPO / "build" / "bin"))
+SERVER = BIN_DIR / "matmul-server"
+BENCH = BIN_DIR / "matmul-bench"
+PLOT = REPO / "scripts" / "plot_bench.py"
+
+POINT_FIELDS = [
+    "label", "timestamp", "host", "target", "shape", "batch", "m", "k", "n",
+    "dtype", "compute", "mode", "concurrency", "channels", "rate",
+    "duration_s", "requests_target", "warmup_s", "timeout_s", "elapsed_s",
+    "requests", "ok", "errors", "errors_by_code", "requests_per_s",
+    "request_bytes", "response_bytes", "request_gb_per_s",
+    "response_gb_per_s", "total_gb_per_s", "flops_per_request",
+    "tflop_per_s", "latency_ms", "verify", "interrupted", "server",
+]
+
+
+class Server:
+    """A matmul-server child process on a free loopback port."""
+
+    def __init__(self, *extra):
+        self.proc = subprocess.Popen(
+            [str(SERVER), "--host", "127.0.0.1", "--port", "0",
+             "--metrics-port", "0", "--engine", "host"] + list(extra),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.log = []
+        self.port = None
+        self._ready = threading.Event()
+        # Drain stderr for the whole life of the process so that it never
+        # blocks on a full pipe.
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        if not self._ready.wait(timeout=60) or self.port is None:
+            self.proc.kill()
+            self.proc.wait()
+            raise RuntimeError("matmul-server did not report 'serving on "
+                               "port N':\n" + "".join(self.log))
+        self.target = "127.0.0.1:%d" % self.port
+
+    def _read(self):
+        for line in self.proc.stderr:
+            self.log.append(line)
+            match = re.search(r"serving on port (\d+)", line)
+            if match and self.port is None:
+                self.port = int(match.group(1))
+                self._ready.set()
+        self._ready.set()  # exited without serving
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise
+        finally:
+            self._reader.join(timeout=5)
+
+
+@pytest.fixture(scope="module")
+def server():
+    assert SERVER.exists(), "%s is not built" % SERVER
+    assert BENCH.exists(), "%s is not built" % BENCH
+    s = Server()
+    yield s
+    assert s.stop() == 0, "".join(s.log)
+
+
+def bench(*args, timeout=60):
+    return subprocess.run([str(BENCH)] + [str(a) for a in args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def load(path):
+    with open(path, encoding="utf-8") as f:
+        doc = json.load(f)
+    assert doc["schema"] == "matmul-bench/1"
+    return doc
+
+
+def check_point_sane(p):
+    for field in POINT_FIELDS:
+        assert field in p, "point lacks %r: %s" % (field, p)
+    lat = p["latency_ms"]
+    assert p["requests"] > 0
+    assert p["ok"] > 0
+    assert p["requests_per_s"] > 0
+    assert p["elapsed_s"] > 0
+    assert 0 < lat["min"] <= lat["p50"] <= lat["p90"] <= lat["p99"] \
+        <= lat["p99_9"] <= lat["max"]
+    assert lat["count"] == p["ok"]
+    assert p["total_gb_per_s"] == pytest.approx(
+        p["request_gb_per_s"] + p["response_gb_per_s"])
+    assert p["request_gb_per_s"] == pytest.approx(
+        p["requests_per_s"] * p["request_bytes"] / 1e9)
+    assert p["tflop_per_s"] == pytest.approx(
+        p["requests_per_s"] * p["flops_per_request"] / 1e12)
+    assert p["server"]["engine"] == "host"
+    assert len(p["server"]["device_names"]) == 1
+    assert p["server"]["streams_per_device"] > 0
+    assert not p["interrupted"]
+
+
+def test_sweep_with_verify(server, tmp_path):
+    out = tmp_path / "out.json"
+    r = bench("--target", server.target, "--shape", "48x40x24",
+              "--concurrency", "1,4", "--duration", "1", "--warmup", "0.2",
+              "--verify", "--verify-every", "8", "--json", out,
+              "--label", "e2e sweep")
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = load(out)
+    assert doc["target"] == server.target
+    assert doc["config"]["shape"] == "48x40x24"
+    assert doc["config"]["verify"] is True
+    points = doc["points"]
+    assert [p["concurrency"] for p in points] == [1, 4]
+    assert [p["channels"] for p in points] == [1, 4]
+    for p in points:
+        check_point_sane(p)
+        assert p["label"] == "e2e sweep"
+        assert p["mode"] == "closed"
+        assert p["rate"] is None
+        assert p["duration_s"] == 1
+        assert (p["m"], p["k"], p["n"], p["batch"]) == (48, 40, 24, 0)
+        assert p["dtype"] == "float32" and p["compute"] == "strict"
+        assert p["errors"] == 0
+        assert p["errors_by_code"] == {}
+        assert "WRONG_ANSWER" not in p["errors_by_code"]
+        assert p["verify"]["enabled"] and p["verify"]["checked"] > 0
+        assert p["verify"]["mismatches"] == 0
+        assert p["request_bytes"] == (48 * 40 + 40 * 24) * 4
+        assert p["response_bytes"] == 48 * 24 * 4
+        assert p["flops_per_request"] == 2 * 48 * 40 * 24
+        # Throughput counts a 1 s window; nothing absurd.
+        assert 0.9 < p["elapsed_s"] < 1.5
+    # The table on stdout: a header and one row per point.
+    lines = r.stdout.splitlines()
+    header = [i for i, l in enumerate(lines) if "req/s" in l and "p99.9" in l]
+    assert len(header) == 1
+    rows = lines[header[0] + 1:]
+    assert [int(l.split()[0]) for l in rows] == [1, 4]
+
+
+@pytest.mark.parametrize("dtype,shape", [("bfloat16", "2x16x64x8"),
+                                         ("float64", "33x17x5"),
+                                         ("float16", "20")])
+def test_dtypes_and_batches_verify(server, tmp_path, dtype, shape):
+    out = tmp_path / "out.json"
+    r = bench("--target", server.target, "--shape", shape, "--dtype", dtype,
+              "--concurrency", "2", "--requests", "30", "--warmup", "0",
+              "--verify-every", "1", "--json", out)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (p,) = load(out)["points"]
+    check_point_sane(p)
+    assert p["requests"] == 30 and p["ok"] == 30
+    assert p["verify"]["checked"] == 30 and p["verify"]["mismatches"] == 0
+    assert p["requests_target"] == 30 and p["duration_s"] is None
+
+
+def test_fixed_rate(server, tmp_path):
+    out = tmp_path / "rate.json"
+    r = bench("--target", server.target, "--shape", "32",
+              "--rate", "50", "--requests", "40", "--concurrency", "8",
+              "--warmup", "0", "--json", out)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (p,) = load(out)["points"]
+    check_point_sane(p)
+    assert p["mode"] == "open"
+    assert p["rate"] == 50
+    assert p["concurrency"] == 8
+    assert p["requests"] == 40 and p["errors"] == 0
+    # 40 starts 20 ms apart: the last one at 0.78 s.
+    assert 0.7 < p["elapsed_s"] < 2.0
+    assert 20 < p["requests_per_s"] < 60
+
+
+def test_errors_counted_by_code(tmp_path):
+    small = Server("--max-message-bytes", "4096")
+    try:
+        out = tmp_path / "errors.json"
+        r = bench("--target", small.target, "--shape", "64",
+                  "--concurrency", "2", "--duration", "0.5", "--warmup", "0",
+                  "--json", out)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "RESOURCE_EXHAUSTED" in r.stdout
+        (p,) = load(out)["points"]
+        assert p["ok"] == 0
+        assert p["requests_per_s"] == 0
+        assert p["errors"] > 0
+        assert p["errors_by_code"] == {"RESOURCE_EXHAUSTED": p["errors"]}
+        assert p["error_messages"]["RESOURCE_EXHAUSTED"]
+    finally:
+        assert small.stop() == 0
+
+
+def test_usage_errors(server):
+    for args in (["--shape", "64"],  # no target
+                 ["--target", server.target, "--shape", "0"],
+                 ["--target", server.target, "--dtype", "int8"],
+                 ["--target", server.target, "--concurrency", "0"],
+                 ["--target", server.target, "--duration", "1",
+                  "--requests", "5"],
+                 ["--target", server.target, "--rate", "-3"],
+                 ["--target", server.target, "--bogus"]):
+        r = bench(*args)
+        assert r.returncode == 2, (args, r.stdout, r.stderr)
+        assert "usage:" in r.stderr
+    r = bench("--help")
+    assert r.returncode == 0 and "--concurrency" in r.stdout
+
+
+def test_no_server_fails_fast(tmp_path):
+    # A port nobody listens on: GetServerInfo fails, exit 1.
+    start = time.monotonic()
+    r = bench("--target", "127.0.0.1:1", "--timeout", "3", "--duration", "1")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "GetServerInfo" in r.stderr
+    assert time.monotonic() - start < 10
+
+
+def test_interrupt_reports_what_it_has(server, tmp_path):
+    out = tmp_path / "int.json"
+    proc = subprocess.Popen(
+        [str(BENCH), "--target", server.target, "--shape", "32",
+         "--concurrency", "2,4", "--duration", "30", "--warmup", "0",
+         "--json", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 130, stdout + stderr
+    (p,) = load(out)["points"]
+    assert p["interrupted"] is True
+    assert p["concurrency"] == 2
+    assert p["ok"] > 0
+
+
+def test_plot(server, tmp_path):
+    jsons = []
+    for shape in ("16", "40"):
+        out = tmp_path / ("plot%s.json" % shape)
+        r = bench("--target", server.target, "--shape", shape,
+                  "--concurrency", "1,2", "--duration", "0.3",
+                  "--warmup", "0", "--json", out, "--label", "plot")
+        assert r.returncode == 0, r.stdout + r.stderr
+        jsons.append(out)
+    png_dir = tmp_path / "png"
+    r = subprocess.run([sys.executable, str(PLOT)] + [str(j) for j in jsons]
+                       + ["--out", str(png_dir)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for name in ("throughput.png", "latency.png", "tflops.png"):
+        path = png_dir / name
+        assert path.exists(), r.stdout + r.stderr
+        with open(path, "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+        assert path.stat().st_size > 10000
+    # Not a report: a clean error.
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    r = subprocess.run([sys.executable, str(PLOT), str(bad), "--out",
+                        str(png_dir)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode != 0 and "not a matmul-bench report" in r.stderr

@@ -1,0 +1,279 @@
+// Tests of matmul-bench's workload (shape parsing, request building), its
+// response verification, and the figures of its report.
+#include "client/bench_workload.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "client/bench_report.h"
+#include "client/tensor_proto.h"
+#include "common/float16.h"
+
+namespace matmul {
+namespace {
+
+double Element(DType dtype, const std::string& data, int64_t i) {
+  switch (dtype) {
+    case DType::kFloat64: {
+      double v;
+      std::memcpy(&v, data.data() + 8 * i, 8);
+      return v;
+    }
+    case DType::kFloat32: {
+      float v;
+      std::memcpy(&v, data.data() + 4 * i, 4);
+      return v;
+    }
+    case DType::kFloat16: {
+      uint16_t v;
+      std::memcpy(&v, data.data() + 2 * i, 2);
+      return HalfToFloat(v);
+    }
+    case DType::kBFloat16: {
+      uint16_t v;
+      std::memcpy(&v, data.data() + 2 * i, 2);
+      return BFloat16ToFloat(v);
+    }
+  }
+  return 0;
+}
+
+void SetElement(DType dtype, std::string& data, int64_t i, double value) {
+  switch (dtype) {
+    case DType::kFloat64:
+      std::memcpy(data.data() + 8 * i, &value, 8);
+      break;
+    case DType::kFloat32: {
+      const float f = static_cast<float>(value);
+      std::memcpy(data.data() + 4 * i, &f, 4);
+      break;
+    }
+    case DType::kFloat16: {
+      const uint16_t h = FloatToHalf(static_cast<float>(value));
+      std::memcpy(data.data() + 2 * i, &h, 2);
+      break;
+    }
+    case DType::kBFloat16: {
+      const uint16_t b = FloatToBFloat16(static_cast<float>(value));
+      std::memcpy(data.data() + 2 * i, &b, 2);
+      break;
+    }
+  }
+}
+
+// What a correct server answers: the product accumulated in float32 (or
+// float64 for float64), rounded to the dtype.
+v1::MultiplyResponse CorrectResponse(const Workload& w, int index) {
+  const BenchShape& s = w.shape;
+  const v1::MultiplyRequest& r = *w.requests[index];
+  v1::MultiplyResponse response;
+  v1::Tensor* c = response.mutable_c();
+  if (s.batch > 0) c->add_shape(s.batch);
+  c->add_shape(s.m);
+  c->add_shape(s.n);
+  c->set_dtype(DTypeToProto(w.dtype));
+  std::string data(s.matrices() * s.m * s.n * DTypeSize(w.dtype), '\0');
+  for (int64_t p = 0; p < s.matrices(); ++p) {
+    for (int64_t i = 0; i < s.m; ++i) {
+      for (int64_t j = 0; j < s.n; ++j) {
+        double sum64 = 0;
+        float sum32 = 0;
+        for (int64_t q = 0; q < s.k; ++q) {
+          const double a =
+              Element(w.dtype, r.a().data(), (p * s.m + i) * s.k + q);
+          const double b =
+              Element(w.dtype, r.b().data(), (p * s.k + q) * s.n + j);
+          sum64 += a * b;
+          sum32 += static_cast<float>(a) * static_cast<float>(b);
+        }
+        SetElement(w.dtype, data, (p * s.m + i) * s.n + j,
+                   w.dtype == DType::kFloat64 ? sum64 : sum32);
+      }
+    }
+  }
+  *c->mutable_data() = std::move(data);
+  return response;
+}
+
+TEST(ParseShapeTest, Forms) {
+  absl::StatusOr<BenchShape> s = ParseShape("256");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->batch, 0);
+  EXPECT_EQ(s->m, 256);
+  EXPECT_EQ(s->k, 256);
+  EXPECT_EQ(s->n, 256);
+  EXPECT_EQ(s->ToString(), "256x256x256");
+
+  s = ParseShape("2x3X4");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->m, 2);
+  EXPECT_EQ(s->k, 3);
+  EXPECT_EQ(s->n, 4);
+
+  s = ParseShape("8x2x3x4");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->batch, 8);
+  EXPECT_EQ(s->matrices(), 8);
+  EXPECT_EQ(s->ToString(), "8x2x3x4");
+
+  for (const char* bad : {"", "0", "2x3", "1x2x3x4x5", "-1x2x3", "ax2x3",
+                          "2x3x", "99999999x99999999x99999999"}) {
+    EXPECT_FALSE(ParseShape(bad).ok()) << bad;
+  }
+}
+
+TEST(ParseShapeTest, DTypesAndModes) {
+  EXPECT_EQ(*ParseDType("bfloat16"), DType::kBFloat16);
+  EXPECT_EQ(*ParseDType("float64"), DType::kFloat64);
+  EXPECT_FALSE(ParseDType("int8").ok());
+  EXPECT_EQ(*ParseComputeMode("tf32"), ComputeMode::kTf32);
+  EXPECT_FALSE(ParseComputeMode("fast").ok());
+}
+
+TEST(BuildWorkloadTest, RequestsMatchTheShape) {
+  const BenchShape shape = *ParseShape("3x5x7x2");
+  absl::StatusOr<Workload> w =
+      BuildWorkload(shape, DType::kFloat16, ComputeMode::kStrict, 3, 42);
+  ASSERT_TRUE(w.ok()) << w.status();
+  ASSERT_EQ(w->requests.size(), 3u);
+  EXPECT_EQ(w->request_bytes, 3 * (5 * 7 + 7 * 2) * 2);
+  EXPECT_EQ(w->response_bytes, 3 * 5 * 2 * 2);
+  EXPECT_DOUBLE_EQ(w->flops_per_request, 2.0 * 3 * 5 * 7 * 2);
+  const v1::MultiplyRequest& r = *w->requests[0];
+  EXPECT_EQ(std::vector<int64_t>(r.a().shape().begin(), r.a().shape().end()),
+            (std::vector<int64_t>{3, 5, 7}));
+  EXPECT_EQ(std::vector<int64_t>(r.b().shape().begin(), r.b().shape().end()),
+            (std::vector<int64_t>{3, 7, 2}));
+  EXPECT_EQ(r.a().dtype(), v1::DTYPE_FLOAT16);
+  EXPECT_EQ(static_cast<int64_t>(r.a().data().size() + r.b().data().size()),
+            w->request_bytes);
+  // Distinct requests differ; the same seed gives the same bytes.
+  EXPECT_NE(w->requests[0]->a().data(), w->requests[1]->a().data());
+  absl::StatusOr<Workload> again =
+      BuildWorkload(shape, DType::kFloat16, ComputeMode::kStrict, 1, 42);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->requests[0]->a().data(), w->requests[0]->a().data());
+  EXPECT_FALSE(
+      BuildWorkload(shape, DType::kFloat16, ComputeMode::kStrict, 0, 1).ok());
+}
+
+class VerifierTest : public ::testing::TestWithParam<DType> {};
+
+TEST_P(VerifierTest, AcceptsRightAndCatchesWrongAnswers) {
+  const DType dtype = GetParam();
+  for (const char* shape_text : {"37x129x23", "2x16x300x9"}) {
+    SCOPED_TRACE(shape_text);
+    absl::StatusOr<Workload> w = BuildWorkload(*ParseShape(shape_text), dtype,
+                                               ComputeMode::kStrict, 2, 7);
+    ASSERT_TRUE(w.ok()) << w.status();
+    absl::StatusOr<std::unique_ptr<ResponseVerifier>> v =
+        ResponseVerifier::Create(*w);
+    ASSERT_TRUE(v.ok()) << v.status();
+
+    const v1::MultiplyResponse right = CorrectResponse(*w, 1);
+    EXPECT_TRUE((*v)->Check(1, right).ok()) << (*v)->Check(1, right);
+    // The answer to the other request is wrong for this one.
+    EXPECT_EQ((*v)->Check(0, right).code(), absl::StatusCode::kDataLoss);
+
+    // One element off by a little more than a wrong-answer's typical error.
+    v1::MultiplyResponse one_off = right;
+    std::string& data = *one_off.mutable_c()->mutable_data();
+    const double old = Element(dtype, data, 5);
+    SetElement(dtype, data, 5, old + 0.5);
+    absl::Status status = (*v)->Check(1, one_off);
+    EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
+    EXPECT_NE(status.message().find("1 of "), std::string::npos) << status;
+
+    // NaN is never right.
+    v1::MultiplyResponse nan = right;
+    SetElement(dtype, *nan.mutable_c()->mutable_data(), 0,
+               std::numeric_limits<double>::quiet_NaN());
+    EXPECT_FALSE((*v)->Check(1, nan).ok());
+
+    // Wrong shape, dtype or size.
+    v1::MultiplyResponse bad_shape = right;
+    bad_shape.mutable_c()->set_shape(bad_shape.c().shape_size() - 1, 1);
+    EXPECT_FALSE((*v)->Check(1, bad_shape).ok());
+    v1::MultiplyResponse bad_dtype = right;
+    bad_dtype.mutable_c()->set_dtype(
+        dtype == DType::kFloat64 ? v1::DTYPE_FLOAT32 : v1::DTYPE_FLOAT64);
+    EXPECT_FALSE((*v)->Check(1, bad_dtype).ok());
+    v1::MultiplyResponse short_data = right;
+    short_data.mutable_c()->mutable_data()->pop_back();
+    EXPECT_FALSE((*v)->Check(1, short_data).ok());
+    EXPECT_FALSE((*v)->Check(2, right).ok());  // no such request
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllDTypes, VerifierTest,
+                         ::testing::Values(DType::kFloat32, DType::kFloat64,
+                                           DType::kFloat16, DType::kBFloat16),
+                         [](const ::testing::TestParamInfo<DType>& info) {
+                           return std::string(DTypeName(info.param));
+                         });
+
+TEST(Tf32VerifierTest, RoundedInputErrorsAreTolerated) {
+  // Inputs rounded to 10 mantissa bits, as TF32 tensor cores take them,
+  // still pass in tf32 mode.
+  const BenchShape shape = *ParseShape("16x4096x16");
+  absl::StatusOr<Workload> w =
+      BuildWorkload(shape, DType::kFloat32, ComputeMode::kTf32, 1, 3);
+  ASSERT_TRUE(w.ok());
+  Workload rounded;
+  rounded.shape = shape;
+  rounded.dtype = DType::kFloat32;
+  rounded.requests.push_back(
+      std::make_unique<v1::MultiplyRequest>(*w->requests[0]));
+  for (std::string* d : {rounded.requests[0]->mutable_a()->mutable_data(),
+                         rounded.requests[0]->mutable_b()->mutable_data()}) {
+    for (size_t i = 0; i < d->size() / 4; ++i) {
+      uint32_t u;
+      std::memcpy(&u, d->data() + 4 * i, 4);
+      u = (u + 0x1000u) & ~0x1fffu;  // round to 10 mantissa bits
+      std::memcpy(d->data() + 4 * i, &u, 4);
+    }
+  }
+  const v1::MultiplyResponse tf32_answer = CorrectResponse(rounded, 0);
+  absl::StatusOr<std::unique_ptr<ResponseVerifier>> v =
+      ResponseVerifier::Create(*w);
+  ASSERT_TRUE(v.ok());
+  EXPECT_TRUE((*v)->Check(0, tf32_answer).ok()) << (*v)->Check(0, tf32_answer);
+}
+
+TEST(BenchReportTest, Metrics) {
+  BenchRun run;
+  run.shape = *ParseShape("1024");
+  run.request_bytes = 8 << 20;
+  run.response_bytes = 4 << 20;
+  run.flops_per_request = 2.0 * 1024 * 1024 * 1024;
+  BenchPoint point;
+  point.point.concurrency = 16;
+  point.result.elapsed = absl::Seconds(2);
+  point.result.ok_in_window = 1000;
+  for (int i = 1; i <= 1000; ++i) point.result.latency_ns.Record(i * 10000);
+  const PointMetrics m = ComputeMetrics(run, point);
+  EXPECT_DOUBLE_EQ(m.requests_per_s, 500);
+  EXPECT_DOUBLE_EQ(m.request_gb_per_s, 500.0 * (8 << 20) / 1e9);
+  EXPECT_DOUBLE_EQ(m.response_gb_per_s, 500.0 * (4 << 20) / 1e9);
+  EXPECT_DOUBLE_EQ(m.total_gb_per_s, m.request_gb_per_s + m.response_gb_per_s);
+  EXPECT_NEAR(m.tflop_per_s, 500 * 2.147483648e9 / 1e12, 1e-9);
+  EXPECT_NEAR(m.p50_ms, 5.0, 0.05);
+  EXPECT_NEAR(m.p99_ms, 9.9, 0.1);
+  EXPECT_LE(m.p50_ms, m.p90_ms);
+  EXPECT_LE(m.p99_ms, m.p999_ms);
+
+  point.result.errors_by_code["UNAVAILABLE"] = 3;
+  const std::string json = ReportJson(run, {point});
+  EXPECT_NE(json.find("\"schema\": \"matmul-bench/1\""), std::string::npos);
+  EXPECT_NE(json.find("\"UNAVAILABLE\": 3"), std::string::npos);
+  EXPECT_NE(json.find("\"requests_per_s\": 500"), std::string::npos);
+  EXPECT_NE(TableRow(run, point).find("500.0"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace matmul
