@@ -42,8 +42,65 @@ int64_t DeviceBytes(const MatmulSpec& spec) {
          AlignUp(spec.c_bytes(), kDeviceAlignment);
 }
 
+}  // namespace
+
+// Where a job's operands and result live, and the memory it needs.
+struct JobLayout {
+  JobKind kind = JobKind::kMultiply;
+  bool stage_a = false;  // A is copied to the device by this job
+  bool stage_b = false;
+  bool keep = false;            // the result stays on the device
+  bool return_c = false;        // the result is copied back into staging
+  int64_t transient_bytes = 0;  // device memory freed when the job ends
+  int64_t kept_bytes = 0;       // device memory that becomes resident
+  int64_t pinned_bytes = 0;     // staging: staged operands, returned C
+  int64_t moved_bytes = 0;      // over the bus, both directions
+  int required_device = -1;     // where resident operands are, or asked
+};
+
+namespace {
+
+absl::StatusOr<JobLayout> LayoutOf(const MatmulJob& job) {
+  const MatmulSpec& spec = job.spec();
+  const std::shared_ptr<ResidentTensor> ra = job.resident_a();
+  const std::shared_ptr<ResidentTensor> rb = job.resident_b();
+  JobLayout l;
+  l.kind = job.kind();
+  l.stage_a = l.kind != JobKind::kDownload && !ra;
+  l.stage_b = l.kind == JobKind::kMultiply && !rb;
+  l.keep = l.kind == JobKind::kUpload ||
+           (l.kind == JobKind::kMultiply && job.keep_result());
+  l.return_c = !l.keep;
+  const bool upload = l.kind == JobKind::kUpload;
+  l.transient_bytes =
+      (l.stage_a && !upload ? AlignUp(spec.a_bytes(), kDeviceAlignment) : 0) +
+      (l.stage_b ? AlignUp(spec.b_bytes(), kDeviceAlignment) : 0) +
+      (l.kind == JobKind::kMultiply && !l.keep
+           ? AlignUp(spec.c_bytes(), kDeviceAlignment)
+           : 0);
+  l.kept_bytes = upload   ? AlignUp(spec.a_bytes(), kDeviceAlignment)
+                 : l.keep ? AlignUp(spec.c_bytes(), kDeviceAlignment)
+                          : 0;
+  const int64_t staged =
+      (l.stage_a ? spec.a_bytes() : 0) + (l.stage_b ? spec.b_bytes() : 0);
+  l.pinned_bytes =
+      (job.prestaged() ? 0 : staged) + (l.return_c ? spec.c_bytes() : 0);
+  l.moved_bytes = staged + (l.return_c ? spec.c_bytes() : 0);
+  l.required_device = job.device();
+  for (const auto& r : {ra, rb}) {
+    if (r == nullptr) continue;
+    if (l.required_device >= 0 && l.required_device != r->device()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the operands live on different GPUs (", l.required_device, " and ",
+          r->device(), "); download one and upload it to the other"));
+    }
+    l.required_device = r->device();
+  }
+  return l;
+}
+
 // Rough seconds of device work, for least-outstanding-work scheduling only.
-double EstimatedSeconds(const MatmulSpec& spec) {
+double EstimatedSeconds(const MatmulSpec& spec, const JobLayout& layout) {
   double rate = 50e12;  // float32 strict
   if (spec.dtype == DType::kFloat64) rate = 50e12;
   if (spec.dtype == DType::kFloat16 || spec.dtype == DType::kBFloat16) {
@@ -52,9 +109,8 @@ double EstimatedSeconds(const MatmulSpec& spec) {
   if (spec.dtype == DType::kFloat32 && spec.compute == ComputeMode::kTf32) {
     rate = 300e12;
   }
-  const double bytes =
-      static_cast<double>(spec.a_bytes() + spec.b_bytes() + spec.c_bytes());
-  return bytes / 40e9 + spec.flops() / rate + 10e-6;
+  const double flops = layout.kind == JobKind::kMultiply ? spec.flops() : 0.0;
+  return static_cast<double>(layout.moved_bytes) / 40e9 + flops / rate + 10e-6;
 }
 
 void AtomicAddDouble(std::atomic<double>& target, double delta) {
@@ -81,8 +137,13 @@ struct CudaEngine::InFlight {
   Lane* lane = nullptr;
   int64_t job_id = 0;
   MatmulSpec spec;
-  double estimate = 0;       // seconds, as added to the lane's outstanding work
+  double estimate = 0;  // seconds, as added to the lane's outstanding work
+  JobLayout layout;
   int64_t device_bytes = 0;  // reserved against the device budget
+  // Resident operands, held until the job's stream work is done.
+  std::shared_ptr<ResidentTensor> resident_a;
+  std::shared_ptr<ResidentTensor> resident_b;
+  void* kept = nullptr;  // device memory that becomes the resident result
   PinnedPool::Lease lease;
   std::byte* host_c = nullptr;
   std::unique_ptr<EventSet> events;
@@ -420,16 +481,16 @@ absl::Status CudaEngine::CheckFits(const MatmulSpec& spec) const {
   return absl::OkStatus();
 }
 
-CudaEngine::Lane* CudaEngine::PickLane(const MatmulSpec& spec) const {
-  const int64_t device_bytes = DeviceBytes(spec);
-  const int64_t pinned_bytes = spec.a_bytes() + spec.b_bytes() + spec.c_bytes();
+CudaEngine::Lane* CudaEngine::PickLane(const JobLayout& layout) const {
+  const int64_t device_bytes = layout.transient_bytes + layout.kept_bytes;
   Lane* best = nullptr;
   double best_work = std::numeric_limits<double>::infinity();
   for (Lane* lane : lanes_) {
     Device* d = lane->device;
-    if (d->healthy.load(std::memory_order_relaxed) == false ||
+    if (!d->healthy.load(std::memory_order_relaxed) ||
+        (layout.required_device >= 0 && d->index != layout.required_device) ||
         device_bytes > d->memory_budget ||
-        pinned_bytes > d->pinned->capacity()) {
+        layout.pinned_bytes > d->pinned->capacity()) {
       continue;
     }
     const double work = lane->outstanding.load(std::memory_order_relaxed);
@@ -466,13 +527,21 @@ void CudaEngine::Submit(std::unique_ptr<MatmulJob> job) {
   absl::Status refused;
   {
     absl::ReaderMutexLock shutdown_lock(&shutdown_mu_);
+    absl::StatusOr<JobLayout> layout = LayoutOf(*job);
+    Lane* lane = layout.ok() ? PickLane(*layout) : nullptr;
     if (shut_down_) {
       refused = absl::UnavailableError("the CUDA engine is shut down");
-    } else if (Lane* lane = PickLane(job->spec()); lane == nullptr) {
+    } else if (!layout.ok()) {
+      refused = layout.status();
+    } else if (lane == nullptr) {
       refused = absl::UnavailableError(
-          "no healthy GPU can take the request (see the server log)");
+          layout->required_device >= 0
+              ? absl::StrCat("GPU ", layout->required_device,
+                             " cannot take the request (unhealthy, or not "
+                             "enough memory; see the server log)")
+              : "no healthy GPU can take the request (see the server log)");
     } else {
-      const double estimate = EstimatedSeconds(job->spec());
+      const double estimate = EstimatedSeconds(job->spec(), *layout);
       AtomicAddDouble(lane->outstanding, estimate);
       lane->device->queued.fetch_add(1, std::memory_order_relaxed);
       absl::MutexLock lock(&lane->mu);
@@ -517,17 +586,21 @@ void CudaEngine::Dispatch(Lane* lane, std::unique_ptr<MatmulJob> job,
     return;
   }
   const MatmulSpec spec = job->spec();
-  const int64_t device_bytes = DeviceBytes(spec);
+  absl::StatusOr<JobLayout> layout_or = LayoutOf(*job);
+  if (!layout_or.ok()) {
+    fail(layout_or.status());
+    return;
+  }
+  const JobLayout layout = *layout_or;
+  const int64_t device_bytes = layout.transient_bytes + layout.kept_bytes;
   if (absl::Status reserved = d->ReserveMemory(device_bytes, *job);
       !reserved.ok()) {
     fail(reserved);
     return;
   }
   const std::optional<PrestagedOperands> prestaged = job->prestaged();
-  const int64_t pinned_bytes =
-      spec.c_bytes() + (prestaged ? 0 : spec.a_bytes() + spec.b_bytes());
-  absl::StatusOr<PinnedPool::Lease> lease =
-      d->pinned->Acquire(pinned_bytes, [&job] { return job->Abandoned(); });
+  absl::StatusOr<PinnedPool::Lease> lease = d->pinned->Acquire(
+      layout.pinned_bytes, [&job] { return job->Abandoned(); });
   if (!lease.ok()) {
     d->ReleaseMemory(device_bytes);
     fail(lease.status());
@@ -541,21 +614,27 @@ void CudaEngine::Dispatch(Lane* lane, std::unique_ptr<MatmulJob> job,
   flight->lane = lane;
   flight->job_id = next_job_.fetch_add(1, std::memory_order_relaxed);
   flight->spec = spec;
+  flight->layout = layout;
   flight->estimate = estimate;
   flight->device_bytes = device_bytes;
+  flight->resident_a = job->resident_a();
+  flight->resident_b = job->resident_b();
   const absl::Time start = absl::Now();
   flight->timings.queue = absl::ToDoubleSeconds(start - submitted);
 
+  // Staging slot: [staged A][staged B][returned C], each part present only
+  // when the layout needs it.
   std::byte* slot = lease->data();
+  const int64_t a_staged = layout.stage_a && !prestaged ? spec.a_bytes() : 0;
+  const int64_t b_staged = layout.stage_b && !prestaged ? spec.b_bytes() : 0;
   const std::byte* host_a = prestaged ? prestaged->a : slot;
-  const std::byte* host_b = prestaged ? prestaged->b : slot + spec.a_bytes();
-  flight->host_c = prestaged ? slot : slot + spec.a_bytes() + spec.b_bytes();
+  const std::byte* host_b = prestaged ? prestaged->b : slot + a_staged;
+  flight->host_c = layout.return_c ? slot + a_staged + b_staged : nullptr;
   flight->lease = std::move(*lease);
-  if (!prestaged) {
+  if (a_staged + b_staged > 0) {
     absl::Status written = job->WriteOperands(
-        absl::MakeSpan(slot, static_cast<size_t>(spec.a_bytes())),
-        absl::MakeSpan(slot + spec.a_bytes(),
-                       static_cast<size_t>(spec.b_bytes())));
+        absl::MakeSpan(slot, static_cast<size_t>(a_staged)),
+        absl::MakeSpan(slot + a_staged, static_cast<size_t>(b_staged)));
     flight->timings.stage_in = absl::ToDoubleSeconds(absl::Now() - start);
     if (!written.ok()) {
       d->ReleaseMemory(device_bytes);
@@ -564,7 +643,7 @@ void CudaEngine::Dispatch(Lane* lane, std::unique_ptr<MatmulJob> job,
       return;
     }
   }
-  if (options_.poison_outputs) {
+  if (options_.poison_outputs && flight->host_c != nullptr) {
     std::memset(flight->host_c, 0xff, static_cast<size_t>(spec.c_bytes()));
   }
   absl::StatusOr<std::unique_ptr<EventSet>> events = d->TakeEvents();
@@ -589,37 +668,76 @@ void CudaEngine::Enqueue(InFlight* flight, const std::byte* host_a,
     absl::MutexLock lock(&d->done_mu);
     d->in_flight.insert(flight);
   }
-  void* memory = nullptr;
+  const JobLayout& l = flight->layout;
+  const bool upload = l.kind == JobKind::kUpload;
+  void* memory = nullptr;  // transient: staged operands, returned C
   flight->status = [&]() -> absl::Status {
     CUDA_RETURN_IF_ERROR(cudaEventRecord(ev.start.get(), stream));
     RETURN_IF_ERROR(Inject(FaultInjector::Point::kDeviceAlloc, flight->job_id));
-    CUDA_RETURN_IF_ERROR(cudaMallocFromPoolAsync(
-        &memory, static_cast<size_t>(flight->device_bytes), d->memory_pool,
-        stream));
-    auto* device_a = static_cast<std::byte*>(memory);
-    std::byte* device_b = device_a + AlignUp(spec.a_bytes(), kDeviceAlignment);
-    std::byte* device_c = device_b + AlignUp(spec.b_bytes(), kDeviceAlignment);
-    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(device_a, host_a, spec.a_bytes(),
-                                         cudaMemcpyHostToDevice, stream));
-    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(device_b, host_b, spec.b_bytes(),
-                                         cudaMemcpyHostToDevice, stream));
-    CUDA_RETURN_IF_ERROR(cudaEventRecord(ev.h2d_done.get(), stream));
-    if (options_.poison_outputs) {
-      CUDA_RETURN_IF_ERROR(
-          cudaMemsetAsync(device_c, 0xff, spec.c_bytes(), stream));
+    if (l.transient_bytes > 0) {
+      CUDA_RETURN_IF_ERROR(cudaMallocFromPoolAsync(
+          &memory, static_cast<size_t>(l.transient_bytes), d->memory_pool,
+          stream));
     }
-    RETURN_IF_ERROR(Inject(FaultInjector::Point::kGemm, flight->job_id));
-    RETURN_IF_ERROR(EnqueueGemm(flight->lane->stream->cublas.get(), spec,
-                                device_a, device_b, device_c));
+    if (l.kept_bytes > 0) {
+      CUDA_RETURN_IF_ERROR(cudaMallocFromPoolAsync(
+          &flight->kept, static_cast<size_t>(l.kept_bytes), d->memory_pool,
+          stream));
+    }
+    auto* next = static_cast<std::byte*>(memory);
+    auto carve = [&next](int64_t bytes) {
+      std::byte* p = next;
+      next += AlignUp(bytes, kDeviceAlignment);
+      return p;
+    };
+    const std::byte* device_a =
+        flight->resident_a
+            ? static_cast<const std::byte*>(flight->resident_a->data())
+        : upload ? static_cast<std::byte*>(flight->kept)
+                 : carve(spec.a_bytes());
+    const std::byte* device_b =
+        flight->resident_b
+            ? static_cast<const std::byte*>(flight->resident_b->data())
+        : l.stage_b ? carve(spec.b_bytes())
+                    : nullptr;
+    if (l.stage_a) {
+      CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(const_cast<std::byte*>(device_a),
+                                           host_a, spec.a_bytes(),
+                                           cudaMemcpyHostToDevice, stream));
+    }
+    if (l.stage_b) {
+      CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(const_cast<std::byte*>(device_b),
+                                           host_b, spec.b_bytes(),
+                                           cudaMemcpyHostToDevice, stream));
+    }
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(ev.h2d_done.get(), stream));
+    const std::byte* device_c = device_a;  // download: C is A itself
+    if (l.kind == JobKind::kMultiply) {
+      std::byte* c = l.keep ? static_cast<std::byte*>(flight->kept)
+                            : carve(spec.c_bytes());
+      device_c = c;
+      if (options_.poison_outputs) {
+        CUDA_RETURN_IF_ERROR(cudaMemsetAsync(c, 0xff, spec.c_bytes(), stream));
+      }
+      RETURN_IF_ERROR(Inject(FaultInjector::Point::kGemm, flight->job_id));
+      RETURN_IF_ERROR(EnqueueGemm(flight->lane->stream->cublas.get(), spec,
+                                  device_a, device_b, c));
+    }
     CUDA_RETURN_IF_ERROR(cudaEventRecord(ev.gemm_done.get(), stream));
-    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(flight->host_c, device_c,
-                                         spec.c_bytes(), cudaMemcpyDeviceToHost,
-                                         stream));
+    if (l.return_c) {
+      CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(flight->host_c, device_c,
+                                           spec.c_bytes(),
+                                           cudaMemcpyDeviceToHost, stream));
+    }
     CUDA_RETURN_IF_ERROR(cudaEventRecord(ev.end.get(), stream));
     return absl::OkStatus();
   }();
   // Freed in stream order: later work on any stream can reuse it.
   if (memory != nullptr) cudaFreeAsync(memory, stream);
+  if (!flight->status.ok() && flight->kept != nullptr) {
+    cudaFreeAsync(flight->kept, stream);
+    flight->kept = nullptr;
+  }
   if (cudaLaunchHostFunc(stream, OnStreamDone, flight) != cudaSuccess) {
     // Error path only: wait for what was enqueued before handing back the
     // memory it reads, then complete here.
@@ -677,6 +795,28 @@ void CudaEngine::CompletionLoop(Device* d) {
   }
 }
 
+// Device memory kept between requests. Its reservation against the device
+// budget ends, and the memory is freed in stream order, when the last
+// reference goes (after every job that used it has completed, since jobs
+// hold references until then).
+class CudaEngine::CudaResidentTensor final : public ResidentTensor {
+ public:
+  CudaResidentTensor(Device* device, DType dtype, int64_t batch, int64_t rows,
+                     int64_t cols, void* data, int64_t reserved)
+      : ResidentTensor(device->index, dtype, batch, rows, cols, data),
+        device_(device),
+        reserved_(reserved) {}
+  ~CudaResidentTensor() override {
+    ScopedDevice scoped(device_->index);
+    cudaFreeAsync(const_cast<void*>(data()), device_->anchor_stream.get());
+    device_->ReleaseMemory(reserved_);
+  }
+
+ private:
+  Device* const device_;
+  const int64_t reserved_;
+};
+
 void CudaEngine::Complete(InFlight* flight) {
   std::unique_ptr<InFlight> owned(flight);
   Device* d = flight->device;
@@ -700,9 +840,18 @@ void CudaEngine::Complete(InFlight* flight) {
       }
     }
   }
-  d->ReleaseMemory(flight->device_bytes);
+  const JobLayout& l = flight->layout;
+  if (!status.ok() && flight->kept != nullptr) {
+    cudaFreeAsync(flight->kept, d->anchor_stream.get());
+    flight->kept = nullptr;
+  }
+  // Kept memory stays reserved: the resident tensor releases it.
+  d->ReleaseMemory(flight->device_bytes -
+                   (flight->kept != nullptr ? l.kept_bytes : 0));
   d->ReturnEvents(std::move(flight->events));
   AtomicAddDouble(lane->outstanding, -flight->estimate);
+  flight->resident_a.reset();
+  flight->resident_b.reset();
   if (!status.ok()) {
     flight->job->Done(status);
     return;
@@ -713,10 +862,14 @@ void CudaEngine::Complete(InFlight* flight) {
   flight->timings.d2h = (ms[3] - ms[2]) * 1e-3;
   lane->jobs.fetch_add(1, std::memory_order_relaxed);
   AtomicAddDouble(lane->busy_seconds, (ms[3] - ms[0]) * 1e-3);
-  d->h2d_bytes.fetch_add(spec.a_bytes() + spec.b_bytes(),
+  d->h2d_bytes.fetch_add(
+      (l.stage_a ? spec.a_bytes() : 0) + (l.stage_b ? spec.b_bytes() : 0),
+      std::memory_order_relaxed);
+  d->d2h_bytes.fetch_add(l.return_c ? spec.c_bytes() : 0,
                          std::memory_order_relaxed);
-  d->d2h_bytes.fetch_add(spec.c_bytes(), std::memory_order_relaxed);
-  AtomicAddDouble(d->flops[static_cast<int>(spec.dtype)], spec.flops());
+  if (l.kind == JobKind::kMultiply) {
+    AtomicAddDouble(d->flops[static_cast<int>(spec.dtype)], spec.flops());
+  }
   {
     absl::MutexLock lock(&d->stats_mu);
     d->busy_ms += d->busy_union.Add(ms[0], ms[3]).added;
@@ -753,9 +906,16 @@ void CudaEngine::Complete(InFlight* flight) {
   }
 
   JobResult result(
-      absl::MakeConstSpan(flight->host_c, static_cast<size_t>(spec.c_bytes())),
+      absl::MakeConstSpan(flight->host_c,
+                          l.return_c ? static_cast<size_t>(spec.c_bytes()) : 0),
       Placement{d->index, lane->index}, flight->timings,
       [lease = std::move(flight->lease)]() mutable { lease.Release(); });
+  if (flight->kept != nullptr) {
+    const bool upload = l.kind == JobKind::kUpload;
+    result.set_resident(std::make_shared<CudaResidentTensor>(
+        d, spec.dtype, upload ? spec.a_batch : spec.batch, spec.m,
+        upload ? spec.k : spec.n, flight->kept, l.kept_bytes));
+  }
   flight->job->Done(std::move(result));
 }
 

@@ -32,6 +32,8 @@
 
 namespace matmul {
 
+struct JobLayout;
+
 // Test seam for device faults that the real device cannot produce on demand:
 // the engine asks it at each point of a job's path, and a non-OK answer is
 // handled exactly as if the CUDA or cuBLAS call there had failed with it.
@@ -85,13 +87,14 @@ class CudaEngine final : public Engine {
   struct Device;
   struct Lane;
   struct InFlight;
+  class CudaResidentTensor;
 
  private:
   explicit CudaEngine(const CudaEngineOptions& options);
   absl::Status Init();
   // The lane with the least outstanding work on a healthy device that can
   // hold `spec`; null if none.
-  Lane* PickLane(const MatmulSpec& spec) const;
+  Lane* PickLane(const JobLayout& layout) const;
   void LaneLoop(Lane* lane);
   void Dispatch(Lane* lane, std::unique_ptr<MatmulJob> job,
                 absl::Time submitted, double estimate);

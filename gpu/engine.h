@@ -42,6 +42,45 @@ struct StageTimings {
   double d2h = 0;
 };
 
+// A tensor kept in engine memory between requests (device memory on the
+// CUDA engine), so that later jobs use it without moving it over the wire or
+// the bus. Created by an upload job or kept from a job's result; the memory
+// is freed when the last reference goes, which must happen before the
+// engine is destroyed. Immutable; thread-safe.
+class ResidentTensor {
+ public:
+  virtual ~ResidentTensor() = default;
+
+  int device() const { return device_; }
+  DType dtype() const { return dtype_; }
+  int64_t batch() const { return batch_; }
+  int64_t rows() const { return rows_; }
+  int64_t cols() const { return cols_; }
+  int64_t bytes() const {
+    return batch_ * rows_ * cols_ * static_cast<int64_t>(DTypeSize(dtype_));
+  }
+  // Engine memory holding the row-major data (device pointer on CUDA).
+  const void* data() const { return data_; }
+
+ protected:
+  ResidentTensor(int device, DType dtype, int64_t batch, int64_t rows,
+                 int64_t cols, void* data)
+      : device_(device),
+        dtype_(dtype),
+        batch_(batch),
+        rows_(rows),
+        cols_(cols),
+        data_(data) {}
+
+ private:
+  const int device_;
+  const DType dtype_;
+  const int64_t batch_;
+  const int64_t rows_;
+  const int64_t cols_;
+  void* const data_;
+};
+
 // A finished job's product. Its bytes live in the engine's staging memory,
 // which stays leased until this object is destroyed; so a reply can be sent
 // straight from staging and released when the transport is done with it.
@@ -58,7 +97,8 @@ class JobResult {
       : c_(other.c_),
         placement_(other.placement_),
         timings_(other.timings_),
-        release_(std::move(other.release_)) {
+        release_(std::move(other.release_)),
+        resident_(std::move(other.resident_)) {
     other.release_ = nullptr;
   }
   JobResult& operator=(JobResult&& other) noexcept {
@@ -69,6 +109,7 @@ class JobResult {
       timings_ = other.timings_;
       release_ = std::move(other.release_);
       other.release_ = nullptr;
+      resident_ = std::move(other.resident_);
     }
     return *this;
   }
@@ -76,8 +117,14 @@ class JobResult {
   JobResult& operator=(const JobResult&) = delete;
   ~JobResult() { Release(); }
 
-  // C, row-major, spec.c_bytes() long.
+  // C, row-major, spec.c_bytes() long (empty when the job kept its result
+  // in engine memory: see resident()).
   absl::Span<const std::byte> c() const { return c_; }
+  // The result kept in engine memory (multiply with keep_result(), upload).
+  const std::shared_ptr<ResidentTensor>& resident() const { return resident_; }
+  void set_resident(std::shared_ptr<ResidentTensor> t) {
+    resident_ = std::move(t);
+  }
   Placement placement() const { return placement_; }
   const StageTimings& timings() const { return timings_; }
 
@@ -91,6 +138,7 @@ class JobResult {
   Placement placement_;
   StageTimings timings_;
   absl::AnyInvocable<void() &&> release_;
+  std::shared_ptr<ResidentTensor> resident_;
 };
 
 // Host memory the engine can copy to and from the device directly (pinned on
@@ -151,6 +199,11 @@ struct StreamSpan {
   absl::Time end;
 };
 
+// What a job does. Upload and download move one tensor, described by the
+// spec as A (upload: a_batch x m x k, staged through WriteOperands) or C
+// (download: batch x m x n, read from resident_a()).
+enum class JobKind { kMultiply, kUpload, kDownload };
+
 // One multiply, implemented by the caller (the server wraps an RPC in it).
 // The engine owns a submitted job until it has called Done, then destroys it.
 class MatmulJob {
@@ -158,6 +211,18 @@ class MatmulJob {
   virtual ~MatmulJob() = default;
 
   virtual const MatmulSpec& spec() const = 0;
+
+  virtual JobKind kind() const { return JobKind::kMultiply; }
+
+  // Operands already in engine memory, used in place of staged ones (the
+  // job then runs on their device; both must be on the same one). A staged
+  // operand's span in WriteOperands is empty when the other is resident.
+  virtual std::shared_ptr<ResidentTensor> resident_a() const { return nullptr; }
+  virtual std::shared_ptr<ResidentTensor> resident_b() const { return nullptr; }
+  // Keep C in engine memory (JobResult::resident()) instead of returning it.
+  virtual bool keep_result() const { return false; }
+  // Device to run on (-1: any). Jobs with resident operands run on theirs.
+  virtual int device() const { return -1; }
 
   // If set, the operands are already in engine-allocated host memory and
   // WriteOperands is not called.

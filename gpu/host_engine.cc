@@ -95,6 +95,26 @@ void GemmHalfPrecision(const MatmulSpec& s, const uint16_t* a,
 
 }  // namespace
 
+// Host memory kept between requests; counted as the host's "device" memory.
+class HostEngine::HostResidentTensor final : public ResidentTensor {
+ public:
+  HostResidentTensor(HostEngine* engine, DType dtype, int64_t batch,
+                     int64_t rows, int64_t cols,
+                     std::unique_ptr<std::byte[]> data)
+      : ResidentTensor(-1, dtype, batch, rows, cols, data.get()),
+        engine_(engine),
+        data_(std::move(data)) {
+    engine_->resident_bytes_.fetch_add(bytes(), std::memory_order_relaxed);
+  }
+  ~HostResidentTensor() override {
+    engine_->resident_bytes_.fetch_sub(bytes(), std::memory_order_relaxed);
+  }
+
+ private:
+  HostEngine* const engine_;
+  std::unique_ptr<std::byte[]> data_;
+};
+
 void HostGemm(const MatmulSpec& spec, const std::byte* a, const std::byte* b,
               std::byte* c) {
   switch (spec.dtype) {
@@ -231,28 +251,54 @@ void HostEngine::Run(int lane_index, Queued queued) {
     return;
   }
 
-  // Staging: the operands (unless the caller holds them already) and C.
+  // Where each operand and the result live: staged (copied in by the job,
+  // or prestaged by the caller), resident (engine memory kept between
+  // requests), or, for the result, returned in staging.
+  const JobKind kind = job.kind();
+  const std::shared_ptr<ResidentTensor> resident_a = job.resident_a();
+  const std::shared_ptr<ResidentTensor> resident_b = job.resident_b();
+  const bool keep = kind == JobKind::kUpload ||
+                    (kind == JobKind::kMultiply && job.keep_result());
   const std::optional<PrestagedOperands> prestaged = job.prestaged();
-  const int64_t operand_bytes = prestaged ? 0 : spec.a_bytes() + spec.b_bytes();
-  const int64_t bytes = operand_bytes + spec.c_bytes();
+  const bool stage_a = kind != JobKind::kDownload && !resident_a && !prestaged;
+  const bool stage_b = kind == JobKind::kMultiply && !resident_b && !prestaged;
+  const int64_t a_staged = stage_a ? spec.a_bytes() : 0;
+  const int64_t b_staged = stage_b ? spec.b_bytes() : 0;
+  // Upload keeps A itself; a kept product keeps C.
+  const int64_t kept_bytes = kind == JobKind::kUpload ? spec.a_bytes()
+                             : keep                   ? spec.c_bytes()
+                                                      : 0;
+  const int64_t returned_bytes = keep ? 0 : spec.c_bytes();
+  const int64_t bytes =
+      (kind == JobKind::kUpload ? 0 : a_staged) + b_staged + returned_bytes;
   std::unique_ptr<std::byte[]> staging(new (std::nothrow) std::byte[bytes]);
-  if (staging == nullptr) {
-    job.Done(absl::ResourceExhaustedError(absl::StrCat(
-        "host engine: cannot allocate ", bytes, " bytes of staging memory")));
+  std::unique_ptr<std::byte[]> kept;
+  if (kept_bytes > 0) kept.reset(new (std::nothrow) std::byte[kept_bytes]);
+  if (staging == nullptr || (kept_bytes > 0 && kept == nullptr)) {
+    job.Done(absl::ResourceExhaustedError(
+        absl::StrCat("host engine: cannot allocate ", bytes + kept_bytes,
+                     " bytes of memory")));
     return;
   }
   staging_used_.fetch_add(bytes, std::memory_order_relaxed);
-  const std::byte* a = prestaged ? prestaged->a : staging.get();
-  const std::byte* b =
-      prestaged ? prestaged->b : staging.get() + spec.a_bytes();
-  std::byte* c = staging.get() + operand_bytes;
+  std::byte* a_slot =
+      kind == JobKind::kUpload ? kept.get() : staging.get();  // staged A
+  std::byte* b_slot = staging.get() + (kind == JobKind::kUpload ? 0 : a_staged);
+  const std::byte* a = resident_a
+                           ? static_cast<const std::byte*>(resident_a->data())
+                       : prestaged ? prestaged->a
+                                   : a_slot;
+  const std::byte* b = resident_b
+                           ? static_cast<const std::byte*>(resident_b->data())
+                       : prestaged ? prestaged->b
+                                   : b_slot;
+  std::byte* c = keep ? kept.get() : b_slot + b_staged;
 
   absl::Status written = absl::OkStatus();
-  if (!prestaged) {
+  if (stage_a || stage_b) {
     written = job.WriteOperands(
-        absl::MakeSpan(staging.get(), static_cast<size_t>(spec.a_bytes())),
-        absl::MakeSpan(staging.get() + spec.a_bytes(),
-                       static_cast<size_t>(spec.b_bytes())));
+        absl::MakeSpan(a_slot, static_cast<size_t>(a_staged)),
+        absl::MakeSpan(b_slot, static_cast<size_t>(b_staged)));
   }
   const absl::Time staged = absl::Now();
   timings.stage_in = absl::ToDoubleSeconds(staged - started);
@@ -263,7 +309,11 @@ void HostEngine::Run(int lane_index, Queued queued) {
   }
 
   BeginBusy();
-  HostGemm(spec, a, b, c);
+  if (kind == JobKind::kMultiply) {
+    HostGemm(spec, a, b, c);
+  } else if (kind == JobKind::kDownload) {
+    std::memcpy(c, a, static_cast<size_t>(spec.c_bytes()));
+  }
   EndBusy();
   const absl::Time computed = absl::Now();
   const absl::Duration busy = computed - staged;
@@ -281,12 +331,19 @@ void HostEngine::Run(int lane_index, Queued queued) {
                          std::memory_order_relaxed);
   AtomicAdd(flops_[static_cast<int>(spec.dtype)], spec.flops());
 
-  JobResult result(absl::MakeConstSpan(c, static_cast<size_t>(spec.c_bytes())),
+  JobResult result(absl::MakeConstSpan(c, static_cast<size_t>(returned_bytes)),
                    Placement{-1, lane_index}, timings,
                    [this, bytes, staging = std::move(staging)]() mutable {
                      staging.reset();
                      staging_used_.fetch_sub(bytes, std::memory_order_relaxed);
                    });
+  if (keep) {
+    const int64_t rows = kind == JobKind::kUpload ? spec.m : spec.m;
+    const int64_t cols = kind == JobKind::kUpload ? spec.k : spec.n;
+    const int64_t batch = kind == JobKind::kUpload ? spec.a_batch : spec.batch;
+    result.set_resident(std::make_shared<HostResidentTensor>(
+        this, spec.dtype, batch, rows, cols, std::move(kept)));
+  }
   job.Done(std::move(result));
 }
 
@@ -322,6 +379,8 @@ EngineStats HostEngine::stats() const {
     device.flops[i] = flops_[i].load(std::memory_order_relaxed);
   }
   device.staging_used_bytes = staging_used_.load(std::memory_order_relaxed);
+  device.device_memory_used_bytes =
+      resident_bytes_.load(std::memory_order_relaxed);
   device.queued_jobs = queued_.load(std::memory_order_relaxed);
   EngineStats stats;
   stats.devices.push_back(std::move(device));

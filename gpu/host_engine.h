@@ -44,6 +44,7 @@ class HostEngine final : public Engine {
   void Shutdown() override;
 
  private:
+  class HostResidentTensor;
   struct Queued {
     std::unique_ptr<MatmulJob> job;
     absl::Time submitted;
@@ -81,6 +82,7 @@ class HostEngine final : public Engine {
 
   std::atomic<int64_t> queued_{0};
   std::atomic<int64_t> staging_used_{0};
+  std::atomic<int64_t> resident_bytes_{0};
   std::array<std::atomic<double>, kNumDTypes> flops_{};
   std::atomic<int64_t> next_job_{1};
   SpanHistory spans_;

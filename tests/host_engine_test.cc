@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tests/reference_gemm.h"
+#include "tests/resident_checks.h"
 
 namespace matmul {
 namespace {
@@ -256,6 +257,16 @@ TEST(HostEngineTest, StatsCountJobsFlopsAndReturnStaging) {
   EXPECT_LE(d.busy_seconds, lane_busy + 1e-9);
   EXPECT_EQ(d.staging_used_bytes, 0);  // every result already released
   EXPECT_EQ(d.queued_jobs, 0);
+}
+
+TEST(HostEngineTest, ResidentTensorsFloat32) {
+  std::unique_ptr<HostEngine> engine = NewEngine(2);
+  testing::CheckResidentTensors(*engine, DType::kFloat32);
+}
+
+TEST(HostEngineTest, ResidentTensorsBFloat16) {
+  std::unique_ptr<HostEngine> engine = NewEngine(2);
+  testing::CheckResidentTensors(*engine, DType::kBFloat16);
 }
 
 TEST(HostEngineTest, RejectsInvalidLaneCount) {

@@ -18,6 +18,7 @@
 #include "gpu/device_registry.h"
 #include "gtest/gtest.h"
 #include "tests/reference_gemm.h"
+#include "tests/resident_checks.h"
 
 namespace matmul {
 namespace {
@@ -373,6 +374,16 @@ TEST(CudaEngineTest, AbandonedJobIsDroppedAndShutdownIsClean) {
   auto lf = late.get_future();
   engine->Submit(std::make_unique<AbandonedJob>(std::move(late)));
   EXPECT_EQ(lf.get().code(), absl::StatusCode::kUnavailable);
+}
+
+TEST(CudaEngineTest, ResidentTensorsEveryDtype) {
+  SKIP_WITHOUT_GPU();
+  std::unique_ptr<CudaEngine> engine = NewEngine(2);
+  ASSERT_NE(engine, nullptr);
+  for (DType dtype :
+       {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16}) {
+    testing::CheckResidentTensors(*engine, dtype);
+  }
 }
 
 // Fails the jobs whose ids are listed, at one point of their path.
