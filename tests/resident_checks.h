@@ -4,6 +4,7 @@
 #ifndef MATMUL_TESTS_RESIDENT_CHECKS_H_
 #define MATMUL_TESTS_RESIDENT_CHECKS_H_
 
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "tests/engine_job.h"
 #include "tests/reference_gemm.h"
@@ -89,6 +90,14 @@ inline void CheckResidentTensors(Engine& engine, DType dtype) {
   down.resident_a.reset();
   chain.resident_a.reset();
   mixed.resident_b.reset();
+  // The engine drops its finished jobs (and their references) just after
+  // calling Done.
+  for (int i = 0;
+       i < 200 &&
+       engine.stats().devices[0].device_memory_used_bytes != base_memory;
+       ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
   EXPECT_EQ(engine.stats().devices[0].device_memory_used_bytes, base_memory);
 }
 
