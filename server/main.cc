@@ -148,6 +148,15 @@ int main(int argc, char** argv) {
   const bool ipv6 = host.find(':') != std::string::npos && host[0] != '[';
   options.listen_address = absl::StrCat(ipv6 ? "[" : "", host, ipv6 ? "]" : "",
                                         ":", absl::GetFlag(FLAGS_port));
+  const int metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  if (metrics_port < 0 || metrics_port > 65535) {
+    matmul::LogLine("error: --metrics-port must be in [0, 65535]");
+    return 2;
+  }
+  if (metrics_port > 0) {
+    options.metrics_address =
+        absl::StrCat(ipv6 ? "[" : "", host, ipv6 ? "]" : "", ":", metrics_port);
+  }
   options.limits.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.limits.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes);
   options.limits.max_elements_per_operand =
@@ -173,6 +182,10 @@ int main(int argc, char** argv) {
     return 1;
   }
   matmul::LogLine(DescribeEngine((*server)->engine()));
+  if ((*server)->metrics_port() > 0) {
+    matmul::LogLine(absl::StrCat("metrics on port ", (*server)->metrics_port(),
+                                 " (/metrics, /timeline)"));
+  }
   matmul::LogLine(
       absl::StrCat("serving on port ", (*server)->port(), "; max message ",
                    options.limits.max_message_bytes, " bytes, max in flight ",

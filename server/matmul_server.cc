@@ -75,6 +75,17 @@ absl::StatusOr<std::unique_ptr<MatmulServer>> MatmulServer::Start(
         absl::StrCat("cannot listen on ", options.listen_address));
   }
   SetHealth(*self->server_, /*ready=*/false);
+  // Metrics come up before the engine, so that a slow start is visible.
+  if (!options.metrics_address.empty()) {
+    absl::StatusOr<std::unique_ptr<MetricsExporter>> metrics =
+        MetricsExporter::Start(options.metrics_address, self->service_.get(),
+                               ServerVersion());
+    if (!metrics.ok()) {
+      self->Shutdown();
+      return metrics.status();
+    }
+    self->metrics_ = std::move(*metrics);
+  }
   if (options.on_listening) options.on_listening(self->port_);
 
   absl::StatusOr<std::unique_ptr<Engine>> engine = std::move(provider)();

@@ -16,6 +16,7 @@
 #include "absl/time/time.h"
 #include "gpu/engine.h"
 #include "server/matmul_service.h"
+#include "server/metrics_exporter.h"
 #include "server/request_limits.h"
 
 namespace matmul {
@@ -23,6 +24,9 @@ namespace matmul {
 struct ServerOptions {
   // gRPC listening address, e.g. "0.0.0.0:50051" or "127.0.0.1:0".
   std::string listen_address = "0.0.0.0:50051";
+  // Prometheus /metrics and /timeline over HTTP, e.g. "0.0.0.0:9464" or
+  // "127.0.0.1:0"; empty: not served (metrics are still recorded).
+  std::string metrics_address;
   RequestLimits limits;
   // On Shutdown: how long health reports NOT_SERVING while RPCs are still
   // accepted, so that load balancers stop sending here first.
@@ -61,6 +65,10 @@ class MatmulServer {
 
   // The bound port (useful with port 0).
   int port() const { return port_; }
+  // The bound metrics port, or 0 if metrics are not served.
+  int metrics_port() const {
+    return metrics_ == nullptr ? 0 : metrics_->port();
+  }
   Engine& engine() { return *engine_; }
   MatmulServiceImpl& service() { return *service_; }
 
@@ -79,6 +87,9 @@ class MatmulServer {
   int port_ = 0;
   absl::Mutex shutdown_mu_;
   bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;
+  // Last: it reads the service and the engine, so it goes first. It keeps
+  // serving through Shutdown, so that a scrape sees the drain.
+  std::unique_ptr<MetricsExporter> metrics_;
 };
 
 // The version string reported by GetServerInfo and metrics.

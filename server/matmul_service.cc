@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
@@ -42,11 +43,15 @@ class MultiplyReactor final : public grpc::ServerUnaryReactor {
       if (finished_) return;
       finished_ = true;
     }
-    Finish(grpc::Status(grpc::StatusCode::CANCELLED,
-                        "the request was cancelled or its deadline passed"));
+    RecordCancel();
+    FinishRpc(grpc::Status(grpc::StatusCode::CANCELLED,
+                           "the request was cancelled or its deadline passed"));
   }
 
-  void OnDone() override { Unref(); }
+  void OnDone() override {
+    RecordDone();
+    Unref();
+  }
 
   // Called by the job, on engine threads.
   absl::Status Abandoned() const;
@@ -65,15 +70,33 @@ class MultiplyReactor final : public grpc::ServerUnaryReactor {
     if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
   }
 
-  // Finishes the RPC unless a cancellation already did.
-  void FinishWith(const absl::Status& status) {
+  // Finishes the RPC unless a cancellation already did; true if it did.
+  bool FinishWith(const absl::Status& status) {
     {
       absl::MutexLock lock(&mu_);
-      if (finished_) return;
+      if (finished_) return false;
       finished_ = true;
     }
-    Finish(ToGrpcStatus(status));
+    FinishRpc(ToGrpcStatus(status));
+    return true;
   }
+
+  // FinishWith, counted as a rejection for `reason`.
+  void Reject(RejectReason reason, const absl::Status& status) {
+    if (FinishWith(status)) service_->metrics_->RecordRejection(reason);
+  }
+
+  // Every Finish goes through here, so that OnDone knows the code. The
+  // release store publishes what was recorded before it to OnDone, which
+  // runs on another thread (gRPC's own ordering is invisible to TSan).
+  void FinishRpc(const grpc::Status& status) {
+    code_.store(status.error_code(), std::memory_order_release);
+    Finish(status);
+  }
+
+  // Metrics: the rejection of a cancelled RPC; the end of every RPC.
+  void RecordCancel();
+  void RecordDone();
 
   MatmulServiceImpl* const service_;
   const v1::MultiplyRequest* const request_;
@@ -82,6 +105,12 @@ class MultiplyReactor final : public grpc::ServerUnaryReactor {
   std::atomic<int> refs_{1};
   bool admitted_ = false;
   int64_t reserved_bytes_ = 0;
+  // For metrics; written before Finish, read in OnDone.
+  const std::chrono::steady_clock::time_point started_ =
+      std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point computed_at_;
+  bool computed_ = false;
+  std::atomic<grpc::StatusCode> code_{grpc::StatusCode::UNKNOWN};
 
   mutable absl::Mutex mu_;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
@@ -120,40 +149,67 @@ bool DeadlinePassed(std::chrono::system_clock::time_point deadline) {
          std::chrono::system_clock::now() >= deadline;
 }
 
+double SecondsSince(std::chrono::steady_clock::time_point since,
+                    std::chrono::steady_clock::time_point now) {
+  return std::chrono::duration<double>(now - since).count();
+}
+
+// The rejection an engine's error amounts to, if any (INTERNAL is a fault,
+// not a rejection).
+std::optional<RejectReason> EngineRejection(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kResourceExhausted:
+      return RejectReason::kOverloaded;
+    case absl::StatusCode::kDeadlineExceeded:
+      return RejectReason::kDeadline;
+    case absl::StatusCode::kCancelled:
+      return RejectReason::kCancelled;
+    case absl::StatusCode::kUnavailable:
+      return RejectReason::kUnavailable;
+    default:
+      return std::nullopt;
+  }
+}
+
 }  // namespace
 
 void MultiplyReactor::Start() {
   if (service_->draining_.load(std::memory_order_relaxed)) {
-    FinishWith(absl::UnavailableError("the server is shutting down"));
+    Reject(RejectReason::kDraining,
+           absl::UnavailableError("the server is shutting down"));
     return;
   }
   Engine* engine = service_->engine_.load(std::memory_order_acquire);
   if (engine == nullptr) {
-    FinishWith(absl::UnavailableError("the engine is still starting"));
+    Reject(RejectReason::kUnavailable,
+           absl::UnavailableError("the engine is still starting"));
     return;
   }
   absl::StatusOr<MatmulSpec> spec =
       ValidateMultiplyRequest(*request_, service_->limits_);
   if (!spec.ok()) {
-    FinishWith(spec.status());
+    Reject(RejectReason::kInvalid, spec.status());
     return;
   }
+  // A job that could never fit a device is the request's fault, not load.
   if (absl::Status fits = engine->CheckFits(*spec); !fits.ok()) {
-    FinishWith(fits);
+    Reject(RejectReason::kInvalid, fits);
     return;
   }
   if (DeadlinePassed(deadline_)) {
-    FinishWith(absl::DeadlineExceededError(
-        "the deadline passed before the request was admitted"));
+    Reject(RejectReason::kDeadline,
+           absl::DeadlineExceededError(
+               "the deadline passed before the request was admitted"));
     return;
   }
   const int64_t bytes = spec->a_bytes() + spec->b_bytes() + spec->c_bytes();
   if (!service_->inflight_bytes_.TryAcquire(bytes)) {
-    FinishWith(absl::ResourceExhaustedError(
-        absl::StrCat("server busy: ", service_->inflight_bytes_.used(), " of ",
-                     service_->inflight_bytes_.limit(),
-                     " in-flight bytes are in use and this request needs ",
-                     bytes, "; retry later")));
+    Reject(RejectReason::kOverloaded,
+           absl::ResourceExhaustedError(absl::StrCat(
+               "server busy: ", service_->inflight_bytes_.used(), " of ",
+               service_->inflight_bytes_.limit(),
+               " in-flight bytes are in use and this request needs ", bytes,
+               "; retry later")));
     return;
   }
   admitted_ = true;
@@ -212,9 +268,15 @@ void MultiplyReactor::Complete(const MatmulSpec& spec,
   }
   // From here on nothing else touches the response until Finish.
   if (!result.ok()) {
-    Finish(ToGrpcStatus(result.status()));
+    if (std::optional<RejectReason> reason = EngineRejection(result.status())) {
+      service_->metrics_->RecordRejection(*reason);
+    }
+    FinishRpc(ToGrpcStatus(result.status()));
     return;
   }
+  service_->metrics_->RecordStages(result->timings());
+  computed_at_ = std::chrono::steady_clock::now();
+  computed_ = true;
   v1::Tensor* c = response_->mutable_c();
   if (spec.c_is_3d) c->add_shape(spec.batch);
   c->add_shape(spec.m);
@@ -225,7 +287,30 @@ void MultiplyReactor::Complete(const MatmulSpec& spec,
   v1::Placement* placement = response_->mutable_placement();
   placement->set_device(result->placement().device);
   placement->set_stream(result->placement().stream);
-  Finish(grpc::Status::OK);
+  FinishRpc(grpc::Status::OK);
+}
+
+void MultiplyReactor::RecordCancel() {
+  // gRPC does not say why it cancelled. Its deadline timer can fire a few
+  // milliseconds before the system clock reaches deadline_ (measured: up to
+  // 3 ms), so a cancel that close to the deadline counts as the deadline's.
+  const bool deadline =
+      deadline_ != std::chrono::system_clock::time_point::max() &&
+      std::chrono::system_clock::now() + std::chrono::milliseconds(50) >=
+          deadline_;
+  service_->metrics_->RecordRejection(deadline ? RejectReason::kDeadline
+                                               : RejectReason::kCancelled);
+}
+
+void MultiplyReactor::RecordDone() {
+  const grpc::StatusCode code = code_.load(std::memory_order_acquire);
+  const auto now = std::chrono::steady_clock::now();
+  ServerMetrics& metrics = *service_->metrics_;
+  if (computed_) {
+    metrics.RecordStage(Stage::kReply, SecondsSince(computed_at_, now));
+  }
+  metrics.RecordRequest(RpcMethod::kMultiply, code,
+                        SecondsSince(started_, now));
 }
 
 MatmulServiceImpl::MatmulServiceImpl(const RequestLimits& limits,
@@ -254,10 +339,17 @@ grpc::ServerUnaryReactor* MatmulServiceImpl::GetServerInfo(
     grpc::CallbackServerContext* context,
     const v1::GetServerInfoRequest* /*request*/,
     v1::GetServerInfoResponse* response) {
+  const auto started = std::chrono::steady_clock::now();
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  auto finish = [&](const grpc::Status& status) {
+    metrics_->RecordRequest(
+        RpcMethod::kGetServerInfo, status.error_code(),
+        SecondsSince(started, std::chrono::steady_clock::now()));
+    reactor->Finish(status);
+  };
   Engine* engine = engine_.load(std::memory_order_acquire);
   if (engine == nullptr) {
-    reactor->Finish(
+    finish(
         ToGrpcStatus(absl::UnavailableError("the engine is still starting")));
     return reactor;
   }
@@ -282,7 +374,7 @@ grpc::ServerUnaryReactor* MatmulServiceImpl::GetServerInfo(
   limits->set_max_elements_per_operand(limits_.max_elements_per_operand);
   limits->set_max_inflight_bytes(limits_.max_inflight_bytes);
   limits->set_max_dimension(limits_.max_dimension);
-  reactor->Finish(grpc::Status::OK);
+  finish(grpc::Status::OK);
   return reactor;
 }
 

@@ -7,12 +7,14 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "gpu/engine.h"
 #include "matmul/v1/matmul.grpc.pb.h"
 #include "server/inflight_bytes.h"
 #include "server/request_limits.h"
+#include "server/server_metrics.h"
 
 namespace matmul {
 
@@ -37,6 +39,12 @@ class MatmulServiceImpl final : public v1::MatmulService::CallbackService {
   }
   const InflightBytes& inflight_bytes() const { return inflight_bytes_; }
 
+  // The installed engine, or null while it is starting.
+  Engine* engine() const { return engine_.load(std::memory_order_acquire); }
+
+  // Per-request metrics, recorded whether or not they are exported.
+  const std::shared_ptr<ServerMetrics>& metrics() const { return metrics_; }
+
   grpc::ServerUnaryReactor* Multiply(grpc::CallbackServerContext* context,
                                      const v1::MultiplyRequest* request,
                                      v1::MultiplyResponse* response) override;
@@ -54,6 +62,8 @@ class MatmulServiceImpl final : public v1::MatmulService::CallbackService {
   std::atomic<Engine*> engine_{nullptr};
   std::atomic<bool> draining_{false};
   std::atomic<int64_t> inflight_requests_{0};
+  const std::shared_ptr<ServerMetrics> metrics_ =
+      std::make_shared<ServerMetrics>();
 };
 
 }  // namespace matmul

@@ -1,0 +1,114 @@
+// HandleRegistry: the tensors clients keep on the server (Upload, and
+// products kept with keep_result), by handle id. Each entry holds a
+// ResidentTensor, the client it is charged to, and an expiry; a sweeper
+// thread frees expired entries. Quotas per client bound the bytes and the
+// number of entries. Handle ids are 128 random bits: whoever holds an id may
+// use or delete it (capability semantics); quota is charged to the creator.
+//
+// Thread-safe. Clear() (or destruction) must happen before the engine that
+// made the tensors is destroyed.
+#ifndef MATMUL_SERVER_HANDLE_REGISTRY_H_
+#define MATMUL_SERVER_HANDLE_REGISTRY_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "gpu/engine.h"
+
+namespace matmul {
+
+struct HandleLimits {
+  int64_t max_bytes_per_client = int64_t{64} << 30;
+  int64_t max_handles_per_client = 4096;
+  absl::Duration default_ttl = absl::Minutes(10);
+  absl::Duration max_ttl = absl::Hours(24);
+};
+
+class HandleRegistry {
+ public:
+  struct Entry {
+    std::string id;
+    std::string owner;
+    std::shared_ptr<ResidentTensor> tensor;
+    std::vector<int64_t> shape;  // as the API shows it: 2-D or 3-D
+    absl::Time expires;
+  };
+
+  // Quota held for a tensor being made; returned unless Add consumes it.
+  // Move-only.
+  class Reservation {
+   public:
+    Reservation() = default;
+    Reservation(Reservation&& other) noexcept { *this = std::move(other); }
+    Reservation& operator=(Reservation&& other) noexcept;
+    ~Reservation();
+
+   private:
+    friend class HandleRegistry;
+    HandleRegistry* registry_ = nullptr;
+    std::string owner_;
+    int64_t bytes_ = 0;
+  };
+
+  explicit HandleRegistry(const HandleLimits& limits,
+                          absl::Duration sweep_period = absl::Seconds(1));
+  ~HandleRegistry();
+  HandleRegistry(const HandleRegistry&) = delete;
+  HandleRegistry& operator=(const HandleRegistry&) = delete;
+
+  const HandleLimits& limits() const { return limits_; }
+
+  // Charges `bytes` and one handle to `owner`; RESOURCE_EXHAUSTED, with the
+  // numbers, when that would exceed the client's quota.
+  absl::StatusOr<Reservation> Reserve(const std::string& owner, int64_t bytes);
+
+  // The lifetime a request asked for (0: the default); INVALID_ARGUMENT if
+  // negative or over the maximum.
+  absl::StatusOr<absl::Duration> Ttl(int64_t requested_seconds) const;
+
+  // Stores `tensor` under a new id, consuming the reservation.
+  Entry Add(Reservation reservation, std::shared_ptr<ResidentTensor> tensor,
+            std::vector<int64_t> shape, absl::Duration ttl);
+
+  // NOT_FOUND for an unknown, deleted or expired id.
+  absl::StatusOr<Entry> Get(const std::string& id) const;
+  absl::Status Delete(const std::string& id);
+
+  // Frees every entry (shutdown).
+  void Clear();
+
+  int64_t stored_bytes() const;
+  int64_t stored_handles() const;
+
+ private:
+  struct Usage {
+    int64_t bytes = 0;
+    int64_t handles = 0;
+  };
+  void Unreserve(const std::string& owner, int64_t bytes);
+  void SweepLoop(absl::Duration period);
+  // Removes `id`; the tensor is released by the caller, outside the lock.
+  std::shared_ptr<ResidentTensor> EraseLocked(const std::string& id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const HandleLimits limits_;
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, Entry> entries_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, Usage> usage_ ABSL_GUARDED_BY(mu_);
+  int64_t stored_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  absl::CondVar stop_cv_;
+  std::thread sweeper_;
+};
+
+}  // namespace matmul
+
+#endif  // MATMUL_SERVER_HANDLE_REGISTRY_H_

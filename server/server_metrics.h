@@ -1,0 +1,103 @@
+// ServerMetrics: the per-request metrics of the matmul service, recorded on
+// the RPC hot path and exported at scrape time:
+//
+//   matmul_requests_total{method,code}            counter
+//   matmul_request_duration_seconds{method}       histogram
+//   matmul_stage_duration_seconds{stage}          histogram
+//   matmul_rejected_requests_total{reason}        counter
+//
+// Every label combination (each method with each of the 17 gRPC codes, each
+// stage, each reason) exists from construction on, as an array slot indexed
+// by enum: recording is an atomic add into a fixed slot, with no lock, no
+// allocation and no label lookup. Engine counters and gauges are not here:
+// StateCollector reads them from the engine when Prometheus scrapes.
+// docs/METRICS.md describes every metric.
+#ifndef MATMUL_SERVER_SERVER_METRICS_H_
+#define MATMUL_SERVER_SERVER_METRICS_H_
+
+#include <grpcpp/support/status.h>
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+#include "gpu/engine.h"
+#include "prometheus/collectable.h"
+#include "prometheus/metric_family.h"
+#include "server/atomic_histogram.h"
+
+namespace matmul {
+
+// The RPCs that are counted (label `method`).
+enum class RpcMethod { kMultiply, kGetServerInfo };
+inline constexpr int kNumRpcMethods = 2;
+absl::string_view RpcMethodName(RpcMethod method);
+
+// Where a Multiply spent its time (label `stage`). queue .. d2h come from the
+// engine's StageTimings; reply is from the engine's completion to the end of
+// the RPC (response serialized and handed to the transport).
+enum class Stage { kQueue, kStageIn, kH2D, kCompute, kD2H, kReply };
+inline constexpr int kNumStages = 6;
+absl::string_view StageName(Stage stage);
+
+// Why a Multiply was answered without a result (label `reason`).
+enum class RejectReason {
+  kInvalid,      // malformed, beyond the limits, or can never fit a device
+  kOverloaded,   // in-flight byte budget or engine queue/pool full
+  kDeadline,     // deadline passed before the job ran
+  kDraining,     // the server is shutting down
+  kUnavailable,  // the engine is not ready (or already stopped)
+  kCancelled,    // the client cancelled before the result was ready
+};
+inline constexpr int kNumRejectReasons = 6;
+absl::string_view RejectReasonName(RejectReason reason);
+
+// gRPC status codes 0..16; the `code` label is the canonical upper-case name
+// (OK, INVALID_ARGUMENT, ...).
+inline constexpr int kNumStatusCodes = 17;
+absl::string_view StatusCodeName(grpc::StatusCode code);
+
+// Bucket bounds, in seconds. Request durations: 50 us .. 60 s; stages start
+// at 10 us because one small H2D copy takes a few microseconds.
+const std::vector<double>& RequestDurationBuckets();
+const std::vector<double>& StageDurationBuckets();
+
+// Thread-safe. Record* are lock-free; Collect takes no lock either and may
+// run concurrently with them.
+class ServerMetrics final : public prometheus::Collectable {
+ public:
+  ServerMetrics();
+
+  // One finished RPC: its final code and its server time (handler start to
+  // the end of the call).
+  void RecordRequest(RpcMethod method, grpc::StatusCode code, double seconds);
+
+  // The engine stages of one computed Multiply.
+  void RecordStages(const StageTimings& timings);
+  void RecordStage(Stage stage, double seconds);
+
+  void RecordRejection(RejectReason reason);
+
+  // The four families above, with every label combination.
+  std::vector<prometheus::MetricFamily> Collect() const override;
+
+  // For tests: current values.
+  uint64_t requests(RpcMethod method, grpc::StatusCode code) const;
+  uint64_t rejections(RejectReason reason) const;
+
+ private:
+  static int RequestIndex(RpcMethod method, grpc::StatusCode code);
+
+  std::array<std::atomic<uint64_t>, kNumRpcMethods * kNumStatusCodes>
+      requests_{};
+  std::array<std::unique_ptr<AtomicHistogram>, kNumRpcMethods> durations_;
+  std::array<std::unique_ptr<AtomicHistogram>, kNumStages> stages_;
+  std::array<std::atomic<uint64_t>, kNumRejectReasons> rejections_{};
+};
+
+}  // namespace matmul
+
+#endif  // MATMUL_SERVER_SERVER_METRICS_H_

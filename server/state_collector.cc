@@ -1,0 +1,184 @@
+#include "server/state_collector.h"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/dtype.h"
+#include "server/matmul_service.h"
+
+namespace matmul {
+namespace {
+
+using prometheus::ClientMetric;
+using prometheus::MetricFamily;
+using prometheus::MetricType;
+
+MetricFamily Family(std::string name, std::string help, MetricType type) {
+  MetricFamily family;
+  family.name = std::move(name);
+  family.help = std::move(help);
+  family.type = type;
+  return family;
+}
+
+void AddCounter(MetricFamily& family, std::vector<ClientMetric::Label> labels,
+                double value) {
+  ClientMetric metric;
+  metric.label = std::move(labels);
+  metric.counter.value = value;
+  family.metric.push_back(std::move(metric));
+}
+
+void AddGauge(MetricFamily& family, std::vector<ClientMetric::Label> labels,
+              double value) {
+  ClientMetric metric;
+  metric.label = std::move(labels);
+  metric.gauge.value = value;
+  family.metric.push_back(std::move(metric));
+}
+
+}  // namespace
+
+std::string BuildCudaVersion() {
+#ifdef MATMUL_CUDA_VERSION
+  return MATMUL_CUDA_VERSION;
+#else
+  return "none";
+#endif
+}
+
+std::vector<MetricFamily> EngineFamilies(const EngineStats& stats) {
+  MetricFamily queued =
+      Family("matmul_queued_requests",
+             "Jobs submitted to the engine and waiting for a stream.",
+             MetricType::Gauge);
+  MetricFamily streams =
+      Family("matmul_streams",
+             "Streams in the device's pool (host engine: worker lanes).",
+             MetricType::Gauge);
+  MetricFamily stream_busy = Family(
+      "matmul_stream_busy_seconds_total",
+      "Time the stream had work (CUDA engine: from events, first H2D start "
+      "to last D2H end of each job); rate() is the stream's utilization.",
+      MetricType::Counter);
+  MetricFamily stream_jobs =
+      Family("matmul_stream_jobs_total", "Jobs that ran on the stream.",
+             MetricType::Counter);
+  MetricFamily device_busy =
+      Family("matmul_device_busy_seconds_total",
+             "Time at least one of the device's streams had work (union over "
+             "streams); rate() is the device's utilization.",
+             MetricType::Counter);
+  MetricFamily compute_busy =
+      Family("matmul_device_compute_busy_seconds_total",
+             "Time at least one GEMM ran on the device (union over streams).",
+             MetricType::Counter);
+  MetricFamily copy_busy =
+      Family("matmul_device_copy_busy_seconds_total",
+             "Time at least one H2D or D2H copy ran on the device (union over "
+             "streams).",
+             MetricType::Counter);
+  MetricFamily overlap =
+      Family("matmul_device_copy_compute_overlap_seconds_total",
+             "Time copies and GEMMs ran at the same time on the device.",
+             MetricType::Counter);
+  MetricFamily transfer =
+      Family("matmul_transfer_bytes_total",
+             "Bytes copied between host and device, by direction (h2d, d2h).",
+             MetricType::Counter);
+  MetricFamily flops =
+      Family("matmul_flops_total",
+             "Floating-point operations done (2*m*n*k per product), by dtype.",
+             MetricType::Counter);
+  MetricFamily pinned =
+      Family("matmul_pinned_bytes",
+             "Pinned staging memory of the device, used or free (host engine: "
+             "staging in use; it has no fixed pool, so free is 0).",
+             MetricType::Gauge);
+  MetricFamily memory =
+      Family("matmul_device_memory_used_bytes",
+             "Device memory reserved by jobs in flight (host engine: 0).",
+             MetricType::Gauge);
+
+  for (const DeviceStats& d : stats.devices) {
+    const ClientMetric::Label device{"device", d.label};
+    AddGauge(queued, {device}, static_cast<double>(d.queued_jobs));
+    AddGauge(streams, {device}, static_cast<double>(d.streams.size()));
+    for (size_t s = 0; s < d.streams.size(); ++s) {
+      const ClientMetric::Label stream{"stream", absl::StrCat(s)};
+      AddCounter(stream_busy, {device, stream}, d.streams[s].busy_seconds);
+      AddCounter(stream_jobs, {device, stream},
+                 static_cast<double>(d.streams[s].jobs));
+    }
+    AddCounter(device_busy, {device}, d.busy_seconds);
+    AddCounter(compute_busy, {device}, d.compute_busy_seconds);
+    AddCounter(copy_busy, {device}, d.copy_busy_seconds);
+    AddCounter(overlap, {device}, d.copy_compute_overlap_seconds);
+    AddCounter(transfer, {device, {"direction", "h2d"}},
+               static_cast<double>(d.h2d_bytes));
+    AddCounter(transfer, {device, {"direction", "d2h"}},
+               static_cast<double>(d.d2h_bytes));
+    for (int t = 0; t < kNumDTypes; ++t) {
+      AddCounter(
+          flops,
+          {device, {"dtype", std::string(DTypeName(static_cast<DType>(t)))}},
+          d.flops[t]);
+    }
+    AddGauge(pinned, {device, {"state", "used"}},
+             static_cast<double>(d.staging_used_bytes));
+    AddGauge(pinned, {device, {"state", "free"}},
+             static_cast<double>(std::max<int64_t>(
+                 0, d.staging_total_bytes - d.staging_used_bytes)));
+    AddGauge(memory, {device}, static_cast<double>(d.device_memory_used_bytes));
+  }
+
+  std::vector<MetricFamily> out;
+  for (MetricFamily* f : {&queued, &streams, &stream_busy, &stream_jobs,
+                          &device_busy, &compute_busy, &copy_busy, &overlap,
+                          &transfer, &flops, &pinned, &memory}) {
+    if (!f->metric.empty()) out.push_back(std::move(*f));
+  }
+  return out;
+}
+
+StateCollector::StateCollector(const MatmulServiceImpl* service,
+                               std::string version, std::string cuda)
+    : service_(service), version_(std::move(version)), cuda_(std::move(cuda)) {}
+
+std::vector<MetricFamily> StateCollector::Collect() const {
+  std::vector<MetricFamily> out;
+
+  MetricFamily build = Family(
+      "matmul_build_info",
+      "Always 1; labels: server version and the CUDA toolkit it was built "
+      "with (none: host engine only).",
+      MetricType::Gauge);
+  AddGauge(build, {{"cuda", cuda_}, {"version", version_}}, 1);
+  out.push_back(std::move(build));
+
+  MetricFamily inflight = Family(
+      "matmul_inflight_requests",
+      "Multiply requests admitted and not yet answered.", MetricType::Gauge);
+  AddGauge(inflight, {}, static_cast<double>(service_->inflight_requests()));
+  out.push_back(std::move(inflight));
+
+  MetricFamily inflight_bytes =
+      Family("matmul_inflight_bytes",
+             "Operand and result bytes reserved by admitted requests "
+             "(admission limit: --max-inflight-bytes).",
+             MetricType::Gauge);
+  AddGauge(inflight_bytes, {},
+           static_cast<double>(service_->inflight_bytes().used()));
+  out.push_back(std::move(inflight_bytes));
+
+  if (const Engine* engine = service_->engine(); engine != nullptr) {
+    for (MetricFamily& f : EngineFamilies(engine->stats())) {
+      out.push_back(std::move(f));
+    }
+  }
+  return out;
+}
+
+}  // namespace matmul

@@ -1,0 +1,145 @@
+#include "server/handle_registry.h"
+
+#include <memory>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace matmul {
+namespace {
+
+using ::testing::HasSubstr;
+
+class FakeTensor final : public ResidentTensor {
+ public:
+  FakeTensor(int64_t rows, int64_t cols, int* alive)
+      : ResidentTensor(0, DType::kFloat32, 1, rows, cols, nullptr),
+        alive_(alive) {
+    ++*alive_;
+  }
+  ~FakeTensor() override { --*alive_; }
+
+ private:
+  int* alive_;
+};
+
+HandleLimits SmallLimits() {
+  HandleLimits l;
+  l.max_bytes_per_client = 1000;
+  l.max_handles_per_client = 3;
+  l.default_ttl = absl::Seconds(60);
+  l.max_ttl = absl::Seconds(600);
+  return l;
+}
+
+TEST(HandleRegistryTest, AddGetDelete) {
+  HandleRegistry registry(SmallLimits());
+  int alive = 0;
+  absl::StatusOr<HandleRegistry::Reservation> r =
+      registry.Reserve("alice", 400);
+  ASSERT_TRUE(r.ok());
+  HandleRegistry::Entry e =
+      registry.Add(std::move(*r), std::make_shared<FakeTensor>(10, 10, &alive),
+                   {10, 10}, absl::Seconds(60));
+  EXPECT_EQ(e.id.size(), 34u);
+  EXPECT_EQ(registry.stored_bytes(), 400);
+  EXPECT_EQ(registry.stored_handles(), 1);
+  absl::StatusOr<HandleRegistry::Entry> got = registry.Get(e.id);
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->owner, "alice");
+  got->tensor.reset();
+  e.tensor.reset();
+  EXPECT_TRUE(registry.Delete(e.id).ok());
+  EXPECT_EQ(alive, 0);
+  EXPECT_EQ(registry.stored_bytes(), 0);
+  EXPECT_EQ(registry.Get(e.id).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(registry.Delete(e.id).code(), absl::StatusCode::kNotFound);
+}
+
+TEST(HandleRegistryTest, QuotasPerClient) {
+  HandleRegistry registry(SmallLimits());
+  int alive = 0;
+  std::vector<std::string> ids;
+  for (int i = 0; i < 2; ++i) {
+    absl::StatusOr<HandleRegistry::Reservation> r =
+        registry.Reserve("bob", 400);
+    ASSERT_TRUE(r.ok());
+    ids.push_back(registry
+                      .Add(std::move(*r),
+                           std::make_shared<FakeTensor>(10, 10, &alive),
+                           {10, 10}, absl::Seconds(60))
+                      .id);
+  }
+  absl::StatusOr<HandleRegistry::Reservation> over =
+      registry.Reserve("bob", 400);
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(over.status().message()),
+              HasSubstr("holds 800 bytes in stored tensors; this one needs "
+                        "400 more, over the limit of 1000"));
+  // Another client has its own quota.
+  EXPECT_TRUE(registry.Reserve("carol", 400).ok());
+  // A reservation given back (failed upload) returns the quota.
+  {
+    absl::StatusOr<HandleRegistry::Reservation> r =
+        registry.Reserve("bob", 100);
+    ASSERT_TRUE(r.ok());
+  }
+  absl::StatusOr<HandleRegistry::Reservation> small =
+      registry.Reserve("bob", 100);
+  ASSERT_TRUE(small.ok());
+  // Count limit: 2 stored + 1 reserved = 3.
+  EXPECT_EQ(registry.Reserve("bob", 1).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(registry.Delete(ids[0]).ok());
+  EXPECT_TRUE(registry.Reserve("bob", 1).ok());
+}
+
+TEST(HandleRegistryTest, ExpiredEntriesAreFreedBySweeper) {
+  HandleRegistry registry(SmallLimits(), absl::Milliseconds(10));
+  int alive = 0;
+  absl::StatusOr<HandleRegistry::Reservation> r = registry.Reserve("dan", 4);
+  ASSERT_TRUE(r.ok());
+  const std::string id =
+      registry
+          .Add(std::move(*r), std::make_shared<FakeTensor>(1, 1, &alive),
+               {1, 1}, absl::Milliseconds(50))
+          .id;
+  EXPECT_TRUE(registry.Get(id).ok());
+  for (int i = 0; i < 300 && alive > 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(alive, 0);
+  EXPECT_EQ(registry.Get(id).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(registry.stored_bytes(), 0);
+  EXPECT_TRUE(registry.Reserve("dan", 1000).ok());  // quota returned
+}
+
+TEST(HandleRegistryTest, TtlBounds) {
+  HandleRegistry registry(SmallLimits());
+  EXPECT_EQ(*registry.Ttl(0), absl::Seconds(60));
+  EXPECT_EQ(*registry.Ttl(5), absl::Seconds(5));
+  EXPECT_EQ(registry.Ttl(601).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(registry.Ttl(-1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(HandleRegistryTest, ClearFreesEverything) {
+  int alive = 0;
+  {
+    HandleRegistry registry(SmallLimits());
+    for (const char* owner : {"a", "b"}) {
+      absl::StatusOr<HandleRegistry::Reservation> r =
+          registry.Reserve(owner, 4);
+      ASSERT_TRUE(r.ok());
+      registry.Add(std::move(*r), std::make_shared<FakeTensor>(1, 1, &alive),
+                   {1, 1}, absl::Seconds(60));
+    }
+    EXPECT_EQ(alive, 2);
+    registry.Clear();
+    EXPECT_EQ(alive, 0);
+  }
+}
+
+}  // namespace
+}  // namespace matmul

@@ -1,0 +1,467 @@
+// Integration tests of the metrics port: a real MatmulServer on 127.0.0.1:0
+// with its metrics on another free port, real gRPC calls, real HTTP
+// requests. The scrape is checked series by series and with
+// `promtool check metrics` (Debian package prometheus).
+#include <arpa/inet.h>
+#include <grpcpp/create_channel.h>
+#include <grpcpp/grpcpp.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <future>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gpu/host_engine.h"
+#include "gtest/gtest.h"
+#include "matmul/v1/matmul.grpc.pb.h"
+#include "server/matmul_server.h"
+#include "tests/fake_engine.h"
+
+namespace matmul {
+namespace {
+
+using testing::FakeEngine;
+using ::testing::HasSubstr;
+
+constexpr int kLanes = 4;
+
+MatmulServer::EngineProvider HostProvider() {
+  return []() -> absl::StatusOr<std::unique_ptr<Engine>> {
+    HostEngineOptions options;
+    options.lanes = kLanes;
+    absl::StatusOr<std::unique_ptr<HostEngine>> engine =
+        HostEngine::Create(options);
+    if (!engine.ok()) return engine.status();
+    return std::unique_ptr<Engine>(std::move(*engine));
+  };
+}
+
+MatmulServer::EngineProvider FakeProvider(FakeEngine** out) {
+  return [out]() -> absl::StatusOr<std::unique_ptr<Engine>> {
+    auto engine = std::make_unique<FakeEngine>();
+    *out = engine.get();
+    return std::unique_ptr<Engine>(std::move(engine));
+  };
+}
+
+ServerOptions LocalOptions() {
+  ServerOptions options;
+  options.listen_address = "127.0.0.1:0";
+  options.metrics_address = "127.0.0.1:0";
+  options.drain_timeout = absl::Seconds(10);
+  return options;
+}
+
+std::unique_ptr<v1::MatmulService::Stub> Stub(int port) {
+  return v1::MatmulService::NewStub(grpc::CreateChannel(
+      absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+}
+
+// An n x n float32 product of ones (dims may be made to mismatch).
+v1::MultiplyRequest Ones(int64_t m, int64_t k, int64_t k2, int64_t n) {
+  v1::MultiplyRequest r;
+  for (auto [tensor, rows, cols] :
+       {std::tuple{r.mutable_a(), m, k}, std::tuple{r.mutable_b(), k2, n}}) {
+    tensor->add_shape(rows);
+    tensor->add_shape(cols);
+    tensor->set_dtype(v1::DTYPE_FLOAT32);
+    const float one = 1.0f;
+    std::string data;
+    for (int64_t i = 0; i < rows * cols; ++i) {
+      data.append(reinterpret_cast<const char*>(&one), sizeof one);
+    }
+    tensor->set_data(data);
+  }
+  return r;
+}
+
+grpc::Status Multiply(
+    v1::MatmulService::Stub& stub, const v1::MultiplyRequest& request,
+    std::chrono::milliseconds timeout = std::chrono::milliseconds(30000)) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + timeout);
+  v1::MultiplyResponse response;
+  return stub.Multiply(&context, request, &response);
+}
+
+struct HttpReply {
+  int status = 0;
+  std::string headers;
+  std::string body;
+};
+
+// One HTTP/1.1 request over a plain socket; the server closes after it.
+HttpReply HttpRequestRaw(int port, const std::string& request) {
+  HttpReply reply;
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    close(fd);
+    return reply;
+  }
+  timeval timeout{10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+  send(fd, request.data(), request.size(), MSG_NOSIGNAL);
+  std::string raw;
+  char buffer[65536];
+  ssize_t n;
+  while ((n = recv(fd, buffer, sizeof buffer, 0)) > 0) raw.append(buffer, n);
+  close(fd);
+  const size_t end = raw.find("\r\n\r\n");
+  if (end == std::string::npos) return reply;
+  reply.headers = raw.substr(0, end);
+  reply.body = raw.substr(end + 4);
+  const std::vector<std::string> first =
+      absl::StrSplit(raw.substr(0, raw.find("\r\n")), ' ');
+  if (first.size() >= 2) (void)absl::SimpleAtoi(first[1], &reply.status);
+  return reply;
+}
+
+HttpReply HttpGet(int port, const std::string& target) {
+  return HttpRequestRaw(
+      port,
+      absl::StrCat("GET ", target, " HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"));
+}
+
+// Sample key ("name{labels}") -> value of a text-format scrape.
+std::map<std::string, double> ParseScrape(const std::string& text) {
+  std::map<std::string, double> out;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (line.empty() || line[0] == '#') continue;
+    const size_t space = line.rfind(' ');
+    double value = 0;
+    if (space == absl::string_view::npos ||
+        !absl::SimpleAtod(line.substr(space + 1), &value)) {
+      ADD_FAILURE() << "unparsable sample line: " << line;
+      continue;
+    }
+    out[std::string(line.substr(0, space))] = value;
+  }
+  return out;
+}
+
+// Sum of every sample of `name` whose key contains all of `parts`.
+double Sum(const std::map<std::string, double>& samples,
+           const std::string& name,
+           const std::vector<std::string>& parts = {}) {
+  double sum = 0;
+  for (const auto& [key, value] : samples) {
+    if (key.substr(0, key.find('{')) != name) continue;
+    bool all = true;
+    for (const std::string& p : parts) all = all && absl::StrContains(key, p);
+    if (all) sum += value;
+  }
+  return sum;
+}
+
+// Scrapes until `done` holds for the samples (metrics of an RPC are
+// recorded in OnDone, just after the client has its reply), at most 5 s.
+std::map<std::string, double> ScrapeUntil(
+    int port,
+    const std::function<bool(const std::map<std::string, double>&)>& done) {
+  std::map<std::string, double> samples;
+  for (int i = 0; i < 100; ++i) {
+    HttpReply reply = HttpGet(port, "/metrics");
+    samples = ParseScrape(reply.body);
+    if (reply.status == 200 && done(samples)) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return samples;
+}
+
+// `promtool check metrics` on `text`: its exit status and output.
+std::pair<int, std::string> Promtool(const std::string& text) {
+  const std::string dir =
+      std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp";
+  const std::string input =
+      absl::StrCat(dir, "/matmul_scrape_", getpid(), ".txt");
+  std::ofstream(input) << text;
+  const char* promtool = std::getenv("PROMTOOL");
+  const std::string command =
+      absl::StrCat(promtool != nullptr ? promtool : "promtool",
+                   " check metrics < ", input, " 2>&1");
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return {-1, "popen failed"};
+  std::string output;
+  char buffer[4096];
+  size_t n;
+  while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0) {
+    output.append(buffer, n);
+  }
+  const int status = pclose(pipe);
+  std::remove(input.c_str());
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+}
+
+TEST(MetricsEndpointTest, ScrapeAfterMultipliesHasTheExpectedSeries) {
+  absl::StatusOr<std::unique_ptr<MatmulServer>> server =
+      MatmulServer::Start(LocalOptions(), HostProvider());
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int metrics_port = (*server)->metrics_port();
+  ASSERT_GT(metrics_port, 0);
+  ASSERT_NE(metrics_port, (*server)->port());
+  auto stub = Stub((*server)->port());
+
+  // Five good products from several threads, so several lanes work.
+  std::vector<std::future<grpc::Status>> calls;
+  for (int i = 0; i < 5; ++i) {
+    calls.push_back(std::async(std::launch::async, [&stub] {
+      return Multiply(*stub, Ones(64, 64, 64, 64));
+    }));
+  }
+  for (auto& c : calls) ASSERT_TRUE(c.get().ok());
+  EXPECT_EQ(Multiply(*stub, Ones(2, 3, 4, 5)).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  {
+    grpc::ClientContext context;
+    v1::GetServerInfoResponse info;
+    ASSERT_TRUE(
+        stub->GetServerInfo(&context, v1::GetServerInfoRequest(), &info).ok());
+  }
+
+  const std::map<std::string, double> s =
+      ScrapeUntil(metrics_port, [](const auto& s) {
+        return Sum(s, "matmul_request_duration_seconds_count",
+                   {"method=\"Multiply\""}) >= 6;
+      });
+  EXPECT_EQ(s.at(R"(matmul_requests_total{code="OK",method="Multiply"})"), 5);
+  EXPECT_EQ(
+      s.at(
+          R"(matmul_requests_total{code="INVALID_ARGUMENT",method="Multiply"})"),
+      1);
+  EXPECT_EQ(s.at(R"(matmul_requests_total{code="OK",method="GetServerInfo"})"),
+            1);
+  EXPECT_EQ(Sum(s, "matmul_requests_total"), 7);
+  EXPECT_EQ(s.at(R"(matmul_request_duration_seconds_count{method="Multiply"})"),
+            6);
+  EXPECT_GT(s.at(R"(matmul_request_duration_seconds_sum{method="Multiply"})"),
+            0);
+  EXPECT_EQ(s.at(R"(matmul_rejected_requests_total{reason="invalid"})"), 1);
+  EXPECT_EQ(Sum(s, "matmul_rejected_requests_total"), 1);
+  for (const char* stage :
+       {"queue", "stage_in", "h2d", "compute", "d2h", "reply"}) {
+    EXPECT_EQ(
+        s.at(absl::StrCat(R"(matmul_stage_duration_seconds_count{stage=")",
+                          stage, "\"}")),
+        5)
+        << stage;
+  }
+  EXPECT_GT(s.at(R"(matmul_stage_duration_seconds_sum{stage="compute"})"), 0);
+  EXPECT_GT(s.at(R"(matmul_stage_duration_seconds_sum{stage="reply"})"), 0);
+
+  // Engine counters, pulled from HostEngine::stats() at scrape time.
+  EXPECT_EQ(s.at(R"(matmul_streams{device="host"})"), kLanes);
+  EXPECT_EQ(Sum(s, "matmul_stream_jobs_total", {"device=\"host\""}), 5);
+  EXPECT_GT(Sum(s, "matmul_stream_busy_seconds_total", {"device=\"host\""}), 0);
+  for (int lane = 0; lane < kLanes; ++lane) {
+    EXPECT_EQ(s.count(absl::StrCat(
+                  R"(matmul_stream_busy_seconds_total{device="host",stream=")",
+                  lane, "\"}")),
+              1u);
+  }
+  EXPECT_GT(s.at(R"(matmul_device_busy_seconds_total{device="host"})"), 0);
+  EXPECT_EQ(s.at(R"(matmul_flops_total{device="host",dtype="float32"})"),
+            5 * 2.0 * 64 * 64 * 64);
+  EXPECT_EQ(s.at(R"(matmul_queued_requests{device="host"})"), 0);
+  EXPECT_EQ(
+      s.count(R"(matmul_transfer_bytes_total{device="host",direction="h2d"})"),
+      1u);
+  EXPECT_EQ(s.count(R"(matmul_pinned_bytes{device="host",state="free"})"), 1u);
+  EXPECT_EQ(s.count(R"(matmul_device_memory_used_bytes{device="host"})"), 1u);
+  EXPECT_EQ(
+      s.count(
+          R"(matmul_device_copy_compute_overlap_seconds_total{device="host"})"),
+      1u);
+  EXPECT_EQ(s.at("matmul_inflight_requests"), 0);
+  EXPECT_EQ(s.at("matmul_inflight_bytes"), 0);
+  EXPECT_EQ(Sum(s, "matmul_build_info", {"version=\"", "cuda=\""}), 1);
+
+  const HttpReply reply = HttpGet(metrics_port, "/metrics");
+  ASSERT_EQ(reply.status, 200);
+  EXPECT_THAT(reply.headers,
+              HasSubstr("Content-Type: text/plain; version=0.0.4"));
+  const auto [status, output] = Promtool(reply.body);
+  EXPECT_EQ(status, 0) << "promtool check metrics:\n" << output;
+  EXPECT_EQ(output, "") << "promtool check metrics has findings";
+}
+
+TEST(MetricsEndpointTest, TimelineServesChromeTraceJson) {
+  absl::StatusOr<std::unique_ptr<MatmulServer>> server =
+      MatmulServer::Start(LocalOptions(), HostProvider());
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->metrics_port();
+  auto stub = Stub((*server)->port());
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(Multiply(*stub, Ones(32, 32, 32, 32)).ok());
+  }
+  HttpReply reply = HttpGet(port, "/timeline?seconds=30");
+  ASSERT_EQ(reply.status, 200) << reply.body;
+  EXPECT_THAT(reply.headers, HasSubstr("Content-Type: application/json"));
+  EXPECT_TRUE(absl::StartsWith(reply.body, R"({"traceEvents":[)"));
+  EXPECT_THAT(reply.body, HasSubstr(R"("name":"gemm","cat":"compute")"));
+  EXPECT_THAT(reply.body, HasSubstr(R"("engine":"host","window_seconds":30)"));
+  size_t spans = 0;
+  for (size_t at = reply.body.find(R"("ph":"X")"); at != std::string::npos;
+       at = reply.body.find(R"("ph":"X")", at + 1)) {
+    ++spans;
+  }
+  EXPECT_EQ(spans, 3u);
+
+  EXPECT_THAT(HttpGet(port, "/timeline").body,
+              HasSubstr(R"("window_seconds":2)"));
+  EXPECT_THAT(HttpGet(port, "/timeline?seconds=600").body,
+              HasSubstr(R"("window_seconds":60)"));
+  EXPECT_EQ(HttpGet(port, "/timeline?seconds=soon").status, 400);
+  EXPECT_EQ(HttpGet(port, "/nothing-here").status, 404);
+  EXPECT_EQ(HttpGet(port, "/").status, 200);
+  EXPECT_EQ(HttpRequestRaw(port,
+                           "POST /metrics HTTP/1.1\r\n"
+                           "Content-Length: 0\r\n\r\n")
+                .status,
+            405);
+  const HttpReply head =
+      HttpRequestRaw(port, "HEAD /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_EQ(head.status, 200);
+  EXPECT_EQ(head.body, "");
+  EXPECT_EQ(HttpRequestRaw(port, "nonsense\r\n\r\n").status, 400);
+}
+
+// Waits (at most 5 s) until no Multiply holds in-flight bytes.
+void WaitUntilIdle(MatmulServer& server) {
+  for (int i = 0; i < 500 && server.service().inflight_requests() != 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_EQ(server.service().inflight_requests(), 0);
+}
+
+TEST(MetricsEndpointTest, RejectionsAreCountedByReason) {
+  FakeEngine* engine = nullptr;
+  ServerOptions options = LocalOptions();
+  options.limits.max_inflight_bytes = 4096;  // one 16x16 request fits
+  absl::StatusOr<std::unique_ptr<MatmulServer>> server =
+      MatmulServer::Start(options, FakeProvider(&engine));
+  ASSERT_TRUE(server.ok()) << server.status();
+  const ServerMetrics& metrics = *(*server)->service().metrics();
+  auto stub = Stub((*server)->port());
+  const v1::MultiplyRequest request = Ones(16, 16, 16, 16);
+
+  // overloaded: the first holds the byte budget, the second does not fit.
+  auto first =
+      std::async(std::launch::async, [&] { return Multiply(*stub, request); });
+  engine->WaitForHeld(1);
+  EXPECT_EQ(Multiply(*stub, request).error_code(),
+            grpc::StatusCode::RESOURCE_EXHAUSTED);
+  // A device fault is an error, not a rejection.
+  engine->ReleaseOne(absl::InternalError("device fault"));
+  EXPECT_EQ(first.get().error_code(), grpc::StatusCode::INTERNAL);
+  // Its bytes stay reserved until the RPC is done on the server too.
+  WaitUntilIdle(**server);
+
+  // deadline: queued past the deadline.
+  EXPECT_EQ(
+      Multiply(*stub, request, std::chrono::milliseconds(200)).error_code(),
+      grpc::StatusCode::DEADLINE_EXCEEDED);
+  // The server's deadline comes a little after the client's (it counts from
+  // the request's arrival); a job released before it would simply run.
+  for (int i = 0; i < 500 && metrics.rejections(RejectReason::kDeadline) == 0;
+       ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  engine->ReleaseOne();
+  WaitUntilIdle(**server);
+
+  // cancelled: the client gives up while the job is held.
+  {
+    const uint64_t cancelled = metrics.rejections(RejectReason::kCancelled);
+    grpc::ClientContext context;
+    v1::MultiplyResponse response;
+    auto call = std::async(std::launch::async, [&] {
+      return stub->Multiply(&context, request, &response);
+    });
+    engine->WaitForHeld(1);
+    context.TryCancel();
+    EXPECT_EQ(call.get().error_code(), grpc::StatusCode::CANCELLED);
+    // The client knows at once; the server when the cancel arrives. A job
+    // released before that would simply run.
+    for (int i = 0;
+         i < 500 && metrics.rejections(RejectReason::kCancelled) == cancelled;
+         ++i) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    engine->ReleaseOne();
+  }
+
+  // draining: refused once the server is going away.
+  (*server)->service().StartDraining();
+  EXPECT_EQ(Multiply(*stub, request).error_code(),
+            grpc::StatusCode::UNAVAILABLE);
+
+  const std::map<std::string, double> s = ScrapeUntil(
+      (*server)->metrics_port(),
+      [](const auto& s) { return Sum(s, "matmul_requests_total") >= 5; });
+  EXPECT_EQ(metrics.rejections(RejectReason::kOverloaded), 1u);
+  EXPECT_EQ(metrics.rejections(RejectReason::kDeadline), 1u);
+  EXPECT_EQ(metrics.rejections(RejectReason::kCancelled), 1u);
+  EXPECT_EQ(metrics.rejections(RejectReason::kDraining), 1u);
+  EXPECT_EQ(metrics.rejections(RejectReason::kInvalid), 0u);
+  EXPECT_EQ(metrics.rejections(RejectReason::kUnavailable), 0u);
+  EXPECT_EQ(s.at(R"(matmul_rejected_requests_total{reason="overloaded"})"), 1);
+  EXPECT_EQ(s.at(R"(matmul_rejected_requests_total{reason="draining"})"), 1);
+  EXPECT_EQ(s.at(R"(matmul_requests_total{code="INTERNAL",method="Multiply"})"),
+            1);
+  EXPECT_EQ(
+      s.at(
+          R"(matmul_requests_total{code="RESOURCE_EXHAUSTED",method="Multiply"})"),
+      1);
+  EXPECT_EQ(
+      s.at(R"(matmul_requests_total{code="UNAVAILABLE",method="Multiply"})"),
+      1);
+  // The server answers CANCELLED both to the cancel and to the deadline
+  // (the client reports the latter as DEADLINE_EXCEEDED).
+  EXPECT_EQ(Sum(s, "matmul_requests_total", {"method=\"Multiply\""}), 5);
+  // The fake engine reports no devices.
+  EXPECT_EQ(s.count(R"(matmul_streams{device="0"})"), 0u);
+}
+
+TEST(MetricsEndpointTest, NoAddressNoMetricsPort) {
+  ServerOptions options = LocalOptions();
+  options.metrics_address.clear();
+  absl::StatusOr<std::unique_ptr<MatmulServer>> server =
+      MatmulServer::Start(options, HostProvider());
+  ASSERT_TRUE(server.ok()) << server.status();
+  EXPECT_EQ((*server)->metrics_port(), 0);
+}
+
+TEST(MetricsEndpointTest, MetricsPortInUseFailsStart) {
+  absl::StatusOr<std::unique_ptr<MatmulServer>> first =
+      MatmulServer::Start(LocalOptions(), HostProvider());
+  ASSERT_TRUE(first.ok()) << first.status();
+  ServerOptions options = LocalOptions();
+  options.metrics_address =
+      absl::StrCat("127.0.0.1:", (*first)->metrics_port());
+  absl::StatusOr<std::unique_ptr<MatmulServer>> second =
+      MatmulServer::Start(options, HostProvider());
+  EXPECT_TRUE(absl::IsUnavailable(second.status())) << second.status();
+  EXPECT_THAT(second.status().message(), HasSubstr("cannot serve metrics"));
+}
+
+}  // namespace
+}  // namespace matmul

@@ -1,0 +1,297 @@
+// Unit tests of the metrics pieces: AtomicHistogram, ServerMetrics,
+// EngineFamilies, the timeline JSON and the HTTP server's query parsing.
+#include <cmath>
+#include <limits>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "prometheus/text_serializer.h"
+#include "server/atomic_histogram.h"
+#include "server/http_server.h"
+#include "server/server_metrics.h"
+#include "server/state_collector.h"
+#include "server/timeline.h"
+
+namespace matmul {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+// "name{a="1",b="2"}" -> value, for every sample of `families`.
+std::map<std::string, double> Samples(
+    const std::vector<prometheus::MetricFamily>& families) {
+  std::map<std::string, double> out;
+  const std::string text = prometheus::TextSerializer().Serialize(families);
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t end = text.find('\n', pos);
+    if (end == std::string::npos) end = text.size();
+    const std::string line = text.substr(pos, end - pos);
+    pos = end + 1;
+    if (line.empty() || line[0] == '#') continue;
+    const size_t space = line.rfind(' ');
+    out[line.substr(0, space)] = std::stod(line.substr(space + 1));
+  }
+  return out;
+}
+
+TEST(AtomicHistogramTest, BucketsAreCumulativeWithLeSemantics) {
+  AtomicHistogram h({1, 2, 5});
+  for (double v : {0.5, 1.0, 1.5, 2.0, 4.0, 10.0, -3.0}) h.Observe(v);
+  h.Observe(std::numeric_limits<double>::quiet_NaN());  // ignored
+  const prometheus::ClientMetric::Histogram s = h.Snapshot();
+  ASSERT_EQ(s.bucket.size(), 4u);
+  EXPECT_EQ(s.bucket[0].cumulative_count, 3u);  // 0.5, 1.0, -3 (as 0)
+  EXPECT_EQ(s.bucket[1].cumulative_count, 5u);  // + 1.5, 2.0
+  EXPECT_EQ(s.bucket[2].cumulative_count, 6u);  // + 4.0
+  EXPECT_EQ(s.bucket[3].cumulative_count, 7u);  // + 10
+  EXPECT_TRUE(std::isinf(s.bucket[3].upper_bound));
+  EXPECT_EQ(s.sample_count, 7u);
+  EXPECT_DOUBLE_EQ(s.sample_sum, 0.5 + 1 + 1.5 + 2 + 4 + 10);
+}
+
+TEST(AtomicHistogramTest, ConcurrentObservationsAreAllCounted) {
+  AtomicHistogram h(RequestDurationBuckets());
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&h] {
+      for (int i = 0; i < 10000; ++i) h.Observe(1e-3);
+    });
+  }
+  for (auto& t : threads) t.join();
+  const auto s = h.Snapshot();
+  EXPECT_EQ(s.sample_count, 40000u);
+  EXPECT_NEAR(s.sample_sum, 40.0, 1e-6);
+}
+
+TEST(BucketsTest, CoverFiftyMicrosecondsToOneMinute) {
+  const std::vector<double>& r = RequestDurationBuckets();
+  EXPECT_DOUBLE_EQ(r.front(), 50e-6);
+  EXPECT_DOUBLE_EQ(r.back(), 60);
+  EXPECT_TRUE(std::is_sorted(r.begin(), r.end()));
+  const std::vector<double>& s = StageDurationBuckets();
+  EXPECT_DOUBLE_EQ(s.front(), 10e-6);
+  EXPECT_DOUBLE_EQ(s.back(), 60);
+  EXPECT_TRUE(std::is_sorted(s.begin(), s.end()));
+}
+
+TEST(ServerMetricsTest, EveryLabelCombinationExistsFromTheStart) {
+  ServerMetrics metrics;
+  const std::vector<prometheus::MetricFamily> families = metrics.Collect();
+  std::map<std::string, size_t> sizes;
+  for (const auto& f : families) sizes[f.name] = f.metric.size();
+  EXPECT_EQ(sizes["matmul_requests_total"], 2u * 17u);
+  EXPECT_EQ(sizes["matmul_request_duration_seconds"], 2u);
+  EXPECT_EQ(sizes["matmul_stage_duration_seconds"], 6u);
+  EXPECT_EQ(sizes["matmul_rejected_requests_total"], 6u);
+  const auto samples = Samples(families);
+  EXPECT_EQ(
+      samples.at(
+          R"(matmul_requests_total{code="UNAUTHENTICATED",method="GetServerInfo"})"),
+      0);
+  EXPECT_EQ(samples.at(R"(matmul_rejected_requests_total{reason="draining"})"),
+            0);
+  EXPECT_EQ(samples.at(R"(matmul_stage_duration_seconds_count{stage="reply"})"),
+            0);
+}
+
+TEST(ServerMetricsTest, RecordsLandInTheirSeries) {
+  ServerMetrics metrics;
+  metrics.RecordRequest(RpcMethod::kMultiply, grpc::StatusCode::OK, 0.002);
+  metrics.RecordRequest(RpcMethod::kMultiply, grpc::StatusCode::OK, 0.004);
+  metrics.RecordRequest(RpcMethod::kMultiply,
+                        grpc::StatusCode::INVALID_ARGUMENT, 0.0001);
+  metrics.RecordRequest(RpcMethod::kGetServerInfo, grpc::StatusCode::OK, 1e-5);
+  // Out-of-range codes count as UNKNOWN rather than writing out of bounds.
+  metrics.RecordRequest(RpcMethod::kMultiply, static_cast<grpc::StatusCode>(99),
+                        0.1);
+  StageTimings timings;
+  timings.queue = 1e-4;
+  timings.stage_in = 2e-4;
+  timings.h2d = 3e-4;
+  timings.compute = 4e-3;
+  timings.d2h = 5e-4;
+  metrics.RecordStages(timings);
+  metrics.RecordStage(Stage::kReply, 6e-4);
+  metrics.RecordRejection(RejectReason::kOverloaded);
+  metrics.RecordRejection(RejectReason::kOverloaded);
+  metrics.RecordRejection(RejectReason::kCancelled);
+
+  EXPECT_EQ(metrics.requests(RpcMethod::kMultiply, grpc::StatusCode::OK), 2u);
+  EXPECT_EQ(metrics.rejections(RejectReason::kOverloaded), 2u);
+  const auto s = Samples(metrics.Collect());
+  EXPECT_EQ(s.at(R"(matmul_requests_total{code="OK",method="Multiply"})"), 2);
+  EXPECT_EQ(
+      s.at(
+          R"(matmul_requests_total{code="INVALID_ARGUMENT",method="Multiply"})"),
+      1);
+  EXPECT_EQ(s.at(R"(matmul_requests_total{code="UNKNOWN",method="Multiply"})"),
+            1);
+  EXPECT_EQ(s.at(R"(matmul_requests_total{code="OK",method="GetServerInfo"})"),
+            1);
+  EXPECT_EQ(s.at(R"(matmul_request_duration_seconds_count{method="Multiply"})"),
+            4);
+  EXPECT_NEAR(s.at(R"(matmul_request_duration_seconds_sum{method="Multiply"})"),
+              0.1061, 1e-9);
+  EXPECT_EQ(
+      s.at(
+          R"(matmul_request_duration_seconds_bucket{method="Multiply",le="0.0025"})"),
+      2);
+  EXPECT_EQ(
+      s.at(
+          R"(matmul_request_duration_seconds_bucket{method="Multiply",le="+Inf"})"),
+      4);
+  EXPECT_NEAR(s.at(R"(matmul_stage_duration_seconds_sum{stage="compute"})"),
+              4e-3, 1e-12);
+  EXPECT_EQ(s.at(R"(matmul_stage_duration_seconds_count{stage="d2h"})"), 1);
+  EXPECT_NEAR(s.at(R"(matmul_stage_duration_seconds_sum{stage="reply"})"), 6e-4,
+              1e-12);
+  EXPECT_EQ(s.at(R"(matmul_rejected_requests_total{reason="overloaded"})"), 2);
+  EXPECT_EQ(s.at(R"(matmul_rejected_requests_total{reason="cancelled"})"), 1);
+}
+
+EngineStats TwoGpuStats() {
+  EngineStats stats;
+  for (int d = 0; d < 2; ++d) {
+    DeviceStats device;
+    device.label = absl::StrCat(d);
+    device.streams = {{10, 1.5}, {20, 2.5}};
+    device.busy_seconds = 3;
+    device.compute_busy_seconds = 2;
+    device.copy_busy_seconds = 1.5;
+    device.copy_compute_overlap_seconds = 0.75;
+    device.h2d_bytes = 1000;
+    device.d2h_bytes = 500;
+    device.flops[static_cast<int>(DType::kBFloat16)] = 4e12;
+    device.staging_used_bytes = 1 << 20;
+    device.staging_total_bytes = 4 << 20;
+    device.device_memory_used_bytes = 123456;
+    device.queued_jobs = 7;
+    stats.devices.push_back(device);
+  }
+  return stats;
+}
+
+TEST(EngineFamiliesTest, ExportsEveryCounterPerDeviceAndStream) {
+  const auto s = Samples(EngineFamilies(TwoGpuStats()));
+  EXPECT_EQ(s.at(R"(matmul_streams{device="1"})"), 2);
+  EXPECT_EQ(s.at(R"(matmul_queued_requests{device="0"})"), 7);
+  EXPECT_EQ(s.at(R"(matmul_stream_busy_seconds_total{device="1",stream="1"})"),
+            2.5);
+  EXPECT_EQ(s.at(R"(matmul_stream_jobs_total{device="0",stream="0"})"), 10);
+  EXPECT_EQ(s.at(R"(matmul_device_busy_seconds_total{device="0"})"), 3);
+  EXPECT_EQ(s.at(R"(matmul_device_compute_busy_seconds_total{device="0"})"), 2);
+  EXPECT_EQ(s.at(R"(matmul_device_copy_busy_seconds_total{device="0"})"), 1.5);
+  EXPECT_EQ(
+      s.at(R"(matmul_device_copy_compute_overlap_seconds_total{device="1"})"),
+      0.75);
+  EXPECT_EQ(s.at(R"(matmul_transfer_bytes_total{device="0",direction="h2d"})"),
+            1000);
+  EXPECT_EQ(s.at(R"(matmul_transfer_bytes_total{device="0",direction="d2h"})"),
+            500);
+  EXPECT_EQ(s.at(R"(matmul_flops_total{device="0",dtype="bfloat16"})"), 4e12);
+  EXPECT_EQ(s.at(R"(matmul_flops_total{device="0",dtype="float64"})"), 0);
+  EXPECT_EQ(s.at(R"(matmul_pinned_bytes{device="0",state="used"})"), 1 << 20);
+  EXPECT_EQ(s.at(R"(matmul_pinned_bytes{device="0",state="free"})"), 3 << 20);
+  EXPECT_EQ(s.at(R"(matmul_device_memory_used_bytes{device="1"})"), 123456);
+}
+
+TEST(EngineFamiliesTest, HostEngineWithoutPoolHasNoNegativeFreeBytes) {
+  EngineStats stats;
+  DeviceStats host;
+  host.label = "host";
+  host.streams = {{1, 0.1}};
+  host.staging_used_bytes = 4096;  // no pool: total stays 0
+  stats.devices.push_back(host);
+  const auto s = Samples(EngineFamilies(stats));
+  EXPECT_EQ(s.at(R"(matmul_pinned_bytes{device="host",state="free"})"), 0);
+  EXPECT_EQ(s.at(R"(matmul_pinned_bytes{device="host",state="used"})"), 4096);
+}
+
+TEST(EngineFamiliesTest, NoDevicesNoFamilies) {
+  EXPECT_TRUE(EngineFamilies(EngineStats{}).empty());
+}
+
+TEST(TimelineTest, ParsesTheWindow) {
+  EXPECT_EQ(*ParseTimelineWindow(""), absl::Seconds(2));
+  EXPECT_EQ(*ParseTimelineWindow("0.5"), absl::Milliseconds(500));
+  EXPECT_EQ(*ParseTimelineWindow("3600"), absl::Seconds(60));
+  for (const char* bad : {"0", "-1", "abc", "nan", "inf", "1e999"}) {
+    EXPECT_TRUE(absl::IsInvalidArgument(ParseTimelineWindow(bad).status()))
+        << bad;
+  }
+}
+
+TEST(TimelineTest, SpansBecomeCompleteEventsRelativeToTheFirstStart) {
+  EngineInfo info;
+  info.name = "cuda";
+  info.streams_per_device = 2;
+  DeviceInfo gpu;
+  gpu.index = 1;
+  gpu.name = "NVIDIA \"H200\"";
+  info.devices.push_back(gpu);
+  const absl::Time t0 = absl::FromUnixMicros(1'700'000'000'000'000);
+  std::vector<StreamSpan> spans;
+  spans.push_back({1, 1, StreamSpan::Kind::kH2D, 42, t0 + absl::Microseconds(5),
+                   t0 + absl::Microseconds(15)});
+  spans.push_back({1, 1, StreamSpan::Kind::kCompute, 42,
+                   t0 + absl::Microseconds(15), t0 + absl::Microseconds(40)});
+  spans.push_back(
+      {1, 0, StreamSpan::Kind::kD2H, 41, t0, t0 + absl::Nanoseconds(2500)});
+  const std::string json = TimelineJson(info, spans, absl::Seconds(2));
+  EXPECT_THAT(json, HasSubstr(R"({"traceEvents":[)"));
+  EXPECT_THAT(json, HasSubstr(R"("args":{"name":"GPU 1: NVIDIA \"H200\""})"));
+  EXPECT_THAT(json, HasSubstr(R"("tid":1,"args":{"name":"stream 1"})"));
+  EXPECT_THAT(
+      json,
+      HasSubstr(
+          R"({"ph":"X","name":"h2d","cat":"copy","pid":1,"tid":1,"ts":5.000,"dur":10.000,"args":{"job":42}})"));
+  EXPECT_THAT(
+      json,
+      HasSubstr(
+          R"({"ph":"X","name":"gemm","cat":"compute","pid":1,"tid":1,"ts":15.000,"dur":25.000,"args":{"job":42}})"));
+  EXPECT_THAT(
+      json,
+      HasSubstr(
+          R"({"ph":"X","name":"d2h","cat":"copy","pid":1,"tid":0,"ts":0.000,"dur":2.500,"args":{"job":41}})"));
+  EXPECT_THAT(json, HasSubstr(R"("start_unix_us":1700000000000000)"));
+  EXPECT_THAT(json, HasSubstr(R"("engine":"cuda","window_seconds":2,)"));
+}
+
+TEST(TimelineTest, HostDeviceIsPidZeroWithLanes) {
+  EngineInfo info;
+  info.name = "host";
+  info.streams_per_device = 1;
+  DeviceInfo host;
+  host.index = -1;
+  host.name = "CPU";
+  info.devices.push_back(host);
+  const absl::Time now = absl::Now();
+  const std::string json =
+      TimelineJson(info, {{-1, 0, StreamSpan::Kind::kCompute, 1, now, now}},
+                   absl::Seconds(1));
+  EXPECT_THAT(json, HasSubstr(R"("pid":0,"args":{"name":"host: CPU"})"));
+  EXPECT_THAT(json, HasSubstr(R"({"name":"lane 0"})"));
+  EXPECT_THAT(json, HasSubstr(R"("pid":0,"tid":0,"ts":0.000,"dur":0.000)"));
+  EXPECT_THAT(json, Not(HasSubstr(R"("pid":-1)")));
+}
+
+TEST(HttpServerTest, QueryParameterDecodes) {
+  EXPECT_EQ(QueryParameter("seconds=5", "seconds"), "5");
+  EXPECT_EQ(QueryParameter("a=1&seconds=0%2E5&b", "seconds"), "0.5");
+  EXPECT_EQ(QueryParameter("x=a+b%20c", "x"), "a b c");
+  EXPECT_EQ(QueryParameter("seconds", "seconds"), "");
+  EXPECT_EQ(QueryParameter("a=1", "seconds"), std::nullopt);
+  EXPECT_EQ(QueryParameter("", "seconds"), std::nullopt);
+  EXPECT_EQ(QueryParameter("x=%zz%4", "x"), "%zz%4");
+}
+
+}  // namespace
+}  // namespace matmul
