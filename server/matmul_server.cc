@@ -41,8 +41,8 @@ MatmulServer::~MatmulServer() { Shutdown(); }
 absl::StatusOr<std::unique_ptr<MatmulServer>> MatmulServer::Start(
     const ServerOptions& options, EngineProvider provider) {
   std::unique_ptr<MatmulServer> self(new MatmulServer(options));
-  self->service_ =
-      std::make_unique<MatmulServiceImpl>(options.limits, ServerVersion());
+  self->service_ = std::make_unique<MatmulServiceImpl>(
+      options.limits, options.handle_limits, ServerVersion());
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -131,6 +131,8 @@ void MatmulServer::Shutdown() {
     }
     server_->Shutdown(absl::ToChronoTime(deadline));
   }
+  // Stored tensors live in engine memory: free them before the engine goes.
+  if (service_ != nullptr) service_->handles().Clear();
   if (engine_ != nullptr) engine_->Shutdown();
 }
 

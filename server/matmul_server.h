@@ -15,6 +15,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "gpu/engine.h"
+#include "server/handle_registry.h"
 #include "server/matmul_service.h"
 #include "server/metrics_exporter.h"
 #include "server/request_limits.h"
@@ -28,6 +29,8 @@ struct ServerOptions {
   // "127.0.0.1:0"; empty: not served (metrics are still recorded).
   std::string metrics_address;
   RequestLimits limits;
+  // Stored tensors (Upload, keep_result): quotas per client and lifetimes.
+  HandleLimits handle_limits;
   // On Shutdown: how long health reports NOT_SERVING while RPCs are still
   // accepted, so that load balancers stop sending here first.
   absl::Duration drain_grace = absl::ZeroDuration();

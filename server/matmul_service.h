@@ -1,7 +1,13 @@
 // MatmulServiceImpl: the matmul.v1.MatmulService RPC handlers, on the gRPC
-// callback API. A Multiply is validated, admitted against the in-flight byte
-// budget, and handed to the Engine as a job; the engine's completion thread
-// finishes the RPC. No handler thread ever waits for compute.
+// callback API. No handler thread ever waits for compute: a request is
+// validated, admitted and handed to the Engine as a job, and the engine's
+// completion thread finishes the RPC.
+//
+// Multiply is a raw method: its request is decoded straight from gRPC's
+// receive buffers (server/multiply_wire.h), so operand bytes are copied once,
+// into the engine's pinned staging, and the product is sent from staging as
+// a slice of the response without a copy. Operands may also be stored
+// tensors (Upload, or products kept with keep_result) named by handle.
 #ifndef MATMUL_SERVER_MATMUL_SERVICE_H_
 #define MATMUL_SERVER_MATMUL_SERVICE_H_
 
@@ -12,6 +18,7 @@
 
 #include "gpu/engine.h"
 #include "matmul/v1/matmul.grpc.pb.h"
+#include "server/handle_registry.h"
 #include "server/inflight_bytes.h"
 #include "server/request_limits.h"
 #include "server/server_metrics.h"
@@ -19,13 +26,16 @@
 namespace matmul {
 
 // Thread-safe. Must outlive the grpc::Server it is registered with.
-class MatmulServiceImpl final : public v1::MatmulService::CallbackService {
+class MatmulServiceImpl final
+    : public v1::MatmulService::WithRawCallbackMethod_Multiply<
+          v1::MatmulService::CallbackService> {
  public:
-  MatmulServiceImpl(const RequestLimits& limits, std::string version);
+  MatmulServiceImpl(const RequestLimits& limits,
+                    const HandleLimits& handle_limits, std::string version);
 
   // Installs the engine once it is ready; until then Multiply answers
-  // UNAVAILABLE. The engine must outlive every RPC (stop the gRPC server
-  // before destroying it).
+  // UNAVAILABLE. The engine must outlive every RPC and every stored tensor
+  // (stop the gRPC server and clear handles() before destroying it).
   void SetEngine(Engine* engine);
 
   // From now on Multiply answers UNAVAILABLE: the server is going away.
@@ -45,23 +55,56 @@ class MatmulServiceImpl final : public v1::MatmulService::CallbackService {
   // Per-request metrics, recorded whether or not they are exported.
   const std::shared_ptr<ServerMetrics>& metrics() const { return metrics_; }
 
+  // Stored tensors.
+  HandleRegistry& handles() { return handles_; }
+  const HandleRegistry& handles() const { return handles_; }
+
+  // Bytes the server copied in user space on the Multiply path: operand
+  // bytes copied from gRPC's buffers into staging, and result bytes copied
+  // out of staging into a response. Each request's operands are copied
+  // exactly once and its result not at all (see docs/WIRE.md).
+  int64_t copied_operand_bytes() const {
+    return copied_operand_bytes_.load(std::memory_order_relaxed);
+  }
+  int64_t copied_result_bytes() const {
+    return copied_result_bytes_.load(std::memory_order_relaxed);
+  }
+
   grpc::ServerUnaryReactor* Multiply(grpc::CallbackServerContext* context,
-                                     const v1::MultiplyRequest* request,
-                                     v1::MultiplyResponse* response) override;
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* GetServerInfo(
       grpc::CallbackServerContext* context,
       const v1::GetServerInfoRequest* request,
       v1::GetServerInfoResponse* response) override;
+  grpc::ServerUnaryReactor* Upload(grpc::CallbackServerContext* context,
+                                   const v1::UploadRequest* request,
+                                   v1::UploadResponse* response) override;
+  grpc::ServerUnaryReactor* Download(grpc::CallbackServerContext* context,
+                                     const v1::DownloadRequest* request,
+                                     v1::DownloadResponse* response) override;
+  grpc::ServerUnaryReactor* Delete(grpc::CallbackServerContext* context,
+                                   const v1::DeleteRequest* request,
+                                   v1::DeleteResponse* response) override;
+
+  // The client a stored tensor is charged to: the "x-matmul-client"
+  // metadata if the call has it, else the peer's address without its port.
+  static std::string ClientKey(const grpc::CallbackServerContext& context);
 
  private:
+  friend class JobReactor;
   friend class MultiplyReactor;
+  friend class TransferReactor;
 
   const RequestLimits limits_;
   const std::string version_;
   InflightBytes inflight_bytes_;
+  HandleRegistry handles_;
   std::atomic<Engine*> engine_{nullptr};
   std::atomic<bool> draining_{false};
   std::atomic<int64_t> inflight_requests_{0};
+  std::atomic<int64_t> copied_operand_bytes_{0};
+  std::atomic<int64_t> copied_result_bytes_{0};
   const std::shared_ptr<ServerMetrics> metrics_ =
       std::make_shared<ServerMetrics>();
 };

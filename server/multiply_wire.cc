@@ -209,6 +209,45 @@ absl::Status DecodeTensor(Reader& r, int64_t end, WireTensor* t) {
   return absl::OkStatus();
 }
 
+// Whether `s` is well-formed UTF-8 (as protobuf checks proto3 strings:
+// no overlong forms, no surrogates, nothing above U+10FFFF).
+bool IsUtf8(absl::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    int n;
+    uint32_t cp;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if ((c & 0xe0) == 0xc0) {
+      n = 1;
+      cp = c & 0x1f;
+    } else if ((c & 0xf0) == 0xe0) {
+      n = 2;
+      cp = c & 0x0f;
+    } else if ((c & 0xf8) == 0xf0) {
+      n = 3;
+      cp = c & 0x07;
+    } else {
+      return false;
+    }
+    if (i + n >= s.size()) return false;
+    for (int j = 1; j <= n; ++j) {
+      const auto cc = static_cast<unsigned char>(s[i + j]);
+      if ((cc & 0xc0) != 0x80) return false;
+      cp = cp << 6 | (cc & 0x3f);
+    }
+    if ((n == 1 && cp < 0x80) || (n == 2 && cp < 0x800) ||
+        (n == 3 && cp < 0x10000) || cp > 0x10ffff ||
+        (cp >= 0xd800 && cp <= 0xdfff)) {
+      return false;
+    }
+    i += n + 1;
+  }
+  return true;
+}
+
 void PutVarint(std::string& out, uint64_t v) {
   while (v >= 0x80) {
     out.push_back(static_cast<char>((v & 0x7f) | 0x80));
@@ -262,7 +301,8 @@ absl::StatusOr<WireMultiplyRequest> DecodeMultiplyRequest(
           !s.ok()) {
         return s;
       }
-    } else if ((field == 3 || field == 4 || field == 5) &&
+    } else if ((field == 3 || field == 4 || field == 5 || field == 8 ||
+                field == 9) &&
                wire_type == kVarint) {
       uint64_t v;
       if (absl::Status s = ReadVarint(r, end, &v); !s.ok()) return s;
@@ -271,6 +311,20 @@ absl::StatusOr<WireMultiplyRequest> DecodeMultiplyRequest(
       if (field == 5) {
         request.compute_mode = static_cast<int32_t>(static_cast<uint32_t>(v));
       }
+      if (field == 8) request.keep_result = v != 0;
+      if (field == 9) request.result_ttl_seconds = static_cast<int64_t>(v);
+    } else if ((field == 6 || field == 7) && wire_type == kLengthDelimited) {
+      absl::StatusOr<int64_t> string_end = ReadLength(r, end);
+      if (!string_end.ok()) return string_end.status();
+      std::vector<ByteChunk> pieces;
+      r.Take(*string_end - r.pos(), &pieces);
+      std::string& out = field == 6 ? request.a_handle : request.b_handle;
+      out.clear();
+      for (const ByteChunk& piece : pieces) {
+        out.append(reinterpret_cast<const char*>(piece.data()), piece.size());
+      }
+      // proto3 strings must be UTF-8; protobuf refuses the message if not.
+      if (!IsUtf8(out)) return Malformed(r, "a handle is not UTF-8");
     } else if (absl::Status s = SkipAny(r, end, field, wire_type, 0); !s.ok()) {
       return s;
     }

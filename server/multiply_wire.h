@@ -41,6 +41,10 @@ struct WireMultiplyRequest {
   bool transpose_a = false;
   bool transpose_b = false;
   int compute_mode = 0;
+  std::string a_handle;
+  std::string b_handle;
+  bool keep_result = false;
+  int64_t result_ttl_seconds = 0;
 
   // The header for validation (spans point into this object).
   MultiplyHeader header() const;

@@ -128,6 +128,24 @@ v1::Dtype ToProto(DType dtype) {
   return v1::DTYPE_UNSPECIFIED;
 }
 
+absl::StatusOr<TensorDims> ValidateTensor(const OperandHeader& tensor,
+                                          absl::string_view name,
+                                          const RequestLimits& limits) {
+  if (!tensor.present) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": required"));
+  }
+  ASSIGN_OR_RETURN(const DType dtype, CheckDtype(tensor, name));
+  ASSIGN_OR_RETURN(const OperandDims dims,
+                   CheckOperand(tensor, name, dtype, limits));
+  TensorDims out;
+  out.dtype = dtype;
+  out.batch = dims.batch;
+  out.rows = dims.rows;
+  out.cols = dims.cols;
+  out.is_3d = dims.is_3d;
+  return out;
+}
+
 MultiplyHeader HeaderOf(const v1::MultiplyRequest& request) {
   auto operand = [](bool present, const v1::Tensor& t) {
     OperandHeader h;

@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "common/dtype.h"
 #include "gpu/matmul_spec.h"
@@ -42,6 +43,21 @@ absl::StatusOr<MatmulSpec> ValidateMultiplyHeader(const MultiplyHeader& request,
                                                   const RequestLimits& limits);
 absl::StatusOr<MatmulSpec> ValidateMultiplyRequest(
     const v1::MultiplyRequest& request, const RequestLimits& limits);
+
+// One stored tensor's description, validated (Upload).
+struct TensorDims {
+  DType dtype = DType::kFloat32;
+  int64_t batch = 1;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  bool is_3d = false;
+};
+
+// Validates a tensor on its own (dtype, 2-D or 3-D shape, byte count,
+// limits), with the same messages as for Multiply's operands.
+absl::StatusOr<TensorDims> ValidateTensor(const OperandHeader& tensor,
+                                          absl::string_view name,
+                                          const RequestLimits& limits);
 
 // Mapping between the API's enums and the engine's; nullopt for values
 // outside the API (e.g. DTYPE_UNSPECIFIED or an unknown number).

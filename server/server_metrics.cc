@@ -30,6 +30,12 @@ absl::string_view RpcMethodName(RpcMethod method) {
       return "Multiply";
     case RpcMethod::kGetServerInfo:
       return "GetServerInfo";
+    case RpcMethod::kUpload:
+      return "Upload";
+    case RpcMethod::kDownload:
+      return "Download";
+    case RpcMethod::kDelete:
+      return "Delete";
   }
   return "unknown";
 }

@@ -32,8 +32,8 @@
 namespace matmul {
 
 // The RPCs that are counted (label `method`).
-enum class RpcMethod { kMultiply, kGetServerInfo };
-inline constexpr int kNumRpcMethods = 2;
+enum class RpcMethod { kMultiply, kGetServerInfo, kUpload, kDownload, kDelete };
+inline constexpr int kNumRpcMethods = 5;
 absl::string_view RpcMethodName(RpcMethod method);
 
 // Where a Multiply spent its time (label `stage`). queue .. d2h come from the

@@ -30,6 +30,9 @@ class FakeEngine final : public Engine {
   absl::Status CheckFits(const MatmulSpec&) const override {
     return fits_status_;
   }
+  absl::Duration MinimumDuration(const MatmulSpec&) const override {
+    return minimum_duration_;
+  }
 
   void Submit(std::unique_ptr<MatmulJob> job) override {
     {
@@ -88,6 +91,7 @@ class FakeEngine final : public Engine {
   }
 
   absl::Status fits_status_ = absl::OkStatus();
+  absl::Duration minimum_duration_ = absl::ZeroDuration();
 
  private:
   static void Run(std::unique_ptr<MatmulJob> job, absl::Status status) {

@@ -63,6 +63,10 @@ void ExpectSameAsProtobuf(const std::string& bytes, std::mt19937& gen) {
   EXPECT_EQ(wire->transpose_a, message.transpose_a());
   EXPECT_EQ(wire->transpose_b, message.transpose_b());
   EXPECT_EQ(wire->compute_mode, message.compute_mode());
+  EXPECT_EQ(wire->a_handle, message.a_handle());
+  EXPECT_EQ(wire->b_handle, message.b_handle());
+  EXPECT_EQ(wire->keep_result, message.keep_result());
+  EXPECT_EQ(wire->result_ttl_seconds, message.result_ttl_seconds());
 }
 
 v1::MultiplyRequest RandomRequest(std::mt19937& gen) {
@@ -84,6 +88,10 @@ v1::MultiplyRequest RandomRequest(std::mt19937& gen) {
   r.set_transpose_a(gen() % 2);
   r.set_transpose_b(gen() % 2);
   r.set_compute_mode(static_cast<v1::ComputeMode>(gen() % 4));
+  if (gen() % 3 == 0) r.set_a_handle("h-0123456789abcdef");
+  if (gen() % 3 == 0) r.set_b_handle(gen() % 2 ? "h-\xc3\xa9" : "");
+  r.set_keep_result(gen() % 2);
+  r.set_result_ttl_seconds(gen() % 4 == 0 ? -5 : gen() % 100);
   return r;
 }
 

@@ -586,6 +586,250 @@ TEST(ServerTest, StuckJobDoesNotBlockShutdownPastTheDrainTimeout) {
   EXPECT_EQ(server->service().inflight_requests(), 0);
 }
 
+// The Multiply path copies each operand byte once (gRPC's buffers into
+// staging) and no result byte (the product is sent from staging).
+TEST(ServerTest, MultiplyCopiesOperandsOnceAndResultsNever) {
+  std::unique_ptr<MatmulServer> server =
+      StartOrDie(LocalOptions(), HostProvider());
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::MatmulService::NewStub(Channel(server->port()));
+  absl::BitGen gen;
+  int64_t operand_bytes = 0;
+  for (int i = 0; i < 5; ++i) {
+    const v1::MultiplyRequest request =
+        RandomRequest(DType::kFloat32, {300, 200 + i}, {200 + i, 100}, gen);
+    operand_bytes += static_cast<int64_t>(request.a().data().size() +
+                                          request.b().data().size());
+    v1::MultiplyResponse response;
+    ASSERT_TRUE(Multiply(*stub, request, &response).ok());
+    ExpectCorrect(request, response);
+  }
+  EXPECT_EQ(server->service().copied_operand_bytes(), operand_bytes);
+  EXPECT_EQ(server->service().copied_result_bytes(), 0);
+}
+
+TEST(ServerTest, OverloadAnswersWithARetryHint) {
+  FakeEngine* engine = nullptr;
+  ServerOptions options = LocalOptions();
+  options.limits.max_inflight_bytes = 4096;
+  std::unique_ptr<MatmulServer> server =
+      StartOrDie(options, FakeProvider(&engine));
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::MatmulService::NewStub(Channel(server->port()));
+  absl::BitGen gen;
+  const v1::MultiplyRequest request =
+      RandomRequest(DType::kFloat32, {16, 16}, {16, 16}, gen);
+  v1::MultiplyResponse first_response;
+  auto first = std::async(std::launch::async, [&] {
+    return Multiply(*stub, request, &first_response);
+  });
+  engine->WaitForHeld(1);
+  grpc::ClientContext context;
+  v1::MultiplyResponse response;
+  grpc::Status refused = stub->Multiply(&context, request, &response);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  const auto& trailers = context.GetServerTrailingMetadata();
+  auto pushback = trailers.find("grpc-retry-pushback-ms");
+  ASSERT_NE(pushback, trailers.end());
+  EXPECT_GE(
+      std::stoi(std::string(pushback->second.data(), pushback->second.size())),
+      10);
+  engine->ReleaseOne();
+  EXPECT_TRUE(first.get().ok());
+}
+
+TEST(ServerTest, HopelessDeadlineIsRefusedAtOnce) {
+  FakeEngine* engine = nullptr;
+  std::unique_ptr<MatmulServer> server =
+      StartOrDie(LocalOptions(), FakeProvider(&engine));
+  ASSERT_NE(server, nullptr);
+  engine->minimum_duration_ = absl::Seconds(30);
+  auto stub = v1::MatmulService::NewStub(Channel(server->port()));
+  absl::BitGen gen;
+  v1::MultiplyResponse response;
+  const absl::Time start = absl::Now();
+  grpc::Status status =
+      Multiply(*stub, RandomRequest(DType::kFloat32, {8, 8}, {8, 8}, gen),
+               &response, std::chrono::seconds(10));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_THAT(status.error_message(), HasSubstr("cannot be met"));
+  EXPECT_EQ(engine->held(), 0u);
+}
+
+grpc::Status Upload(v1::MatmulService::Stub& stub, const v1::Tensor& tensor,
+                    v1::TensorHandle* handle, int64_t ttl_seconds = 0,
+                    const char* client = nullptr) {
+  grpc::ClientContext context;
+  if (client != nullptr) context.AddMetadata("x-matmul-client", client);
+  v1::UploadRequest request;
+  *request.mutable_tensor() = tensor;
+  request.set_ttl_seconds(ttl_seconds);
+  v1::UploadResponse response;
+  grpc::Status status = stub.Upload(&context, request, &response);
+  *handle = response.handle();
+  return status;
+}
+
+grpc::Status Download(v1::MatmulService::Stub& stub, const std::string& id,
+                      v1::Tensor* tensor) {
+  grpc::ClientContext context;
+  v1::DownloadRequest request;
+  request.set_handle(id);
+  v1::DownloadResponse response;
+  grpc::Status status = stub.Download(&context, request, &response);
+  *tensor = response.tensor();
+  return status;
+}
+
+grpc::Status Delete(v1::MatmulService::Stub& stub, const std::string& id) {
+  grpc::ClientContext context;
+  v1::DeleteRequest request;
+  request.set_handle(id);
+  v1::DeleteResponse response;
+  return stub.Delete(&context, request, &response);
+}
+
+// Stored tensors: upload, multiply with handles and inline operands in any
+// mix, keep a product on the engine, chain it, download it, delete it.
+TEST(ServerTest, StoredTensorsEndToEnd) {
+  std::unique_ptr<MatmulServer> server =
+      StartOrDie(LocalOptions(), HostProvider());
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::MatmulService::NewStub(Channel(server->port()));
+  absl::BitGen gen;
+  const v1::Tensor a = RandomTensor(DType::kFloat32, {2, 40, 30}, gen);
+  const v1::Tensor b = RandomTensor(DType::kFloat32, {30, 20}, gen);
+  const v1::Tensor d = RandomTensor(DType::kFloat32, {20, 10}, gen);
+
+  v1::TensorHandle ha;
+  ASSERT_TRUE(Upload(*stub, a, &ha).ok());
+  EXPECT_THAT(ha.shape(), ::testing::ElementsAre(2, 40, 30));
+  EXPECT_EQ(ha.dtype(), v1::DTYPE_FLOAT32);
+  EXPECT_EQ(ha.bytes(), 2 * 40 * 30 * 4);
+  EXPECT_GT(ha.expire_time_unix_ms(), absl::ToUnixMillis(absl::Now()));
+
+  // Stored A × inline B, product kept.
+  v1::MultiplyRequest keep;
+  keep.set_a_handle(ha.id());
+  *keep.mutable_b() = b;
+  keep.set_keep_result(true);
+  v1::MultiplyResponse kept;
+  ASSERT_TRUE(Multiply(*stub, keep, &kept).ok());
+  EXPECT_FALSE(kept.has_c());
+  ASSERT_TRUE(kept.has_c_handle());
+  EXPECT_THAT(kept.c_handle().shape(), ::testing::ElementsAre(2, 40, 20));
+
+  // The kept product, downloaded, is A·B.
+  v1::MultiplyRequest inline_ab;
+  *inline_ab.mutable_a() = a;
+  *inline_ab.mutable_b() = b;
+  v1::Tensor c;
+  ASSERT_TRUE(Download(*stub, kept.c_handle().id(), &c).ok());
+  v1::MultiplyResponse as_response;
+  *as_response.mutable_c() = c;
+  ExpectCorrect(inline_ab, as_response);
+
+  // Chained: stored product × inline D, returned inline.
+  v1::MultiplyRequest chain;
+  chain.set_a_handle(kept.c_handle().id());
+  *chain.mutable_b() = d;
+  v1::MultiplyResponse chained;
+  ASSERT_TRUE(Multiply(*stub, chain, &chained).ok());
+  v1::MultiplyRequest inline_cd;
+  *inline_cd.mutable_a() = c;
+  *inline_cd.mutable_b() = d;
+  ExpectCorrect(inline_cd, chained);
+
+  // Inline A × stored B.
+  v1::TensorHandle hb;
+  ASSERT_TRUE(Upload(*stub, b, &hb).ok());
+  v1::MultiplyRequest mixed;
+  *mixed.mutable_a() = a;
+  mixed.set_b_handle(hb.id());
+  v1::MultiplyResponse mixed_response;
+  ASSERT_TRUE(Multiply(*stub, mixed, &mixed_response).ok());
+  ExpectCorrect(inline_ab, mixed_response);
+
+  EXPECT_GT(server->service().handles().stored_bytes(), 0);
+  for (const std::string& id : {ha.id(), hb.id(), kept.c_handle().id()}) {
+    EXPECT_TRUE(Delete(*stub, id).ok());
+  }
+  EXPECT_EQ(server->service().handles().stored_bytes(), 0);
+  EXPECT_EQ(server->service().handles().stored_handles(), 0);
+
+  // Deleted handles are gone.
+  grpc::Status gone = Multiply(*stub, chain, &chained);
+  EXPECT_EQ(gone.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(gone.error_message(), HasSubstr("a_handle: no stored tensor"));
+  EXPECT_EQ(Delete(*stub, ha.id()).error_code(), grpc::StatusCode::NOT_FOUND);
+  v1::Tensor none;
+  EXPECT_EQ(Download(*stub, ha.id(), &none).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+}
+
+TEST(ServerTest, StoredTensorErrors) {
+  ServerOptions options = LocalOptions();
+  options.handle_limits.max_bytes_per_client = 10000;
+  options.handle_limits.max_ttl = absl::Seconds(100);
+  std::unique_ptr<MatmulServer> server = StartOrDie(options, HostProvider());
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::MatmulService::NewStub(Channel(server->port()));
+  absl::BitGen gen;
+  const v1::Tensor small = RandomTensor(DType::kFloat32, {20, 20}, gen);
+  v1::TensorHandle h;
+  ASSERT_TRUE(Upload(*stub, small, &h, 0, "alice").ok());
+
+  // Both a and a_handle.
+  v1::MultiplyRequest both;
+  *both.mutable_a() = small;
+  both.set_a_handle(h.id());
+  *both.mutable_b() = small;
+  v1::MultiplyResponse response;
+  grpc::Status s = Multiply(*stub, both, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("a and a_handle are both set"));
+
+  // Unknown handle.
+  v1::MultiplyRequest unknown;
+  unknown.set_a_handle("h-nope");
+  *unknown.mutable_b() = small;
+  EXPECT_EQ(Multiply(*stub, unknown, &response).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+
+  // Over the per-client quota (1600 held, 9600 more asked), not for others.
+  const v1::Tensor big = RandomTensor(DType::kFloat32, {40, 60}, gen);
+  v1::TensorHandle h2;
+  s = Upload(*stub, big, &h2, 0, "alice");
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(s.error_message(), HasSubstr("over the limit of 10000 bytes"));
+  EXPECT_TRUE(Upload(*stub, big, &h2, 0, "bob").ok());
+
+  // TTL over the maximum; malformed tensor; unknown device.
+  EXPECT_EQ(Upload(*stub, small, &h2, 101, "carol").error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  v1::Tensor bad = small;
+  bad.mutable_data()->pop_back();
+  s = Upload(*stub, bad, &h2, 0, "carol");
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("tensor.data: expected 1600"));
+  grpc::ClientContext context;
+  v1::UploadRequest on_device;
+  *on_device.mutable_tensor() = small;
+  on_device.set_device(7);
+  v1::UploadResponse upload_response;
+  EXPECT_EQ(stub->Upload(&context, on_device, &upload_response).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+
+  // A short TTL expires and the tensor is freed.
+  v1::TensorHandle brief;
+  ASSERT_TRUE(Upload(*stub, small, &brief, 1, "dave").ok());
+  absl::SleepFor(absl::Milliseconds(1500));
+  v1::Tensor expired;
+  EXPECT_EQ(Download(*stub, brief.id(), &expired).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+}
+
 // Server reflection answers list_services with our service in it. The
 // request is hand-encoded (field 7, list_services = ""), so the test needs
 // no reflection stubs.
