@@ -1,6 +1,7 @@
 // matmul-server: flags, signals and start-up. Everything else lives in
 // MatmulServer. Flags may be written with dashes or underscores
 // (--max-message-bytes or --max_message_bytes).
+#include <grpcpp/security/server_credentials.h>
 #include <pthread.h>
 #include <signal.h>
 
@@ -9,6 +10,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -48,6 +51,26 @@ ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30),
 ABSL_FLAG(absl::Duration, max_connection_age, absl::Minutes(5),
           "Close client connections (with GOAWAY) after this long, so that "
           "long-lived clients rebalance across replicas; 0 disables");
+ABSL_FLAG(std::string, unix_socket, "",
+          "Also listen on this unix socket path (plaintext, same host)");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate chain: serve gRPC over TLS (with --tls-key)");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key for --tls-cert");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA bundle: require client certificates signed by it (mTLS)");
+ABSL_FLAG(int32_t, health_port, 0,
+          "Plaintext port serving only grpc.health.v1, for probes that "
+          "cannot speak TLS (0: none)");
+ABSL_FLAG(int32_t, max_concurrent_streams, 1024,
+          "Most concurrent RPCs one client connection may have open");
+ABSL_FLAG(int64_t, max_stored_bytes_per_client, int64_t{64} << 30,
+          "Engine memory one client may hold in stored tensors, bytes");
+ABSL_FLAG(int64_t, max_handles_per_client, 4096,
+          "Stored tensors one client may hold");
+ABSL_FLAG(absl::Duration, default_handle_ttl, absl::Minutes(10),
+          "Lifetime of a stored tensor when the request gives none");
+ABSL_FLAG(absl::Duration, max_handle_ttl, absl::Hours(24),
+          "Longest lifetime a request may ask for");
 ABSL_FLAG(absl::Duration, max_connection_age_grace, absl::Seconds(60),
           "Time RPCs get to finish on a connection closed for its age");
 
@@ -67,7 +90,62 @@ constexpr const char* kEnvFlags[] = {"host",
                                      "drain_grace",
                                      "drain_timeout",
                                      "max_connection_age",
-                                     "max_connection_age_grace"};
+                                     "max_connection_age_grace",
+                                     "unix_socket",
+                                     "tls_cert",
+                                     "tls_key",
+                                     "tls_client_ca",
+                                     "health_port",
+                                     "max_concurrent_streams",
+                                     "max_stored_bytes_per_client",
+                                     "max_handles_per_client",
+                                     "default_handle_ttl",
+                                     "max_handle_ttl"};
+
+// The contents of a file named by a flag.
+absl::StatusOr<std::string> ReadFile(const std::string& flag,
+                                     const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrCat("--", flag, ": cannot read ", path));
+  }
+  std::ostringstream contents;
+  contents << in.rdbuf();
+  return contents.str();
+}
+
+// TLS credentials from the --tls-* flags; null when TLS is off.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> TlsCredentials() {
+  const std::string cert_path = absl::GetFlag(FLAGS_tls_cert);
+  const std::string key_path = absl::GetFlag(FLAGS_tls_key);
+  const std::string ca_path = absl::GetFlag(FLAGS_tls_client_ca);
+  if (cert_path.empty() && key_path.empty()) {
+    if (!ca_path.empty()) {
+      return absl::InvalidArgumentError(
+          "--tls-client-ca needs --tls-cert and --tls-key");
+    }
+    return std::shared_ptr<grpc::ServerCredentials>();
+  }
+  if (cert_path.empty() || key_path.empty()) {
+    return absl::InvalidArgumentError("--tls-cert and --tls-key go together");
+  }
+  absl::StatusOr<std::string> cert = ReadFile("tls_cert", cert_path);
+  if (!cert.ok()) return cert.status();
+  absl::StatusOr<std::string> key = ReadFile("tls_key", key_path);
+  if (!key.ok()) return key.status();
+  grpc::SslServerCredentialsOptions ssl(
+      ca_path.empty()
+          ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
+          : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  ssl.pem_key_cert_pairs.push_back({*key, *cert});
+  if (!ca_path.empty()) {
+    absl::StatusOr<std::string> ca = ReadFile("tls_client_ca", ca_path);
+    if (!ca.ok()) return ca.status();
+    ssl.pem_root_certs = *ca;
+  }
+  return grpc::SslServerCredentials(ssl);
+}
 
 // absl flags are spelled with underscores; accept the dashed spelling too.
 std::vector<char*> NormalizeFlagNames(int argc, char** argv,
@@ -164,6 +242,26 @@ int main(int argc, char** argv) {
   options.drain_grace = absl::GetFlag(FLAGS_drain_grace);
   options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
   options.max_connection_age = absl::GetFlag(FLAGS_max_connection_age);
+  options.unix_socket = absl::GetFlag(FLAGS_unix_socket);
+  options.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
+  if (absl::GetFlag(FLAGS_health_port) > 0) {
+    options.health_address =
+        absl::StrCat(ipv6 ? "[" : "", host, ipv6 ? "]" : "", ":",
+                     absl::GetFlag(FLAGS_health_port));
+  }
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> tls =
+      TlsCredentials();
+  if (!tls.ok()) {
+    matmul::LogLine(absl::StrCat("error: ", tls.status().message()));
+    return 2;
+  }
+  options.credentials = *tls;
+  options.handle_limits.max_bytes_per_client =
+      absl::GetFlag(FLAGS_max_stored_bytes_per_client);
+  options.handle_limits.max_handles_per_client =
+      absl::GetFlag(FLAGS_max_handles_per_client);
+  options.handle_limits.default_ttl = absl::GetFlag(FLAGS_default_handle_ttl);
+  options.handle_limits.max_ttl = absl::GetFlag(FLAGS_max_handle_ttl);
   options.max_connection_age_grace =
       absl::GetFlag(FLAGS_max_connection_age_grace);
   if (options.limits.max_message_bytes <= 0 ||
@@ -186,10 +284,20 @@ int main(int argc, char** argv) {
     matmul::LogLine(absl::StrCat("metrics on port ", (*server)->metrics_port(),
                                  " (/metrics, /timeline)"));
   }
-  matmul::LogLine(
-      absl::StrCat("serving on port ", (*server)->port(), "; max message ",
-                   options.limits.max_message_bytes, " bytes, max in flight ",
-                   options.limits.max_inflight_bytes, " bytes"));
+  matmul::LogLine(absl::StrCat(
+      "serving on port ", (*server)->port(),
+      options.credentials != nullptr
+          ? (absl::GetFlag(FLAGS_tls_client_ca).empty() ? " (TLS)"
+                                                        : " (mutual TLS)")
+          : " (plaintext)",
+      options.unix_socket.empty()
+          ? ""
+          : absl::StrCat(" and unix:", options.unix_socket),
+      (*server)->health_port() > 0
+          ? absl::StrCat("; health-only port ", (*server)->health_port())
+          : "",
+      "; max message ", options.limits.max_message_bytes,
+      " bytes, max in flight ", options.limits.max_inflight_bytes, " bytes"));
 
   int signal_number = 0;
   sigwait(&signals, &signal_number);

@@ -36,6 +36,11 @@ std::string ServerVersion() {
 
 MatmulServer::MatmulServer(const ServerOptions& options) : options_(options) {}
 
+void MatmulServer::SetHealthEverywhere(bool ready) {
+  if (server_ != nullptr) SetHealth(*server_, ready);
+  if (health_server_ != nullptr) SetHealth(*health_server_, ready);
+}
+
 MatmulServer::~MatmulServer() { Shutdown(); }
 
 absl::StatusOr<std::unique_ptr<MatmulServer>> MatmulServer::Start(
@@ -48,7 +53,19 @@ absl::StatusOr<std::unique_ptr<MatmulServer>> MatmulServer::Start(
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.listen_address,
-                           grpc::InsecureServerCredentials(), &self->port_);
+                           options.credentials != nullptr
+                               ? options.credentials
+                               : grpc::InsecureServerCredentials(),
+                           &self->port_);
+  int unix_bound = 0;
+  if (!options.unix_socket.empty()) {
+    builder.AddListeningPort(absl::StrCat("unix:", options.unix_socket),
+                             grpc::InsecureServerCredentials(), &unix_bound);
+  }
+  if (options.max_concurrent_streams > 0) {
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                               options.max_concurrent_streams);
+  }
   const int max_message = static_cast<int>(
       std::min<int64_t>(options.limits.max_message_bytes, INT_MAX));
   builder.SetMaxReceiveMessageSize(max_message);
@@ -69,12 +86,29 @@ absl::StatusOr<std::unique_ptr<MatmulServer>> MatmulServer::Start(
   }
   builder.RegisterService(self->service_.get());
   self->server_ = builder.BuildAndStart();
-  if (self->server_ == nullptr || self->port_ == 0) {
+  if (self->server_ == nullptr || self->port_ == 0 ||
+      (!options.unix_socket.empty() && unix_bound == 0)) {
+    if (self->server_ != nullptr) self->server_->Shutdown();
     self->server_.reset();
-    return absl::UnavailableError(
-        absl::StrCat("cannot listen on ", options.listen_address));
+    return absl::UnavailableError(absl::StrCat(
+        "cannot listen on ", options.listen_address,
+        options.unix_socket.empty() ? "" : " and unix:", options.unix_socket));
   }
-  SetHealth(*self->server_, /*ready=*/false);
+  if (!options.health_address.empty()) {
+    grpc::ServerBuilder health_builder;
+    health_builder.AddListeningPort(options.health_address,
+                                    grpc::InsecureServerCredentials(),
+                                    &self->health_port_);
+    health_builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+    self->health_server_ = health_builder.BuildAndStart();
+    if (self->health_server_ == nullptr || self->health_port_ == 0) {
+      self->health_server_.reset();
+      self->Shutdown();
+      return absl::UnavailableError(
+          absl::StrCat("cannot listen on ", options.health_address));
+    }
+  }
+  self->SetHealthEverywhere(/*ready=*/false);
   // Metrics come up before the engine, so that a slow start is visible.
   if (!options.metrics_address.empty()) {
     absl::StatusOr<std::unique_ptr<MetricsExporter>> metrics =
@@ -95,7 +129,7 @@ absl::StatusOr<std::unique_ptr<MatmulServer>> MatmulServer::Start(
   }
   self->engine_ = std::move(*engine);
   self->service_->SetEngine(self->engine_.get());
-  SetHealth(*self->server_, /*ready=*/true);
+  self->SetHealthEverywhere(/*ready=*/true);
   return self;
 }
 
@@ -106,7 +140,7 @@ void MatmulServer::Shutdown() {
     shut_down_ = true;
   }
   if (server_ != nullptr) {
-    SetHealth(*server_, /*ready=*/false);
+    SetHealthEverywhere(/*ready=*/false);
     if (options_.drain_grace > absl::ZeroDuration()) {
       LogLine(absl::StrCat("draining: NOT_SERVING for ",
                            absl::FormatDuration(options_.drain_grace),
@@ -131,6 +165,7 @@ void MatmulServer::Shutdown() {
     }
     server_->Shutdown(absl::ToChronoTime(deadline));
   }
+  if (health_server_ != nullptr) health_server_->Shutdown();
   // Stored tensors live in engine memory: free them before the engine goes.
   if (service_ != nullptr) service_->handles().Clear();
   if (engine_ != nullptr) engine_->Shutdown();

@@ -4,6 +4,7 @@
 #ifndef MATMUL_SERVER_MATMUL_SERVER_H_
 #define MATMUL_SERVER_MATMUL_SERVER_H_
 
+#include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server.h>
 
 #include <functional>
@@ -25,6 +26,17 @@ namespace matmul {
 struct ServerOptions {
   // gRPC listening address, e.g. "0.0.0.0:50051" or "127.0.0.1:0".
   std::string listen_address = "0.0.0.0:50051";
+  // Credentials for listen_address: TLS or mutual TLS; null for plaintext.
+  std::shared_ptr<grpc::ServerCredentials> credentials;
+  // Also listen on this unix socket path (plaintext; same-host clients,
+  // protected by the file's permissions); empty: none.
+  std::string unix_socket;
+  // A plaintext listener that serves only grpc.health.v1, for probes that
+  // cannot speak TLS (e.g. "0.0.0.0:8081"); empty: none.
+  std::string health_address;
+  // Most concurrent streams (RPCs) one client connection may open; 0 keeps
+  // gRPC's default (unlimited).
+  int max_concurrent_streams = 0;
   // Prometheus /metrics and /timeline over HTTP, e.g. "0.0.0.0:9464" or
   // "127.0.0.1:0"; empty: not served (metrics are still recorded).
   std::string metrics_address;
@@ -68,6 +80,8 @@ class MatmulServer {
 
   // The bound port (useful with port 0).
   int port() const { return port_; }
+  // The bound health-only port, or 0 if there is none.
+  int health_port() const { return health_port_; }
   // The bound metrics port, or 0 if metrics are not served.
   int metrics_port() const {
     return metrics_ == nullptr ? 0 : metrics_->port();
@@ -82,12 +96,16 @@ class MatmulServer {
 
  private:
   explicit MatmulServer(const ServerOptions& options);
+  // Serving statuses on the main server and the health-only one.
+  void SetHealthEverywhere(bool ready);
 
   const ServerOptions options_;
   std::unique_ptr<MatmulServiceImpl> service_;
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<grpc::Server> health_server_;
   int port_ = 0;
+  int health_port_ = 0;
   absl::Mutex shutdown_mu_;
   bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;
   // Last: it reads the service and the engine, so it goes first. It keeps

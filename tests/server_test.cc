@@ -3,11 +3,15 @@
 #include <grpcpp/create_channel.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdlib>
+#include <fstream>
 #include <future>
 #include <memory>
+#include <optional>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -828,6 +832,139 @@ TEST(ServerTest, StoredTensorErrors) {
   v1::Tensor expired;
   EXPECT_EQ(Download(*stub, brief.id(), &expired).error_code(),
             grpc::StatusCode::NOT_FOUND);
+}
+
+// Certificates made at test time with openssl: a CA, a server certificate
+// for 127.0.0.1, a client certificate signed by the CA, and one signed by
+// another CA.
+struct TestPki {
+  std::string dir;
+  std::string ca, server_cert, server_key, client_cert, client_key;
+  std::string rogue_cert, rogue_key;
+};
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  std::ostringstream out;
+  out << in.rdbuf();
+  return out.str();
+}
+
+std::optional<TestPki> MakePki() {
+  char pattern[] = "/tmp/matmul-pki-XXXXXX";
+  if (mkdtemp(pattern) == nullptr) return std::nullopt;
+  TestPki pki;
+  pki.dir = pattern;
+  const std::string d = pki.dir;
+  {
+    std::ofstream script(d + "/make.sh");
+    script << "set -e\ncd " << d << "\nexec >/dev/null 2>&1\n"
+           << "printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\\n' > "
+              "san.ext\n"
+           << "for ca in ca rogue; do openssl req -x509 -newkey rsa:2048 "
+              "-nodes -days 2 -subj /CN=$ca -keyout $ca.key -out $ca.pem; "
+              "done\n"
+           << "openssl req -newkey rsa:2048 -nodes -subj /CN=server -keyout "
+              "server.key -out server.csr\n"
+           << "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key "
+              "-CAcreateserial -days 2 -extfile san.ext -out server.pem\n"
+           << "for c in client:ca roguecl:rogue; do n=${c%%:*}; s=${c##*:}; "
+              "openssl req -newkey rsa:2048 -nodes -subj /CN=$n -keyout "
+              "$n.key -out $n.csr; openssl x509 -req -in $n.csr -CA $s.pem "
+              "-CAkey $s.key -CAcreateserial -days 2 -out $n.pem; done\n";
+  }
+  if (std::system(absl::StrCat("sh ", d, "/make.sh").c_str()) != 0) {
+    return std::nullopt;
+  }
+  pki.ca = ReadAll(d + "/ca.pem");
+  pki.server_cert = ReadAll(d + "/server.pem");
+  pki.server_key = ReadAll(d + "/server.key");
+  pki.client_cert = ReadAll(d + "/client.pem");
+  pki.client_key = ReadAll(d + "/client.key");
+  pki.rogue_cert = ReadAll(d + "/roguecl.pem");
+  pki.rogue_key = ReadAll(d + "/roguecl.key");
+  return pki;
+}
+
+std::shared_ptr<grpc::Channel> TlsChannel(int port, const TestPki& pki,
+                                          const std::string& cert,
+                                          const std::string& key) {
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = pki.ca;
+  ssl.pem_cert_chain = cert;
+  ssl.pem_private_key = key;
+  return grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
+                             grpc::SslCredentials(ssl));
+}
+
+// Mutual TLS: a client with a certificate from the server's CA is served;
+// one without a certificate, one with another CA's certificate, and a
+// plaintext client are refused. Probes use the plaintext health-only port,
+// which serves nothing but health.
+TEST(ServerTest, MutualTlsAndAPlaintextHealthPort) {
+  std::optional<TestPki> pki = MakePki();
+  if (!pki.has_value()) GTEST_SKIP() << "openssl is not available";
+  grpc::SslServerCredentialsOptions ssl(
+      GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  ssl.pem_key_cert_pairs.push_back({pki->server_key, pki->server_cert});
+  ssl.pem_root_certs = pki->ca;
+  ServerOptions options = LocalOptions();
+  options.credentials = grpc::SslServerCredentials(ssl);
+  options.health_address = "127.0.0.1:0";
+  std::unique_ptr<MatmulServer> server = StartOrDie(options, HostProvider());
+  ASSERT_NE(server, nullptr);
+  ASSERT_GT(server->health_port(), 0);
+  absl::BitGen gen;
+  const v1::MultiplyRequest request =
+      RandomRequest(DType::kFloat32, {16, 8}, {8, 4}, gen);
+
+  auto trusted = v1::MatmulService::NewStub(
+      TlsChannel(server->port(), *pki, pki->client_cert, pki->client_key));
+  v1::MultiplyResponse response;
+  grpc::Status ok = Multiply(*trusted, request, &response);
+  ASSERT_TRUE(ok.ok()) << ok.error_message();
+  ExpectCorrect(request, response);
+
+  for (const auto& [cert, key] : {std::pair{std::string(), std::string()},
+                                  std::pair{pki->rogue_cert, pki->rogue_key}}) {
+    auto refused =
+        v1::MatmulService::NewStub(TlsChannel(server->port(), *pki, cert, key));
+    EXPECT_EQ(Multiply(*refused, request, &response, std::chrono::seconds(5))
+                  .error_code(),
+              grpc::StatusCode::UNAVAILABLE);
+  }
+  auto plaintext = v1::MatmulService::NewStub(Channel(server->port()));
+  EXPECT_EQ(Multiply(*plaintext, request, &response, std::chrono::seconds(5))
+                .error_code(),
+            grpc::StatusCode::UNAVAILABLE);
+
+  auto health_channel = Channel(server->health_port());
+  EXPECT_EQ(Health(*health_channel, kReadinessService),
+            HealthCheckResponse::SERVING);
+  EXPECT_EQ(Health(*health_channel, kLivenessService),
+            HealthCheckResponse::SERVING);
+  auto on_health_port = v1::MatmulService::NewStub(health_channel);
+  EXPECT_EQ(Multiply(*on_health_port, request, &response).error_code(),
+            grpc::StatusCode::UNIMPLEMENTED);
+  std::system(absl::StrCat("rm -rf ", pki->dir).c_str());
+}
+
+TEST(ServerTest, UnixSocketServesBesideTcp) {
+  const std::string path = absl::StrCat("/tmp/matmul-test-", getpid(), ".sock");
+  ServerOptions options = LocalOptions();
+  options.unix_socket = path;
+  std::unique_ptr<MatmulServer> server = StartOrDie(options, HostProvider());
+  ASSERT_NE(server, nullptr);
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);
+  auto stub = v1::MatmulService::NewStub(grpc::CreateCustomChannel(
+      absl::StrCat("unix:", path), grpc::InsecureChannelCredentials(), args));
+  absl::BitGen gen;
+  const v1::MultiplyRequest request =
+      RandomRequest(DType::kFloat64, {33, 17}, {17, 9}, gen);
+  v1::MultiplyResponse response;
+  ASSERT_TRUE(Multiply(*stub, request, &response).ok());
+  ExpectCorrect(request, response);
 }
 
 // Server reflection answers list_services with our service in it. The
