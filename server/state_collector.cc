@@ -173,6 +173,24 @@ std::vector<MetricFamily> StateCollector::Collect() const {
            static_cast<double>(service_->inflight_bytes().used()));
   out.push_back(std::move(inflight_bytes));
 
+  MetricFamily stored = Family(
+      "matmul_stored_tensors",
+      "Tensors clients keep on the server (Upload, keep_result) and have not "
+      "deleted; they expire after their TTL.",
+      MetricType::Gauge);
+  AddGauge(stored, {},
+           static_cast<double>(service_->handles().stored_handles()));
+  out.push_back(std::move(stored));
+
+  MetricFamily stored_bytes = Family(
+      "matmul_stored_bytes",
+      "Bytes of engine memory held by stored tensors (also counted in "
+      "matmul_device_memory_used_bytes).",
+      MetricType::Gauge);
+  AddGauge(stored_bytes, {},
+           static_cast<double>(service_->handles().stored_bytes()));
+  out.push_back(std::move(stored_bytes));
+
   if (const Engine* engine = service_->engine(); engine != nullptr) {
     for (MetricFamily& f : EngineFamilies(engine->stats())) {
       out.push_back(std::move(f));
