@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/status_macros.h"
+#include "gpu/batching_engine.h"
 #include "gpu/host_engine.h"
 #ifdef MATMUL_HAVE_CUDA
 #include "gpu/cuda_engine.h"
@@ -27,7 +28,27 @@ bool CudaEngineBuilt() {
 #endif
 }
 
+namespace {
+
+absl::StatusOr<std::unique_ptr<Engine>> CreateBareEngine(
+    const EngineOptions& options);
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(
+    const EngineOptions& options) {
+  ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, CreateBareEngine(options));
+  if (options.batch_window <= absl::ZeroDuration()) return engine;
+  BatchingOptions batching;
+  batching.window = options.batch_window;
+  batching.max_batch = options.max_batch;
+  return std::unique_ptr<Engine>(
+      std::make_unique<BatchingEngine>(std::move(engine), batching));
+}
+
+namespace {
+
+absl::StatusOr<std::unique_ptr<Engine>> CreateBareEngine(
     const EngineOptions& options) {
 #ifdef MATMUL_HAVE_CUDA
   const bool use_cuda =
@@ -56,5 +77,7 @@ absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(
                    HostEngine::Create(host));
   return std::unique_ptr<Engine>(std::move(engine));
 }
+
+}  // namespace
 
 }  // namespace matmul

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "gpu/engine.h"
 
 namespace matmul {
@@ -20,6 +21,10 @@ struct EngineOptions {
   int streams_per_device = 4;
   // Pinned staging memory per device, bytes (CUDA engine).
   int64_t staging_bytes_per_device = int64_t{4} << 30;
+  // Merge small same-shape multiplies arriving within this window into one
+  // batched job (BatchingEngine); zero disables.
+  absl::Duration batch_window = absl::ZeroDuration();
+  int max_batch = 64;
 };
 
 // "auto", "cuda" or "host".

@@ -51,6 +51,11 @@ ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30),
 ABSL_FLAG(absl::Duration, max_connection_age, absl::Minutes(5),
           "Close client connections (with GOAWAY) after this long, so that "
           "long-lived clients rebalance across replicas; 0 disables");
+ABSL_FLAG(int64_t, batch_window_us, 0,
+          "Merge small multiplies of the same shape, dtype and options that "
+          "arrive within this many microseconds into one batched GEMM "
+          "(0: off)");
+ABSL_FLAG(int32_t, max_batch, 64, "Most requests merged into one batch");
 ABSL_FLAG(std::string, unix_socket, "",
           "Also listen on this unix socket path (plaintext, same host)");
 ABSL_FLAG(std::string, tls_cert, "",
@@ -91,6 +96,8 @@ constexpr const char* kEnvFlags[] = {"host",
                                      "drain_timeout",
                                      "max_connection_age",
                                      "max_connection_age_grace",
+                                     "batch_window_us",
+                                     "max_batch",
                                      "unix_socket",
                                      "tls_cert",
                                      "tls_key",
@@ -218,6 +225,9 @@ int main(int argc, char** argv) {
   matmul::EngineOptions engine_options;
   engine_options.kind = *kind;
   engine_options.streams_per_device = absl::GetFlag(FLAGS_streams_per_device);
+  engine_options.batch_window =
+      absl::Microseconds(absl::GetFlag(FLAGS_batch_window_us));
+  engine_options.max_batch = absl::GetFlag(FLAGS_max_batch);
   engine_options.staging_bytes_per_device =
       absl::GetFlag(FLAGS_pinned_pool_bytes);
 
