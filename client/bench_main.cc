@@ -2,8 +2,10 @@
 // payload GB/s, TFLOP/s and latency percentiles for one shape and dtype,
 // over a sweep of concurrency levels (closed loop) or at fixed request rates
 // (open loop). Prints a table on stdout, optionally writes JSON (--json) for
-// scripts/plot_bench.py. Flags are parsed by hand, as in matmul-cli: each is
-// `--flag value` or `--flag=value`.
+// scripts/plot_bench.py. With --resident the operands (and products) stay on
+// the server, named by handles, so that the GPU rather than the wire is
+// measured. Flags are parsed by hand, as in matmul-cli: each is
+// `--flag value` or `--flag=value` (--resident also stands alone).
 //
 // Exit status: 0 when every point ran (errors, if any, are in the report);
 // 1 when the bench could not run (no server, a file it cannot write); 2 for
@@ -38,6 +40,7 @@
 #include "client/bench_workload.h"
 #include "client/load_generator.h"
 #include "client/matmul_client.h"
+#include "client/tensor_proto.h"
 
 namespace matmul {
 namespace {
@@ -50,6 +53,7 @@ constexpr char kUsage[] = R"(usage:
                [--duration SECONDS | --requests N] [--warmup SECONDS]
                [--channels N] [--timeout SECONDS]
                [--verify] [--verify-every N] [--distinct N] [--seed N]
+               [--resident[=operands|all|none]] [--client-id NAME]
                [--json FILE] [--label TEXT] [--progress]
 
 Drives a running matmul server and reports, for each point, successful
@@ -80,6 +84,19 @@ p50/p90/p99/p99.9 of the successful requests, and errors by gRPC status code.
                   here; a mismatch is an error with code WRONG_ANSWER
   --distinct      distinct prebuilt requests sent in rotation (default 4,
                   fewer when they would pass 1 GiB); --seed for their data
+  --resident      keep the operands on the server: before each point the
+                  distinct A and B are uploaded once (Upload), every request
+                  names them by handle, and their handles are deleted at the
+                  end of the point. --resident (or =all) also keeps each
+                  product on the server (keep_result) and deletes it with an
+                  asynchronous Delete after its reply, outside latency and
+                  req/s; --verify then downloads the sampled products to
+                  check them. --resident=operands returns products inline.
+                  Payload GB/s is then (nearly) 0: TFLOP/s is the figure;
+                  the JSON has the actual message sizes (wire_gb_per_s)
+  --client-id     sent as x-matmul-client on every call: the name the
+                  server charges stored tensors to (default
+                  matmul-bench-HOST-PID)
   --json          write every point to FILE (schema matmul-bench/1)
   --label         free text stored with every point in the JSON
   --progress      a line on stderr every second: elapsed, req/s, errors
@@ -123,11 +140,15 @@ struct Flags {
 
 absl::StatusOr<Flags> ParseFlags(const std::vector<std::string>& args) {
   static const std::set<std::string> kValued = {
-      "target",      "shape",        "dtype",    "compute",
-      "concurrency", "rate",         "duration", "requests",
-      "warmup",      "channels",     "timeout",  "distinct",
-      "seed",        "verify-every", "json",     "label"};
+      "target",  "shape",    "dtype",    "compute",      "concurrency",
+      "rate",    "duration", "requests", "warmup",       "channels",
+      "timeout", "distinct", "seed",     "verify-every", "json",
+      "label",   "client-id"};
   static const std::set<std::string> kSwitches = {"verify", "progress"};
+  // A switch that may take a value: --resident, --resident=operands, or
+  // --resident operands.
+  static const std::set<std::string> kResidentValues = {"none", "operands",
+                                                        "all"};
   Flags flags;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];
@@ -145,7 +166,15 @@ absl::StatusOr<Flags> ParseFlags(const std::vector<std::string>& args) {
       return absl::InvalidArgumentError(
           absl::StrCat("--", name, " is given more than once"));
     }
-    if (kSwitches.count(name) > 0) {
+    if (name == "resident") {
+      if (!value.has_value()) {
+        value = "all";
+        if (i + 1 < args.size() && kResidentValues.count(args[i + 1]) > 0) {
+          value = args[++i];
+        }
+      }
+      flags.values[name] = *value;
+    } else if (kSwitches.count(name) > 0) {
       if (value.has_value() && *value != "true" && *value != "1") {
         if (*value == "false" || *value == "0") continue;
         return absl::InvalidArgumentError(
@@ -270,6 +299,8 @@ struct Config {
   std::string json_path;
   std::string label;
   bool progress = false;
+  Resident resident = Resident::kNone;
+  std::string client_id;
 };
 
 absl::StatusOr<Config> MakeConfig(const Flags& flags) {
@@ -339,7 +370,80 @@ absl::StatusOr<Config> MakeConfig(const Flags& flags) {
   c.json_path = flags.Get("json", "");
   c.label = flags.Get("label", "");
   c.progress = flags.switches.count("progress") > 0;
+  absl::StatusOr<Resident> resident =
+      ParseResident(flags.Get("resident", "none"));
+  if (!resident.ok()) return resident.status();
+  c.resident = *resident;
+  c.client_id = flags.Has("client-id")
+                    ? flags.values.at("client-id")
+                    : absl::StrCat("matmul-bench-", HostName(), "-", getpid());
+  if (absl::Status s = CheckClientId(c.client_id); !s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--client-id: ", s.message()));
+  }
   return c;
+}
+
+// Deletes stored tensors; returns how many deletes failed (a handle already
+// gone counts: the server should not lose them).
+int64_t DeleteAll(MatmulClient& client, const std::vector<std::string>& ids,
+                  absl::Duration timeout) {
+  int64_t failed = 0;
+  for (const std::string& id : ids) {
+    const absl::Status s = client.Delete(id, timeout);
+    if (!s.ok()) {
+      ++failed;
+      absl::FPrintF(stderr, "matmul-bench: deleting stored operand %s: %s\n",
+                    id, s.ToString());
+    }
+  }
+  return failed;
+}
+
+// Uploads the workload's operands for one resident point: A and B of
+// request i, on device devices[i % n] when the server has several devices
+// (operands of one multiply must share a device), else where the server
+// likes. Fills a_ids and b_ids (in request order); on failure deletes what
+// it uploaded.
+absl::Status UploadOperands(MatmulClient& client, const Workload& workload,
+                            const v1::GetServerInfoResponse& server,
+                            absl::Duration ttl, absl::Duration timeout,
+                            std::vector<std::string>& a_ids,
+                            std::vector<std::string>& b_ids) {
+  std::vector<int> devices;
+  for (const v1::Device& d : server.devices()) {
+    if (d.index() >= 0) devices.push_back(d.index());
+  }
+  a_ids.clear();
+  b_ids.clear();
+  for (size_t i = 0; i < workload.requests.size(); ++i) {
+    UploadOptions options;
+    options.ttl = ttl;
+    options.timeout = timeout;
+    if (devices.size() > 1) options.device = devices[i % devices.size()];
+    for (bool is_a : {true, false}) {
+      const v1::MultiplyRequest& r = *workload.requests[i];
+      absl::StatusOr<StoredTensor> stored = [&]() {
+        absl::StatusOr<HostTensor> t = FromProto(is_a ? r.a() : r.b());
+        if (!t.ok()) return absl::StatusOr<StoredTensor>(t.status());
+        return client.Upload(*t, options);
+      }();
+      if (!stored.ok()) {
+        std::vector<std::string> all = a_ids;
+        all.insert(all.end(), b_ids.begin(), b_ids.end());
+        DeleteAll(client, all, timeout);
+        a_ids.clear();
+        b_ids.clear();
+        return absl::Status(
+            stored.status().code(),
+            absl::StrCat("uploading ", is_a ? "A" : "B", " of request ", i,
+                         ": ", absl::StatusCodeToString(stored.status().code()),
+                         ": ", stored.status().message()));
+      }
+      (is_a ? a_ids : b_ids).push_back(stored->id);
+    }
+  }
+  return absl::OkStatus();
 }
 
 void PrintProgress(int concurrency, double rate, const LoadProgress& p) {
@@ -383,12 +487,16 @@ int Main(int argc, char** argv) {
   run.compute = c.compute;
   run.seed = c.seed;
   run.verify = c.verify;
+  run.resident = c.resident;
+  run.client_id = c.client_id;
 
   // The server first: no point building operands for a server that is not
   // there.
   {
+    ClientOptions info_options;
+    info_options.client_id = c.client_id;
     absl::StatusOr<std::unique_ptr<MatmulClient>> info_client =
-        MatmulClient::Create(c.target);
+        MatmulClient::Create(c.target, info_options);
     if (!info_client.ok()) return Fail(info_client.status().message());
     absl::StatusOr<v1::GetServerInfoResponse> info =
         (*info_client)
@@ -406,6 +514,16 @@ int Main(int argc, char** argv) {
   if (distinct == 0) {
     distinct = static_cast<int>(std::clamp<int64_t>(
         kDistinctBytesBudget / std::max<int64_t>(operand_bytes, 1), 1, 4));
+    // Resident operands pin multiplies to their device: one pair per
+    // device at least, so that every GPU works, if memory allows.
+    int devices = 0;
+    for (const v1::Device& d : run.server.devices()) {
+      if (d.index() >= 0) ++devices;
+    }
+    if (c.resident != Resident::kNone && devices > distinct &&
+        operand_bytes * devices <= 4 * kDistinctBytesBudget) {
+      distinct = std::min(devices, 1024);
+    }
   }
   if (operand_bytes * distinct >= (int64_t{256} << 20)) {
     absl::FPrintF(stderr, "matmul-bench: building %d request(s) of %.1f MiB\n",
@@ -414,8 +532,11 @@ int Main(int argc, char** argv) {
   absl::StatusOr<Workload> workload =
       BuildWorkload(c.shape, c.dtype, c.compute, distinct, c.seed);
   if (!workload.ok()) return Fail(workload.status().message());
-  run.request_bytes = workload->request_bytes;
-  run.response_bytes = workload->response_bytes;
+  // Payload: the tensors' data the messages carry.
+  run.request_bytes =
+      c.resident == Resident::kNone ? workload->request_bytes : 0;
+  run.response_bytes =
+      c.resident == Resident::kAll ? 0 : workload->response_bytes;
   run.flops_per_request = workload->flops_per_request;
   run.distinct_requests = distinct;
 
@@ -444,8 +565,23 @@ int Main(int argc, char** argv) {
                   "RESOURCE_EXHAUSTED\n",
                   workload->request_bytes, max_message);
   }
-  std::vector<const v1::MultiplyRequest*> requests;
-  for (const auto& r : workload->requests) requests.push_back(r.get());
+  std::vector<const v1::MultiplyRequest*> inline_requests;
+  for (const auto& r : workload->requests) inline_requests.push_back(r.get());
+
+  // Stored operands live for the point plus margins (they are deleted at
+  // its end; the TTL only bounds what a crashed bench leaves behind), and
+  // kept products a minute beyond their deadline (they are deleted at once).
+  const int64_t max_ttl_s = run.server.limits().max_handle_ttl_seconds();
+  auto capped_ttl = [&](double seconds) {
+    if (max_ttl_s > 0)
+      seconds = std::min(seconds, static_cast<double>(max_ttl_s));
+    return absl::Seconds(std::ceil(seconds));
+  };
+  const absl::Duration operand_ttl = capped_ttl(
+      c.warmup_s + (c.requests > 0 ? 3600 : c.duration_s) + c.timeout_s + 120);
+  absl::StatusOr<int64_t> result_ttl_s =
+      TtlSeconds(capped_ttl(c.timeout_s + 60), "result ttl");
+  if (!result_ttl_s.ok()) return Fail(result_ttl_s.status().message());
 
   std::fputs(RunDescription(run).c_str(), stdout);
   std::fputs(TableHeader().c_str(), stdout);
@@ -475,22 +611,66 @@ int Main(int argc, char** argv) {
                                    : std::min(concurrency, kDefaultMaxChannels);
       ClientOptions options;
       options.channels = bp.channels;
+      options.client_id = c.client_id;
       absl::StatusOr<std::unique_ptr<MatmulClient>> client =
           MatmulClient::Create(c.target, options);
       if (!client.ok()) return Fail(client.status().message());
+
+      // Resident: the point's operands, uploaded now, and the requests that
+      // name them.
+      std::vector<const v1::MultiplyRequest*> requests = inline_requests;
+      std::vector<std::unique_ptr<v1::MultiplyRequest>> resident_requests;
+      std::vector<std::string> a_ids;
+      std::vector<std::string> b_ids;
+      const absl::Duration rpc_timeout = absl::Seconds(c.timeout_s);
+      if (c.resident != Resident::kNone) {
+        const absl::Time upload_start = absl::Now();
+        if (absl::Status s =
+                UploadOperands(**client, *workload, run.server, operand_ttl,
+                               rpc_timeout, a_ids, b_ids);
+            !s.ok()) {
+          return Fail(s.message());
+        }
+        bp.upload_s = absl::ToDoubleSeconds(absl::Now() - upload_start);
+        bp.resident_operands = a_ids;
+        bp.resident_operands.insert(bp.resident_operands.end(), b_ids.begin(),
+                                    b_ids.end());
+        absl::StatusOr<std::vector<std::unique_ptr<v1::MultiplyRequest>>>
+            built =
+                ResidentRequests(*workload, a_ids, b_ids,
+                                 c.resident == Resident::kAll, *result_ttl_s);
+        if (!built.ok()) {
+          DeleteAll(**client, bp.resident_operands, rpc_timeout);
+          return Fail(built.status().message());
+        }
+        resident_requests = *std::move(built);
+        requests.clear();
+        for (const auto& r : resident_requests) requests.push_back(r.get());
+      }
+      bp.request_message_bytes =
+          static_cast<int64_t>(requests.front()->ByteSizeLong());
+
       auto generator =
           std::make_unique<LoadGenerator>(client->get(), requests, checker);
       bp.timestamp = Rfc3339Now();
       absl::StatusOr<LoadResult> result = generator->Run(
           bp.point, stop_requested,
           [&](const LoadProgress& p) { PrintProgress(concurrency, rate, p); });
-      if (!result.ok()) return Fail(result.status().message());
+      if (!result.ok()) {
+        DeleteAll(**client, bp.resident_operands, rpc_timeout);
+        return Fail(result.status().message());
+      }
       bp.result = *std::move(result);
-      if (bp.result.abandoned > 0) {
+      if (!bp.resident_operands.empty()) {
+        bp.operand_delete_errors =
+            DeleteAll(**client, bp.resident_operands, rpc_timeout);
+      }
+      if (bp.result.abandoned > 0 || bp.result.abandoned_deletes > 0) {
         // Their callbacks may still come: keep what they use alive.
         (void)client->release();
         (void)generator.release();
         (void)verifier.release();
+        for (auto& r : resident_requests) (void)r.release();
       }
       std::fputs(TableRow(run, bp).c_str(), stdout);
       std::fputs(ErrorLines(bp).c_str(), stdout);

@@ -164,6 +164,12 @@ void WriteServer(const v1::GetServerInfoResponse& info, JsonWriter& w) {
       .Int(info.limits().max_elements_per_operand());
   w.Key("max_inflight_bytes").Int(info.limits().max_inflight_bytes());
   w.Key("max_dimension").Int(info.limits().max_dimension());
+  w.Key("max_stored_bytes_per_client")
+      .Int(info.limits().max_stored_bytes_per_client());
+  w.Key("max_handles_per_client").Int(info.limits().max_handles_per_client());
+  w.Key("default_handle_ttl_seconds")
+      .Int(info.limits().default_handle_ttl_seconds());
+  w.Key("max_handle_ttl_seconds").Int(info.limits().max_handle_ttl_seconds());
   w.EndObject();
   w.EndObject();
 }
@@ -245,6 +251,29 @@ void WritePoint(const BenchRun& run, const BenchPoint& bp, JsonWriter& w) {
   w.Key("delayed_starts").Int(r.delayed_starts);
   w.Key("interrupted").Bool(r.interrupted);
   w.Key("abandoned").Int(r.abandoned);
+  w.Key("resident").String(ResidentName(run.resident));
+  w.Key("request_message_bytes").Int(bp.request_message_bytes);
+  w.Key("response_message_bytes").Int(r.response_message_bytes);
+  w.Key("wire_gb_per_s").Double(m.wire_gb_per_s);
+  w.Key("resident_operands").BeginArray();
+  for (const std::string& id : bp.resident_operands) w.String(id);
+  w.EndArray();
+  w.Key("upload_s").Double(bp.upload_s);
+  w.Key("operand_delete_errors").Int(bp.operand_delete_errors);
+  w.Key("deletes").BeginObject();
+  w.Key("issued").Int(r.deletes);
+  w.Key("ok").Int(r.deletes_ok);
+  w.Key("errors").Int(r.delete_errors);
+  w.Key("errors_by_code").BeginObject();
+  for (const auto& [code, n] : r.delete_errors_by_code) w.Key(code).Int(n);
+  w.EndObject();
+  w.Key("error_messages").BeginObject();
+  for (const auto& [code, message] : r.delete_error_messages) {
+    w.Key(code).String(message);
+  }
+  w.EndObject();
+  w.Key("abandoned").Int(r.abandoned_deletes);
+  w.EndObject();
   w.Key("server");
   WriteServer(run.server, w);
   w.EndObject();
@@ -282,6 +311,10 @@ PointMetrics ComputeMetrics(const BenchRun& run, const BenchPoint& point) {
   m.response_gb_per_s =
       m.requests_per_s * static_cast<double>(run.response_bytes) / 1e9;
   m.total_gb_per_s = m.request_gb_per_s + m.response_gb_per_s;
+  m.wire_gb_per_s = m.requests_per_s *
+                    static_cast<double>(point.request_message_bytes +
+                                        r.response_message_bytes) /
+                    1e9;
   m.tflop_per_s = m.requests_per_s * run.flops_per_request / 1e12;
   const LatencyHistogram& h = r.latency_ns;
   m.p50_ms = h.Percentile(0.5) / 1e6;
@@ -309,6 +342,11 @@ std::string RunDescription(const BenchRun& run) {
       absl::StrFormat(", %.4g GFLOP", run.flops_per_request / 1e9),
       " per request; ", run.distinct_requests, " distinct request(s)",
       run.verify ? ", verifying" : "",
+      run.resident == Resident::kAll
+          ? "; resident: operands stored, products kept and deleted"
+      : run.resident == Resident::kOperands
+          ? "; resident: operands stored, products returned"
+          : "",
       run.label.empty() ? "" : absl::StrCat("; label \"", run.label, "\""),
       "\n");
   return text;
@@ -343,6 +381,25 @@ std::string ErrorLines(const BenchPoint& point) {
                         : absl::StrCat(" (first: ", it->second, ")"),
                     "\n");
   }
+  for (const auto& [code, n] : point.result.delete_errors_by_code) {
+    auto it = point.result.delete_error_messages.find(code);
+    absl::StrAppend(&text, "  c=", point.point.concurrency,
+                    ": Delete of a kept product: ", code, " x", n,
+                    it == point.result.delete_error_messages.end()
+                        ? ""
+                        : absl::StrCat(" (first: ", it->second, ")"),
+                    "\n");
+  }
+  if (point.result.abandoned_deletes > 0) {
+    absl::StrAppend(&text, "  c=", point.point.concurrency, ": ",
+                    point.result.abandoned_deletes,
+                    " delete(s) of kept products never completed\n");
+  }
+  if (point.operand_delete_errors > 0) {
+    absl::StrAppend(&text, "  c=", point.point.concurrency, ": ",
+                    point.operand_delete_errors,
+                    " stored operand(s) could not be deleted\n");
+  }
   if (point.result.abandoned > 0) {
     absl::StrAppend(&text, "  c=", point.point.concurrency, ": ",
                     point.result.abandoned,
@@ -372,6 +429,8 @@ std::string ReportJson(const BenchRun& run,
   w.Key("distinct_requests").Int(run.distinct_requests);
   w.Key("seed").Int(static_cast<int64_t>(run.seed));
   w.Key("verify").Bool(run.verify);
+  w.Key("resident").String(ResidentName(run.resident));
+  w.Key("client_id").String(run.client_id);
   w.EndObject();
   w.Key("server");
   WriteServer(run.server, w);

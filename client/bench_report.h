@@ -25,11 +25,24 @@
 //   verify {enabled, every, checked, mismatches},
 //   delayed_starts (open loop: starts that waited for a free slot),
 //   interrupted, abandoned,
+//   resident ("none" | "operands" | "all"),
+//   request_message_bytes, response_message_bytes (serialized Multiply
+//   messages as sent and received: with resident operands the request is a
+//   few dozen bytes of handles, with kept products so is the response),
+//   wire_gb_per_s (requests_per_s x the two message sizes),
+//   resident_operands [handle ids uploaded for the point, deleted at its
+//   end], upload_s (time the uploads took), operand_delete_errors,
+//   deletes {issued, ok, errors, errors_by_code, error_messages, abandoned}
+//   (asynchronous deletes of kept products, warm-up included; they count in
+//   neither latency nor throughput),
 //   server {engine, version, streams_per_device, device_names [..],
 //           devices [{index, name, uuid, memory_bytes, multiprocessors,
 //                     copy_engines, compute_capability, staging_bytes}],
 //           dtypes [..], limits {max_message_bytes, ...}}
-// 1 GB = 1e9 bytes; payload counts the tensors' data bytes only.
+// 1 GB = 1e9 bytes; payload counts the tensors' data bytes only: with
+// --resident, request_bytes is 0 (operands are handles) and so is
+// response_bytes with --resident=all (the product stays on the server), so
+// the payload GB/s are 0 and TFLOP/s is the figure that matters.
 //
 // Pure functions over plain values; thread-safe.
 #ifndef MATMUL_CLIENT_BENCH_REPORT_H_
@@ -61,6 +74,9 @@ struct BenchRun {
   int distinct_requests = 0;
   uint64_t seed = 0;
   bool verify = false;
+  Resident resident = Resident::kNone;
+  // Sent as x-matmul-client on every call.
+  std::string client_id;
   v1::GetServerInfoResponse server;
 };
 
@@ -70,6 +86,13 @@ struct BenchPoint {
   int channels = 1;
   std::string timestamp;  // start of the point, UTC, RFC 3339
   LoadResult result;
+  // Serialized size of the (first) request sent.
+  int64_t request_message_bytes = 0;
+  // Resident points: the handles uploaded for the point, how long the
+  // uploads took, and how many of the handles' deletes at the end failed.
+  std::vector<std::string> resident_operands;
+  double upload_s = 0;
+  int64_t operand_delete_errors = 0;
 };
 
 struct PointMetrics {
@@ -77,6 +100,9 @@ struct PointMetrics {
   double request_gb_per_s = 0;   // A + B payload, client to server
   double response_gb_per_s = 0;  // C payload, server to client
   double total_gb_per_s = 0;
+  // Whole messages, both ways (what actually crossed the wire, framing
+  // aside).
+  double wire_gb_per_s = 0;
   double tflop_per_s = 0;
   double p50_ms = 0;
   double p90_ms = 0;

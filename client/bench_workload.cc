@@ -199,6 +199,55 @@ absl::StatusOr<ComputeMode> ParseComputeMode(absl::string_view text) {
       absl::StrCat("--compute takes strict or tf32, got \"", text, "\""));
 }
 
+absl::string_view ResidentName(Resident resident) {
+  switch (resident) {
+    case Resident::kOperands:
+      return "operands";
+    case Resident::kAll:
+      return "all";
+    case Resident::kNone:
+      break;
+  }
+  return "none";
+}
+
+absl::StatusOr<Resident> ParseResident(absl::string_view text) {
+  if (text == "none") return Resident::kNone;
+  if (text == "operands") return Resident::kOperands;
+  if (text == "all") return Resident::kAll;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--resident takes none, operands or all, got \"", text, "\""));
+}
+
+absl::StatusOr<std::vector<std::unique_ptr<v1::MultiplyRequest>>>
+ResidentRequests(const Workload& workload,
+                 const std::vector<std::string>& a_ids,
+                 const std::vector<std::string>& b_ids, bool keep_result,
+                 int64_t result_ttl_seconds) {
+  if (a_ids.size() != workload.requests.size() ||
+      b_ids.size() != workload.requests.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "resident requests: ", workload.requests.size(), " request(s) but ",
+        a_ids.size(), " A and ", b_ids.size(), " B handle(s)"));
+  }
+  std::vector<std::unique_ptr<v1::MultiplyRequest>> out;
+  for (size_t i = 0; i < workload.requests.size(); ++i) {
+    const v1::MultiplyRequest& inline_request = *workload.requests[i];
+    auto r = std::make_unique<v1::MultiplyRequest>();
+    r->set_a_handle(a_ids[i]);
+    r->set_b_handle(b_ids[i]);
+    r->set_transpose_a(inline_request.transpose_a());
+    r->set_transpose_b(inline_request.transpose_b());
+    r->set_compute_mode(inline_request.compute_mode());
+    if (keep_result) {
+      r->set_keep_result(true);
+      r->set_result_ttl_seconds(result_ttl_seconds);
+    }
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
 int64_t OperandBytes(const BenchShape& shape, DType dtype) {
   return shape.matrices() * (shape.m * shape.k + shape.k * shape.n) *
          static_cast<int64_t>(DTypeSize(dtype));

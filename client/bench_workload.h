@@ -56,6 +56,30 @@ struct Workload {
   double flops_per_request = 0;
 };
 
+// Where the operands and products of the requests live (--resident):
+//  - kNone: A and B travel with every request, C with every response.
+//  - kOperands: A and B are uploaded once per point and named by handles;
+//    C comes back with every response.
+//  - kAll: as kOperands, and C is kept on the server (keep_result); the
+//    response carries its handle, which the bench deletes.
+enum class Resident { kNone, kOperands, kAll };
+
+// "none" | "operands" | "all".
+absl::string_view ResidentName(Resident resident);
+// Parses those names; INVALID_ARGUMENT for anything else.
+absl::StatusOr<Resident> ParseResident(absl::string_view text);
+
+// The requests of a resident point: for each of the workload's requests, one
+// that names its A and B by the handles a_ids[i] and b_ids[i] (in the
+// workload's order), with the same transposes and compute mode, and
+// keep_result (with result_ttl_seconds) when `keep_result`.
+// INVALID_ARGUMENT unless there is one id of each per request.
+absl::StatusOr<std::vector<std::unique_ptr<v1::MultiplyRequest>>>
+ResidentRequests(const Workload& workload,
+                 const std::vector<std::string>& a_ids,
+                 const std::vector<std::string>& b_ids, bool keep_result,
+                 int64_t result_ttl_seconds);
+
 // Bytes of A plus B (the payload of one request) for a shape and dtype.
 int64_t OperandBytes(const BenchShape& shape, DType dtype);
 

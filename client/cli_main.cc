@@ -1,6 +1,7 @@
-// matmul-cli: multiplies two .npy files on a matmul server, or describes the
-// server. Arguments are parsed by hand (no flag library) so that the tool
-// has exactly the flags below, each as `--flag value` or `--flag=value`.
+// matmul-cli: multiplies two .npy files (or stored tensors) on a matmul
+// server, stores, fetches and frees tensors there, or describes the server.
+// Arguments are parsed by hand (no flag library) so that the tool has
+// exactly the flags below, each as `--flag value` or `--flag=value`.
 //
 // Exit status: 0 on success; 1 when a file, the data or the RPC fails (the
 // RPC's error is printed as `error: CODE_NAME: message`); 2 for a usage
@@ -36,11 +37,18 @@ namespace {
 
 constexpr char kUsage[] =
     R"(usage:
-  matmul-cli multiply --target HOST:PORT --a A.npy --b B.npy --out C.npy
+  matmul-cli multiply --target HOST:PORT (--a A.npy | --a-handle ID)
+             (--b B.npy | --b-handle ID) (--out C.npy | --keep [--ttl SECONDS])
              [--transpose-a] [--transpose-b] [--compute strict|tf32]
-             [--timeout SECONDS]
+             [--timeout SECONDS] [--client-id NAME]
              [--dtype auto|float32|float64|float16|bfloat16]
              [--bf16-out float32|bits]
+  matmul-cli upload --target HOST:PORT --a A.npy [--device N] [--ttl SECONDS]
+             [--dtype auto|float32|float64|float16|bfloat16]
+             [--timeout SECONDS] [--client-id NAME]
+  matmul-cli download --target HOST:PORT --handle ID --out C.npy
+             [--bf16-out float32|bits] [--timeout SECONDS]
+  matmul-cli delete --target HOST:PORT --handle ID [--timeout SECONDS]
   matmul-cli info --target HOST:PORT [--timeout SECONDS]
   matmul-cli help
 
@@ -50,12 +58,24 @@ one of batch 1, is broadcast over the batch); op(X) swaps X's last two axes
 when --transpose-x is given. The target is any gRPC target:
 127.0.0.1:50051, dns:///matmul.example:50051, unix:/run/matmul.sock.
 
+Stored tensors: upload keeps A.npy on the server (on --device N, or the
+least loaded device) and prints one line that starts with the handle id:
+  ID shape [R, C] DTYPE, BYTES bytes, on DEVICE, expires TIME
+multiply takes --a-handle / --b-handle instead of a file, and with --keep
+leaves the product on the server and prints its line (instead of writing
+--out). download writes a stored tensor to a .npy file; delete frees it.
+Unless deleted, a stored tensor expires after --ttl seconds (default: the
+server's; see info). The server charges stored tensors to --client-id
+(sent as x-matmul-client metadata), or else to this machine's address.
+
 --dtype auto (the default) computes in the inputs' dtype (float32, float64
-or float16; both must agree). Any other --dtype converts both inputs to it
-first, rounding to nearest even. NumPy has no bfloat16, so with --dtype
+or float16; both must agree). Any other --dtype converts the .npy inputs to
+it first, rounding to nearest even (a stored operand keeps its dtype, which
+the other operand must have). NumPy has no bfloat16, so with --dtype
 bfloat16 float .npy inputs are rounded to bfloat16, uint16 ('<u2') inputs
-are taken as raw bfloat16 bits, and the result is written as float32 (exact)
-or, with --bf16-out bits, as raw bits in a '<u2' .npy.
+are taken as raw bfloat16 bits, and a bfloat16 result (or download) is
+written as float32 (exact) or, with --bf16-out bits, as raw bits in a
+'<u2' .npy.
 )";
 
 // A command's flags: those that take a value and the boolean switches.
@@ -133,6 +153,12 @@ absl::StatusOr<ParsedFlags> ParseFlags(const std::vector<std::string>& args,
           absl::StrCat("--", name, " is required"));
     }
   }
+  if (auto it = flags.values.find("client-id"); it != flags.values.end()) {
+    if (absl::Status s = CheckClientId(it->second); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--client-id: ", s.message()));
+    }
+  }
   return flags;
 }
 
@@ -208,14 +234,112 @@ absl::StatusOr<HostTensor> LoadOperand(const std::string& flag,
   return ConvertDType(array->tensor, *dtype);
 }
 
+// --dtype: nullopt for auto.
+absl::StatusOr<std::optional<DType>> ParseDtypeFlag(const ParsedFlags& flags) {
+  const std::string text = flags.Get("dtype", "auto");
+  if (text == "auto") return std::nullopt;
+  if (text == "float32") return DType::kFloat32;
+  if (text == "float64") return DType::kFloat64;
+  if (text == "float16") return DType::kFloat16;
+  if (text == "bfloat16") return DType::kBFloat16;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--dtype takes auto, float32, float64, float16 or bfloat16, got \"", text,
+      "\""));
+}
+
+// --bf16-out: true for raw bits.
+absl::StatusOr<bool> ParseBf16Out(const ParsedFlags& flags) {
+  const std::string text = flags.Get("bf16-out", "float32");
+  if (text != "float32" && text != "bits") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--bf16-out takes float32 or bits, got \"", text, "\""));
+  }
+  return text == "bits";
+}
+
+// --ttl: zero (the server's default) when absent.
+absl::StatusOr<absl::Duration> ParseTtl(const ParsedFlags& flags) {
+  auto it = flags.values.find("ttl");
+  if (it == flags.values.end()) return absl::ZeroDuration();
+  int64_t seconds = 0;
+  if (!absl::SimpleAtoi(it->second, &seconds) || seconds <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--ttl takes a positive whole number of seconds, got \"",
+                     it->second, "\""));
+  }
+  return absl::Seconds(seconds);
+}
+
+// The client for --target (and --client-id), or the error to print.
+absl::StatusOr<std::unique_ptr<MatmulClient>> ClientFor(
+    const ParsedFlags& flags) {
+  ClientOptions options;
+  options.client_id = flags.Get("client-id", "");
+  return MatmulClient::Create(flags.values.at("target"), options);
+}
+
+std::string DeviceText(int device) {
+  return device < 0 ? "host" : absl::StrCat("device ", device);
+}
+
+// "ID shape [..] DTYPE, N bytes, on DEVICE, expires TIME".
+std::string StoredLine(const StoredTensor& stored) {
+  return absl::StrCat(stored.id, " shape ", ShapeString(stored.shape), " ",
+                      Name(stored.dtype), ", ", stored.bytes, " bytes, on ",
+                      DeviceText(stored.device), ", expires ",
+                      absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", stored.expire_time,
+                                       absl::UTCTimeZone()),
+                      "\n");
+}
+
+// Writes a result (or downloaded tensor) to `path`, bfloat16 widened to
+// float32 unless `bf16_bits`; returns what it was written as.
+absl::StatusOr<std::string> WriteResult(const std::string& path,
+                                        HostTensor tensor, bool bf16_bits) {
+  std::string written_as = Name(tensor.dtype);
+  if (tensor.dtype == DType::kBFloat16) {
+    if (!bf16_bits) {
+      absl::StatusOr<HostTensor> widened =
+          ConvertDType(tensor, DType::kFloat32);
+      if (!widened.ok()) return widened.status();
+      tensor = *std::move(widened);
+      written_as = "bfloat16, written as float32";
+    } else {
+      written_as = "bfloat16, written as raw uint16 bits";
+    }
+  }
+  if (absl::Status s = WriteNpy(path, tensor); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("writing --out ", s.message()));
+  }
+  return written_as;
+}
+
 int RunMultiply(const std::vector<std::string>& args) {
   FlagSpec spec;
-  spec.valued = {"target",  "a",       "b",     "out",
-                 "compute", "timeout", "dtype", "bf16-out"};
-  spec.switches = {"transpose-a", "transpose-b"};
-  spec.required = {"target", "a", "b", "out"};
+  spec.valued = {"target",   "a",        "b",       "a-handle",
+                 "b-handle", "out",      "compute", "timeout",
+                 "dtype",    "bf16-out", "ttl",     "client-id"};
+  spec.switches = {"transpose-a", "transpose-b", "keep"};
+  spec.required = {"target"};
   absl::StatusOr<ParsedFlags> flags = ParseFlags(args, spec);
   if (!flags.ok()) return Usage(flags.status().message());
+  const auto has = [&](const char* name) {
+    return flags->values.count(name) > 0;
+  };
+  for (const char* x : {"a", "b"}) {
+    const std::string handle = absl::StrCat(x, "-handle");
+    if (has(x) && has(handle.c_str())) {
+      return Usage(
+          absl::StrCat("--", x, " and --", handle, " exclude each other"));
+    }
+    if (!has(x) && !has(handle.c_str())) {
+      return Usage(absl::StrCat("--", x, " is required (or --", handle, ")"));
+    }
+  }
+  const bool keep = flags->switches_on.count("keep") > 0;
+  if (keep && has("out")) return Usage("--out and --keep exclude each other");
+  if (!keep && !has("out")) return Usage("--out is required (or --keep)");
+  if (!keep && has("ttl")) return Usage("--ttl applies only with --keep");
 
   MultiplyOptions options;
   options.transpose_a = flags->switches_on.count("transpose-a") > 0;
@@ -232,59 +356,70 @@ int RunMultiply(const std::vector<std::string>& args) {
   absl::StatusOr<absl::Duration> timeout = ParseTimeout(*flags);
   if (!timeout.ok()) return Usage(timeout.status().message());
   options.timeout = *timeout;
+  absl::StatusOr<absl::Duration> ttl = ParseTtl(*flags);
+  if (!ttl.ok()) return Usage(ttl.status().message());
+  options.keep_result = keep;
+  options.result_ttl = *ttl;
 
-  const std::string dtype_flag = flags->Get("dtype", "auto");
-  std::optional<DType> dtype;
-  if (dtype_flag == "float32") {
-    dtype = DType::kFloat32;
-  } else if (dtype_flag == "float64") {
-    dtype = DType::kFloat64;
-  } else if (dtype_flag == "float16") {
-    dtype = DType::kFloat16;
-  } else if (dtype_flag == "bfloat16") {
-    dtype = DType::kBFloat16;
-  } else if (dtype_flag != "auto") {
-    return Usage(absl::StrCat(
-        "--dtype takes auto, float32, float64, float16 or bfloat16, got \"",
-        dtype_flag, "\""));
+  absl::StatusOr<std::optional<DType>> dtype = ParseDtypeFlag(*flags);
+  if (!dtype.ok()) return Usage(dtype.status().message());
+  absl::StatusOr<bool> bf16_bits = ParseBf16Out(*flags);
+  if (!bf16_bits.ok()) return Usage(bf16_bits.status().message());
+  const bool any_handle = has("a-handle") || has("b-handle");
+  if (has("bf16-out") && *dtype != DType::kBFloat16 && !any_handle) {
+    return Usage(
+        "--bf16-out applies only with --dtype bfloat16 or a stored operand");
   }
-  const std::string bf16_out = flags->Get("bf16-out", "float32");
-  if (bf16_out != "float32" && bf16_out != "bits") {
-    return Usage(absl::StrCat("--bf16-out takes float32 or bits, got \"",
-                              bf16_out, "\""));
-  }
-  if (flags->values.count("bf16-out") > 0 && dtype != DType::kBFloat16) {
-    return Usage("--bf16-out applies only with --dtype bfloat16");
+  if (has("bf16-out") && keep) {
+    return Usage("--bf16-out applies only with --out");
   }
 
-  const std::string a_path = flags->values.at("a");
-  const std::string b_path = flags->values.at("b");
-  const std::string out_path = flags->values.at("out");
-  absl::StatusOr<HostTensor> a = LoadOperand("a", a_path, dtype);
-  if (!a.ok()) return Fail(a.status().message());
-  absl::StatusOr<HostTensor> b = LoadOperand("b", b_path, dtype);
-  if (!b.ok()) return Fail(b.status().message());
-  if (a->dtype != b->dtype) {
-    return Fail(absl::StrCat("--a ", a_path, " is ", Name(a->dtype),
-                             " but --b ", b_path, " is ", Name(b->dtype),
-                             "; pass --dtype to convert both to one dtype"));
-  }
-  const DType request_dtype = a->dtype;
-
-  // The operands are moved into the request, not copied: they can be large.
+  // Operands from files are moved into the request, not copied: they can be
+  // large. Stored ones are named by their handles.
   v1::MultiplyRequest request;
-  if (absl::Status s = ToProto(*std::move(a), request.mutable_a()); !s.ok()) {
-    return Fail(absl::StrCat("--a ", a_path, ": ", s.message()));
-  }
-  if (absl::Status s = ToProto(*std::move(b), request.mutable_b()); !s.ok()) {
-    return Fail(absl::StrCat("--b ", b_path, ": ", s.message()));
+  std::optional<DType> file_dtype;
+  std::string file_flag;
+  for (const char* x : {"a", "b"}) {
+    const bool is_a = x[0] == 'a';
+    if (!has(x)) {
+      const std::string id = flags->values.at(absl::StrCat(x, "-handle"));
+      if (id.empty()) {
+        return Usage(absl::StrCat("--", x, "-handle is empty"));
+      }
+      if (is_a) {
+        request.set_a_handle(id);
+      } else {
+        request.set_b_handle(id);
+      }
+      continue;
+    }
+    const std::string path = flags->values.at(x);
+    absl::StatusOr<HostTensor> t = LoadOperand(x, path, *dtype);
+    if (!t.ok()) return Fail(t.status().message());
+    if (file_dtype.has_value() && *file_dtype != t->dtype) {
+      return Fail(absl::StrCat("--a ", flags->values.at("a"), " is ",
+                               Name(*file_dtype), " but --b ", path, " is ",
+                               Name(t->dtype),
+                               "; pass --dtype to convert both to one dtype"));
+    }
+    file_dtype = t->dtype;
+    file_flag = x;
+    v1::Tensor* out = is_a ? request.mutable_a() : request.mutable_b();
+    if (absl::Status s = ToProto(*std::move(t), out); !s.ok()) {
+      return Fail(absl::StrCat("--", x, " ", path, ": ", s.message()));
+    }
   }
   request.set_transpose_a(options.transpose_a);
   request.set_transpose_b(options.transpose_b);
   request.set_compute_mode(ComputeModeToProto(options.compute));
+  if (keep) {
+    absl::StatusOr<int64_t> seconds = TtlSeconds(options.result_ttl, "--ttl");
+    if (!seconds.ok()) return Usage(seconds.status().message());
+    request.set_keep_result(true);
+    request.set_result_ttl_seconds(*seconds);
+  }
 
-  absl::StatusOr<std::unique_ptr<MatmulClient>> client =
-      MatmulClient::Create(flags->values.at("target"));
+  absl::StatusOr<std::unique_ptr<MatmulClient>> client = ClientFor(*flags);
   if (!client.ok()) return Fail(client.status().message());
   const absl::Time start = absl::Now();
   absl::StatusOr<v1::MultiplyResponse> response =
@@ -293,36 +428,127 @@ int RunMultiply(const std::vector<std::string>& args) {
   if (!response.ok()) return FailRpc(response.status());
 
   const v1::Placement placement = response->placement();
+  const std::string where = placement.device() < 0
+                                ? absl::StrCat("host lane ", placement.stream())
+                                : absl::StrCat("device ", placement.device(),
+                                               " stream ", placement.stream());
+  if (keep) {
+    if (!response->has_c_handle()) {
+      return Fail(
+          "the server returned the product instead of keeping it: it does "
+          "not support stored tensors");
+    }
+    absl::StatusOr<StoredTensor> stored =
+        StoredTensorFromProto(response->c_handle());
+    if (!stored.ok()) return Fail(stored.status().message());
+    std::fputs(StoredLine(*stored).c_str(), stdout);
+    absl::FPrintF(stderr, "kept the product: %.3f ms, on %s\n",
+                  absl::ToDoubleMilliseconds(elapsed), where);
+    return 0;
+  }
   absl::StatusOr<HostTensor> c = FromProto(std::move(*response->mutable_c()));
   if (!c.ok()) {
     return Fail(absl::StrCat("the server's result is malformed: ",
                              c.status().message()));
   }
-  if (c->dtype != request_dtype) {
+  if (file_dtype.has_value() && c->dtype != *file_dtype) {
     return Fail(absl::StrCat("the server answered in ", Name(c->dtype),
-                             ", not in the request's ", Name(request_dtype)));
+                             ", not in the request's ", Name(*file_dtype)));
   }
-  std::string written_as = Name(c->dtype);
-  if (c->dtype == DType::kBFloat16) {
-    if (bf16_out == "float32") {
-      absl::StatusOr<HostTensor> widened = ConvertDType(*c, DType::kFloat32);
-      if (!widened.ok()) return Fail(widened.status().message());
-      c = std::move(widened);
-      written_as = "bfloat16, written as float32";
-    } else {
-      written_as = "bfloat16, written as raw uint16 bits";
-    }
-  }
-  if (absl::Status s = WriteNpy(out_path, *c); !s.ok()) {
-    return Fail(absl::StrCat("writing --out ", s.message()));
-  }
-  const std::string where = placement.device() < 0
-                                ? absl::StrCat("host lane ", placement.stream())
-                                : absl::StrCat("device ", placement.device(),
-                                               " stream ", placement.stream());
+  const std::string out_path = flags->values.at("out");
+  const std::vector<int64_t> c_shape = c->shape;
+  absl::StatusOr<std::string> written_as =
+      WriteResult(out_path, *std::move(c), *bf16_bits);
+  if (!written_as.ok()) return Fail(written_as.status().message());
   absl::PrintF("%s: shape %s, %s, %.3f ms, on %s\n", out_path,
-               ShapeString(c->shape), written_as,
+               ShapeString(c_shape), *written_as,
                absl::ToDoubleMilliseconds(elapsed), where);
+  return 0;
+}
+
+int RunUpload(const std::vector<std::string>& args) {
+  FlagSpec spec;
+  spec.valued = {"target", "a",       "device",   "ttl",
+                 "dtype",  "timeout", "client-id"};
+  spec.required = {"target", "a"};
+  absl::StatusOr<ParsedFlags> flags = ParseFlags(args, spec);
+  if (!flags.ok()) return Usage(flags.status().message());
+  UploadOptions options;
+  absl::StatusOr<absl::Duration> timeout = ParseTimeout(*flags);
+  if (!timeout.ok()) return Usage(timeout.status().message());
+  options.timeout = *timeout;
+  absl::StatusOr<absl::Duration> ttl = ParseTtl(*flags);
+  if (!ttl.ok()) return Usage(ttl.status().message());
+  options.ttl = *ttl;
+  if (auto it = flags->values.find("device"); it != flags->values.end()) {
+    int device = 0;
+    if (!absl::SimpleAtoi(it->second, &device) || device < -1) {
+      return Usage(
+          absl::StrCat("--device takes a device index (see info), got \"",
+                       it->second, "\""));
+    }
+    options.device = device;
+  }
+  absl::StatusOr<std::optional<DType>> dtype = ParseDtypeFlag(*flags);
+  if (!dtype.ok()) return Usage(dtype.status().message());
+
+  const std::string path = flags->values.at("a");
+  absl::StatusOr<HostTensor> tensor = LoadOperand("a", path, *dtype);
+  if (!tensor.ok()) return Fail(tensor.status().message());
+  if (tensor->shape.size() != 2 && tensor->shape.size() != 3) {
+    return Fail(absl::StrCat("--a ", path, " has shape ",
+                             ShapeString(tensor->shape),
+                             "; a stored tensor is 2-D or 3-D"));
+  }
+  absl::StatusOr<std::unique_ptr<MatmulClient>> client = ClientFor(*flags);
+  if (!client.ok()) return Fail(client.status().message());
+  absl::StatusOr<StoredTensor> stored = (*client)->Upload(*tensor, options);
+  if (!stored.ok()) return FailRpc(stored.status());
+  std::fputs(StoredLine(*stored).c_str(), stdout);
+  return 0;
+}
+
+int RunDownload(const std::vector<std::string>& args) {
+  FlagSpec spec;
+  spec.valued = {"target", "handle", "out", "bf16-out", "timeout"};
+  spec.required = {"target", "handle", "out"};
+  absl::StatusOr<ParsedFlags> flags = ParseFlags(args, spec);
+  if (!flags.ok()) return Usage(flags.status().message());
+  absl::StatusOr<absl::Duration> timeout = ParseTimeout(*flags);
+  if (!timeout.ok()) return Usage(timeout.status().message());
+  absl::StatusOr<bool> bf16_bits = ParseBf16Out(*flags);
+  if (!bf16_bits.ok()) return Usage(bf16_bits.status().message());
+  const std::string id = flags->values.at("handle");
+  if (id.empty()) return Usage("--handle is empty");
+  absl::StatusOr<std::unique_ptr<MatmulClient>> client = ClientFor(*flags);
+  if (!client.ok()) return Fail(client.status().message());
+  absl::StatusOr<HostTensor> tensor = (*client)->Download(id, *timeout);
+  if (!tensor.ok()) return FailRpc(tensor.status());
+  const std::string out_path = flags->values.at("out");
+  const std::vector<int64_t> shape = tensor->shape;
+  absl::StatusOr<std::string> written_as =
+      WriteResult(out_path, *std::move(tensor), *bf16_bits);
+  if (!written_as.ok()) return Fail(written_as.status().message());
+  absl::PrintF("%s: shape %s, %s\n", out_path, ShapeString(shape), *written_as);
+  return 0;
+}
+
+int RunDelete(const std::vector<std::string>& args) {
+  FlagSpec spec;
+  spec.valued = {"target", "handle", "timeout"};
+  spec.required = {"target", "handle"};
+  absl::StatusOr<ParsedFlags> flags = ParseFlags(args, spec);
+  if (!flags.ok()) return Usage(flags.status().message());
+  absl::StatusOr<absl::Duration> timeout = ParseTimeout(*flags);
+  if (!timeout.ok()) return Usage(timeout.status().message());
+  const std::string id = flags->values.at("handle");
+  if (id.empty()) return Usage("--handle is empty");
+  absl::StatusOr<std::unique_ptr<MatmulClient>> client = ClientFor(*flags);
+  if (!client.ok()) return Fail(client.status().message());
+  if (absl::Status s = (*client)->Delete(id, *timeout); !s.ok()) {
+    return FailRpc(s);
+  }
+  absl::PrintF("deleted %s\n", id);
   return 0;
 }
 
@@ -378,6 +604,16 @@ int RunInfo(const std::vector<std::string>& args) {
       "  max dimension:            ", limits.max_dimension(), "\n",
       "  max in flight:            ", limits.max_inflight_bytes(), " bytes (",
       HumanBytes(limits.max_inflight_bytes()), ")\n");
+  if (limits.max_handles_per_client() > 0 ||
+      limits.max_stored_bytes_per_client() > 0) {
+    absl::StrAppend(&text, "  stored per client:        ",
+                    limits.max_stored_bytes_per_client(), " bytes (",
+                    HumanBytes(limits.max_stored_bytes_per_client()), "), ",
+                    limits.max_handles_per_client(), " tensors\n",
+                    "  stored tensor TTL:        default ",
+                    limits.default_handle_ttl_seconds(), " s, max ",
+                    limits.max_handle_ttl_seconds(), " s\n");
+  }
   std::fputs(text.c_str(), stdout);
   return 0;
 }
@@ -393,6 +629,9 @@ int Main(int argc, char** argv) {
     }
   }
   if (command == "multiply") return RunMultiply(args);
+  if (command == "upload") return RunUpload(args);
+  if (command == "download") return RunDownload(args);
+  if (command == "delete") return RunDelete(args);
   if (command == "info") return RunInfo(args);
   if (command == "help" || command == "--help" || command == "-h") {
     std::fputs(kUsage, stdout);

@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "client/tensor_proto.h"
 
 namespace matmul {
 namespace {
@@ -78,6 +79,12 @@ struct RunState {
   std::atomic<int64_t> verified{0};
   std::atomic<int64_t> mismatches{0};
   std::atomic<int64_t> code_counts[kCodeSlots] = {};
+  // Deletes of kept products.
+  std::atomic<int64_t> deletes{0};
+  std::atomic<int64_t> deletes_ok{0};
+  std::atomic<int64_t> delete_code_counts[kGrpcCodes] = {};
+  // Serialized size of a successful response (0 until one is seen).
+  std::atomic<int64_t> response_message_bytes{0};
   // Clock::time_point of the last measured completion, in nanoseconds.
   std::atomic<int64_t> last_completion_ns{0};
   LatencyHistogram latency_ns;
@@ -85,10 +92,13 @@ struct RunState {
   absl::Mutex mu;
   absl::CondVar cv;  // signalled when the driver has something to do
   int64_t in_flight ABSL_GUARDED_BY(mu) = 0;
+  // Deletes of kept products not answered yet.
+  int64_t pending_deletes ABSL_GUARDED_BY(mu) = 0;
   // Closed loop: successors the driver must issue (see kMaxInlineDepth).
   int64_t deferred ABSL_GUARDED_BY(mu) = 0;
   bool driver_waits_for_slot ABSL_GUARDED_BY(mu) = false;
   std::map<std::string, std::string> messages ABSL_GUARDED_BY(mu);
+  std::map<std::string, std::string> delete_messages ABSL_GUARDED_BY(mu);
 
   void RecordError(int slot, absl::string_view message) {
     errors.fetch_add(1, std::memory_order_relaxed);
@@ -100,6 +110,11 @@ struct RunState {
       absl::MutexLock lock(&mu);
       messages.emplace(name, std::string(message));
     }
+  }
+
+  int CodeSlot(const absl::Status& status) const {
+    const int code = static_cast<int>(status.code());
+    return code >= 0 && code < kGrpcCodes ? code : 2 /* UNKNOWN */;
   }
 };
 
@@ -140,37 +155,42 @@ bool Issue(const std::shared_ptr<RunState>& s, Clock::time_point start) {
   return true;
 }
 
-void OnDone(std::shared_ptr<RunState> s, int index, Clock::time_point start,
-            bool measured, absl::StatusOr<v1::MultiplyResponse> response) {
-  const Clock::time_point now = Clock::now();
-  const int phase = s->phase.load(std::memory_order_relaxed);
-  bool ok = response.ok();
-  if (measured) {
-    if (ok) {
-      s->latency_ns.Record(Nanos(now - start));
-      const int every = s->point.verify_every;
-      if (every > 0 &&
-          s->verify_sequence.fetch_add(1, std::memory_order_relaxed) % every ==
-              0) {
-        s->verified.fetch_add(1, std::memory_order_relaxed);
-        const absl::Status check = (*s->checker)(index, *response);
-        if (!check.ok()) {
-          ok = false;
-          s->mismatches.fetch_add(1, std::memory_order_relaxed);
-          s->RecordError(kWrongAnswerSlot, check.message());
-        }
-      }
-      if (ok) s->ok.fetch_add(1, std::memory_order_relaxed);
-    } else {
-      const int code = static_cast<int>(response.status().code());
-      s->RecordError(code >= 0 && code < kGrpcCodes ? code : 2 /* UNKNOWN */,
-                     response.status().message());
-    }
+// Deletes a kept product. Called while the request that made it still
+// counts as in flight, so that Run cannot return before the delete is
+// pending.
+void DeleteKept(const std::shared_ptr<RunState>& s, const std::string& id) {
+  {
+    absl::MutexLock lock(&s->mu);
+    ++s->pending_deletes;
   }
+  s->deletes.fetch_add(1, std::memory_order_relaxed);
+  s->client->DeleteAsync(id, s->point.timeout, [s](absl::Status status) {
+    if (status.ok()) {
+      s->deletes_ok.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      const int slot = s->CodeSlot(status);
+      if (s->delete_code_counts[slot].fetch_add(1, std::memory_order_relaxed) ==
+          0) {
+        absl::MutexLock lock(&s->mu);
+        s->delete_messages.emplace(
+            absl::StatusCodeToString(static_cast<absl::StatusCode>(slot)),
+            std::string(status.message()));
+      }
+    }
+    absl::MutexLock lock(&s->mu);
+    --s->pending_deletes;
+    if (s->stop_issuing.load()) s->cv.SignalAll();
+  });
+}
+
+// The end of a request: counts, frees its slot and, in a closed loop,
+// issues its successor. `phase` is the phase when its reply came.
+void Complete(const std::shared_ptr<RunState>& s, bool ok, bool measured,
+              int phase, Clock::time_point now) {
+  if (measured && ok) s->ok.fetch_add(1, std::memory_order_relaxed);
   if (ok && (s->count_mode ? measured : phase == kMeasure)) {
     s->ok_in_window.fetch_add(1, std::memory_order_relaxed);
   }
-  response = absl::StatusOr<v1::MultiplyResponse>();  // free the payload now
 
   bool count_reached = false;
   if (measured) {
@@ -199,6 +219,83 @@ void OnDone(std::shared_ptr<RunState> s, int index, Clock::time_point start,
     ++s->deferred;
     s->cv.SignalAll();
   }
+}
+
+// Checks a kept product sampled for verification: downloads it, checks it,
+// deletes it, then completes the request.
+void VerifyKept(std::shared_ptr<RunState> s, int index, bool measured,
+                int phase, Clock::time_point now, std::string id) {
+  const std::string id_copy = id;
+  s->client->DownloadAsync(
+      id_copy, s->point.timeout,
+      [s, index, measured, phase, now,
+       id = std::move(id)](absl::StatusOr<HostTensor> c) mutable {
+        bool ok = true;
+        if (!c.ok()) {
+          ok = false;
+          s->RecordError(s->CodeSlot(c.status()),
+                         absl::StrCat("downloading the kept product to verify "
+                                      "it: ",
+                                      c.status().message()));
+        } else {
+          v1::MultiplyResponse downloaded;
+          absl::Status check = ToProto(*std::move(c), downloaded.mutable_c());
+          if (check.ok()) check = (*s->checker)(index, downloaded);
+          if (!check.ok()) {
+            ok = false;
+            s->mismatches.fetch_add(1, std::memory_order_relaxed);
+            s->RecordError(kWrongAnswerSlot, check.message());
+          }
+        }
+        DeleteKept(s, id);
+        Complete(s, ok, measured, phase, now);
+      });
+}
+
+void OnDone(std::shared_ptr<RunState> s, int index, Clock::time_point start,
+            bool measured, absl::StatusOr<v1::MultiplyResponse> response) {
+  const Clock::time_point now = Clock::now();
+  const int phase = s->phase.load(std::memory_order_relaxed);
+  bool ok = response.ok();
+  bool check = false;
+  if (ok && s->response_message_bytes.load(std::memory_order_relaxed) == 0) {
+    s->response_message_bytes.store(
+        static_cast<int64_t>(response->ByteSizeLong()),
+        std::memory_order_relaxed);
+  }
+  if (measured) {
+    if (ok) {
+      s->latency_ns.Record(Nanos(now - start));
+      const int every = s->point.verify_every;
+      if (every > 0 &&
+          s->verify_sequence.fetch_add(1, std::memory_order_relaxed) % every ==
+              0) {
+        s->verified.fetch_add(1, std::memory_order_relaxed);
+        check = true;
+      }
+    } else {
+      s->RecordError(s->CodeSlot(response.status()),
+                     response.status().message());
+    }
+  }
+  std::string kept;
+  if (ok && response->has_c_handle()) kept = response->c_handle().id();
+  if (check && !kept.empty()) {
+    response = absl::StatusOr<v1::MultiplyResponse>();
+    VerifyKept(std::move(s), index, measured, phase, now, std::move(kept));
+    return;
+  }
+  if (check) {
+    const absl::Status verdict = (*s->checker)(index, *response);
+    if (!verdict.ok()) {
+      ok = false;
+      s->mismatches.fetch_add(1, std::memory_order_relaxed);
+      s->RecordError(kWrongAnswerSlot, verdict.message());
+    }
+  }
+  response = absl::StatusOr<v1::MultiplyResponse>();  // free the payload now
+  if (!kept.empty()) DeleteKept(s, kept);
+  Complete(s, ok, measured, phase, now);
 }
 
 }  // namespace
@@ -383,14 +480,18 @@ absl::StatusOr<LoadResult> LoadGenerator::Run(
   }
   result.ok_in_window = s->ok_in_window.load();
   {
-    const absl::Time give_up = absl::Now() + point.timeout + kDrainGrace;
+    // A request may need a download and a delete after its reply: up to
+    // three deadlines.
+    const absl::Time give_up = absl::Now() + 3 * point.timeout + kDrainGrace;
     absl::MutexLock lock(&s->mu);
     s->deferred = 0;
-    while (s->in_flight > 0 && absl::Now() < give_up) {
+    while ((s->in_flight > 0 || s->pending_deletes > 0) &&
+           absl::Now() < give_up) {
       s->cv.WaitWithDeadline(&s->mu, give_up);
       s->deferred = 0;  // successors that will never be issued
     }
     result.abandoned = s->in_flight;
+    result.abandoned_deletes = s->pending_deletes;
   }
 
   if (s->count_mode && !result.interrupted) {
@@ -414,9 +515,20 @@ absl::StatusOr<LoadResult> LoadGenerator::Run(
                               : absl::StatusCodeToString(
                                     static_cast<absl::StatusCode>(slot))] = n;
   }
+  result.deletes = s->deletes.load();
+  result.deletes_ok = s->deletes_ok.load();
+  for (int slot = 0; slot < kGrpcCodes; ++slot) {
+    const int64_t n = s->delete_code_counts[slot].load();
+    if (n == 0) continue;
+    result.delete_errors += n;
+    result.delete_errors_by_code[absl::StatusCodeToString(
+        static_cast<absl::StatusCode>(slot))] = n;
+  }
+  result.response_message_bytes = s->response_message_bytes.load();
   {
     absl::MutexLock lock(&s->mu);
     result.error_messages = s->messages;
+    result.delete_error_messages = s->delete_messages;
   }
   result.latency_ns = s->latency_ns;
   return result;

@@ -24,6 +24,13 @@
 // at once would otherwise look like a fast request). A response that fails
 // verification is an error with code "WRONG_ANSWER".
 //
+// Kept products: a successful response that carries a c_handle (the request
+// set keep_result) is followed by an asynchronous Delete of that handle,
+// which counts in neither latency nor throughput; deletes and their errors
+// are reported apart (LoadResult::deletes...). A kept product sampled for
+// verification is downloaded first and checked, then deleted; its request
+// holds its slot until then.
+//
 // Every point ends by itself: after its duration or count, or when `stop`
 // becomes true (then marked interrupted). Each request carries a deadline
 // (LoadPoint::timeout), so waiting for the stragglers is bounded too.
@@ -108,6 +115,17 @@ struct LoadResult {
   // Requests that did not complete within timeout + grace after the end
   // (should not happen: every request has a deadline).
   int64_t abandoned = 0;
+  // Deletes of kept products (warm-up included): issued, succeeded, failed
+  // (by gRPC code name, with the first message for each), and still
+  // unanswered at the end.
+  int64_t deletes = 0;
+  int64_t deletes_ok = 0;
+  int64_t delete_errors = 0;
+  std::map<std::string, int64_t> delete_errors_by_code;
+  std::map<std::string, std::string> delete_error_messages;
+  int64_t abandoned_deletes = 0;
+  // Serialized size of a successful MultiplyResponse (0 if none).
+  int64_t response_message_bytes = 0;
 };
 
 class LoadGenerator {

@@ -8,7 +8,9 @@
 #include <utility>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "client/tensor_proto.h"
 #include "common/status_macros.h"
 
@@ -28,16 +30,101 @@ void SetTimeout(grpc::ClientContext* context, absl::Duration timeout) {
   context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
 }
 
+constexpr size_t kMaxClientIdLength = 256;
+
 // The product out of a response, which is moved from.
 absl::StatusOr<HostTensor> ResultFromResponse(
     absl::StatusOr<v1::MultiplyResponse> response) {
   if (!response.ok()) return response.status();
+  if (!response->has_c() && response->has_c_handle()) {
+    return absl::InternalError(
+        "the server kept the product (c_handle) instead of returning it");
+  }
   absl::StatusOr<HostTensor> c = FromProto(std::move(*response->mutable_c()));
   if (!c.ok()) {
     return absl::InternalError(absl::StrCat(
         "the server's MultiplyResponse is malformed: ", c.status().message()));
   }
   return c;
+}
+
+// The kept product's handle out of a response.
+absl::StatusOr<StoredTensor> KeptFromResponse(
+    absl::StatusOr<v1::MultiplyResponse> response) {
+  if (!response.ok()) return response.status();
+  if (!response->has_c_handle()) {
+    return absl::UnimplementedError(
+        "the server returned the product instead of keeping it: it does not "
+        "support keep_result (stored tensors)");
+  }
+  return StoredTensorFromProto(response->c_handle());
+}
+
+// The stored tensor out of an UploadResponse.
+absl::StatusOr<StoredTensor> StoredFromUpload(
+    absl::StatusOr<v1::UploadResponse> response) {
+  if (!response.ok()) return response.status();
+  if (!response->has_handle()) {
+    return absl::InternalError("the server's UploadResponse has no handle");
+  }
+  return StoredTensorFromProto(response->handle());
+}
+
+// The tensor out of a DownloadResponse, which is moved from.
+absl::StatusOr<HostTensor> TensorFromDownload(
+    absl::StatusOr<v1::DownloadResponse> response) {
+  if (!response.ok()) return response.status();
+  absl::StatusOr<HostTensor> t =
+      FromProto(std::move(*response->mutable_tensor()));
+  if (!t.ok()) {
+    return absl::InternalError(absl::StrCat(
+        "the server's DownloadResponse is malformed: ", t.status().message()));
+  }
+  return t;
+}
+
+absl::Status SetOperand(const Operand& operand, const char* name,
+                        v1::Tensor* tensor, std::string* handle) {
+  if (operand.is_handle()) {
+    if (operand.handle().empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": the handle id is empty"));
+    }
+    *handle = operand.handle();
+    return absl::OkStatus();
+  }
+  absl::Status status = ToProto(*operand.tensor(), tensor);
+  if (!status.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": ", status.message()));
+  }
+  return absl::OkStatus();
+}
+
+// An asynchronous unary call: owns what gRPC needs until the reaction.
+template <typename Request, typename Response>
+struct AsyncCall {
+  grpc::ClientContext context;
+  Request request;
+  Response response;
+  absl::AnyInvocable<void(absl::StatusOr<Response>) &&> done;
+};
+
+// Starts `call` with `start(context, request, response, reaction)` (a stub's
+// async method) and hands the outcome to call->done; deletes the call
+// before done runs.
+template <typename Request, typename Response, typename Start>
+void StartAsync(AsyncCall<Request, Response>* call, Start start) {
+  start(&call->context, &call->request, &call->response,
+        [call](grpc::Status status) {
+          std::unique_ptr<AsyncCall<Request, Response>> owned(call);
+          auto done = std::move(owned->done);
+          absl::StatusOr<Response> result =
+              status.ok() ? absl::StatusOr<Response>(std::move(owned->response))
+                          : absl::StatusOr<Response>(FromGrpcStatus(status));
+          owned.reset();
+          std::move(done)(std::move(result));
+        });
 }
 
 bool IsPolicyName(const std::string& name) {
@@ -56,20 +143,97 @@ absl::Status FromGrpcStatus(const grpc::Status& status) {
                       status.error_message());
 }
 
+absl::StatusOr<int64_t> TtlSeconds(absl::Duration ttl, absl::string_view what) {
+  if (ttl == absl::ZeroDuration()) return 0;
+  if (ttl < absl::ZeroDuration() || ttl == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what,
+                     ": expected zero (the server's default) or a "
+                     "finite positive duration, got ",
+                     absl::FormatDuration(ttl)));
+  }
+  return absl::ToInt64Seconds(absl::Ceil(ttl, absl::Seconds(1)));
+}
+
+absl::Status CheckClientId(absl::string_view id) {
+  if (id.size() > kMaxClientIdLength) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("client id: at most ", kMaxClientIdLength,
+                     " characters, got ", id.size()));
+  }
+  for (char c : id) {
+    if (c < 0x20 || c > 0x7e) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("client id \"", absl::CHexEscape(id),
+                       "\": only printable ASCII may go in metadata"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StoredTensor> StoredTensorFromProto(
+    const v1::TensorHandle& handle) {
+  auto malformed = [](absl::string_view why) {
+    return absl::InternalError(
+        absl::StrCat("the server's TensorHandle is malformed: ", why));
+  };
+  if (handle.id().empty()) return malformed("no id");
+  std::optional<DType> dtype = DTypeFromProto(handle.dtype());
+  if (!dtype.has_value()) {
+    return malformed(absl::StrCat("unknown dtype ", handle.dtype()));
+  }
+  StoredTensor stored;
+  stored.id = handle.id();
+  stored.shape.assign(handle.shape().begin(), handle.shape().end());
+  for (int64_t d : stored.shape) {
+    if (d < 0) return malformed("a negative dimension");
+  }
+  stored.dtype = *dtype;
+  stored.device = handle.device();
+  stored.bytes = handle.bytes();
+  stored.expire_time = absl::FromUnixMillis(handle.expire_time_unix_ms());
+  return stored;
+}
+
 absl::StatusOr<v1::MultiplyRequest> MakeMultiplyRequest(
-    const HostTensor& a, const HostTensor& b, const MultiplyOptions& options) {
+    const Operand& a, const Operand& b, const MultiplyOptions& options) {
   v1::MultiplyRequest request;
-  absl::Status status = ToProto(a, request.mutable_a());
-  if (!status.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("a: ", status.message()));
-  }
-  status = ToProto(b, request.mutable_b());
-  if (!status.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("b: ", status.message()));
-  }
+  RETURN_IF_ERROR(
+      SetOperand(a, "a", request.mutable_a(), request.mutable_a_handle()));
+  RETURN_IF_ERROR(
+      SetOperand(b, "b", request.mutable_b(), request.mutable_b_handle()));
+  if (a.is_handle()) request.clear_a();
+  if (b.is_handle()) request.clear_b();
   request.set_transpose_a(options.transpose_a);
   request.set_transpose_b(options.transpose_b);
   request.set_compute_mode(ComputeModeToProto(options.compute));
+  if (options.keep_result) {
+    ASSIGN_OR_RETURN(const int64_t ttl,
+                     TtlSeconds(options.result_ttl, "result_ttl"));
+    request.set_keep_result(true);
+    request.set_result_ttl_seconds(ttl);
+  }
+  return request;
+}
+
+absl::StatusOr<v1::UploadRequest> MakeUploadRequest(
+    const HostTensor& tensor, const UploadOptions& options) {
+  v1::UploadRequest request;
+  if (tensor.shape.size() != 2 && tensor.shape.size() != 3) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor: shape ", ShapeString(tensor.shape), " has ",
+                     tensor.shape.size(),
+                     " dimension(s); a stored tensor is 2-D [rows, cols] or "
+                     "3-D [batch, rows, cols]"));
+  }
+  absl::Status status = ToProto(tensor, request.mutable_tensor());
+  if (!status.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor: ", status.message()));
+  }
+  if (options.device.has_value()) request.set_device(*options.device);
+  ASSIGN_OR_RETURN(const int64_t ttl, TtlSeconds(options.ttl, "ttl"));
+  request.set_ttl_seconds(ttl);
   return request;
 }
 
@@ -89,6 +253,9 @@ absl::StatusOr<std::unique_ptr<MatmulClient>> MatmulClient::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("client: channels must be in [1, ", kMaxChannels,
                      "], got ", options.channels));
+  }
+  if (absl::Status s = CheckClientId(options.client_id); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("client: ", s.message()));
   }
   std::string service_config;
   if (!options.load_balancing_policy.empty()) {
@@ -124,11 +291,13 @@ absl::StatusOr<std::unique_ptr<MatmulClient>> MatmulClient::Create(
     if (!service_config.empty()) args.SetServiceConfigJSON(service_config);
     channels.push_back(grpc::CreateCustomChannel(target, credentials, args));
   }
-  return std::unique_ptr<MatmulClient>(new MatmulClient(std::move(channels)));
+  return std::unique_ptr<MatmulClient>(
+      new MatmulClient(std::move(channels), options.client_id));
 }
 
-MatmulClient::MatmulClient(std::vector<std::shared_ptr<grpc::Channel>> channels)
-    : channels_(std::move(channels)) {
+MatmulClient::MatmulClient(std::vector<std::shared_ptr<grpc::Channel>> channels,
+                           std::string client_id)
+    : channels_(std::move(channels)), client_id_(std::move(client_id)) {
   for (const std::shared_ptr<grpc::Channel>& channel : channels_) {
     stubs_.push_back(v1::MatmulService::NewStub(channel));
   }
@@ -139,16 +308,40 @@ v1::MatmulService::Stub& MatmulClient::NextStub() {
   return *stubs_[n % stubs_.size()];
 }
 
+void MatmulClient::PrepareContext(grpc::ClientContext& context,
+                                  absl::Duration timeout,
+                                  const std::string& client_id) const {
+  SetTimeout(&context, timeout);
+  const std::string& id = client_id.empty() ? client_id_ : client_id;
+  if (!id.empty()) context.AddMetadata(kClientIdMetadataKey, id);
+}
+
 absl::StatusOr<HostTensor> MatmulClient::Multiply(
-    const HostTensor& a, const HostTensor& b, const MultiplyOptions& options) {
+    const Operand& a, const Operand& b, const MultiplyOptions& options) {
+  if (options.keep_result) {
+    return absl::InvalidArgumentError(
+        "MultiplyOptions.keep_result is set: call MultiplyAndKeep, which "
+        "returns the stored product's handle");
+  }
+  RETURN_IF_ERROR(CheckClientId(options.client_id));
   ASSIGN_OR_RETURN(v1::MultiplyRequest request,
                    MakeMultiplyRequest(a, b, options));
   return ResultFromResponse(MultiplyRaw(request, options));
 }
 
-void MatmulClient::MultiplyAsync(const HostTensor& a, const HostTensor& b,
+void MatmulClient::MultiplyAsync(const Operand& a, const Operand& b,
                                  const MultiplyOptions& options,
                                  MultiplyDone done) {
+  if (options.keep_result) {
+    std::move(done)(absl::InvalidArgumentError(
+        "MultiplyOptions.keep_result is set: call MultiplyAndKeepAsync, which "
+        "returns the stored product's handle"));
+    return;
+  }
+  if (absl::Status s = CheckClientId(options.client_id); !s.ok()) {
+    std::move(done)(s);
+    return;
+  }
   absl::StatusOr<v1::MultiplyRequest> request =
       MakeMultiplyRequest(a, b, options);
   if (!request.ok()) {
@@ -166,10 +359,45 @@ void MatmulClient::MultiplyAsync(const HostTensor& a, const HostTensor& b,
       });
 }
 
+absl::StatusOr<StoredTensor> MatmulClient::MultiplyAndKeep(
+    const Operand& a, const Operand& b, const MultiplyOptions& options) {
+  RETURN_IF_ERROR(CheckClientId(options.client_id));
+  MultiplyOptions keep = options;
+  keep.keep_result = true;
+  ASSIGN_OR_RETURN(v1::MultiplyRequest request,
+                   MakeMultiplyRequest(a, b, keep));
+  return KeptFromResponse(MultiplyRaw(request, keep));
+}
+
+void MatmulClient::MultiplyAndKeepAsync(const Operand& a, const Operand& b,
+                                        const MultiplyOptions& options,
+                                        StoredDone done) {
+  if (absl::Status s = CheckClientId(options.client_id); !s.ok()) {
+    std::move(done)(s);
+    return;
+  }
+  MultiplyOptions keep = options;
+  keep.keep_result = true;
+  absl::StatusOr<v1::MultiplyRequest> request = MakeMultiplyRequest(a, b, keep);
+  if (!request.ok()) {
+    std::move(done)(request.status());
+    return;
+  }
+  auto owned = std::make_unique<v1::MultiplyRequest>(*std::move(request));
+  const v1::MultiplyRequest& sent = *owned;
+  MultiplyRawAsync(sent, keep,
+                   [owned = std::move(owned), done = std::move(done)](
+                       absl::StatusOr<v1::MultiplyResponse> response) mutable {
+                     owned.reset();
+                     std::move(done)(KeptFromResponse(std::move(response)));
+                   });
+}
+
 absl::StatusOr<v1::MultiplyResponse> MatmulClient::MultiplyRaw(
     const v1::MultiplyRequest& request, const MultiplyOptions& options) {
+  RETURN_IF_ERROR(CheckClientId(options.client_id));
   grpc::ClientContext context;
-  SetTimeout(&context, options.timeout);
+  PrepareContext(context, options.timeout, options.client_id);
   v1::MultiplyResponse response;
   RETURN_IF_ERROR(
       FromGrpcStatus(NextStub().Multiply(&context, request, &response)));
@@ -179,6 +407,10 @@ absl::StatusOr<v1::MultiplyResponse> MatmulClient::MultiplyRaw(
 void MatmulClient::MultiplyRawAsync(const v1::MultiplyRequest& request,
                                     const MultiplyOptions& options,
                                     MultiplyRawDone done) {
+  if (absl::Status s = CheckClientId(options.client_id); !s.ok()) {
+    std::move(done)(s);
+    return;
+  }
   // Lives until the reaction below runs; gRPC needs the context and the
   // response until then.
   struct Call {
@@ -188,7 +420,7 @@ void MatmulClient::MultiplyRawAsync(const v1::MultiplyRequest& request,
   };
   auto* call = new Call;
   call->done = std::move(done);
-  SetTimeout(&call->context, options.timeout);
+  PrepareContext(call->context, options.timeout, options.client_id);
   NextStub().async()->Multiply(
       &call->context, &request, &call->response, [call](grpc::Status status) {
         std::unique_ptr<Call> owned(call);
@@ -202,10 +434,113 @@ void MatmulClient::MultiplyRawAsync(const v1::MultiplyRequest& request,
       });
 }
 
+absl::StatusOr<StoredTensor> MatmulClient::Upload(
+    const HostTensor& tensor, const UploadOptions& options) {
+  RETURN_IF_ERROR(CheckClientId(options.client_id));
+  ASSIGN_OR_RETURN(const v1::UploadRequest request,
+                   MakeUploadRequest(tensor, options));
+  grpc::ClientContext context;
+  PrepareContext(context, options.timeout, options.client_id);
+  v1::UploadResponse response;
+  RETURN_IF_ERROR(
+      FromGrpcStatus(NextStub().Upload(&context, request, &response)));
+  return StoredFromUpload(std::move(response));
+}
+
+void MatmulClient::UploadAsync(const HostTensor& tensor,
+                               const UploadOptions& options, StoredDone done) {
+  if (absl::Status s = CheckClientId(options.client_id); !s.ok()) {
+    std::move(done)(s);
+    return;
+  }
+  absl::StatusOr<v1::UploadRequest> request =
+      MakeUploadRequest(tensor, options);
+  if (!request.ok()) {
+    std::move(done)(request.status());
+    return;
+  }
+  using Call = AsyncCall<v1::UploadRequest, v1::UploadResponse>;
+  auto* call = new Call;
+  call->request = *std::move(request);
+  call->done = [done = std::move(done)](
+                   absl::StatusOr<v1::UploadResponse> response) mutable {
+    std::move(done)(StoredFromUpload(std::move(response)));
+  };
+  PrepareContext(call->context, options.timeout, options.client_id);
+  v1::MatmulService::Stub::async_interface* async = NextStub().async();
+  StartAsync(call, [async](auto&&... args) {
+    async->Upload(std::forward<decltype(args)>(args)...);
+  });
+}
+
+absl::StatusOr<HostTensor> MatmulClient::Download(const std::string& id,
+                                                  absl::Duration timeout) {
+  if (id.empty()) return absl::InvalidArgumentError("the handle id is empty");
+  grpc::ClientContext context;
+  PrepareContext(context, timeout, "");
+  v1::DownloadRequest request;
+  request.set_handle(id);
+  v1::DownloadResponse response;
+  RETURN_IF_ERROR(
+      FromGrpcStatus(NextStub().Download(&context, request, &response)));
+  return TensorFromDownload(std::move(response));
+}
+
+void MatmulClient::DownloadAsync(const std::string& id, absl::Duration timeout,
+                                 TensorDone done) {
+  if (id.empty()) {
+    std::move(done)(absl::InvalidArgumentError("the handle id is empty"));
+    return;
+  }
+  using Call = AsyncCall<v1::DownloadRequest, v1::DownloadResponse>;
+  auto* call = new Call;
+  call->request.set_handle(id);
+  call->done = [done = std::move(done)](
+                   absl::StatusOr<v1::DownloadResponse> response) mutable {
+    std::move(done)(TensorFromDownload(std::move(response)));
+  };
+  PrepareContext(call->context, timeout, "");
+  v1::MatmulService::Stub::async_interface* async = NextStub().async();
+  StartAsync(call, [async](auto&&... args) {
+    async->Download(std::forward<decltype(args)>(args)...);
+  });
+}
+
+absl::Status MatmulClient::Delete(const std::string& id,
+                                  absl::Duration timeout) {
+  if (id.empty()) return absl::InvalidArgumentError("the handle id is empty");
+  grpc::ClientContext context;
+  PrepareContext(context, timeout, "");
+  v1::DeleteRequest request;
+  request.set_handle(id);
+  v1::DeleteResponse response;
+  return FromGrpcStatus(NextStub().Delete(&context, request, &response));
+}
+
+void MatmulClient::DeleteAsync(const std::string& id, absl::Duration timeout,
+                               StatusDone done) {
+  if (id.empty()) {
+    std::move(done)(absl::InvalidArgumentError("the handle id is empty"));
+    return;
+  }
+  using Call = AsyncCall<v1::DeleteRequest, v1::DeleteResponse>;
+  auto* call = new Call;
+  call->request.set_handle(id);
+  call->done = [done = std::move(done)](
+                   absl::StatusOr<v1::DeleteResponse> response) mutable {
+    std::move(done)(response.status());
+  };
+  PrepareContext(call->context, timeout, "");
+  v1::MatmulService::Stub::async_interface* async = NextStub().async();
+  StartAsync(call, [async](auto&&... args) {
+    async->Delete(std::forward<decltype(args)>(args)...);
+  });
+}
+
 absl::StatusOr<v1::GetServerInfoResponse> MatmulClient::GetServerInfo(
     absl::Duration timeout) {
   grpc::ClientContext context;
-  SetTimeout(&context, timeout);
+  PrepareContext(context, timeout, "");
   v1::GetServerInfoResponse response;
   RETURN_IF_ERROR(FromGrpcStatus(NextStub().GetServerInfo(
       &context, v1::GetServerInfoRequest(), &response)));

@@ -4,11 +4,33 @@
 // HostTensors, or on prebuilt protobuf requests for callers, such as a load
 // generator, that send the same payload many times.
 //
+// Stored tensors. Upload keeps a tensor in the server's device memory (the
+// server's RAM on the host engine) and returns a StoredTensor whose `id` is a
+// handle; a Multiply operand may be a handle instead of data (Operand), and
+// MultiplyAndKeep leaves the product on the server and returns its handle,
+// so that products can be chained without crossing the wire. Download
+// fetches a stored tensor, Delete frees it; unless deleted, a stored tensor
+// expires after its TTL (the server's default when none is given). A handle
+// is a capability: whoever holds the id may use or delete it. The server
+// charges stored bytes and handles to a client, named by
+// ClientOptions::client_id (sent as "x-matmul-client" metadata on every
+// call) or, without one, by the peer's address; over its quota Upload and
+// MultiplyAndKeep fail with RESOURCE_EXHAUSTED. An unknown, deleted or
+// expired handle is NOT_FOUND. Operands of one multiply that live on
+// different GPUs are INVALID_ARGUMENT: upload them to the same device.
+//
+//   auto a = client->Upload(a_tensor);             // StatusOr<StoredTensor>
+//   auto ab = client->MultiplyAndKeep(*a, b_tensor);   // A.B stays there
+//   auto abc = client->Multiply(*ab, c_tensor);    // (A.B).C comes back
+//   client->Delete(a->id); client->Delete(ab->id);
+//
 // Errors are absl::Status with the gRPC status's code and message, so
 // callers can tell INVALID_ARGUMENT (a bad request) from RESOURCE_EXHAUSTED
 // (the server is full: retry later) from UNAVAILABLE (no server) and so on.
 // Arguments that could never be sent (a tensor whose data does not match its
-// shape) fail with INVALID_ARGUMENT before anything goes on the wire.
+// shape, an empty handle id, a negative TTL, a client id that is not
+// printable ASCII) fail with INVALID_ARGUMENT before anything goes on the
+// wire.
 //
 // Thread-safe: every method may be called from any number of threads at
 // once. Calls rotate over the channels round-robin. The client must outlive
@@ -17,23 +39,30 @@
 #define MATMUL_CLIENT_MATMUL_CLIENT_H_
 
 #include <grpcpp/channel.h>
+#include <grpcpp/client_context.h>
 #include <grpcpp/security/credentials.h>
 
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "client/host_tensor.h"
 #include "common/dtype.h"
 #include "matmul/v1/matmul.grpc.pb.h"
 
 namespace matmul {
+
+// The metadata key that names the client the server charges stored tensors
+// to.
+inline constexpr char kClientIdMetadataKey[] = "x-matmul-client";
 
 struct ClientOptions {
   // Largest message sent or received (set on the channel both ways); gRPC
@@ -49,6 +78,11 @@ struct ClientOptions {
   int channels = 1;
   // Channel credentials; null means insecure (plaintext).
   std::shared_ptr<grpc::ChannelCredentials> credentials;
+  // Sent as "x-matmul-client" metadata on every call: the name the server
+  // charges stored tensors (Upload, kept products) to. Empty: none is sent
+  // and the server charges the peer's address. Printable ASCII only, at most
+  // 256 characters.
+  std::string client_id;
 };
 
 struct MultiplyOptions {
@@ -57,6 +91,84 @@ struct MultiplyOptions {
   ComputeMode compute = ComputeMode::kStrict;
   // Becomes the call's deadline; InfiniteDuration() for none.
   absl::Duration timeout = absl::InfiniteDuration();
+  // Keep the product on the server and answer with its handle. Requests
+  // built by MakeMultiplyRequest carry it (MultiplyRaw then gets c_handle);
+  // MultiplyAndKeep keeps the product whatever this says, and Multiply,
+  // which returns data, refuses it (INVALID_ARGUMENT).
+  bool keep_result = false;
+  // How long a kept product lives unless deleted; zero: the server's
+  // default. Rounded up to whole seconds; the server refuses more than its
+  // maximum (GetServerInfo: limits.max_handle_ttl_seconds).
+  absl::Duration result_ttl = absl::ZeroDuration();
+  // When not empty: this call's "x-matmul-client" instead of
+  // ClientOptions::client_id.
+  std::string client_id;
+};
+
+struct UploadOptions {
+  // Device to store the tensor on (GetServerInfo's device index); unset:
+  // the server picks the least loaded. Operands of one multiply must live on
+  // the same device.
+  std::optional<int> device;
+  // Lifetime unless deleted; zero: the server's default. Rounded up to
+  // whole seconds.
+  absl::Duration ttl = absl::ZeroDuration();
+  // When not empty: this call's "x-matmul-client" instead of
+  // ClientOptions::client_id (the quota the tensor is charged to).
+  std::string client_id;
+  // Becomes the call's deadline; InfiniteDuration() for none.
+  absl::Duration timeout = absl::InfiniteDuration();
+};
+
+// A tensor stored on the server (matmul.v1.TensorHandle).
+struct StoredTensor {
+  // The handle: pass it as an Operand, to Download or to Delete.
+  std::string id;
+  // As the tensor would have in a Tensor message: 2-D or 3-D.
+  std::vector<int64_t> shape;
+  DType dtype = DType::kFloat32;
+  // Device it lives on; -1 on the host engine.
+  int device = -1;
+  // Bytes it occupies (and is charged to the client's quota).
+  int64_t bytes = 0;
+  // When the server frees it unless deleted first.
+  absl::Time expire_time = absl::InfinitePast();
+};
+
+// The StoredTensor a TensorHandle describes; INTERNAL for a malformed one
+// (no id, an unknown dtype, a negative dimension).
+absl::StatusOr<StoredTensor> StoredTensorFromProto(
+    const v1::TensorHandle& handle);
+
+// One operand of a multiply: tensor data, sent with the request, or the
+// handle of a stored tensor. Converts implicitly from a HostTensor and from
+// a StoredTensor; Operand::Handle(id) names a stored tensor by id alone.
+//
+// A view: an Operand made from a HostTensor refers to it, which must stay
+// alive until the call it is passed to has returned (asynchronous calls
+// copy the data into their request before they return). Use it as an
+// argument, not as a long-lived value.
+class Operand {
+ public:
+  Operand(const HostTensor& tensor) : tensor_(&tensor) {}      // NOLINT
+  Operand(const StoredTensor& stored) : handle_(stored.id) {}  // NOLINT
+  static Operand Handle(std::string id) {
+    Operand operand;
+    operand.handle_ = std::move(id);
+    return operand;
+  }
+
+  bool is_handle() const { return tensor_ == nullptr; }
+  // The data; null for a handle.
+  const HostTensor* tensor() const { return tensor_; }
+  // The handle id; empty for data.
+  const std::string& handle() const { return handle_; }
+
+ private:
+  Operand() = default;
+
+  const HostTensor* tensor_ = nullptr;
+  std::string handle_;
 };
 
 class MatmulClient {
@@ -65,29 +177,46 @@ class MatmulClient {
   // fails before it starts, on the caller's thread before the call returns).
   // It must not block for long: it holds one of gRPC's callback threads.
   using MultiplyDone = absl::AnyInvocable<void(absl::StatusOr<HostTensor>) &&>;
+  using TensorDone = MultiplyDone;
+  using StoredDone = absl::AnyInvocable<void(absl::StatusOr<StoredTensor>) &&>;
+  using StatusDone = absl::AnyInvocable<void(absl::Status) &&>;
   using MultiplyRawDone =
       absl::AnyInvocable<void(absl::StatusOr<v1::MultiplyResponse>) &&>;
 
   // Opens the channels to `target`: any gRPC target ("127.0.0.1:50051",
   // "dns:///matmul.svc:50051", "unix:/run/matmul.sock"). Does not connect
   // yet (the first call does). INVALID_ARGUMENT for bad options, e.g. an
-  // unknown load-balancing policy.
+  // unknown load-balancing policy or a client id that is not printable
+  // ASCII.
   static absl::StatusOr<std::unique_ptr<MatmulClient>> Create(
       const std::string& target, const ClientOptions& options = {});
 
   MatmulClient(const MatmulClient&) = delete;
   MatmulClient& operator=(const MatmulClient&) = delete;
 
-  // C = op(a) . op(b), in the operands' dtype. Blocks until the reply.
-  absl::StatusOr<HostTensor> Multiply(const HostTensor& a, const HostTensor& b,
+  // C = op(a) . op(b), in the operands' dtype; either operand may be data
+  // or a stored tensor's handle. Blocks until the reply. INVALID_ARGUMENT if
+  // options.keep_result is set (use MultiplyAndKeep); NOT_FOUND for an
+  // unknown, deleted or expired handle.
+  absl::StatusOr<HostTensor> Multiply(const Operand& a, const Operand& b,
                                       const MultiplyOptions& options = {});
 
   // The same without blocking; `done` gets the product or the error.
-  void MultiplyAsync(const HostTensor& a, const HostTensor& b,
+  void MultiplyAsync(const Operand& a, const Operand& b,
                      const MultiplyOptions& options, MultiplyDone done);
 
-  // Multiply on a prebuilt request, sent as it is. Only options.timeout is
-  // used: the transposes and compute mode are the request's own.
+  // C = op(a) . op(b), kept on the server: returns its handle (whatever
+  // options.keep_result says). The product counts against the client's
+  // quota (RESOURCE_EXHAUSTED beyond it) until deleted or expired
+  // (options.result_ttl).
+  absl::StatusOr<StoredTensor> MultiplyAndKeep(
+      const Operand& a, const Operand& b, const MultiplyOptions& options = {});
+  void MultiplyAndKeepAsync(const Operand& a, const Operand& b,
+                            const MultiplyOptions& options, StoredDone done);
+
+  // Multiply on a prebuilt request, sent as it is (operands as data or
+  // handles, keep_result, result_ttl_seconds: the request's own). Only
+  // options.timeout and options.client_id are used.
   absl::StatusOr<v1::MultiplyResponse> MultiplyRaw(
       const v1::MultiplyRequest& request, const MultiplyOptions& options = {});
 
@@ -97,27 +226,74 @@ class MatmulClient {
   void MultiplyRawAsync(const v1::MultiplyRequest& request,
                         const MultiplyOptions& options, MultiplyRawDone done);
 
+  // Stores `tensor` (2-D or 3-D) on the server and returns its handle.
+  // RESOURCE_EXHAUSTED over the client's quota or the server's message size;
+  // INVALID_ARGUMENT for an unknown device or a TTL over the server's
+  // maximum.
+  absl::StatusOr<StoredTensor> Upload(const HostTensor& tensor,
+                                      const UploadOptions& options = {});
+  void UploadAsync(const HostTensor& tensor, const UploadOptions& options,
+                   StoredDone done);
+
+  // A stored tensor's data. NOT_FOUND for an unknown, deleted or expired
+  // handle.
+  absl::StatusOr<HostTensor> Download(
+      const std::string& id, absl::Duration timeout = absl::InfiniteDuration());
+  void DownloadAsync(const std::string& id, absl::Duration timeout,
+                     TensorDone done);
+
+  // Frees a stored tensor. NOT_FOUND if it does not exist (any more).
+  absl::Status Delete(const std::string& id,
+                      absl::Duration timeout = absl::InfiniteDuration());
+  void DeleteAsync(const std::string& id, absl::Duration timeout,
+                   StatusDone done);
+
   // The server's engine, devices and limits.
   absl::StatusOr<v1::GetServerInfoResponse> GetServerInfo(
       absl::Duration timeout = absl::InfiniteDuration());
 
   // Channels the calls rotate over.
   int channel_count() const { return static_cast<int>(stubs_.size()); }
+  // ClientOptions::client_id.
+  const std::string& client_id() const { return client_id_; }
 
  private:
-  explicit MatmulClient(std::vector<std::shared_ptr<grpc::Channel>> channels);
+  MatmulClient(std::vector<std::shared_ptr<grpc::Channel>> channels,
+               std::string client_id);
 
   // The next channel's stub, round-robin.
   v1::MatmulService::Stub& NextStub();
 
+  // Sets the deadline and the client id (`client_id`, or else the
+  // client's) on a call's context.
+  void PrepareContext(grpc::ClientContext& context, absl::Duration timeout,
+                      const std::string& client_id) const;
+
   std::vector<std::shared_ptr<grpc::Channel>> channels_;
   std::vector<std::unique_ptr<v1::MatmulService::Stub>> stubs_;
   std::atomic<uint64_t> next_stub_{0};
+  const std::string client_id_;
 };
 
-// Builds the request MatmulClient::Multiply sends (tensors copied in).
+// Builds the request MatmulClient::Multiply sends: each operand's data
+// copied in, or its handle set (a_handle, b_handle); keep_result and
+// result_ttl_seconds from the options. INVALID_ARGUMENT for a malformed
+// tensor, an empty handle id or a negative result TTL.
 absl::StatusOr<v1::MultiplyRequest> MakeMultiplyRequest(
-    const HostTensor& a, const HostTensor& b, const MultiplyOptions& options);
+    const Operand& a, const Operand& b, const MultiplyOptions& options);
+
+// The UploadRequest MatmulClient::Upload sends (the data copied in).
+absl::StatusOr<v1::UploadRequest> MakeUploadRequest(
+    const HostTensor& tensor, const UploadOptions& options);
+
+// A TTL in whole seconds for the API (0 for a zero duration, which means
+// the server's default), rounded up; INVALID_ARGUMENT, naming `what`, for a
+// negative or infinite one.
+absl::StatusOr<int64_t> TtlSeconds(absl::Duration ttl, absl::string_view what);
+
+// OK if `id` may be sent as "x-matmul-client" (empty, or at most 256
+// printable ASCII characters); INVALID_ARGUMENT otherwise.
+absl::Status CheckClientId(absl::string_view id);
 
 // The absl::Status for a gRPC status: same code, same message.
 absl::Status FromGrpcStatus(const grpc::Status& status);

@@ -56,6 +56,8 @@ def series_name(p):
     parts.append(p.get("dtype", "?"))
     if p.get("compute", "strict") != "strict":
         parts.append(p["compute"])
+    if p.get("resident", "none") != "none":
+        parts.append("resident=" + p["resident"])
     if p.get("mode") == "open" and p.get("rate"):
         parts.append("@%g/s" % p["rate"])
     return " ".join(parts)

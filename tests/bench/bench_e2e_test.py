@@ -16,10 +16,12 @@ import os
 import pathlib
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 
 import pytest
 
@@ -28,6 +30,7 @@ REPO = pathlib.Path(os.environ.get("MATMUL_REPO_DIR", HERE.parents[2]))
 BIN_DIR = pathlib.Path(os.environ.get("MATMUL_BIN_DIR", REPO / "build" / "bin"))
 SERVER = BIN_DIR / "matmul-server"
 BENCH = BIN_DIR / "matmul-bench"
+CLI = BIN_DIR / "matmul-cli"
 PLOT = REPO / "scripts" / "plot_bench.py"
 
 POINT_FIELDS = [
@@ -44,10 +47,11 @@ POINT_FIELDS = [
 class Server:
     """A matmul-server child process on a free loopback port."""
 
-    def __init__(self, *extra):
+    def __init__(self, *extra, metrics_port=0):
         self.proc = subprocess.Popen(
             [str(SERVER), "--host", "127.0.0.1", "--port", "0",
-             "--metrics-port", "0", "--engine", "host"] + list(extra),
+             "--metrics-port", str(metrics_port), "--engine", "host"]
+            + list(extra),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
@@ -55,6 +59,7 @@ class Server:
         )
         self.log = []
         self.port = None
+        self.metrics_port = None
         self._ready = threading.Event()
         # Drain stderr for the whole life of the process so that it never
         # blocks on a full pipe.
@@ -70,6 +75,9 @@ class Server:
     def _read(self):
         for line in self.proc.stderr:
             self.log.append(line)
+            metrics = re.search(r"metrics on port (\d+)", line)
+            if metrics:
+                self.metrics_port = int(metrics.group(1))
             match = re.search(r"serving on port (\d+)", line)
             if match and self.port is None:
                 self.port = int(match.group(1))
@@ -293,3 +301,168 @@ def test_plot(server, tmp_path):
                         str(png_dir)], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode != 0 and "not a matmul-bench report" in r.stderr
+
+
+# --- resident operands and products (--resident) ---------------------------
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def stored_gauges(server):
+    """{"matmul_stored_bytes": v, "matmul_stored_tensors": v} for the gauges
+    the server exports (either may not exist); {} without metrics."""
+    if server.metrics_port is None:
+        return {}
+    url = "http://127.0.0.1:%d/metrics" % server.metrics_port
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    found = {}
+    for line in text.splitlines():
+        m = re.match(r"(matmul_stored_(?:bytes|tensors))(\{[^}]*\})?\s+(\S+)",
+                     line)
+        if m:
+            found[m.group(1)] = found.get(m.group(1), 0) + float(m.group(3))
+    return found
+
+
+def assert_nothing_stored(server, operand_ids):
+    """The server holds no stored tensors: its gauges (where it exports
+    them) read 0, and the bench's operand handles are gone."""
+    for name, value in stored_gauges(server).items():
+        assert value == 0, "%s = %s after the run" % (name, value)
+    if not CLI.exists():
+        return
+    for handle in operand_ids:
+        r = subprocess.run([str(CLI), "download", "--target", server.target,
+                            "--handle", handle, "--out", os.devnull],
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode == 1, (handle, r.stdout, r.stderr)
+        assert r.stderr.startswith("error: NOT_FOUND"), r.stderr
+
+
+def check_resident_point(p, mode):
+    check_point_sane(p)
+    assert p["resident"] == mode
+    assert p["errors"] == 0, p["error_messages"]
+    assert p["errors_by_code"] == {}
+    assert p["request_bytes"] == 0 and p["request_gb_per_s"] == 0
+    assert p["tflop_per_s"] > 0
+    # Handles, not data: the request is a few dozen bytes.
+    assert 0 < p["request_message_bytes"] < 200
+    assert p["wire_gb_per_s"] == pytest.approx(
+        p["requests_per_s"]
+        * (p["request_message_bytes"] + p["response_message_bytes"]) / 1e9)
+    assert p["upload_s"] > 0
+    assert p["operand_delete_errors"] == 0
+    d = p["deletes"]
+    assert d["errors"] == 0 and d["errors_by_code"] == {}, d
+    assert d["abandoned"] == 0
+    assert d["ok"] == d["issued"]
+    if mode == "all":
+        assert p["response_bytes"] == 0 and p["response_gb_per_s"] == 0
+        assert 0 < p["response_message_bytes"] < 200
+        # Every kept product (warm-up included) was deleted.
+        assert d["issued"] >= p["ok"] > 0
+    else:
+        assert p["response_bytes"] == p["m"] * p["n"] * 4 * max(p["batch"], 1) \
+            or p["dtype"] != "float32"
+        assert p["response_message_bytes"] > p["response_bytes"]
+        assert d["issued"] == 0
+
+
+def test_resident_all_with_verify(tmp_path):
+    s = Server(metrics_port=free_port())
+    try:
+        out = tmp_path / "resident.json"
+        r = bench("--target", s.target, "--shape", "48x40x24",
+                  "--concurrency", "1,4", "--duration", "1", "--warmup", "0.2",
+                  "--resident", "--verify", "--verify-every", "4",
+                  "--client-id", "e2e-bench", "--json", out)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "products kept and deleted" in r.stdout
+        doc = load(out)
+        assert doc["config"]["resident"] == "all"
+        assert doc["config"]["client_id"] == "e2e-bench"
+        assert doc["config"]["verify"] is True
+        points = doc["points"]
+        assert [p["concurrency"] for p in points] == [1, 4]
+        operand_ids = []
+        for p in points:
+            check_resident_point(p, "all")
+            # --verify downloaded sampled kept products and checked them.
+            assert p["verify"]["checked"] > 0
+            assert p["verify"]["mismatches"] == 0
+            assert len(p["resident_operands"]) == 2 * doc["config"]["distinct_requests"]
+            operand_ids += p["resident_operands"]
+        assert len(set(operand_ids)) == len(operand_ids)  # fresh per point
+        assert_nothing_stored(s, operand_ids)
+    finally:
+        assert s.stop() == 0, "".join(s.log)
+
+
+@pytest.mark.parametrize("mode,dtype,shape", [
+    ("operands", "float32", "33x17x5"),
+    ("all", "bfloat16", "2x16x64x8"),
+    ("all", "float64", "20"),
+])
+def test_resident_by_count_verifies_every_response(server, tmp_path, mode,
+                                                   dtype, shape):
+    out = tmp_path / "resident.json"
+    r = bench("--target", server.target, "--shape", shape, "--dtype", dtype,
+              "--concurrency", "3", "--requests", "30", "--warmup", "0",
+              "--resident", mode, "--verify-every", "1", "--json", out)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (p,) = load(out)["points"]
+    check_resident_point(p, mode)
+    assert p["requests"] == 30 and p["ok"] == 30
+    assert p["verify"]["checked"] == 30 and p["verify"]["mismatches"] == 0
+    if mode == "all":
+        assert p["deletes"]["issued"] == 30
+    assert_nothing_stored(server, p["resident_operands"])
+
+
+def test_resident_open_loop(server, tmp_path):
+    out = tmp_path / "resident_rate.json"
+    r = bench("--target", server.target, "--shape", "32", "--rate", "100",
+              "--requests", "40", "--concurrency", "4", "--warmup", "0",
+              "--resident=all", "--json", out)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (p,) = load(out)["points"]
+    check_resident_point(p, "all")
+    assert p["mode"] == "open" and p["requests"] == 40
+    assert_nothing_stored(server, p["resident_operands"])
+
+
+def test_resident_upload_over_quota_fails_cleanly(tmp_path):
+    # Two distinct requests need four stored operands; the server allows 3.
+    s = Server("--max-handles-per-client", "3", metrics_port=free_port())
+    try:
+        r = bench("--target", s.target, "--shape", "16", "--distinct", "2",
+                  "--concurrency", "1", "--duration", "0.3", "--warmup", "0",
+                  "--resident", "--client-id", "quota-e2e")
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert "RESOURCE_EXHAUSTED" in r.stderr
+        assert "quota-e2e" in r.stderr
+        # What it had uploaded before the refusal is deleted.
+        assert_nothing_stored(s, [])
+        # Inline, the same bench runs fine under that quota.
+        r = bench("--target", s.target, "--shape", "16", "--distinct", "2",
+                  "--concurrency", "1", "--duration", "0.3", "--warmup", "0",
+                  "--client-id", "quota-e2e")
+        assert r.returncode == 0, r.stdout + r.stderr
+    finally:
+        assert s.stop() == 0, "".join(s.log)
+
+
+def test_resident_usage_errors(server):
+    for args in (["--resident=some"], ["--resident", "--resident"],
+                 ["--client-id", "caf\u00e9"]):
+        r = bench("--target", server.target, *args)
+        assert r.returncode == 2, (args, r.stdout, r.stderr)
+        assert "usage:" in r.stderr
+    r = bench("--help")
+    assert "--resident" in r.stdout and "--client-id" in r.stdout

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "client/bench_report.h"
 #include "client/tensor_proto.h"
 #include "common/float16.h"
@@ -273,6 +274,76 @@ TEST(BenchReportTest, Metrics) {
   EXPECT_NE(json.find("\"UNAVAILABLE\": 3"), std::string::npos);
   EXPECT_NE(json.find("\"requests_per_s\": 500"), std::string::npos);
   EXPECT_NE(TableRow(run, point).find("500.0"), std::string::npos);
+}
+
+TEST(ResidentTest, NamesAndRequests) {
+  EXPECT_EQ(*ParseResident("none"), Resident::kNone);
+  EXPECT_EQ(*ParseResident("operands"), Resident::kOperands);
+  EXPECT_EQ(*ParseResident("all"), Resident::kAll);
+  EXPECT_FALSE(ParseResident("some").ok());
+  for (Resident r : {Resident::kNone, Resident::kOperands, Resident::kAll}) {
+    EXPECT_EQ(*ParseResident(ResidentName(r)), r);
+  }
+
+  absl::StatusOr<Workload> w = BuildWorkload(
+      *ParseShape("4x5x6"), DType::kFloat32, ComputeMode::kTf32, 2, /*seed=*/3);
+  ASSERT_TRUE(w.ok());
+  absl::StatusOr<std::vector<std::unique_ptr<v1::MultiplyRequest>>> kept =
+      ResidentRequests(*w, {"h-a0", "h-a1"}, {"h-b0", "h-b1"}, true, 70);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  ASSERT_EQ(kept->size(), 2u);
+  for (int i = 0; i < 2; ++i) {
+    const v1::MultiplyRequest& r = *(*kept)[i];
+    EXPECT_EQ(r.a_handle(), absl::StrCat("h-a", i));
+    EXPECT_EQ(r.b_handle(), absl::StrCat("h-b", i));
+    EXPECT_FALSE(r.has_a());
+    EXPECT_FALSE(r.has_b());
+    EXPECT_TRUE(r.keep_result());
+    EXPECT_EQ(r.result_ttl_seconds(), 70);
+    EXPECT_EQ(r.compute_mode(), v1::COMPUTE_MODE_TF32);
+    EXPECT_EQ(r.transpose_a(), w->requests[i]->transpose_a());
+    EXPECT_LT(r.ByteSizeLong(), 100u);
+  }
+  absl::StatusOr<std::vector<std::unique_ptr<v1::MultiplyRequest>>> inline_c =
+      ResidentRequests(*w, {"h-a0", "h-a1"}, {"h-b0", "h-b1"}, false, 70);
+  ASSERT_TRUE(inline_c.ok());
+  EXPECT_FALSE((*inline_c)[0]->keep_result());
+  EXPECT_EQ((*inline_c)[0]->result_ttl_seconds(), 0);
+  EXPECT_FALSE(ResidentRequests(*w, {"h-a0"}, {"h-b0", "h-b1"}, true, 0).ok());
+}
+
+TEST(BenchReportTest, ResidentFields) {
+  BenchRun run;
+  run.shape = *ParseShape("64");
+  run.resident = Resident::kAll;
+  run.client_id = "bench-x";
+  run.flops_per_request = 2.0 * 64 * 64 * 64;
+  BenchPoint point;
+  point.result.elapsed = absl::Seconds(1);
+  point.result.ok_in_window = 1000;
+  point.request_message_bytes = 80;
+  point.result.response_message_bytes = 120;
+  point.result.deletes = 1010;
+  point.result.deletes_ok = 1008;
+  point.result.delete_errors = 2;
+  point.result.delete_errors_by_code["NOT_FOUND"] = 2;
+  point.result.delete_error_messages["NOT_FOUND"] = "gone";
+  point.resident_operands = {"h-1", "h-2"};
+  const PointMetrics m = ComputeMetrics(run, point);
+  EXPECT_DOUBLE_EQ(m.total_gb_per_s, 0);
+  EXPECT_DOUBLE_EQ(m.wire_gb_per_s, 1000.0 * 200 / 1e9);
+  const std::string json = ReportJson(run, {point});
+  for (const char* want :
+       {"\"resident\": \"all\"", "\"client_id\": \"bench-x\"",
+        "\"request_message_bytes\": 80", "\"response_message_bytes\": 120",
+        "\"issued\": 1010", "\"NOT_FOUND\": 2", "\"h-2\"",
+        "\"max_handles_per_client\""}) {
+    EXPECT_NE(json.find(want), std::string::npos) << want << "\n" << json;
+  }
+  EXPECT_NE(ErrorLines(point).find("Delete of a kept product: NOT_FOUND x2"),
+            std::string::npos);
+  EXPECT_NE(RunDescription(run).find("products kept and deleted"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -14,6 +14,7 @@ import re
 import signal
 import subprocess
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -36,9 +37,10 @@ TOLERANCE = {
 class Server:
     """A matmul-server child process on a free port."""
 
-    def __init__(self):
+    def __init__(self, *extra):
         self.proc = subprocess.Popen(
-            [str(SERVER), "--port", "0", "--metrics-port", "0", "--engine", "host"],
+            [str(SERVER), "--port", "0", "--metrics-port", "0", "--engine", "host"]
+            + list(extra),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
@@ -247,6 +249,8 @@ def test_info(server):
     assert "CPU cores" in out
     assert re.search(r"max message:\s+\d+ bytes", out), out
     assert re.search(r"max in flight:\s+\d+ bytes", out), out
+    assert re.search(r"stored per client:\s+\d+ bytes .*, \d+ tensors", out), out
+    assert re.search(r"stored tensor TTL:\s+default \d+ s, max \d+ s", out), out
 
 
 def run_multiply_files(server, tmp_path, a, b, *flags):
@@ -357,6 +361,36 @@ def test_unreachable_server(tmp_path):
     (["multiply", "--target", "x:1", "--a", "a", "--b", "b", "--out", "c",
       "stray"], "unexpected argument"),
     (["info"], "--target is required"),
+    (["multiply", "--target", "x:1", "--a", "a", "--a-handle", "h", "--b", "b",
+      "--out", "c"], "--a and --a-handle exclude each other"),
+    (["multiply", "--target", "x:1", "--b", "b", "--out", "c"],
+     "--a is required (or --a-handle)"),
+    (["multiply", "--target", "x:1", "--a", "a", "--out", "c"],
+     "--b is required (or --b-handle)"),
+    (["multiply", "--target", "x:1", "--a", "a", "--b", "b", "--out", "c",
+      "--keep"], "--out and --keep exclude each other"),
+    (["multiply", "--target", "x:1", "--a", "a", "--b", "b"],
+     "--out is required (or --keep)"),
+    (["multiply", "--target", "x:1", "--a", "a", "--b", "b", "--out", "c",
+      "--ttl", "5"], "--ttl applies only with --keep"),
+    (["multiply", "--target", "x:1", "--a", "a", "--b", "b", "--keep",
+      "--ttl", "0"], "--ttl takes a positive whole number"),
+    (["multiply", "--target", "x:1", "--a-handle", "", "--b", "b", "--keep"],
+     "--a-handle is empty"),
+    (["multiply", "--target", "x:1", "--a", "a", "--b", "b", "--out", "c",
+      "--client-id", "caf\u00e9"], "client id"),
+    (["upload", "--target", "x:1"], "--a is required"),
+    (["upload", "--target", "x:1", "--a", "a", "--device", "gpu0"],
+     "--device takes a device index"),
+    (["upload", "--target", "x:1", "--a", "a", "--ttl", "1.5"],
+     "--ttl takes a positive whole number"),
+    (["download", "--target", "x:1", "--out", "c"], "--handle is required"),
+    (["download", "--target", "x:1", "--handle", "h"], "--out is required"),
+    (["download", "--target", "x:1", "--handle", "h", "--out", "c",
+      "--bf16-out", "raw"], "--bf16-out takes float32 or bits"),
+    (["delete", "--target", "x:1"], "--handle is required"),
+    (["delete", "--target", "x:1", "--handle", "h", "--out", "c"],
+     "unknown flag --out"),
 ])
 def test_usage_errors_exit_2(args, message):
     r = run_cli(*args)
@@ -379,3 +413,183 @@ def test_sigterm_stops_the_server_cleanly(tmp_path):
     finally:
         rc = s.stop()
     assert rc == 0, "".join(s.log)
+
+
+# --- stored tensors: upload, download, delete, handles in multiply --------------
+
+STORED_LINE = re.compile(
+    r"^(h-[0-9a-f]+) shape \[([0-9, ]+)\] (\w+), (\d+) bytes, on (host|device \d+), "
+    r"expires (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)$")
+
+
+def parse_stored(stdout):
+    """(id, shape, dtype, bytes) from upload's or multiply --keep's line."""
+    lines = stdout.strip().splitlines()
+    assert len(lines) == 1, stdout
+    m = STORED_LINE.match(lines[0])
+    assert m, stdout
+    shape = tuple(int(d) for d in m.group(2).split(", "))
+    return m.group(1), shape, m.group(3), int(m.group(4))
+
+
+def ok(r):
+    assert r.returncode == 0, "matmul-cli failed (%d):\n%s%s" % (
+        r.returncode, r.stdout, r.stderr)
+    return r
+
+
+def upload(server, path, *flags):
+    return parse_stored(ok(run_cli("upload", "--target", server.target,
+                                   "--a", path, *flags)).stdout)
+
+
+def test_upload_download_delete(server, tmp_path):
+    a = RNG.standard_normal((2, 5, 7)).astype(np.float32)
+    np.save(tmp_path / "a.npy", a)
+    handle, shape, dtype, nbytes = upload(server, tmp_path / "a.npy",
+                                          "--ttl", "100")
+    assert (shape, dtype, nbytes) == ((2, 5, 7), "float32", a.nbytes)
+    r = ok(run_cli("download", "--target", server.target, "--handle", handle,
+                   "--out", tmp_path / "back.npy"))
+    assert "shape [2, 5, 7], float32" in r.stdout
+    back = np.load(tmp_path / "back.npy")
+    assert back.dtype == np.float32
+    np.testing.assert_array_equal(back, a)
+    r = ok(run_cli("delete", "--target", server.target, "--handle", handle))
+    assert handle in r.stdout
+    for args in (["delete", "--handle", handle],
+                 ["download", "--handle", handle, "--out", tmp_path / "x.npy"]):
+        r = run_cli(args[0], "--target", server.target, *args[1:])
+        assert r.returncode == 1
+        assert r.stderr.startswith("error: NOT_FOUND: "), r.stderr
+        assert handle in r.stderr
+    assert not (tmp_path / "x.npy").exists()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
+def test_handles_in_multiply_and_keep(server, tmp_path, dtype):
+    a = RNG.standard_normal((9, 6)).astype(dtype)
+    b = RNG.standard_normal((6, 4)).astype(dtype)
+    d = RNG.standard_normal((4, 3)).astype(dtype)
+    for name, x in (("a", a), ("b", b), ("d", d)):
+        np.save(tmp_path / (name + ".npy"), x)
+    ha = upload(server, tmp_path / "a.npy")[0]
+    hb = upload(server, tmp_path / "b.npy")[0]
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    out = tmp_path / "c.npy"
+    for operands in (["--a-handle", ha, "--b", tmp_path / "b.npy"],
+                     ["--a", tmp_path / "a.npy", "--b-handle", hb],
+                     ["--a-handle", ha, "--b-handle", hb]):
+        ok(run_cli("multiply", "--target", server.target, *operands,
+                   "--out", out))
+        c = np.load(out)
+        assert c.dtype == np.dtype(dtype)
+        assert relative_error(c, want) < TOLERANCE[dtype], operands
+    # Kept, then chained.
+    r = ok(run_cli("multiply", "--target", server.target, "--a-handle", ha,
+                   "--b-handle", hb, "--keep", "--ttl", "60"))
+    hab, shape, kept_dtype, nbytes = parse_stored(r.stdout)
+    assert (shape, kept_dtype) == ((9, 4), dtype)
+    assert nbytes == 9 * 4 * np.dtype(dtype).itemsize
+    assert "kept the product" in r.stderr
+    ok(run_cli("download", "--target", server.target, "--handle", hab,
+               "--out", tmp_path / "ab.npy"))
+    ab = np.load(tmp_path / "ab.npy")
+    assert relative_error(ab, want) < TOLERANCE[dtype]
+    ok(run_cli("multiply", "--target", server.target, "--a-handle", hab,
+               "--b", tmp_path / "d.npy", "--out", out))
+    assert relative_error(np.load(out), ab.astype(np.float64) @ d) < TOLERANCE[dtype]
+    for h in (ha, hb, hab):
+        ok(run_cli("delete", "--target", server.target, "--handle", h))
+
+
+def test_bfloat16_stored(server, tmp_path):
+    a = RNG.standard_normal((8, 5)).astype(np.float32)
+    b = RNG.standard_normal((5, 3)).astype(np.float32)
+    np.save(tmp_path / "a.npy", a)
+    np.save(tmp_path / "b.npy", b)
+    ha, _, dtype, nbytes = upload(server, tmp_path / "a.npy",
+                                  "--dtype", "bfloat16")
+    assert dtype == "bfloat16" and nbytes == a.size * 2
+    # Downloads widen to float32, or give the raw bits.
+    ok(run_cli("download", "--target", server.target, "--handle", ha,
+               "--out", tmp_path / "f.npy"))
+    ok(run_cli("download", "--target", server.target, "--handle", ha,
+               "--out", tmp_path / "bits.npy", "--bf16-out", "bits"))
+    bits = np.load(tmp_path / "bits.npy")
+    assert bits.dtype == np.dtype("<u2")
+    np.testing.assert_array_equal(bits, to_bfloat16_bits(a))
+    np.testing.assert_array_equal(np.load(tmp_path / "f.npy"),
+                                  from_bfloat16_bits(bits))
+    # The inline operand must be brought to bfloat16 too.
+    r = run_cli("multiply", "--target", server.target, "--a-handle", ha,
+                "--b", tmp_path / "b.npy", "--out", tmp_path / "c.npy")
+    assert r.returncode == 1 and "INVALID_ARGUMENT" in r.stderr, r.stderr
+    ok(run_cli("multiply", "--target", server.target, "--a-handle", ha,
+               "--b", tmp_path / "b.npy", "--dtype", "bfloat16",
+               "--out", tmp_path / "c.npy"))
+    c = np.load(tmp_path / "c.npy")
+    assert c.dtype == np.float32
+    want = (from_bfloat16_bits(to_bfloat16_bits(a)).astype(np.float64)
+            @ from_bfloat16_bits(to_bfloat16_bits(b)))
+    assert relative_error(c, want) < TOLERANCE["bfloat16"]
+    # Two stored operands: --bf16-out works without --dtype.
+    hb = upload(server, tmp_path / "b.npy", "--dtype", "bfloat16")[0]
+    ok(run_cli("multiply", "--target", server.target, "--a-handle", ha,
+               "--b-handle", hb, "--bf16-out", "bits",
+               "--out", tmp_path / "cbits.npy"))
+    cbits = np.load(tmp_path / "cbits.npy")
+    assert cbits.dtype == np.dtype("<u2")
+    assert relative_error(from_bfloat16_bits(cbits), want) < TOLERANCE["bfloat16"]
+    for h in (ha, hb):
+        ok(run_cli("delete", "--target", server.target, "--handle", h))
+
+
+def test_stored_errors(server, tmp_path):
+    np.save(tmp_path / "a.npy", np.ones((3, 3), np.float32))
+    np.save(tmp_path / "v.npy", np.ones(3, np.float32))
+    r = run_cli("upload", "--target", server.target, "--a", tmp_path / "a.npy",
+                "--device", "977")
+    assert r.returncode == 1
+    assert r.stderr.startswith("error: INVALID_ARGUMENT: device"), r.stderr
+    r = run_cli("upload", "--target", server.target, "--a", tmp_path / "v.npy")
+    assert r.returncode == 1 and "2-D or 3-D" in r.stderr, r.stderr
+    r = run_cli("upload", "--target", server.target, "--a", tmp_path / "a.npy",
+                "--ttl", "99999999")
+    assert r.returncode == 1
+    assert r.stderr.startswith("error: INVALID_ARGUMENT: ttl"), r.stderr
+    r = run_cli("multiply", "--target", server.target, "--a-handle", "h-nope",
+                "--b", tmp_path / "a.npy", "--out", tmp_path / "c.npy")
+    assert r.returncode == 1
+    assert r.stderr.startswith("error: NOT_FOUND: "), r.stderr
+    # Expiry.
+    h = upload(server, tmp_path / "a.npy", "--ttl", "1")[0]
+    time.sleep(1.3)
+    r = run_cli("download", "--target", server.target, "--handle", h,
+                "--out", tmp_path / "gone.npy")
+    assert r.returncode == 1
+    assert r.stderr.startswith("error: NOT_FOUND: "), r.stderr
+
+
+def test_client_id_quota(tmp_path):
+    s = Server("--max-handles-per-client", "1")
+    try:
+        np.save(tmp_path / "a.npy", np.ones((2, 2), np.float32))
+        path = tmp_path / "a.npy"
+        h = upload(s, path, "--client-id", "alice")[0]
+        r = run_cli("upload", "--target", s.target, "--a", path,
+                    "--client-id", "alice")
+        assert r.returncode == 1
+        assert r.stderr.startswith("error: RESOURCE_EXHAUSTED: "), r.stderr
+        assert "alice" in r.stderr
+        r = run_cli("multiply", "--target", s.target, "--a-handle", h,
+                    "--b", path, "--keep", "--client-id", "alice")
+        assert r.returncode == 1 and "RESOURCE_EXHAUSTED" in r.stderr
+        hb = parse_stored(ok(run_cli(
+            "multiply", "--target", s.target, "--a-handle", h, "--b", path,
+            "--keep", "--client-id", "bob")).stdout)[0]
+        for handle in (h, hb):
+            ok(run_cli("delete", "--target", s.target, "--handle", handle))
+        upload(s, path, "--client-id", "alice")
+    finally:
+        assert s.stop() == 0, "".join(s.log)

@@ -1,7 +1,9 @@
 // Tests of MatmulClient against a fake MatmulService (in-process, port 0),
-// so that error codes, deadlines, channel rotation and malformed replies can
-// be driven precisely; plus the HostTensor <-> proto and dtype conversions.
-// The real server is exercised end to end by cli_e2e_test.py.
+// so that error codes, deadlines, channel rotation, malformed replies and
+// what goes on the wire (handles, keep_result, TTLs, x-matmul-client
+// metadata) can be driven and seen precisely; plus the HostTensor <-> proto
+// and dtype conversions. The real server is exercised by
+// stored_tensor_client_test.cc and end to end by cli_e2e_test.py.
 #include "client/matmul_client.h"
 
 #include <grpcpp/security/server_credentials.h>
@@ -12,10 +14,12 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -51,8 +55,18 @@ std::vector<float> Values(const HostTensor& t) {
   return out;
 }
 
+// The x-matmul-client metadata of a call; "(none)" without one.
+std::string ClientIdOf(const grpc::CallbackServerContext& context) {
+  const auto& metadata = context.client_metadata();
+  auto it = metadata.find(kClientIdMetadataKey);
+  if (it == metadata.end()) return "(none)";
+  return std::string(it->second.data(), it->second.size());
+}
+
 // A MatmulService that multiplies 2-D float32 operands naively, or answers
-// with whatever the test scripted. Thread-safe.
+// with whatever the test scripted; it stores tensors (Upload, keep_result)
+// in a map, and records each call's client id and the last requests.
+// Thread-safe.
 class FakeService final : public v1::MatmulService::CallbackService {
  public:
   grpc::ServerUnaryReactor* Multiply(grpc::CallbackServerContext* context,
@@ -62,13 +76,28 @@ class FakeService final : public v1::MatmulService::CallbackService {
     grpc::Status status;
     absl::Duration delay;
     bool malformed;
+    v1::Tensor a;
+    v1::Tensor b;
     {
       absl::MutexLock lock(&mu_);
       peers_.insert(context->peer());
+      client_ids_.push_back(ClientIdOf(*context));
+      last_multiply_ = *request;
       ++calls_;
       status = status_;
       delay = delay_;
       malformed = malformed_;
+      for (auto [handle, tensor, out] :
+           {std::make_tuple(&request->a_handle(), &request->a(), &a),
+            std::make_tuple(&request->b_handle(), &request->b(), &b)}) {
+        if (handle->empty()) {
+          *out = *tensor;
+        } else if (auto it = stored_.find(*handle); it != stored_.end()) {
+          *out = it->second;
+        } else if (status.ok()) {
+          status = grpc::Status(grpc::StatusCode::NOT_FOUND, "no such handle");
+        }
+      }
     }
     // Only the deadline test sets a delay; blocking a callback thread is
     // acceptable in a fake.
@@ -77,8 +106,6 @@ class FakeService final : public v1::MatmulService::CallbackService {
       reactor->Finish(status);
       return reactor;
     }
-    const v1::Tensor& a = request->a();
-    const v1::Tensor& b = request->b();
     const int64_t m = a.shape(0), k = a.shape(1), n = b.shape(1);
     std::vector<float> av(m * k), bv(k * n), cv(m * n, 0.0f);
     std::memcpy(av.data(), a.data().data(), a.data().size());
@@ -98,13 +125,92 @@ class FakeService final : public v1::MatmulService::CallbackService {
                 cv.size() * sizeof(float) - (malformed ? 1 : 0));
     response->mutable_placement()->set_device(-1);
     response->mutable_placement()->set_stream(7);
+    if (request->keep_result()) {
+      v1::TensorHandle* handle = response->mutable_c_handle();
+      {
+        absl::MutexLock lock(&mu_);
+        handle->set_id(absl::StrCat("h-fake-", ++next_id_));
+        stored_[handle->id()] = *c;
+      }
+      *handle->mutable_shape() = c->shape();
+      handle->set_dtype(c->dtype());
+      handle->set_device(-1);
+      handle->set_bytes(static_cast<int64_t>(c->data().size()));
+      handle->set_expire_time_unix_ms(absl::ToUnixMillis(absl::Now()) +
+                                      1000 *
+                                          (request->result_ttl_seconds() > 0
+                                               ? request->result_ttl_seconds()
+                                               : 600));
+      response->clear_c();
+    }
     reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+
+  grpc::ServerUnaryReactor* Upload(grpc::CallbackServerContext* context,
+                                   const v1::UploadRequest* request,
+                                   v1::UploadResponse* response) override {
+    v1::TensorHandle* handle = response->mutable_handle();
+    {
+      absl::MutexLock lock(&mu_);
+      client_ids_.push_back(ClientIdOf(*context));
+      last_upload_ = *request;
+      handle->set_id(absl::StrCat("h-fake-", ++next_id_));
+      stored_[handle->id()] = request->tensor();
+    }
+    *handle->mutable_shape() = request->tensor().shape();
+    handle->set_dtype(request->tensor().dtype());
+    handle->set_device(request->has_device() ? request->device() : -1);
+    handle->set_bytes(static_cast<int64_t>(request->tensor().data().size()));
+    handle->set_expire_time_unix_ms(1234567890123);
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+
+  grpc::ServerUnaryReactor* Download(grpc::CallbackServerContext* context,
+                                     const v1::DownloadRequest* request,
+                                     v1::DownloadResponse* response) override {
+    grpc::Status status;
+    {
+      absl::MutexLock lock(&mu_);
+      client_ids_.push_back(ClientIdOf(*context));
+      auto it = stored_.find(request->handle());
+      if (it == stored_.end()) {
+        status = grpc::Status(grpc::StatusCode::NOT_FOUND, "no such handle");
+      } else {
+        *response->mutable_tensor() = it->second;
+        if (malformed_) response->mutable_tensor()->mutable_data()->pop_back();
+      }
+    }
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    reactor->Finish(status);
+    return reactor;
+  }
+
+  grpc::ServerUnaryReactor* Delete(grpc::CallbackServerContext* context,
+                                   const v1::DeleteRequest* request,
+                                   v1::DeleteResponse*) override {
+    grpc::Status status;
+    {
+      absl::MutexLock lock(&mu_);
+      client_ids_.push_back(ClientIdOf(*context));
+      if (stored_.erase(request->handle()) == 0) {
+        status = grpc::Status(grpc::StatusCode::NOT_FOUND, "no such handle");
+      }
+    }
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    reactor->Finish(status);
     return reactor;
   }
 
   grpc::ServerUnaryReactor* GetServerInfo(
       grpc::CallbackServerContext* context, const v1::GetServerInfoRequest*,
       v1::GetServerInfoResponse* response) override {
+    {
+      absl::MutexLock lock(&mu_);
+      client_ids_.push_back(ClientIdOf(*context));
+    }
     response->set_engine("fake");
     response->set_version("9.9");
     response->add_dtypes(v1::DTYPE_FLOAT32);
@@ -134,6 +240,22 @@ class FakeService final : public v1::MatmulService::CallbackService {
     absl::MutexLock lock(&mu_);
     return calls_;
   }
+  std::vector<std::string> client_ids() {
+    absl::MutexLock lock(&mu_);
+    return client_ids_;
+  }
+  v1::MultiplyRequest last_multiply() {
+    absl::MutexLock lock(&mu_);
+    return last_multiply_;
+  }
+  v1::UploadRequest last_upload() {
+    absl::MutexLock lock(&mu_);
+    return last_upload_;
+  }
+  size_t stored() {
+    absl::MutexLock lock(&mu_);
+    return stored_.size();
+  }
 
  private:
   absl::Mutex mu_;
@@ -142,6 +264,11 @@ class FakeService final : public v1::MatmulService::CallbackService {
   bool malformed_ ABSL_GUARDED_BY(mu_) = false;
   std::set<std::string> peers_ ABSL_GUARDED_BY(mu_);
   int calls_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::string> client_ids_ ABSL_GUARDED_BY(mu_);
+  v1::MultiplyRequest last_multiply_ ABSL_GUARDED_BY(mu_);
+  v1::UploadRequest last_upload_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, v1::Tensor> stored_ ABSL_GUARDED_BY(mu_);
+  int next_id_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 ClientOptions Channels(int n) {
@@ -405,6 +532,306 @@ TEST(MatmulClientUnixTest, UnixSocketTarget) {
   EXPECT_TRUE(info.ok()) << info.status();
   server->Shutdown(absl::ToChronoTime(absl::Now()));
   unlink(path.c_str());
+}
+
+// --- stored tensors and client ids on the wire ---------------------------
+
+TEST_F(MatmulClientTest, HandlesGoOnTheWireInsteadOfData) {
+  std::unique_ptr<MatmulClient> client = NewClient();
+  absl::StatusOr<StoredTensor> a = client->Upload(a_);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->shape, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(a->dtype, DType::kFloat32);
+  EXPECT_EQ(a->bytes, 24);
+  EXPECT_EQ(a->device, -1);
+  EXPECT_EQ(absl::ToUnixMillis(a->expire_time), 1234567890123);
+
+  absl::StatusOr<HostTensor> c = client->Multiply(*a, b_);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_THAT(Values(*c), ::testing::ElementsAre(4, 5, 10, 11));
+  v1::MultiplyRequest sent = service_.last_multiply();
+  EXPECT_EQ(sent.a_handle(), a->id);
+  EXPECT_FALSE(sent.has_a());
+  EXPECT_TRUE(sent.b_handle().empty());
+  EXPECT_TRUE(sent.has_b());
+  EXPECT_FALSE(sent.keep_result());
+
+  // By id alone, on the right.
+  absl::StatusOr<StoredTensor> b = client->Upload(b_);
+  ASSERT_TRUE(b.ok());
+  c = client->Multiply(a_, Operand::Handle(b->id));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_THAT(Values(*c), ::testing::ElementsAre(4, 5, 10, 11));
+  sent = service_.last_multiply();
+  EXPECT_TRUE(sent.has_a());
+  EXPECT_EQ(sent.b_handle(), b->id);
+  EXPECT_FALSE(sent.has_b());
+}
+
+TEST_F(MatmulClientTest, MultiplyAndKeepSendsKeepResultAndRoundsTheTtl) {
+  std::unique_ptr<MatmulClient> client = NewClient();
+  MultiplyOptions options;
+  options.result_ttl = absl::Milliseconds(1500);
+  absl::StatusOr<StoredTensor> kept = client->MultiplyAndKeep(a_, b_, options);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ(kept->shape, (std::vector<int64_t>{2, 2}));
+  EXPECT_EQ(kept->bytes, 16);
+  v1::MultiplyRequest sent = service_.last_multiply();
+  EXPECT_TRUE(sent.keep_result());
+  EXPECT_EQ(sent.result_ttl_seconds(), 2);  // rounded up
+
+  absl::StatusOr<HostTensor> c = client->Download(kept->id);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_THAT(Values(*c), ::testing::ElementsAre(4, 5, 10, 11));
+  EXPECT_TRUE(client->Delete(kept->id).ok());
+  EXPECT_EQ(client->Delete(kept->id).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(client->Download(kept->id).status().code(),
+            absl::StatusCode::kNotFound);
+
+  // Without a TTL, the server's default (0 on the wire).
+  ASSERT_TRUE(client->MultiplyAndKeep(a_, b_).ok());
+  EXPECT_EQ(service_.last_multiply().result_ttl_seconds(), 0);
+  // keep_result in MakeMultiplyRequest, for raw requests.
+  MultiplyOptions keep;
+  keep.keep_result = true;
+  keep.result_ttl = absl::Seconds(30);
+  absl::StatusOr<v1::MultiplyRequest> raw = MakeMultiplyRequest(a_, b_, keep);
+  ASSERT_TRUE(raw.ok());
+  EXPECT_TRUE(raw->keep_result());
+  EXPECT_EQ(raw->result_ttl_seconds(), 30);
+  absl::StatusOr<v1::MultiplyResponse> response = client->MultiplyRaw(*raw);
+  ASSERT_TRUE(response.ok());
+  EXPECT_TRUE(response->has_c_handle());
+  EXPECT_FALSE(response->has_c());
+}
+
+TEST_F(MatmulClientTest, UploadOptionsGoOnTheWire) {
+  std::unique_ptr<MatmulClient> client = NewClient();
+  UploadOptions options;
+  options.device = 3;
+  options.ttl = absl::Seconds(90);
+  absl::StatusOr<StoredTensor> stored = client->Upload(a_, options);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_EQ(stored->device, 3);
+  v1::UploadRequest sent = service_.last_upload();
+  EXPECT_TRUE(sent.has_device());
+  EXPECT_EQ(sent.device(), 3);
+  EXPECT_EQ(sent.ttl_seconds(), 90);
+  EXPECT_THAT(sent.tensor().shape(), ::testing::ElementsAre(2, 3));
+  EXPECT_EQ(sent.tensor().data(), a_.data);
+
+  ASSERT_TRUE(client->Upload(a_).ok());
+  sent = service_.last_upload();
+  EXPECT_FALSE(sent.has_device());
+  EXPECT_EQ(sent.ttl_seconds(), 0);
+}
+
+TEST_F(MatmulClientTest, ArgumentsThatCouldNeverWorkFailBeforeTheWire) {
+  std::unique_ptr<MatmulClient> client = NewClient();
+  MultiplyOptions keep;
+  keep.keep_result = true;
+  absl::StatusOr<HostTensor> c = client->Multiply(a_, b_, keep);
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(c.status().message(), HasSubstr("MultiplyAndKeep"));
+  c = client->Multiply(Operand::Handle(""), b_);
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(c.status().message(), HasSubstr("a: the handle id is empty"));
+  MultiplyOptions negative;
+  negative.result_ttl = absl::Seconds(-1);
+  EXPECT_THAT(client->MultiplyAndKeep(a_, b_, negative).status().message(),
+              HasSubstr("result_ttl"));
+  UploadOptions bad_ttl;
+  bad_ttl.ttl = absl::InfiniteDuration();
+  EXPECT_EQ(client->Upload(a_, bad_ttl).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  const HostTensor vector = Float32({3}, {1, 2, 3});
+  absl::StatusOr<StoredTensor> stored = client->Upload(vector);
+  EXPECT_EQ(stored.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(stored.status().message(), HasSubstr("2-D"));
+  HostTensor short_data = a_;
+  short_data.data.pop_back();
+  EXPECT_EQ(client->Upload(short_data).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(client->Download("").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(client->Delete("").code(), absl::StatusCode::kInvalidArgument);
+  MultiplyOptions bad_id;
+  bad_id.client_id = "tab\there";
+  EXPECT_EQ(client->Multiply(a_, b_, bad_id).status().code(),
+            absl::StatusCode::kInvalidArgument);
+
+  absl::Notification done;
+  absl::Status async_status;
+  client->DeleteAsync("", absl::Seconds(5), [&](absl::Status s) {
+    async_status = s;
+    done.Notify();
+  });
+  done.WaitForNotification();
+  EXPECT_EQ(async_status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(service_.calls(), 0);
+  EXPECT_TRUE(service_.client_ids().empty());
+}
+
+TEST_F(MatmulClientTest, ClientIdIsSentOnEveryCall) {
+  ClientOptions options;
+  options.client_id = "bench-7";
+  std::unique_ptr<MatmulClient> client = NewClient(options);
+  EXPECT_EQ(client->client_id(), "bench-7");
+  absl::StatusOr<StoredTensor> a = client->Upload(a_);
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(client->Multiply(*a, b_).ok());
+  ASSERT_TRUE(client->MultiplyAndKeep(*a, b_).ok());
+  ASSERT_TRUE(client->Download(a->id).ok());
+  ASSERT_TRUE(client->GetServerInfo().ok());
+  ASSERT_TRUE(client->Delete(a->id).ok());
+  EXPECT_THAT(service_.client_ids(), ::testing::Each("bench-7"));
+  EXPECT_EQ(service_.client_ids().size(), 6u);
+
+  // A per-call id wins.
+  UploadOptions upload;
+  upload.client_id = "other";
+  ASSERT_TRUE(client->Upload(a_, upload).ok());
+  MultiplyOptions multiply;
+  multiply.client_id = "third";
+  ASSERT_TRUE(client->Multiply(a_, b_, multiply).ok());
+  std::vector<std::string> ids = service_.client_ids();
+  EXPECT_THAT(std::vector<std::string>(ids.end() - 2, ids.end()),
+              ::testing::ElementsAre("other", "third"));
+
+  // Without one, no metadata at all.
+  std::unique_ptr<MatmulClient> anonymous = NewClient();
+  ASSERT_TRUE(anonymous->Multiply(a_, b_).ok());
+  EXPECT_EQ(service_.client_ids().back(), "(none)");
+}
+
+TEST_F(MatmulClientTest, AsyncStoredTensorCalls) {
+  std::unique_ptr<MatmulClient> client = NewClient();
+  absl::Notification uploaded;
+  absl::StatusOr<StoredTensor> a;
+  client->UploadAsync(a_, {}, [&](absl::StatusOr<StoredTensor> s) {
+    a = std::move(s);
+    uploaded.Notify();
+  });
+  uploaded.WaitForNotification();
+  ASSERT_TRUE(a.ok()) << a.status();
+
+  absl::Notification kept_done;
+  absl::StatusOr<StoredTensor> kept;
+  client->MultiplyAndKeepAsync(*a, b_, {}, [&](absl::StatusOr<StoredTensor> s) {
+    kept = std::move(s);
+    kept_done.Notify();
+  });
+  kept_done.WaitForNotification();
+  ASSERT_TRUE(kept.ok()) << kept.status();
+
+  absl::Notification multiplied;
+  absl::StatusOr<HostTensor> c;
+  client->MultiplyAsync(Operand::Handle(a->id), b_, {},
+                        [&](absl::StatusOr<HostTensor> r) {
+                          c = std::move(r);
+                          multiplied.Notify();
+                        });
+  multiplied.WaitForNotification();
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_THAT(Values(*c), ::testing::ElementsAre(4, 5, 10, 11));
+
+  absl::Notification downloaded;
+  absl::StatusOr<HostTensor> d;
+  client->DownloadAsync(kept->id, absl::Seconds(10),
+                        [&](absl::StatusOr<HostTensor> r) {
+                          d = std::move(r);
+                          downloaded.Notify();
+                        });
+  downloaded.WaitForNotification();
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_THAT(Values(*d), ::testing::ElementsAre(4, 5, 10, 11));
+
+  // The third deletes what the first deleted: NOT_FOUND.
+  constexpr int kDeletes = 3;
+  std::vector<absl::Status> statuses(kDeletes);
+  const std::string ids[kDeletes] = {a->id, kept->id, a->id};
+  for (int i = 0; i < kDeletes; ++i) {
+    absl::Notification one;
+    client->DeleteAsync(ids[i], absl::Seconds(10), [&, i](absl::Status s) {
+      statuses[i] = s;
+      one.Notify();
+    });
+    one.WaitForNotification();
+  }
+  EXPECT_TRUE(statuses[0].ok()) << statuses[0];
+  EXPECT_TRUE(statuses[1].ok()) << statuses[1];
+  EXPECT_EQ(statuses[2].code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(service_.stored(), 0u);
+}
+
+TEST_F(MatmulClientTest, AnswersThatDoNotMatchTheCallAreErrors) {
+  std::unique_ptr<MatmulClient> client = NewClient();
+  // Multiply expects data; a raw keep_result request's reply carries none.
+  MultiplyOptions keep;
+  keep.keep_result = true;
+  absl::StatusOr<v1::MultiplyRequest> raw = MakeMultiplyRequest(a_, b_, keep);
+  ASSERT_TRUE(raw.ok());
+  absl::StatusOr<v1::MultiplyResponse> response = client->MultiplyRaw(*raw);
+  ASSERT_TRUE(response.ok());
+  EXPECT_FALSE(response->has_c());
+  // A download whose data does not match its shape.
+  absl::StatusOr<StoredTensor> a = client->Upload(a_);
+  ASSERT_TRUE(a.ok());
+  service_.Malformed();
+  absl::StatusOr<HostTensor> d = client->Download(a->id);
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(d.status().message(), HasSubstr("malformed"));
+}
+
+TEST(StoredTensorFromProtoTest, ConvertsAndRejectsMalformed) {
+  v1::TensorHandle handle;
+  handle.set_id("h-1");
+  handle.add_shape(2);
+  handle.add_shape(3);
+  handle.set_dtype(v1::DTYPE_BFLOAT16);
+  handle.set_device(1);
+  handle.set_bytes(12);
+  handle.set_expire_time_unix_ms(1700000000123);
+  absl::StatusOr<StoredTensor> s = StoredTensorFromProto(handle);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->id, "h-1");
+  EXPECT_EQ(s->shape, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(s->dtype, DType::kBFloat16);
+  EXPECT_EQ(s->device, 1);
+  EXPECT_EQ(s->bytes, 12);
+  EXPECT_EQ(absl::ToUnixMillis(s->expire_time), 1700000000123);
+  handle.set_dtype(v1::DTYPE_UNSPECIFIED);
+  EXPECT_EQ(StoredTensorFromProto(handle).status().code(),
+            absl::StatusCode::kInternal);
+  handle.set_dtype(v1::DTYPE_FLOAT32);
+  handle.clear_id();
+  EXPECT_EQ(StoredTensorFromProto(handle).status().code(),
+            absl::StatusCode::kInternal);
+}
+
+TEST(TtlSecondsTest, RoundsUpAndRejectsNegative) {
+  EXPECT_EQ(*TtlSeconds(absl::ZeroDuration(), "ttl"), 0);
+  EXPECT_EQ(*TtlSeconds(absl::Nanoseconds(1), "ttl"), 1);
+  EXPECT_EQ(*TtlSeconds(absl::Seconds(5), "ttl"), 5);
+  EXPECT_EQ(*TtlSeconds(absl::Milliseconds(5001), "ttl"), 6);
+  EXPECT_EQ(*TtlSeconds(absl::Hours(24), "ttl"), 86400);
+  EXPECT_THAT(TtlSeconds(-absl::Seconds(1), "the ttl").status().message(),
+              HasSubstr("the ttl"));
+  EXPECT_FALSE(TtlSeconds(absl::InfiniteDuration(), "ttl").ok());
+}
+
+TEST(CheckClientIdTest, PrintableAsciiOnly) {
+  EXPECT_TRUE(CheckClientId("").ok());
+  EXPECT_TRUE(CheckClientId("matmul-bench-host-123 (x)").ok());
+  EXPECT_FALSE(CheckClientId("caf\xc3\xa9").ok());
+  EXPECT_FALSE(CheckClientId("new\nline").ok());
+  EXPECT_FALSE(CheckClientId(std::string(257, 'x')).ok());
+  ClientOptions options;
+  options.client_id = "bad\x01";
+  absl::StatusOr<std::unique_ptr<MatmulClient>> client =
+      MatmulClient::Create("localhost:1", options);
+  EXPECT_EQ(client.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(client.status().message(), HasSubstr("client id"));
 }
 
 TEST(MatmulClientCreateTest, RejectsBadOptions) {

@@ -144,3 +144,62 @@ def test_tls_from_files_and_credentials(tmp_path) -> None:
     config = TlsConfig.from_files(tmp_path / "ca.pem", tmp_path / "client.pem", str(tmp_path / "client.key"))
     assert config == TlsConfig(b"ca.pem", b"client.pem", b"client.key")
     assert isinstance(config.credentials(), grpc.ChannelCredentials)
+
+
+# --- stored-tensor requests (no server) ----------------------------------------------
+
+
+def _handle(dtype: str = "float32", shape=(3, 4)):
+    from matmul_client import Handle
+
+    return Handle(id="h-test", shape=shape, dtype=dtype, device=-1, bytes=48, expires=0.0)
+
+
+def test_multiply_request_with_handles() -> None:
+    from matmul_client._client import _multiply_request
+
+    b = np.ones((4, 2), np.float32)
+    request, wire = _multiply_request(_handle(), b, False, True, "tf32", None, keep=True, result_ttl=2.5)
+    assert request.a_handle == "h-test" and not request.HasField("a")
+    assert request.HasField("b") and not request.b_handle
+    assert request.keep_result and request.result_ttl_seconds == 3  # rounded up
+    assert request.transpose_b and not request.transpose_a
+    assert request.compute_mode == matmul_pb2.COMPUTE_MODE_TF32
+    assert wire.name == "float32"
+    request, wire = _multiply_request(_handle("bfloat16"), _handle("bfloat16"), False, False, "strict", None)
+    assert request.a_handle == request.b_handle == "h-test"
+    assert not request.keep_result and request.result_ttl_seconds == 0
+    assert wire.name == "bfloat16"
+    assert wire.from_wire(np.array([0x3F80], "<u2").tobytes()).dtype == np.float32
+
+
+def test_ttl_and_handle_id_arguments() -> None:
+    from matmul_client._handles import handle_id, ttl_seconds
+
+    assert ttl_seconds(None, "ttl") == 0
+    assert ttl_seconds(1, "ttl") == 1 and ttl_seconds(0.001, "ttl") == 1 and ttl_seconds(np.int64(7), "ttl") == 7
+    for bad in (0, -3, float("inf"), float("nan")):
+        with pytest.raises(ValueError):
+            ttl_seconds(bad, "ttl")
+    for bad in (True, "5", [5]):
+        with pytest.raises(TypeError):
+            ttl_seconds(bad, "ttl")
+    assert handle_id(_handle()) == "h-test" and handle_id("h-x") == "h-x"
+    with pytest.raises(ValueError):
+        handle_id("")
+    with pytest.raises(TypeError):
+        handle_id(5)
+
+
+def test_handle_from_proto() -> None:
+    from matmul_client import Handle
+
+    message = matmul_pb2.TensorHandle(
+        id="h-1", shape=[2, 3, 4], dtype=matmul_pb2.DTYPE_FLOAT16, device=2, bytes=48,
+        expire_time_unix_ms=1700000000250,
+    )
+    h = Handle.from_proto(message)
+    assert h == Handle("h-1", (2, 3, 4), "float16", 2, 48, 1700000000.25)
+    assert h.ndim == 3
+    with pytest.raises(ValueError, match="not bound"):
+        h.delete()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, Dict, Literal, Optional, Sequence, Tuple, Union, overload
 
 import grpc
 import numpy as np
@@ -11,10 +11,31 @@ import numpy.typing as npt
 
 from ._channel import ChannelOption, TlsArgument, make_channel
 from ._errors import MatmulError
+from ._handles import Handle, HandleOrId, handle_id, ttl_seconds
 from ._info import ServerInfo
 from ._proto.grpc.health.v1 import health_pb2, health_pb2_grpc
 from ._proto.matmul.v1 import matmul_pb2, matmul_pb2_grpc
-from ._tensors import WireType, from_tensor, resolve_wire_type, to_tensor
+from ._tensors import (
+    BFLOAT16_DTYPE,
+    DTYPE_NAMES,
+    WireType,
+    check_convertible,
+    encode_tensor,
+    from_tensor,
+    own_wire_type,
+    resolve_single_wire_type,
+    resolve_wire_type,
+    stored_wire_type,
+    to_tensor,
+    wire_type_argument,
+)
+
+#: The metadata key naming the client the server charges stored tensors to.
+CLIENT_ID_METADATA_KEY = "x-matmul-client"
+_MAX_CLIENT_ID_LENGTH = 256
+
+#: An operand: an array (anything numpy.asarray takes) or a stored tensor.
+Operand = Union[npt.ArrayLike, Handle]
 
 _COMPUTE_MODES = {
     "strict": matmul_pb2.COMPUTE_MODE_STRICT,
@@ -22,36 +43,109 @@ _COMPUTE_MODES = {
 }
 
 
+def _operand_wire_type(operands: Dict[str, Any], handles: Dict[str, Handle], dtype: Any) -> WireType:
+    """How a multiply with at least one stored operand travels: stored
+    tensors keep their dtype, which every operand must share."""
+    names = {h.dtype for h in handles.values()}
+    if len(names) > 1:
+        raise TypeError(
+            "a and b are stored tensors of different dtypes ("
+            + " and ".join(f"{n}: {h.dtype}" for n, h in handles.items())
+            + "); both operands must have the same dtype"
+        )
+    (stored,) = names
+    if dtype is not None:
+        wire = wire_type_argument(dtype)
+        if wire.name != stored:
+            raise TypeError(
+                f"dtype={dtype!r}, but the stored operand is {stored}; a stored tensor keeps its dtype"
+            )
+        for name, x in operands.items():
+            check_convertible(name, x, wire)
+        return wire
+    if not operands:
+        return stored_wire_type(stored)
+    ((name, x),) = operands.items()
+    other = "b" if name == "a" else "a"
+    if stored == "bfloat16":
+        if BFLOAT16_DTYPE is not None and np.dtype(x.dtype.type) == BFLOAT16_DTYPE:
+            return own_wire_type(name, x)
+        raise TypeError(
+            f"{name} is {x.dtype} and {other} is a stored bfloat16 tensor; pass dtype='bfloat16' "
+            f"to round {name} to bfloat16 (the result is then float32)"
+        )
+    wire = own_wire_type(name, x)
+    if wire.name != stored:
+        raise TypeError(
+            f"{name} is {x.dtype} and {other} is a stored {stored} tensor; both operands must have "
+            f"the same dtype (convert {name}, or pass dtype=numpy.{stored})"
+        )
+    return wire
+
+
 def _multiply_request(
-    a: npt.ArrayLike,
-    b: npt.ArrayLike,
+    a: Operand,
+    b: Operand,
     transpose_a: bool,
     transpose_b: bool,
     compute: str,
     dtype: Any,
+    keep: bool = False,
+    result_ttl: Optional[float] = None,
 ) -> Tuple[matmul_pb2.MultiplyRequest, WireType]:
     """Validates and encodes a Multiply call's arguments."""
-    a_array, b_array = np.asarray(a), np.asarray(b)
-    for name, x in (("a", a_array), ("b", b_array)):
-        if x.ndim not in (2, 3):
+    handles: Dict[str, Handle] = {}
+    arrays: Dict[str, np.ndarray] = {}
+    for name, x in (("a", a), ("b", b)):
+        if isinstance(x, Handle):
+            handle_id(x, name)
+            handles[name] = x
+            continue
+        array = np.asarray(x)
+        if array.ndim not in (2, 3):
             raise ValueError(
-                f"{name} has {x.ndim} dimension(s) (shape {x.shape}); the service takes "
+                f"{name} has {array.ndim} dimension(s) (shape {array.shape}); the service takes "
                 f"2-D [rows, cols] or 3-D [batch, rows, cols] operands "
                 f"(make a vector v a matrix with v[None, :] or v[:, None])"
             )
+        arrays[name] = array
     if compute not in _COMPUTE_MODES:
         raise ValueError(f"compute={compute!r}: expected one of {sorted(_COMPUTE_MODES)}")
-    wire = resolve_wire_type(a_array, b_array, dtype)
-    a_tensor, transpose_a = to_tensor(a_array, wire, bool(transpose_a))
-    b_tensor, transpose_b = to_tensor(b_array, wire, bool(transpose_b))
+    if not keep and result_ttl is not None:
+        raise ValueError("result_ttl applies only with keep=True")
+    ttl = ttl_seconds(result_ttl, "result_ttl") if keep else 0
+    if handles:
+        wire = _operand_wire_type(arrays, handles, dtype)
+    else:
+        wire = resolve_wire_type(arrays["a"], arrays["b"], dtype)
     request = matmul_pb2.MultiplyRequest(
-        a=a_tensor,
-        b=b_tensor,
-        transpose_a=transpose_a,
-        transpose_b=transpose_b,
-        compute_mode=_COMPUTE_MODES[compute],
+        compute_mode=_COMPUTE_MODES[compute], keep_result=bool(keep), result_ttl_seconds=ttl
     )
+    transposes = {"a": bool(transpose_a), "b": bool(transpose_b)}
+    for name in ("a", "b"):
+        if name in handles:
+            setattr(request, f"{name}_handle", handles[name].id)
+            continue
+        tensor, transposes[name] = to_tensor(arrays[name], wire, transposes[name])
+        getattr(request, name).CopyFrom(tensor)
+    request.transpose_a = transposes["a"]
+    request.transpose_b = transposes["b"]
     return request, wire
+
+
+def _check_client_id(client_id: Optional[str]) -> Optional[str]:
+    if client_id is None:
+        return None
+    if not isinstance(client_id, str):
+        raise TypeError(f"client_id: expected a string, got {type(client_id).__name__}")
+    if not client_id or len(client_id) > _MAX_CLIENT_ID_LENGTH or not all(
+        " " <= ch <= "~" for ch in client_id
+    ):
+        raise ValueError(
+            f"client_id={client_id!r}: expected 1 to {_MAX_CLIENT_ID_LENGTH} printable ASCII "
+            f"characters (it travels as gRPC metadata)"
+        )
+    return client_id
 
 
 class Client:
@@ -69,6 +163,18 @@ class Client:
             custom roots and mutual TLS.
         options: gRPC channel options, overriding the defaults of the same
             key (see ``matmul_client.DEFAULT_OPTIONS``).
+        client_id: Sent as "x-matmul-client" metadata on every call: the
+            name the server charges stored tensors (uploads, kept products)
+            to. None: the server charges this machine's address. Printable
+            ASCII, at most 256 characters.
+
+    Stored tensors: :meth:`upload` keeps an array on the server and returns a
+    :class:`Handle`, which :meth:`multiply` takes in place of an array;
+    ``multiply(..., keep=True)`` leaves the product on the server and returns
+    its Handle, so products can be chained without crossing the network.
+    :meth:`download` fetches a stored tensor, :meth:`delete` frees it (a
+    Handle used as a context manager is deleted at the end of the block);
+    unless deleted, it expires after its TTL.
     """
 
     def __init__(
@@ -78,23 +184,65 @@ class Client:
         timeout: Optional[float] = None,
         tls: TlsArgument = None,
         options: Sequence[ChannelOption] = (),
+        client_id: Optional[str] = None,
     ) -> None:
+        self._client_id = _check_client_id(client_id)
+        self._metadata: Optional[Tuple[Tuple[str, str], ...]] = (
+            ((CLIENT_ID_METADATA_KEY, self._client_id),) if self._client_id else None
+        )
         self._timeout = timeout
         self._channel = make_channel(target, tls, options)
         self._stub = matmul_pb2_grpc.MatmulServiceStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
 
+    @property
+    def client_id(self) -> Optional[str]:
+        """The "x-matmul-client" this client sends, or None."""
+        return self._client_id
+
+    @overload
     def multiply(
         self,
-        a: npt.ArrayLike,
-        b: npt.ArrayLike,
+        a: Operand,
+        b: Operand,
+        *,
+        transpose_a: bool = ...,
+        transpose_b: bool = ...,
+        compute: str = ...,
+        dtype: Any = ...,
+        timeout: Optional[float] = ...,
+        keep: Literal[False] = ...,
+        result_ttl: None = ...,
+    ) -> np.ndarray: ...
+
+    @overload
+    def multiply(
+        self,
+        a: Operand,
+        b: Operand,
+        *,
+        transpose_a: bool = ...,
+        transpose_b: bool = ...,
+        compute: str = ...,
+        dtype: Any = ...,
+        timeout: Optional[float] = ...,
+        keep: Literal[True],
+        result_ttl: Optional[float] = ...,
+    ) -> Handle: ...
+
+    def multiply(
+        self,
+        a: Operand,
+        b: Operand,
         *,
         transpose_a: bool = False,
         transpose_b: bool = False,
         compute: str = "strict",
         dtype: Any = None,
         timeout: Optional[float] = None,
-    ) -> np.ndarray:
+        keep: bool = False,
+        result_ttl: Optional[float] = None,
+    ) -> Union[np.ndarray, Handle]:
         """Returns ``numpy.matmul(op(a), op(b))``, computed by the server.
 
         op(x) is x, or x with its last two axes swapped when transpose_x is
@@ -103,8 +251,9 @@ class Client:
         batch. The result is [m, n], or [batch, m, n] if either operand is 3-D.
 
         Args:
-            a: Left operand (any array-like; any memory layout or byte order).
-            b: Right operand.
+            a: Left operand: any array-like (any memory layout or byte
+                order), or a :class:`Handle` of a stored tensor.
+            b: Right operand, likewise.
             transpose_a: Use a with its last two axes swapped.
             transpose_b: Use b with its last two axes swapped.
             compute: "strict" (full precision of the dtype) or "tf32" (the
@@ -114,46 +263,65 @@ class Client:
                 result has it too. "bfloat16": operands are rounded to
                 bfloat16 (nearest even) and the result is float32 (holding
                 bfloat16 values exactly). A NumPy dtype: both operands are
-                converted to it first.
+                converted to it first. A stored operand keeps its dtype: an
+                array beside it must have that dtype (or be converted to it
+                with dtype=...); a product of two stored bfloat16 tensors is
+                returned as float32.
             timeout: Deadline in seconds; None for the client's default.
+            keep: Leave the product on the server and return its
+                :class:`Handle` instead of the array.
+            result_ttl: With keep: how long the product lives unless deleted,
+                in seconds (rounded up); None for the server's default.
 
         Raises:
             TypeError: Unsupported or mismatched dtypes.
-            ValueError: An operand is not 2-D or 3-D, or compute is unknown.
+            ValueError: An operand is not 2-D or 3-D, compute is unknown, or
+                result_ttl is not positive (or given without keep).
             MatmulError: The server refused or failed the request (e.g.
                 INVALID_ARGUMENT for mismatched inner dimensions,
-                RESOURCE_EXHAUSTED over its limits, DEADLINE_EXCEEDED,
-                UNAVAILABLE).
+                NOT_FOUND for a deleted or expired handle,
+                RESOURCE_EXHAUSTED over its limits or the client's quota of
+                stored tensors, DEADLINE_EXCEEDED, UNAVAILABLE).
         """
-        request, wire = _multiply_request(a, b, transpose_a, transpose_b, compute, dtype)
+        request, wire = _multiply_request(
+            a, b, transpose_a, transpose_b, compute, dtype, keep, result_ttl
+        )
         try:
-            response = self._stub.Multiply(request, timeout=self._deadline(timeout))
+            response = self._stub.Multiply(
+                request, timeout=self._deadline(timeout), metadata=self._metadata
+            )
         except grpc.RpcError as error:
             raise MatmulError.from_call(error) from error
-        return from_tensor(response.c, wire)
+        return self._product(response, wire, bool(keep))
 
     def multiply_async(
         self,
-        a: npt.ArrayLike,
-        b: npt.ArrayLike,
+        a: Operand,
+        b: Operand,
         *,
         transpose_a: bool = False,
         transpose_b: bool = False,
         compute: str = "strict",
         dtype: Any = None,
         timeout: Optional[float] = None,
-    ) -> "concurrent.futures.Future[np.ndarray]":
+        keep: bool = False,
+        result_ttl: Optional[float] = None,
+    ) -> "concurrent.futures.Future[Any]":
         """Starts :meth:`multiply` and returns at once.
 
         Arguments are those of :meth:`multiply`, and invalid ones raise here.
-        The future's result is the product; a failed RPC sets a
-        :class:`MatmulError`. Cancelling the future cancels the RPC. The
-        operands are encoded before this returns, so they may be changed
-        afterwards.
+        The future's result is the product (a :class:`Handle` with keep=True);
+        a failed RPC sets a :class:`MatmulError`. Cancelling the future
+        cancels the RPC. The operands are encoded before this returns, so
+        they may be changed afterwards.
         """
-        request, wire = _multiply_request(a, b, transpose_a, transpose_b, compute, dtype)
-        future: concurrent.futures.Future[np.ndarray] = concurrent.futures.Future()
-        call = self._stub.Multiply.future(request, timeout=self._deadline(timeout))
+        request, wire = _multiply_request(
+            a, b, transpose_a, transpose_b, compute, dtype, keep, result_ttl
+        )
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        call = self._stub.Multiply.future(
+            request, timeout=self._deadline(timeout), metadata=self._metadata
+        )
 
         def on_rpc_done(finished: grpc.Future) -> None:
             # Runs on a gRPC thread; an exception escaping here would be lost.
@@ -163,7 +331,7 @@ class Client:
                 future.set_exception(MatmulError.from_call(finished))
                 return
             try:
-                future.set_result(from_tensor(finished.result().c, wire))
+                future.set_result(self._product(finished.result(), wire, bool(keep)))
             except Exception as error:  # noqa: BLE001 - handed to the caller.
                 future.set_exception(error)
 
@@ -175,11 +343,100 @@ class Client:
         future.add_done_callback(on_future_done)
         return future
 
+    def upload(
+        self,
+        array: npt.ArrayLike,
+        *,
+        device: Optional[int] = None,
+        ttl: Optional[float] = None,
+        dtype: Any = None,
+        timeout: Optional[float] = None,
+    ) -> Handle:
+        """Stores ``array`` (2-D or 3-D) on the server and returns its :class:`Handle`.
+
+        Args:
+            array: Any array-like, as a multiply operand.
+            device: The device to store it on (an index from
+                ``server_info().devices``); None: the server picks the least
+                loaded. Operands of one multiply must live on the same device.
+            ttl: Lifetime in seconds unless deleted (rounded up); None: the
+                server's default (``server_info().limits.default_handle_ttl_seconds``).
+            dtype: As in :meth:`multiply`: None keeps the array's dtype,
+                "bfloat16" rounds it to bfloat16, a NumPy dtype converts it.
+            timeout: Deadline in seconds; None for the client's default.
+
+        Raises:
+            TypeError, ValueError: As for a multiply operand; a bad ttl.
+            MatmulError: RESOURCE_EXHAUSTED over the client's quota (bytes or
+                tensors) or the message size; INVALID_ARGUMENT for an unknown
+                device or a ttl over the server's maximum.
+        """
+        x = np.asarray(array)
+        if x.ndim not in (2, 3):
+            raise ValueError(
+                f"array has {x.ndim} dimension(s) (shape {x.shape}); a stored tensor is "
+                f"2-D [rows, cols] or 3-D [batch, rows, cols]"
+            )
+        if device is not None and (isinstance(device, bool) or not isinstance(device, (int, np.integer))):
+            raise TypeError(f"device: expected None or a device index, got {type(device).__name__}")
+        request = matmul_pb2.UploadRequest(
+            tensor=encode_tensor(x, resolve_single_wire_type(x, dtype, "array")),
+            ttl_seconds=ttl_seconds(ttl, "ttl"),
+        )
+        if device is not None:
+            request.device = int(device)
+        try:
+            response = self._stub.Upload(
+                request, timeout=self._deadline(timeout), metadata=self._metadata
+            )
+        except grpc.RpcError as error:
+            raise MatmulError.from_call(error) from error
+        return Handle.from_proto(response.handle, self)
+
+    def download(self, handle: HandleOrId, *, timeout: Optional[float] = None) -> np.ndarray:
+        """The data of a stored tensor (a :class:`Handle` or its id), as a new array.
+
+        float32, float64 and float16 tensors come back in their dtype;
+        bfloat16 ones as float32 (holding the bfloat16 values exactly), as
+        multiply results do.
+
+        Raises:
+            MatmulError: NOT_FOUND for an unknown, deleted or expired handle;
+                RESOURCE_EXHAUSTED if it is larger than the server's message
+                size.
+        """
+        request = matmul_pb2.DownloadRequest(handle=handle_id(handle))
+        try:
+            response = self._stub.Download(
+                request, timeout=self._deadline(timeout), metadata=self._metadata
+            )
+        except grpc.RpcError as error:
+            raise MatmulError.from_call(error) from error
+        tensor = response.tensor
+        name = DTYPE_NAMES.get(tensor.dtype)
+        if name is None:
+            raise MatmulError(grpc.StatusCode.INTERNAL, f"the server sent a tensor of unknown dtype {tensor.dtype}")
+        return from_tensor(tensor, stored_wire_type(name))
+
+    def delete(self, handle: HandleOrId, *, timeout: Optional[float] = None) -> None:
+        """Frees a stored tensor (a :class:`Handle` or its id).
+
+        Raises:
+            MatmulError: NOT_FOUND if it does not exist (any more).
+        """
+        request = matmul_pb2.DeleteRequest(handle=handle_id(handle))
+        try:
+            self._stub.Delete(request, timeout=self._deadline(timeout), metadata=self._metadata)
+        except grpc.RpcError as error:
+            raise MatmulError.from_call(error) from error
+
     def server_info(self, *, timeout: Optional[float] = None) -> ServerInfo:
         """The server's engine, devices, dtypes and limits."""
         try:
             response = self._stub.GetServerInfo(
-                matmul_pb2.GetServerInfoRequest(), timeout=self._deadline(timeout)
+                matmul_pb2.GetServerInfoRequest(),
+                timeout=self._deadline(timeout),
+                metadata=self._metadata,
             )
         except grpc.RpcError as error:
             raise MatmulError.from_call(error) from error
@@ -211,3 +468,15 @@ class Client:
 
     def _deadline(self, timeout: Optional[float]) -> Optional[float]:
         return self._timeout if timeout is None else timeout
+
+    def _product(self, response: matmul_pb2.MultiplyResponse, wire: WireType, keep: bool) -> Any:
+        """The product out of a Multiply response: a Handle when kept."""
+        if keep:
+            if not response.HasField("c_handle"):
+                raise MatmulError(
+                    grpc.StatusCode.UNIMPLEMENTED,
+                    "the server returned the product instead of keeping it: it does not "
+                    "support stored tensors",
+                )
+            return Handle.from_proto(response.c_handle, self)
+        return from_tensor(response.c, wire)

@@ -40,6 +40,10 @@ class Limits:
     max_elements_per_operand: int
     max_inflight_bytes: int
     max_dimension: int
+    max_stored_bytes_per_client: int  #: Bytes of stored tensors one client may hold.
+    max_handles_per_client: int  #: Stored tensors one client may hold.
+    default_handle_ttl_seconds: int  #: Lifetime of a stored tensor given no ttl.
+    max_handle_ttl_seconds: int  #: Longest ttl a call may ask for.
 
 
 @dataclass(frozen=True)

@@ -110,6 +110,25 @@ DTYPE_NAMES: Dict[int, str] = {
     matmul_pb2.DTYPE_BFLOAT16: "bfloat16",
 }
 
+#: How a stored tensor of each dtype comes back when its wire type is not
+#: otherwise known (download, a product of two stored operands): in its own
+#: dtype, except bfloat16, which NumPy lacks, widened to float32 (exactly).
+_WIRE_BY_NAME: Dict[str, WireType] = {
+    "float32": _WIRE_BY_DTYPE[np.dtype(np.float32)],
+    "float64": _WIRE_BY_DTYPE[np.dtype(np.float64)],
+    "float16": _WIRE_BY_DTYPE[np.dtype(np.float16)],
+    "bfloat16": _BFLOAT16_VIA_FLOAT32,
+}
+
+
+def stored_wire_type(dtype_name: str) -> WireType:
+    """The wire type a stored tensor of dtype ``dtype_name`` ("float32", ...)
+    is decoded with; bfloat16 decodes to float32."""
+    try:
+        return _WIRE_BY_NAME[dtype_name]
+    except KeyError:
+        raise TypeError(f"unknown stored dtype {dtype_name!r}") from None
+
 
 def _canonical(dtype: np.dtype) -> np.dtype:
     """The dtype in native byte order ('>f4' and '<f4' are both float32)."""
@@ -144,19 +163,49 @@ def resolve_wire_type(a: np.ndarray, b: np.ndarray, dtype: Any) -> WireType:
             )
         return _WIRE_BY_DTYPE[_canonical(a.dtype)]
 
-    if isinstance(dtype, str) and dtype == "bfloat16":
-        wire = _BFLOAT16_VIA_FLOAT32
-    else:
-        try:
-            wire = _WIRE_BY_DTYPE[_canonical(np.dtype(dtype))]
-        except (TypeError, KeyError):
-            raise TypeError(
-                f"dtype={dtype!r}: expected None, 'bfloat16', numpy.float32, numpy.float64 "
-                f"or numpy.float16" + (" or ml_dtypes.bfloat16" if BFLOAT16_DTYPE is not None else "")
-            ) from None
+    wire = wire_type_argument(dtype)
     for name, x in (("a", a), ("b", b)):
-        if x.dtype.kind not in "biuf" and _canonical(x.dtype) != BFLOAT16_DTYPE:
-            raise TypeError(f"{name} has dtype {x.dtype}, which does not convert to {wire.name}")
+        check_convertible(name, x, wire)
+    return wire
+
+
+def wire_type_argument(dtype: Any) -> WireType:
+    """The wire type a (non-None) ``dtype=`` argument asks for."""
+    if isinstance(dtype, str) and dtype == "bfloat16":
+        return _BFLOAT16_VIA_FLOAT32
+    try:
+        return _WIRE_BY_DTYPE[_canonical(np.dtype(dtype))]
+    except (TypeError, KeyError):
+        raise TypeError(
+            f"dtype={dtype!r}: expected None, 'bfloat16', numpy.float32, numpy.float64 "
+            f"or numpy.float16" + (" or ml_dtypes.bfloat16" if BFLOAT16_DTYPE is not None else "")
+        ) from None
+
+
+def check_convertible(name: str, x: np.ndarray, wire: WireType) -> None:
+    """Raises TypeError unless ``x`` converts to ``wire``'s dtype."""
+    if x.dtype.kind not in "biuf" and _canonical(x.dtype) != BFLOAT16_DTYPE:
+        raise TypeError(f"{name} has dtype {x.dtype}, which does not convert to {wire.name}")
+
+
+def own_wire_type(name: str, x: np.ndarray) -> WireType:
+    """The wire type of an array that travels in its own dtype."""
+    try:
+        return _WIRE_BY_DTYPE[_canonical(x.dtype)]
+    except KeyError:
+        raise TypeError(
+            f"{name} has dtype {x.dtype}; the service takes {_SUPPORTED} "
+            f"(pass dtype=... to convert, e.g. dtype=numpy.float32)"
+        ) from None
+
+
+def resolve_single_wire_type(x: np.ndarray, dtype: Any, name: str) -> WireType:
+    """How one array travels (Upload): in its own dtype when ``dtype`` is None,
+    else converted as ``dtype`` says (see :func:`resolve_wire_type`)."""
+    if dtype is None:
+        return own_wire_type(name, x)
+    wire = wire_type_argument(dtype)
+    check_convertible(name, x, wire)
     return wire
 
 
@@ -175,6 +224,13 @@ def to_tensor(x: np.ndarray, wire: WireType, transpose: bool) -> Tuple[matmul_pb
     values = np.ascontiguousarray(values)
     tensor = matmul_pb2.Tensor(shape=values.shape, dtype=wire.proto, data=values.tobytes())
     return tensor, transpose
+
+
+def encode_tensor(x: np.ndarray, wire: WireType) -> matmul_pb2.Tensor:
+    """Encodes ``x`` as a row-major little-endian tensor, as it is (no
+    transpose trick: a stored tensor has no transpose flag)."""
+    values = np.ascontiguousarray(wire.to_wire(x))
+    return matmul_pb2.Tensor(shape=values.shape, dtype=wire.proto, data=values.tobytes())
 
 
 def from_tensor(tensor: matmul_pb2.Tensor, wire: WireType) -> np.ndarray:
