@@ -23,6 +23,12 @@ cmake --build "$build" -j "$jobs"
 step "tests"
 (cd "$build" && ctest --output-on-failure -j "$jobs" --timeout 600)
 
+step "sanitizers: ASan+UBSan and TSan (scripts/sanitize.sh)"
+scripts/sanitize.sh
+
+step "fuzzing: request parsing and validation, 60 s (scripts/fuzz.sh)"
+scripts/fuzz.sh 60
+
 step "buf lint (proto/)"
 (cd proto && ../tools/node_modules/.bin/buf lint)
 

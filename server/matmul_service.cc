@@ -432,6 +432,18 @@ absl::Status MultiplyReactor::ResolveHandle(
 void MultiplyReactor::Start() {
   Engine* engine = ReadyEngine();
   if (engine == nullptr) return;
+  // gRPC still calls a raw handler whose request never fully arrived (the
+  // client cancelled, or its deadline passed mid-upload), with an empty
+  // buffer: that is the client's cancellation, not a malformed request.
+  if (!request_->Valid() || context_->IsCancelled()) {
+    const bool late = DeadlinePassed(context_->deadline());
+    Reject(late ? RejectReason::kDeadline : RejectReason::kCancelled,
+           late ? absl::DeadlineExceededError(
+                      "the deadline passed before the request arrived")
+                : absl::CancelledError(
+                      "the request was cancelled before it arrived"));
+    return;
+  }
   if (grpc::Status dumped = request_->Dump(&slices_); !dumped.ok()) {
     Reject(RejectReason::kInvalid,
            absl::InvalidArgumentError("cannot read the request's bytes"));

@@ -1,5 +1,6 @@
 #include "server/handle_registry.h"
 
+#include <atomic>
 #include <memory>
 
 #include "gmock/gmock.h"
@@ -12,7 +13,7 @@ using ::testing::HasSubstr;
 
 class FakeTensor final : public ResidentTensor {
  public:
-  FakeTensor(int64_t rows, int64_t cols, int* alive)
+  FakeTensor(int64_t rows, int64_t cols, std::atomic<int>* alive)
       : ResidentTensor(0, DType::kFloat32, 1, rows, cols, nullptr),
         alive_(alive) {
     ++*alive_;
@@ -20,7 +21,7 @@ class FakeTensor final : public ResidentTensor {
   ~FakeTensor() override { --*alive_; }
 
  private:
-  int* alive_;
+  std::atomic<int>* alive_;
 };
 
 HandleLimits SmallLimits() {
@@ -34,7 +35,7 @@ HandleLimits SmallLimits() {
 
 TEST(HandleRegistryTest, AddGetDelete) {
   HandleRegistry registry(SmallLimits());
-  int alive = 0;
+  std::atomic<int> alive{0};
   absl::StatusOr<HandleRegistry::Reservation> r =
       registry.Reserve("alice", 400);
   ASSERT_TRUE(r.ok());
@@ -58,7 +59,7 @@ TEST(HandleRegistryTest, AddGetDelete) {
 
 TEST(HandleRegistryTest, QuotasPerClient) {
   HandleRegistry registry(SmallLimits());
-  int alive = 0;
+  std::atomic<int> alive{0};
   std::vector<std::string> ids;
   for (int i = 0; i < 2; ++i) {
     absl::StatusOr<HandleRegistry::Reservation> r =
@@ -96,7 +97,7 @@ TEST(HandleRegistryTest, QuotasPerClient) {
 
 TEST(HandleRegistryTest, ExpiredEntriesAreFreedBySweeper) {
   HandleRegistry registry(SmallLimits(), absl::Milliseconds(10));
-  int alive = 0;
+  std::atomic<int> alive{0};
   absl::StatusOr<HandleRegistry::Reservation> r = registry.Reserve("dan", 4);
   ASSERT_TRUE(r.ok());
   const std::string id =
@@ -125,7 +126,7 @@ TEST(HandleRegistryTest, TtlBounds) {
 }
 
 TEST(HandleRegistryTest, ClearFreesEverything) {
-  int alive = 0;
+  std::atomic<int> alive{0};
   {
     HandleRegistry registry(SmallLimits());
     for (const char* owner : {"a", "b"}) {

@@ -71,7 +71,7 @@ class TestJob final : public MatmulJob {
 
   absl::Status abandoned_ = absl::OkStatus();
   absl::Status write_status_ = absl::OkStatus();
-  static inline bool outcome_wrote_ = false;
+  static inline std::atomic<bool> outcome_wrote_{false};
 
  private:
   MatmulSpec spec_;

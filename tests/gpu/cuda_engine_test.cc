@@ -495,6 +495,13 @@ TEST(CudaEngineTest, RealDeviceOutOfMemoryFailsOnlyThatJob) {
   void* hog = nullptr;
   {
     ScopedDevice device(0);
+    // Earlier jobs in this process leave memory cached in the device's
+    // default pool, which cudaMemGetInfo does not count as free; hand it
+    // back first so that the hog really leaves the job nothing.
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    cudaMemPool_t pool = nullptr;
+    ASSERT_EQ(cudaDeviceGetDefaultMemPool(&pool, 0), cudaSuccess);
+    ASSERT_EQ(cudaMemPoolTrimTo(pool, 0), cudaSuccess);
     size_t free_bytes = 0, total = 0;
     ASSERT_EQ(cudaMemGetInfo(&free_bytes, &total), cudaSuccess);
     ASSERT_EQ(cudaMalloc(&hog, free_bytes - (size_t{256} << 20)), cudaSuccess);
