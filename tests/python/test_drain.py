@@ -1,0 +1,52 @@
+"""The drain on SIGTERM, end to end on the real binary: a long multiply in
+flight completes, health reports NOT_SERVING during the grace period, new
+calls then get UNAVAILABLE, and the process exits 0."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import matmul_client
+from conftest import ServerProcess
+
+
+def test_sigterm_drains_in_flight_work_and_refuses_new_work():
+    server = ServerProcess("--drain-grace", "1.5s", "--drain-timeout", "60s",
+                           "--streams-per-device", "1")
+    client = matmul_client.Client(server.target)
+    rng = np.random.default_rng(7)
+    # Long enough to still run after the grace period (seconds on a few
+    # cores; the check below says so if not).
+    a = rng.standard_normal((3072, 3072))
+    b = rng.standard_normal((3072, 3072))
+    long_call = client.multiply_async(a, b)
+    time.sleep(0.3)  # the request is admitted and computing
+    assert not long_call.done()
+    server._process.send_signal(signal.SIGTERM)
+
+    # During the grace period: readiness is NOT_SERVING, liveness SERVING.
+    deadline = time.monotonic() + 1.0
+    readiness = "SERVING"
+    while readiness == "SERVING" and time.monotonic() < deadline:
+        readiness = client.health("readiness")
+    assert readiness == "NOT_SERVING"
+    assert client.health("liveness") == "SERVING"
+
+    # After it: new work is refused with UNAVAILABLE while the long one runs.
+    time.sleep(1.7)
+    assert not long_call.done(), "the long multiply ended before the grace did"
+    small = rng.standard_normal((8, 8)).astype(np.float32)
+    with pytest.raises(matmul_client.MatmulError) as refused:
+        client.multiply(small, small, timeout=5)
+    assert refused.value.code.name == "UNAVAILABLE"
+    assert "shutting down" in refused.value.details
+
+    result = long_call.result(timeout=120)
+    np.testing.assert_allclose(result, a @ b, rtol=1e-9, atol=1e-9)
+    assert server._process.wait(60) == 0
+    assert "draining" in server.output()
