@@ -36,40 +36,6 @@ void ShapeToProto(const HostTensor& tensor, v1::Tensor* out) {
 
 }  // namespace
 
-v1::Dtype DTypeToProto(DType dtype) {
-  switch (dtype) {
-    case DType::kFloat32:
-      return v1::DTYPE_FLOAT32;
-    case DType::kFloat64:
-      return v1::DTYPE_FLOAT64;
-    case DType::kFloat16:
-      return v1::DTYPE_FLOAT16;
-    case DType::kBFloat16:
-      return v1::DTYPE_BFLOAT16;
-  }
-  return v1::DTYPE_UNSPECIFIED;
-}
-
-std::optional<DType> DTypeFromProto(v1::Dtype dtype) {
-  switch (dtype) {
-    case v1::DTYPE_FLOAT32:
-      return DType::kFloat32;
-    case v1::DTYPE_FLOAT64:
-      return DType::kFloat64;
-    case v1::DTYPE_FLOAT16:
-      return DType::kFloat16;
-    case v1::DTYPE_BFLOAT16:
-      return DType::kBFloat16;
-    default:
-      return std::nullopt;
-  }
-}
-
-v1::ComputeMode ComputeModeToProto(ComputeMode mode) {
-  return mode == ComputeMode::kTf32 ? v1::COMPUTE_MODE_TF32
-                                    : v1::COMPUTE_MODE_STRICT;
-}
-
 absl::Status ToProto(const HostTensor& tensor, v1::Tensor* out) {
   RETURN_IF_ERROR(CheckHostTensor(tensor));
   ShapeToProto(tensor, out);

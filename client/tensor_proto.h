@@ -13,13 +13,9 @@
 #include "client/host_tensor.h"
 #include "common/dtype.h"
 #include "matmul/v1/matmul.pb.h"
+#include "proto/dtype_mapping.h"
 
 namespace matmul {
-
-v1::Dtype DTypeToProto(DType dtype);
-// nullopt for DTYPE_UNSPECIFIED and numbers outside the enum.
-std::optional<DType> DTypeFromProto(v1::Dtype dtype);
-v1::ComputeMode ComputeModeToProto(ComputeMode mode);
 
 // Fills `out` from `tensor` (the payload is copied; the rvalue overload
 // moves it instead). INVALID_ARGUMENT, leaving `out` untouched, if the

@@ -57,7 +57,7 @@ std::vector<int64_t> ApiShape(bool is_3d, int64_t batch, int64_t rows,
 void FillHandle(const HandleRegistry::Entry& entry, v1::TensorHandle* out) {
   out->set_id(entry.id);
   for (int64_t d : entry.shape) out->add_shape(d);
-  out->set_dtype(ToProto(entry.tensor->dtype()));
+  out->set_dtype(DTypeToProto(entry.tensor->dtype()));
   out->set_device(entry.tensor->device());
   out->set_bytes(entry.tensor->bytes());
   out->set_expire_time_unix_ms(absl::ToUnixMillis(entry.expires));
@@ -424,7 +424,7 @@ absl::Status MultiplyReactor::ResolveHandle(
   shape = entry->shape;
   operand.present = true;
   operand.shape = absl::MakeConstSpan(shape);
-  operand.dtype = ToProto(tensor->dtype());
+  operand.dtype = DTypeToProto(tensor->dtype());
   operand.data_bytes = tensor->bytes();
   return absl::OkStatus();
 }
@@ -540,8 +540,8 @@ absl::Status MultiplyReactor::Respond(const MatmulSpec& spec,
   // The product goes out as its own slice, straight from staging; the
   // staging is released when gRPC has sent it.
   const ResponseFraming framing = FrameMultiplyResponse(
-      c_shape, ToProto(spec.dtype), spec.c_bytes(), result.placement().device,
-      result.placement().stream);
+      c_shape, DTypeToProto(spec.dtype), spec.c_bytes(),
+      result.placement().device, result.placement().stream);
   auto* held = new JobResult(std::move(result));
   grpc::Slice parts[3] = {
       grpc::Slice(framing.prefix),
@@ -704,7 +704,7 @@ absl::Status TransferReactor::Respond(const MatmulSpec& spec,
   }
   v1::Tensor* tensor = download_response_->mutable_tensor();
   for (int64_t d : shape_) tensor->add_shape(d);
-  tensor->set_dtype(ToProto(spec.dtype));
+  tensor->set_dtype(DTypeToProto(spec.dtype));
   tensor->set_data(reinterpret_cast<const char*>(result.c().data()),
                    result.c().size());
   return absl::OkStatus();
@@ -816,7 +816,7 @@ grpc::ServerUnaryReactor* MatmulServiceImpl::GetServerInfo(
     out->set_compute_capability(d.compute_capability);
     out->set_staging_bytes(d.staging_bytes);
   }
-  for (DType t : info.dtypes) response->add_dtypes(ToProto(t));
+  for (DType t : info.dtypes) response->add_dtypes(DTypeToProto(t));
   v1::Limits* limits = response->mutable_limits();
   limits->set_max_message_bytes(limits_.max_message_bytes);
   limits->set_max_elements_per_operand(limits_.max_elements_per_operand);

@@ -86,7 +86,7 @@ absl::StatusOr<OperandDims> CheckOperand(const OperandHeader& t,
 
 absl::StatusOr<DType> CheckDtype(const OperandHeader& t,
                                  absl::string_view name) {
-  std::optional<DType> dtype = FromProto(static_cast<v1::Dtype>(t.dtype));
+  std::optional<DType> dtype = DTypeFromProto(static_cast<v1::Dtype>(t.dtype));
   if (!dtype.has_value()) {
     return absl::InvalidArgumentError(absl::StrCat(
         name,
@@ -98,35 +98,6 @@ absl::StatusOr<DType> CheckDtype(const OperandHeader& t,
 }
 
 }  // namespace
-
-std::optional<DType> FromProto(v1::Dtype dtype) {
-  switch (dtype) {
-    case v1::DTYPE_FLOAT32:
-      return DType::kFloat32;
-    case v1::DTYPE_FLOAT64:
-      return DType::kFloat64;
-    case v1::DTYPE_FLOAT16:
-      return DType::kFloat16;
-    case v1::DTYPE_BFLOAT16:
-      return DType::kBFloat16;
-    default:
-      return std::nullopt;
-  }
-}
-
-v1::Dtype ToProto(DType dtype) {
-  switch (dtype) {
-    case DType::kFloat32:
-      return v1::DTYPE_FLOAT32;
-    case DType::kFloat64:
-      return v1::DTYPE_FLOAT64;
-    case DType::kFloat16:
-      return v1::DTYPE_FLOAT16;
-    case DType::kBFloat16:
-      return v1::DTYPE_BFLOAT16;
-  }
-  return v1::DTYPE_UNSPECIFIED;
-}
 
 absl::StatusOr<TensorDims> ValidateTensor(const OperandHeader& tensor,
                                           absl::string_view name,

@@ -11,6 +11,7 @@
 #include "common/dtype.h"
 #include "gpu/matmul_spec.h"
 #include "matmul/v1/matmul.pb.h"
+#include "proto/dtype_mapping.h"
 #include "server/request_limits.h"
 
 namespace matmul {
@@ -58,11 +59,6 @@ struct TensorDims {
 absl::StatusOr<TensorDims> ValidateTensor(const OperandHeader& tensor,
                                           absl::string_view name,
                                           const RequestLimits& limits);
-
-// Mapping between the API's enums and the engine's; nullopt for values
-// outside the API (e.g. DTYPE_UNSPECIFIED or an unknown number).
-std::optional<DType> FromProto(v1::Dtype dtype);
-v1::Dtype ToProto(DType dtype);
 
 }  // namespace matmul
 

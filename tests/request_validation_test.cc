@@ -299,9 +299,9 @@ TEST(RequestValidationTest, OverInflightBudget) {
 TEST(RequestValidationTest, DtypeMappingRoundTrips) {
   for (DType t :
        {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16}) {
-    EXPECT_EQ(FromProto(ToProto(t)), t);
+    EXPECT_EQ(DTypeFromProto(DTypeToProto(t)), t);
   }
-  EXPECT_FALSE(FromProto(v1::DTYPE_UNSPECIFIED).has_value());
+  EXPECT_FALSE(DTypeFromProto(v1::DTYPE_UNSPECIFIED).has_value());
 }
 
 }  // namespace

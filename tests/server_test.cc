@@ -103,7 +103,7 @@ v1::Tensor RandomTensor(DType dtype, std::vector<int64_t> shape,
     t.add_shape(d);
     n *= d;
   }
-  t.set_dtype(ToProto(dtype));
+  t.set_dtype(DTypeToProto(dtype));
   t.set_data(testing::RandomBytes(dtype, n, gen));
   return t;
 }

@@ -150,7 +150,7 @@ class ByteReader {
 // The byte size `t` would need to be valid, or -1 if it is not computable
 // (bad dtype, non-positive dims, overflow).
 int64_t ExpectedBytes(const v1::Tensor& t) {
-  const std::optional<DType> dtype = FromProto(t.dtype());
+  const std::optional<DType> dtype = DTypeFromProto(t.dtype());
   if (!dtype.has_value()) return -1;
   int64_t n = static_cast<int64_t>(DTypeSize(*dtype));
   for (int64_t d : t.shape()) {
@@ -367,7 +367,7 @@ void RunGemm(const v1::MultiplyRequest& request, const MatmulSpec& spec) {
 void CheckSpec(const v1::MultiplyRequest& request, const RequestLimits& limits,
                const MatmulSpec& spec) {
   FUZZ_CHECK(request.has_a() && request.has_b(), spec);
-  FUZZ_CHECK(FromProto(request.a().dtype()) == spec.dtype, spec);
+  FUZZ_CHECK(DTypeFromProto(request.a().dtype()) == spec.dtype, spec);
   FUZZ_CHECK(request.b().dtype() == request.a().dtype(), spec);
   FUZZ_CHECK(spec.transpose_a == request.transpose_a(), spec);
   FUZZ_CHECK(spec.transpose_b == request.transpose_b(), spec);
@@ -464,13 +464,13 @@ void CheckFraming(const MatmulSpec& spec, int device, int stream) {
   std::string data(static_cast<size_t>(spec.c_bytes()), '\0');
   for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i * 31);
   const ResponseFraming framing = FrameMultiplyResponse(
-      shape, ToProto(spec.dtype), spec.c_bytes(), device, stream);
+      shape, DTypeToProto(spec.dtype), spec.c_bytes(), device, stream);
   v1::MultiplyResponse response;
   if (!response.ParseFromString(framing.prefix + data + framing.suffix) ||
       !response.has_c() ||
       std::vector<int64_t>(response.c().shape().begin(),
                            response.c().shape().end()) != shape ||
-      response.c().dtype() != ToProto(spec.dtype) ||
+      response.c().dtype() != DTypeToProto(spec.dtype) ||
       response.c().data() != data || response.placement().device() != device ||
       response.placement().stream() != stream) {
     Fail("FrameMultiplyResponse frames a message protobuf reads back", spec);
