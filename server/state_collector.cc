@@ -182,11 +182,11 @@ std::vector<MetricFamily> StateCollector::Collect() const {
            static_cast<double>(service_->handles().stored_handles()));
   out.push_back(std::move(stored));
 
-  MetricFamily stored_bytes = Family(
-      "matmul_stored_bytes",
-      "Bytes of engine memory held by stored tensors (also counted in "
-      "matmul_device_memory_used_bytes).",
-      MetricType::Gauge);
+  MetricFamily stored_bytes =
+      Family("matmul_stored_bytes",
+             "Bytes of engine memory held by stored tensors (also counted in "
+             "matmul_device_memory_used_bytes).",
+             MetricType::Gauge);
   AddGauge(stored_bytes, {},
            static_cast<double>(service_->handles().stored_bytes()));
   out.push_back(std::move(stored_bytes));
