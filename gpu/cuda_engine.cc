@@ -56,6 +56,7 @@ struct JobLayout {
   int64_t pinned_bytes = 0;     // staging: staged operands, returned C
   int64_t moved_bytes = 0;      // over the bus, both directions
   int required_device = -1;     // where resident operands are, or asked
+  int64_t byte_offset = 0;      // into the upload target or download source
 };
 
 namespace {
@@ -64,21 +65,25 @@ absl::StatusOr<JobLayout> LayoutOf(const MatmulJob& job) {
   const MatmulSpec& spec = job.spec();
   const std::shared_ptr<ResidentTensor> ra = job.resident_a();
   const std::shared_ptr<ResidentTensor> rb = job.resident_b();
+  const std::shared_ptr<ResidentTensor> target =
+      job.kind() == JobKind::kUpload ? job.upload_target() : nullptr;
   JobLayout l;
   l.kind = job.kind();
-  l.stage_a = l.kind != JobKind::kDownload && !ra;
-  l.stage_b = l.kind == JobKind::kMultiply && !rb;
-  l.keep = l.kind == JobKind::kUpload ||
-           (l.kind == JobKind::kMultiply && job.keep_result());
-  l.return_c = !l.keep;
   const bool upload = l.kind == JobKind::kUpload;
+  const bool allocate = l.kind == JobKind::kAllocate;
+  l.stage_a = l.kind != JobKind::kDownload && !allocate && !ra;
+  l.stage_b = l.kind == JobKind::kMultiply && !rb;
+  l.keep = (upload && target == nullptr) || allocate ||
+           (l.kind == JobKind::kMultiply && job.keep_result());
+  l.return_c = !l.keep && !upload;
   l.transient_bytes =
       (l.stage_a && !upload ? AlignUp(spec.a_bytes(), kDeviceAlignment) : 0) +
       (l.stage_b ? AlignUp(spec.b_bytes(), kDeviceAlignment) : 0) +
       (l.kind == JobKind::kMultiply && !l.keep
            ? AlignUp(spec.c_bytes(), kDeviceAlignment)
            : 0);
-  l.kept_bytes = upload   ? AlignUp(spec.a_bytes(), kDeviceAlignment)
+  l.kept_bytes = (upload || allocate) && l.keep
+                     ? AlignUp(spec.a_bytes(), kDeviceAlignment)
                  : l.keep ? AlignUp(spec.c_bytes(), kDeviceAlignment)
                           : 0;
   const int64_t staged =
@@ -86,8 +91,12 @@ absl::StatusOr<JobLayout> LayoutOf(const MatmulJob& job) {
   l.pinned_bytes =
       (job.prestaged() ? 0 : staged) + (l.return_c ? spec.c_bytes() : 0);
   l.moved_bytes = staged + (l.return_c ? spec.c_bytes() : 0);
+  if (absl::Status bounds = CheckTransferBounds(job); !bounds.ok()) {
+    return bounds;
+  }
+  l.byte_offset = job.byte_offset();
   l.required_device = job.device();
-  for (const auto& r : {ra, rb}) {
+  for (const auto& r : {ra, rb, target}) {
     if (r == nullptr) continue;
     if (l.required_device >= 0 && l.required_device != r->device()) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -143,6 +152,7 @@ struct CudaEngine::InFlight {
   // Resident operands, held until the job's stream work is done.
   std::shared_ptr<ResidentTensor> resident_a;
   std::shared_ptr<ResidentTensor> resident_b;
+  std::shared_ptr<ResidentTensor> upload_target;
   void* kept = nullptr;  // device memory that becomes the resident result
   PinnedPool::Lease lease;
   std::byte* host_c = nullptr;
@@ -619,6 +629,8 @@ void CudaEngine::Dispatch(Lane* lane, std::unique_ptr<MatmulJob> job,
   flight->device_bytes = device_bytes;
   flight->resident_a = job->resident_a();
   flight->resident_b = job->resident_b();
+  if (layout.kind == JobKind::kUpload)
+    flight->upload_target = job->upload_target();
   const absl::Time start = absl::Now();
   flight->timings.queue = absl::ToDoubleSeconds(start - submitted);
 
@@ -692,9 +704,14 @@ void CudaEngine::Enqueue(InFlight* flight, const std::byte* host_a,
     };
     const std::byte* device_a =
         flight->resident_a
-            ? static_cast<const std::byte*>(flight->resident_a->data())
-        : upload ? static_cast<std::byte*>(flight->kept)
-                 : carve(spec.a_bytes());
+            ? static_cast<const std::byte*>(flight->resident_a->data()) +
+                  (l.kind == JobKind::kDownload ? l.byte_offset : 0)
+        : flight->upload_target
+            ? static_cast<const std::byte*>(flight->upload_target->data()) +
+                  l.byte_offset
+        : upload || l.kind == JobKind::kAllocate
+            ? static_cast<std::byte*>(flight->kept)
+            : carve(spec.a_bytes());
     const std::byte* device_b =
         flight->resident_b
             ? static_cast<const std::byte*>(flight->resident_b->data())
@@ -709,6 +726,10 @@ void CudaEngine::Enqueue(InFlight* flight, const std::byte* host_a,
       CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(const_cast<std::byte*>(device_b),
                                            host_b, spec.b_bytes(),
                                            cudaMemcpyHostToDevice, stream));
+    }
+    if (l.kind == JobKind::kAllocate && options_.poison_outputs) {
+      CUDA_RETURN_IF_ERROR(
+          cudaMemsetAsync(flight->kept, 0xff, spec.a_bytes(), stream));
     }
     CUDA_RETURN_IF_ERROR(cudaEventRecord(ev.h2d_done.get(), stream));
     const std::byte* device_c = device_a;  // download: C is A itself
@@ -852,6 +873,7 @@ void CudaEngine::Complete(InFlight* flight) {
   AtomicAddDouble(lane->outstanding, -flight->estimate);
   flight->resident_a.reset();
   flight->resident_b.reset();
+  flight->upload_target.reset();
   if (!status.ok()) {
     flight->job->Done(status);
     return;
@@ -911,7 +933,8 @@ void CudaEngine::Complete(InFlight* flight) {
       Placement{d->index, lane->index}, flight->timings,
       [lease = std::move(flight->lease)]() mutable { lease.Release(); });
   if (flight->kept != nullptr) {
-    const bool upload = l.kind == JobKind::kUpload;
+    const bool upload =
+        l.kind == JobKind::kUpload || l.kind == JobKind::kAllocate;
     result.set_resident(std::make_shared<CudaResidentTensor>(
         d, spec.dtype, upload ? spec.a_batch : spec.batch, spec.m,
         upload ? spec.k : spec.n, flight->kept, l.kept_bytes));

@@ -18,6 +18,7 @@
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/dtype.h"
@@ -79,6 +80,36 @@ class ResidentTensor {
   const int64_t rows_;
   const int64_t cols_;
   void* const data_;
+};
+
+// A part of another resident tensor, seen as a tensor of its own: the
+// `dtype` elements batch x rows x cols starting `byte_offset` bytes into
+// `base`'s data. Keeps `base` alive. INVALID_ARGUMENT if it does not fit.
+class ResidentView final : public ResidentTensor {
+ public:
+  static absl::StatusOr<std::shared_ptr<ResidentTensor>> Create(
+      std::shared_ptr<ResidentTensor> base, int64_t byte_offset, DType dtype,
+      int64_t batch, int64_t rows, int64_t cols) {
+    const int64_t bytes =
+        batch * rows * cols * static_cast<int64_t>(DTypeSize(dtype));
+    if (base == nullptr || byte_offset < 0 || bytes < 0 ||
+        byte_offset > base->bytes() || bytes > base->bytes() - byte_offset) {
+      return absl::InvalidArgumentError("view outside its base tensor");
+    }
+    return std::shared_ptr<ResidentTensor>(new ResidentView(
+        std::move(base), byte_offset, dtype, batch, rows, cols));
+  }
+
+ private:
+  ResidentView(std::shared_ptr<ResidentTensor> base, int64_t byte_offset,
+               DType dtype, int64_t batch, int64_t rows, int64_t cols)
+      : ResidentTensor(
+            base->device(), dtype, batch, rows, cols,
+            static_cast<std::byte*>(const_cast<void*>(base->data())) +
+                byte_offset),
+        base_(std::move(base)) {}
+
+  const std::shared_ptr<ResidentTensor> base_;
 };
 
 // A finished job's product. Its bytes live in the engine's staging memory,
@@ -201,8 +232,11 @@ struct StreamSpan {
 
 // What a job does. Upload and download move one tensor, described by the
 // spec as A (upload: a_batch x m x k, staged through WriteOperands) or C
-// (download: batch x m x n, read from resident_a()).
-enum class JobKind { kMultiply, kUpload, kDownload };
+// (download: batch x m x n, read from resident_a()). Allocate makes a new
+// resident tensor of A's size whose contents are undefined until uploads
+// with upload_target() fill it. Together these let a large operand reach
+// the device in pieces while the rest of it is still arriving.
+enum class JobKind { kMultiply, kUpload, kDownload, kAllocate };
 
 // One multiply, implemented by the caller (the server wraps an RPC in it).
 // The engine owns a submitted job until it has called Done, then destroys it.
@@ -223,6 +257,18 @@ class MatmulJob {
   virtual bool keep_result() const { return false; }
   // Device to run on (-1: any). Jobs with resident operands run on theirs.
   virtual int device() const { return -1; }
+
+  // Upload only: write A into this existing tensor, byte_offset() bytes
+  // into its data, instead of allocating a new one (the result then has no
+  // resident()). The tensor comes from an allocate job; the caller orders
+  // the writes before any job that reads it (by waiting for their Done).
+  virtual std::shared_ptr<ResidentTensor> upload_target() const {
+    return nullptr;
+  }
+  // Upload with upload_target(): where A goes. Download: where, in
+  // resident_a()'s data, the spec's C begins. Must leave the bytes inside
+  // the tensor (else the job fails with INVALID_ARGUMENT).
+  virtual int64_t byte_offset() const { return 0; }
 
   // If set, the operands are already in engine-allocated host memory and
   // WriteOperands is not called.
@@ -245,6 +291,34 @@ class MatmulJob {
   // Must be cheap and thread-safe.
   virtual absl::Status Abandoned() const { return absl::OkStatus(); }
 };
+
+// OK unless an upload into upload_target() or a download at byte_offset()
+// would reach outside its tensor (INVALID_ARGUMENT, with the numbers).
+// Engines call it before doing such a job.
+inline absl::Status CheckTransferBounds(const MatmulJob& job) {
+  const int64_t offset = job.byte_offset();
+  std::shared_ptr<ResidentTensor> tensor;
+  int64_t bytes = 0;
+  const char* what = "";
+  if (job.kind() == JobKind::kUpload && job.upload_target() != nullptr) {
+    tensor = job.upload_target();
+    bytes = job.spec().a_bytes();
+    what = "upload";
+  } else if (job.kind() == JobKind::kDownload) {
+    tensor = job.resident_a();
+    bytes = job.spec().c_bytes();
+    what = "download";
+  } else {
+    return absl::OkStatus();
+  }
+  const int64_t size = tensor == nullptr ? 0 : tensor->bytes();
+  if (offset < 0 || offset > size || bytes > size - offset) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " of ", bytes, " bytes at offset ", offset,
+                     " runs outside its ", size, "-byte tensor"));
+  }
+  return absl::OkStatus();
+}
 
 // A compute device as the engine sees it.
 struct DeviceInfo {

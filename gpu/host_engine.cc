@@ -255,22 +255,30 @@ void HostEngine::Run(int lane_index, Queued queued) {
   // or prestaged by the caller), resident (engine memory kept between
   // requests), or, for the result, returned in staging.
   const JobKind kind = job.kind();
+  if (absl::Status bounds = CheckTransferBounds(job); !bounds.ok()) {
+    job.Done(bounds);
+    return;
+  }
   const std::shared_ptr<ResidentTensor> resident_a = job.resident_a();
   const std::shared_ptr<ResidentTensor> resident_b = job.resident_b();
-  const bool keep = kind == JobKind::kUpload ||
-                    (kind == JobKind::kMultiply && job.keep_result());
+  const bool upload = kind == JobKind::kUpload;
+  const bool allocate = kind == JobKind::kAllocate;
+  const std::shared_ptr<ResidentTensor> target =
+      upload ? job.upload_target() : nullptr;
+  const bool keep_a = (upload && target == nullptr) || allocate;
+  const bool keep = keep_a || (kind == JobKind::kMultiply && job.keep_result());
   const std::optional<PrestagedOperands> prestaged = job.prestaged();
-  const bool stage_a = kind != JobKind::kDownload && !resident_a && !prestaged;
+  const bool stage_a =
+      kind != JobKind::kDownload && !allocate && !resident_a && !prestaged;
   const bool stage_b = kind == JobKind::kMultiply && !resident_b && !prestaged;
   const int64_t a_staged = stage_a ? spec.a_bytes() : 0;
   const int64_t b_staged = stage_b ? spec.b_bytes() : 0;
-  // Upload keeps A itself; a kept product keeps C.
-  const int64_t kept_bytes = kind == JobKind::kUpload ? spec.a_bytes()
-                             : keep                   ? spec.c_bytes()
-                                                      : 0;
-  const int64_t returned_bytes = keep ? 0 : spec.c_bytes();
-  const int64_t bytes =
-      (kind == JobKind::kUpload ? 0 : a_staged) + b_staged + returned_bytes;
+  // Upload and allocate keep A itself; a kept product keeps C.
+  const int64_t kept_bytes = keep_a ? spec.a_bytes()
+                             : keep ? spec.c_bytes()
+                                    : 0;
+  const int64_t returned_bytes = keep || upload ? 0 : spec.c_bytes();
+  const int64_t bytes = (upload ? 0 : a_staged) + b_staged + returned_bytes;
   std::unique_ptr<std::byte[]> staging(new (std::nothrow) std::byte[bytes]);
   std::unique_ptr<std::byte[]> kept;
   if (kept_bytes > 0) kept.reset(new (std::nothrow) std::byte[kept_bytes]);
@@ -281,13 +289,19 @@ void HostEngine::Run(int lane_index, Queued queued) {
     return;
   }
   staging_used_.fetch_add(bytes, std::memory_order_relaxed);
+  // Staged A: straight into its final place when uploading.
   std::byte* a_slot =
-      kind == JobKind::kUpload ? kept.get() : staging.get();  // staged A
-  std::byte* b_slot = staging.get() + (kind == JobKind::kUpload ? 0 : a_staged);
-  const std::byte* a = resident_a
-                           ? static_cast<const std::byte*>(resident_a->data())
-                       : prestaged ? prestaged->a
-                                   : a_slot;
+      target != nullptr
+          ? static_cast<std::byte*>(const_cast<void*>(target->data())) +
+                job.byte_offset()
+      : upload ? kept.get()
+               : staging.get();
+  std::byte* b_slot = staging.get() + (upload ? 0 : a_staged);
+  const std::byte* a =
+      resident_a ? static_cast<const std::byte*>(resident_a->data()) +
+                       (kind == JobKind::kDownload ? job.byte_offset() : 0)
+      : prestaged ? prestaged->a
+                  : a_slot;
   const std::byte* b = resident_b
                            ? static_cast<const std::byte*>(resident_b->data())
                        : prestaged ? prestaged->b
@@ -338,9 +352,9 @@ void HostEngine::Run(int lane_index, Queued queued) {
                      staging_used_.fetch_sub(bytes, std::memory_order_relaxed);
                    });
   if (keep) {
-    const int64_t rows = kind == JobKind::kUpload ? spec.m : spec.m;
-    const int64_t cols = kind == JobKind::kUpload ? spec.k : spec.n;
-    const int64_t batch = kind == JobKind::kUpload ? spec.a_batch : spec.batch;
+    const int64_t rows = spec.m;
+    const int64_t cols = keep_a ? spec.k : spec.n;
+    const int64_t batch = keep_a ? spec.a_batch : spec.batch;
     result.set_resident(std::make_shared<HostResidentTensor>(
         this, spec.dtype, batch, rows, cols, std::move(kept)));
   }

@@ -1,5 +1,5 @@
-// Test support: a MatmulJob of any kind (multiply, upload, download) over
-// byte strings and resident tensors, whose outcome lands in a future.
+// Test support: a MatmulJob of any kind (multiply, upload, download, allocate)
+// over byte strings and resident tensors, whose outcome lands in a future.
 #ifndef MATMUL_TESTS_ENGINE_JOB_H_
 #define MATMUL_TESTS_ENGINE_JOB_H_
 
@@ -31,6 +31,8 @@ class EngineJob final : public MatmulJob {
     std::shared_ptr<ResidentTensor> resident_b;
     bool keep_result = false;
     int device = -1;
+    std::shared_ptr<ResidentTensor> upload_target;
+    int64_t byte_offset = 0;
   };
 
   EngineJob(const MatmulSpec& spec, Options options,
@@ -49,6 +51,10 @@ class EngineJob final : public MatmulJob {
   }
   bool keep_result() const override { return options_.keep_result; }
   int device() const override { return options_.device; }
+  std::shared_ptr<ResidentTensor> upload_target() const override {
+    return options_.upload_target;
+  }
+  int64_t byte_offset() const override { return options_.byte_offset; }
 
   absl::Status WriteOperands(absl::Span<std::byte> a,
                              absl::Span<std::byte> b) override {

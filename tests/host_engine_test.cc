@@ -269,6 +269,12 @@ TEST(HostEngineTest, ResidentTensorsBFloat16) {
   testing::CheckResidentTensors(*engine, DType::kBFloat16);
 }
 
+TEST(HostEngineTest, PiecewiseTransfer) {
+  std::unique_ptr<HostEngine> engine = NewEngine(2);
+  testing::CheckPiecewiseTransfer(*engine, DType::kFloat32);
+  testing::CheckPiecewiseTransfer(*engine, DType::kFloat16);
+}
+
 TEST(HostEngineTest, RejectsInvalidLaneCount) {
   HostEngineOptions options;
   options.lanes = 0;

@@ -4,6 +4,10 @@
 #ifndef MATMUL_TESTS_RESIDENT_CHECKS_H_
 #define MATMUL_TESTS_RESIDENT_CHECKS_H_
 
+#include <algorithm>
+#include <string>
+#include <vector>
+
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "tests/engine_job.h"
@@ -92,6 +96,119 @@ inline void CheckResidentTensors(Engine& engine, DType dtype) {
   mixed.resident_b.reset();
   // The engine drops its finished jobs (and their references) just after
   // calling Done.
+  for (int i = 0;
+       i < 200 &&
+       engine.stats().devices[0].device_memory_used_bytes != base_memory;
+       ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(engine.stats().devices[0].device_memory_used_bytes, base_memory);
+}
+
+// A product whose operands reach the engine in pieces, as the streaming RPC
+// sends them: one allocation holds A and B, uneven pieces of each are
+// uploaded into it at their offsets (A's last piece first), the multiply
+// reads views of it, and C comes back in pieces read at offsets.
+inline void CheckPiecewiseTransfer(Engine& engine, DType dtype) {
+  const int64_t m = 53, k = 71, n = 37;
+  absl::BitGen gen;
+  const std::string a = RandomBytes(dtype, m * k, gen);
+  const std::string b = RandomBytes(dtype, k * n, gen);
+  const int64_t elem = static_cast<int64_t>(DTypeSize(dtype));
+  const int64_t a_bytes = m * k * elem;
+  const int64_t b_at = (a_bytes + 255) / 256 * 256;
+  const int64_t total = b_at + k * n * elem;
+  const int64_t base_memory =
+      engine.stats().devices[0].device_memory_used_bytes;
+
+  EngineJob::Options alloc;
+  alloc.kind = JobKind::kAllocate;
+  JobOutcome buffer = Run(engine, UploadSpec(dtype, 1, 1, total / elem), alloc);
+  ASSERT_TRUE(buffer.status.ok()) << buffer.status;
+  ASSERT_NE(buffer.resident, nullptr);
+  EXPECT_GE(buffer.resident->bytes(), total);
+  EXPECT_TRUE(buffer.c.empty());
+
+  // Uploads `bytes` in pieces of `piece` elements, last piece first.
+  auto upload = [&](const std::string& bytes, int64_t at, int64_t piece) {
+    const int64_t elems = static_cast<int64_t>(bytes.size()) / elem;
+    std::vector<int64_t> starts;
+    for (int64_t e = 0; e < elems; e += piece) starts.push_back(e);
+    std::reverse(starts.begin(), starts.end());
+    for (int64_t e : starts) {
+      const int64_t count = std::min(piece, elems - e);
+      EngineJob::Options up;
+      up.kind = JobKind::kUpload;
+      up.a = bytes.substr(static_cast<size_t>(e * elem),
+                          static_cast<size_t>(count * elem));
+      up.upload_target = buffer.resident;
+      up.byte_offset = at + e * elem;
+      JobOutcome done = Run(engine, UploadSpec(dtype, 1, 1, count), up);
+      ASSERT_TRUE(done.status.ok()) << done.status;
+      EXPECT_EQ(done.resident, nullptr);  // nothing new kept
+    }
+  };
+  upload(a, 0, 1000);
+  upload(b, b_at, 777);
+
+  absl::StatusOr<std::shared_ptr<ResidentTensor>> va =
+      ResidentView::Create(buffer.resident, 0, dtype, 1, m, k);
+  absl::StatusOr<std::shared_ptr<ResidentTensor>> vb =
+      ResidentView::Create(buffer.resident, b_at, dtype, 1, k, n);
+  ASSERT_TRUE(va.ok() && vb.ok());
+  EXPECT_FALSE(
+      ResidentView::Create(buffer.resident, b_at + elem, dtype, 1, k, n).ok());
+  const MatmulSpec ab = MakeSpec(dtype, 1, 1, m, n, k, false, false, false);
+  EngineJob::Options mul;
+  mul.resident_a = *va;
+  mul.resident_b = *vb;
+  mul.keep_result = true;
+  JobOutcome rc = Run(engine, ab, mul);
+  ASSERT_TRUE(rc.status.ok()) << rc.status;
+  ASSERT_NE(rc.resident, nullptr);
+
+  std::string c(static_cast<size_t>(m * n * elem), '\0');
+  const int64_t piece = 300;  // elements
+  for (int64_t e = 0; e < m * n; e += piece) {
+    const int64_t count = std::min(piece, m * n - e);
+    EngineJob::Options down;
+    down.kind = JobKind::kDownload;
+    down.resident_a = rc.resident;
+    down.byte_offset = e * elem;
+    JobOutcome part = Run(engine, DownloadSpec(dtype, 1, 1, count), down);
+    ASSERT_TRUE(part.status.ok()) << part.status;
+    ASSERT_EQ(part.c.size(), static_cast<size_t>(count * elem));
+    c.replace(static_cast<size_t>(e * elem), part.c.size(), part.c);
+  }
+  const std::vector<double> ref = ReferenceGemm(
+      ab, ToDoubles(dtype, a.data(), m * k), ToDoubles(dtype, b.data(), k * n));
+  EXPECT_LT(RelativeError(ToDoubles(dtype, c.data(), m * n), ref),
+            Tolerance(dtype, ComputeMode::kStrict));
+
+  // Pieces that would reach outside their tensor are refused.
+  EngineJob::Options past;
+  past.kind = JobKind::kUpload;
+  past.a = std::string(static_cast<size_t>(2 * elem), '\0');
+  past.upload_target = buffer.resident;
+  past.byte_offset = buffer.resident->bytes() - elem;
+  EXPECT_EQ(Run(engine, UploadSpec(dtype, 1, 1, 2), past).status.code(),
+            absl::StatusCode::kInvalidArgument);
+  EngineJob::Options bad_down;
+  bad_down.kind = JobKind::kDownload;
+  bad_down.resident_a = rc.resident;
+  bad_down.byte_offset = -elem;
+  EXPECT_EQ(Run(engine, DownloadSpec(dtype, 1, 1, 1), bad_down).status.code(),
+            absl::StatusCode::kInvalidArgument);
+
+  // Views keep their base alive; dropping everything frees the memory.
+  buffer.resident.reset();
+  past.upload_target.reset();
+  rc.resident.reset();
+  bad_down.resident_a.reset();
+  mul.resident_a.reset();
+  mul.resident_b.reset();
+  va->reset();
+  vb->reset();
   for (int i = 0;
        i < 200 &&
        engine.stats().devices[0].device_memory_used_bytes != base_memory;
