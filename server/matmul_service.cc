@@ -14,6 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "server/grpc_status.h"
+#include "server/multiply_stream_reactor.h"
 #include "server/multiply_wire.h"
 #include "server/request_validation.h"
 
@@ -30,37 +31,11 @@ double SecondsSince(std::chrono::steady_clock::time_point since,
   return std::chrono::duration<double>(now - since).count();
 }
 
-// The rejection an engine's error amounts to, if any (INTERNAL is a fault,
-// not a rejection).
-std::optional<RejectReason> EngineRejection(const absl::Status& status) {
-  switch (status.code()) {
-    case absl::StatusCode::kResourceExhausted:
-      return RejectReason::kOverloaded;
-    case absl::StatusCode::kDeadlineExceeded:
-      return RejectReason::kDeadline;
-    case absl::StatusCode::kCancelled:
-      return RejectReason::kCancelled;
-    case absl::StatusCode::kUnavailable:
-      return RejectReason::kUnavailable;
-    default:
-      return std::nullopt;
-  }
-}
-
 // The API shape of a [batch, rows, cols] tensor.
 std::vector<int64_t> ApiShape(bool is_3d, int64_t batch, int64_t rows,
                               int64_t cols) {
   if (is_3d) return {batch, rows, cols};
   return {rows, cols};
-}
-
-void FillHandle(const HandleRegistry::Entry& entry, v1::TensorHandle* out) {
-  out->set_id(entry.id);
-  for (int64_t d : entry.shape) out->add_shape(d);
-  out->set_dtype(DTypeToProto(entry.tensor->dtype()));
-  out->set_device(entry.tensor->device());
-  out->set_bytes(entry.tensor->bytes());
-  out->set_expire_time_unix_ms(absl::ToUnixMillis(entry.expires));
 }
 
 }  // namespace
@@ -125,8 +100,7 @@ class JobReactor : public grpc::ServerUnaryReactor {
     }
     // From here on nothing else touches the response until Finish.
     if (!result.ok()) {
-      if (std::optional<RejectReason> reason =
-              EngineRejection(result.status())) {
+      if (std::optional<RejectReason> reason = RejectionOf(result.status())) {
         service_->metrics_->RecordRejection(*reason);
       }
       FinishRpc(ToGrpcStatus(result.status()));
@@ -388,12 +362,6 @@ class MultiplyReactor final : public JobReactor {
   }
 
  private:
-  // Replaces `operand`'s header with the stored tensor `handle` names.
-  absl::Status ResolveHandle(const std::string& handle, const char* name,
-                             OperandHeader& operand,
-                             std::shared_ptr<ResidentTensor>& tensor,
-                             std::vector<int64_t>& shape);
-
   absl::Status Respond(const MatmulSpec& spec, JobResult& result) override;
 
   const grpc::ByteBuffer* const request_;
@@ -407,14 +375,15 @@ class MultiplyReactor final : public JobReactor {
   absl::Duration keep_ttl_;
 };
 
-absl::Status MultiplyReactor::ResolveHandle(
-    const std::string& handle, const char* name, OperandHeader& operand,
-    std::shared_ptr<ResidentTensor>& tensor, std::vector<int64_t>& shape) {
+absl::Status MatmulServiceImpl::ResolveHandle(
+    const HandleRegistry& handles, const std::string& handle, const char* name,
+    OperandHeader& operand, std::shared_ptr<ResidentTensor>& tensor,
+    std::vector<int64_t>& shape) {
   if (operand.present) {
     return absl::InvalidArgumentError(absl::StrCat(
         name, " and ", name, "_handle are both set; set exactly one"));
   }
-  absl::StatusOr<HandleRegistry::Entry> entry = service_->handles_.Get(handle);
+  absl::StatusOr<HandleRegistry::Entry> entry = handles.Get(handle);
   if (!entry.ok()) {
     return absl::Status(
         entry.status().code(),
@@ -427,6 +396,16 @@ absl::Status MultiplyReactor::ResolveHandle(
   operand.dtype = DTypeToProto(tensor->dtype());
   operand.data_bytes = tensor->bytes();
   return absl::OkStatus();
+}
+
+void MatmulServiceImpl::FillHandle(const HandleRegistry::Entry& entry,
+                                   v1::TensorHandle* out) {
+  out->set_id(entry.id);
+  for (int64_t d : entry.shape) out->add_shape(d);
+  out->set_dtype(DTypeToProto(entry.tensor->dtype()));
+  out->set_device(entry.tensor->device());
+  out->set_bytes(entry.tensor->bytes());
+  out->set_expire_time_unix_ms(absl::ToUnixMillis(entry.expires));
 }
 
 void MultiplyReactor::Start() {
@@ -463,16 +442,18 @@ void MultiplyReactor::Start() {
   ReactorJob::Plan plan;
   MultiplyHeader header = wire_.header();
   if (!wire_.a_handle.empty()) {
-    if (absl::Status s = ResolveHandle(wire_.a_handle, "a", header.a,
-                                       plan.resident_a, a_shape_);
+    if (absl::Status s = MatmulServiceImpl::ResolveHandle(
+            service_->handles_, wire_.a_handle, "a", header.a, plan.resident_a,
+            a_shape_);
         !s.ok()) {
       Reject(RejectReason::kInvalid, s);
       return;
     }
   }
   if (!wire_.b_handle.empty()) {
-    if (absl::Status s = ResolveHandle(wire_.b_handle, "b", header.b,
-                                       plan.resident_b, b_shape_);
+    if (absl::Status s = MatmulServiceImpl::ResolveHandle(
+            service_->handles_, wire_.b_handle, "b", header.b, plan.resident_b,
+            b_shape_);
         !s.ok()) {
       Reject(RejectReason::kInvalid, s);
       return;
@@ -529,7 +510,7 @@ absl::Status MultiplyReactor::Respond(const MatmulSpec& spec,
     const HandleRegistry::Entry entry = service_->handles_.Add(
         std::move(*keep_reservation_), result.resident(), c_shape, keep_ttl_);
     v1::MultiplyResponse response;
-    FillHandle(entry, response.mutable_c_handle());
+    MatmulServiceImpl::FillHandle(entry, response.mutable_c_handle());
     response.mutable_placement()->set_device(result.placement().device);
     response.mutable_placement()->set_stream(result.placement().stream);
     const std::string bytes = response.SerializeAsString();
@@ -699,7 +680,7 @@ absl::Status TransferReactor::Respond(const MatmulSpec& spec,
     }
     const HandleRegistry::Entry entry = service_->handles_.Add(
         std::move(*reservation_), result.resident(), shape_, ttl_);
-    FillHandle(entry, upload_response_->mutable_handle());
+    MatmulServiceImpl::FillHandle(entry, upload_response_->mutable_handle());
     return absl::OkStatus();
   }
   v1::Tensor* tensor = download_response_->mutable_tensor();
@@ -745,6 +726,13 @@ grpc::ServerUnaryReactor* MatmulServiceImpl::Multiply(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
     grpc::ByteBuffer* response) {
   auto* reactor = new MultiplyReactor(this, context, request, response);
+  reactor->Start();
+  return reactor;
+}
+
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
+MatmulServiceImpl::MultiplyStream(grpc::CallbackServerContext* context) {
+  auto* reactor = new MultiplyStreamReactor(this, context);
   reactor->Start();
   return reactor;
 }

@@ -15,20 +15,31 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "gpu/engine.h"
 #include "matmul/v1/matmul.grpc.pb.h"
 #include "server/handle_registry.h"
 #include "server/inflight_bytes.h"
 #include "server/request_limits.h"
+#include "server/request_validation.h"
 #include "server/server_metrics.h"
 
 namespace matmul {
 
 // Thread-safe. Must outlive the grpc::Server it is registered with.
-class MatmulServiceImpl final
-    : public v1::MatmulService::WithRawCallbackMethod_Multiply<
-          v1::MatmulService::CallbackService> {
+// Multiply and MultiplyStream are raw methods (their bytes are decoded by
+// hand); the generated CallbackService cannot be the base, since its typed
+// MultiplyStream clashes with the raw one.
+using MatmulServiceBase = v1::MatmulService::WithRawCallbackMethod_Multiply<
+    v1::MatmulService::WithCallbackMethod_GetServerInfo<
+        v1::MatmulService::WithCallbackMethod_Upload<
+            v1::MatmulService::WithCallbackMethod_Download<
+                v1::MatmulService::WithCallbackMethod_Delete<
+                    v1::MatmulService::WithRawCallbackMethod_MultiplyStream<
+                        v1::MatmulService::Service>>>>>>;
+
+class MatmulServiceImpl final : public MatmulServiceBase {
  public:
   MatmulServiceImpl(const RequestLimits& limits,
                     const HandleLimits& handle_limits, std::string version);
@@ -73,6 +84,9 @@ class MatmulServiceImpl final
   grpc::ServerUnaryReactor* Multiply(grpc::CallbackServerContext* context,
                                      const grpc::ByteBuffer* request,
                                      grpc::ByteBuffer* response) override;
+  // A MultiplyStream call (server/multiply_stream_reactor.h).
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* MultiplyStream(
+      grpc::CallbackServerContext* context) override;
   grpc::ServerUnaryReactor* GetServerInfo(
       grpc::CallbackServerContext* context,
       const v1::GetServerInfoRequest* request,
@@ -91,10 +105,21 @@ class MatmulServiceImpl final
   // metadata if the call has it, else the peer's address without its port.
   static std::string ClientKey(const grpc::CallbackServerContext& context);
 
+  // Replaces `operand`'s header with the stored tensor `handle` names (for
+  // the operand called `name` in messages); `shape` keeps its shape.
+  static absl::Status ResolveHandle(const HandleRegistry& handles,
+                                    const std::string& handle, const char* name,
+                                    OperandHeader& operand,
+                                    std::shared_ptr<ResidentTensor>& tensor,
+                                    std::vector<int64_t>& shape);
+  static void FillHandle(const HandleRegistry::Entry& entry,
+                         v1::TensorHandle* out);
+
  private:
   friend class JobReactor;
   friend class MultiplyReactor;
   friend class TransferReactor;
+  friend class MultiplyStreamReactor;
 
   const RequestLimits limits_;
   const std::string version_;

@@ -83,7 +83,7 @@ class Reader {
 
 absl::Status Malformed(const Reader& r, absl::string_view what) {
   return absl::InvalidArgumentError(
-      absl::StrCat("malformed MultiplyRequest at byte ", r.pos(), " of ",
+      absl::StrCat("malformed request message at byte ", r.pos(), " of ",
                    r.total(), ": ", what));
 }
 
@@ -330,6 +330,114 @@ absl::StatusOr<WireMultiplyRequest> DecodeMultiplyRequest(
     }
   }
   return request;
+}
+
+absl::StatusOr<WireStreamRequest> DecodeMultiplyStreamRequest(
+    absl::Span<const ByteChunk> chunks) {
+  Reader r(chunks);
+  const int64_t end = r.total();
+  WireStreamRequest request;
+  while (r.pos() < end) {
+    int field, wire_type;
+    if (absl::Status s = ReadKey(r, end, &field, &wire_type); !s.ok()) return s;
+    if (field == 1 && wire_type == kVarint) {
+      if (absl::Status s = ReadVarint(r, end, &request.request_id); !s.ok()) {
+        return s;
+      }
+    } else if (field == 2 && wire_type == kLengthDelimited) {
+      // MultiplyStreamStart. Protobuf merges repeated occurrences of a oneof
+      // member and clears it when another member comes.
+      absl::StatusOr<int64_t> start_end = ReadLength(r, end);
+      if (!start_end.ok()) return start_end.status();
+      if (request.kind != WireStreamRequest::Kind::kStart) {
+        request.start_pieces.clear();
+        request.result_chunk_bytes = 0;
+      }
+      request.kind = WireStreamRequest::Kind::kStart;
+      while (r.pos() < *start_end) {
+        int f, wt;
+        if (absl::Status s = ReadKey(r, *start_end, &f, &wt); !s.ok()) return s;
+        if (f == 1 && wt == kLengthDelimited) {
+          absl::StatusOr<int64_t> inner_end = ReadLength(r, *start_end);
+          if (!inner_end.ok()) return inner_end.status();
+          std::vector<ByteChunk> pieces;
+          r.Take(*inner_end - r.pos(), &pieces);
+          // Each occurrence must be valid on its own, as protobuf checks.
+          absl::StatusOr<WireMultiplyRequest> inner =
+              DecodeMultiplyRequest(pieces);
+          if (!inner.ok()) return inner.status();
+          request.start_pieces.insert(request.start_pieces.end(),
+                                      pieces.begin(), pieces.end());
+        } else if (f == 2 && wt == kVarint) {
+          uint64_t v;
+          if (absl::Status s = ReadVarint(r, *start_end, &v); !s.ok()) return s;
+          request.result_chunk_bytes = static_cast<int64_t>(v);
+        } else if (absl::Status s = SkipAny(r, *start_end, f, wt, 0); !s.ok()) {
+          return s;
+        }
+      }
+    } else if (field == 3 && wire_type == kLengthDelimited) {
+      // OperandChunk.
+      absl::StatusOr<int64_t> chunk_end = ReadLength(r, end);
+      if (!chunk_end.ok()) return chunk_end.status();
+      if (request.kind != WireStreamRequest::Kind::kChunk) {
+        request.operand = 0;
+        request.offset = 0;
+        request.data.clear();
+        request.data_bytes = 0;
+      }
+      request.kind = WireStreamRequest::Kind::kChunk;
+      while (r.pos() < *chunk_end) {
+        int f, wt;
+        if (absl::Status s = ReadKey(r, *chunk_end, &f, &wt); !s.ok()) return s;
+        if ((f == 1 || f == 2) && wt == kVarint) {
+          uint64_t v;
+          if (absl::Status s = ReadVarint(r, *chunk_end, &v); !s.ok()) return s;
+          if (f == 1)
+            request.operand = static_cast<int32_t>(static_cast<uint32_t>(v));
+          if (f == 2) request.offset = static_cast<int64_t>(v);
+        } else if (f == 3 && wt == kLengthDelimited) {
+          absl::StatusOr<int64_t> data_end = ReadLength(r, *chunk_end);
+          if (!data_end.ok()) return data_end.status();
+          request.data.clear();
+          request.data_bytes = *data_end - r.pos();
+          r.Take(request.data_bytes, &request.data);
+        } else if (absl::Status s = SkipAny(r, *chunk_end, f, wt, 0); !s.ok()) {
+          return s;
+        }
+      }
+    } else if (absl::Status s = SkipAny(r, end, field, wire_type, 0); !s.ok()) {
+      return s;
+    }
+  }
+  if (request.kind == WireStreamRequest::Kind::kStart) {
+    // The merged start: its occurrences' bytes decoded as one message.
+    absl::StatusOr<WireMultiplyRequest> start =
+        DecodeMultiplyRequest(request.start_pieces);
+    if (!start.ok()) return start.status();
+    request.start = std::move(*start);
+  }
+  return request;
+}
+
+std::string FrameResultChunk(uint64_t request_id, int64_t offset,
+                             int64_t data_bytes) {
+  std::string chunk_head;
+  if (offset != 0) {
+    PutKey(chunk_head, 1, kVarint);
+    PutVarint(chunk_head, static_cast<uint64_t>(offset));
+  }
+  PutKey(chunk_head, 2, kLengthDelimited);
+  PutVarint(chunk_head, static_cast<uint64_t>(data_bytes));
+  std::string prefix;
+  if (request_id != 0) {
+    PutKey(prefix, 1, kVarint);
+    PutVarint(prefix, request_id);
+  }
+  PutKey(prefix, 3, kLengthDelimited);
+  PutVarint(prefix, chunk_head.size() + static_cast<uint64_t>(data_bytes));
+  prefix += chunk_head;
+  return prefix;
 }
 
 void CopyPieces(absl::Span<const ByteChunk> pieces, std::byte* out) {

@@ -61,6 +61,31 @@ struct WireMultiplyRequest {
 absl::StatusOr<WireMultiplyRequest> DecodeMultiplyRequest(
     absl::Span<const ByteChunk> chunks);
 
+// A decoded matmul.v1.MultiplyStreamRequest. Its data pieces point into the
+// chunks it was decoded from, which must outlive it. Like protobuf, the last
+// member of the oneof that occurs wins.
+struct WireStreamRequest {
+  enum class Kind { kNone, kStart, kChunk };
+  uint64_t request_id = 0;
+  Kind kind = Kind::kNone;
+  // kStart: the multiply (its operands' data empty if the client obeys).
+  WireMultiplyRequest start;
+  std::vector<ByteChunk> start_pieces;  // where `start` was decoded from
+  int64_t result_chunk_bytes = 0;
+  // kChunk.
+  int operand = 0;  // raw matmul.v1.Operand value
+  int64_t offset = 0;
+  std::vector<ByteChunk> data;
+  int64_t data_bytes = 0;
+};
+absl::StatusOr<WireStreamRequest> DecodeMultiplyStreamRequest(
+    absl::Span<const ByteChunk> chunks);
+
+// The bytes of a MultiplyStreamResponse carrying a ResultChunk, before its
+// data: the message is this prefix followed by the data_bytes of data.
+std::string FrameResultChunk(uint64_t request_id, int64_t offset,
+                             int64_t data_bytes);
+
 // Copies `pieces` one after another into `out` (their total size).
 void CopyPieces(absl::Span<const ByteChunk> pieces, std::byte* out);
 

@@ -70,7 +70,14 @@ absl::StatusOr<OperandDims> CheckOperand(const OperandHeader& t,
   }
   int64_t bytes = 0;
   const int64_t elem = static_cast<int64_t>(DTypeSize(dtype));
-  if (__builtin_mul_overflow(elements, elem, &bytes) || t.data_bytes != bytes) {
+  if (t.data_follows && t.data_bytes != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name,
+        ".data: expected no bytes here (they follow in OperandChunks), got ",
+        t.data_bytes));
+  }
+  if (__builtin_mul_overflow(elements, elem, &bytes) ||
+      (!t.data_follows && t.data_bytes != bytes)) {
     return absl::InvalidArgumentError(
         absl::StrCat(name, ".data: expected ", bytes, " bytes (shape ",
                      ShapeString(t.shape), " of ", DtypeString(t.dtype), ", ",

@@ -23,6 +23,8 @@ struct OperandHeader {
   absl::Span<const int64_t> shape;
   int dtype = 0;  // raw matmul.v1.Dtype value, possibly out of range
   int64_t data_bytes = 0;
+  // The bytes follow separately (MultiplyStream): data_bytes must be 0.
+  bool data_follows = false;
 };
 
 struct MultiplyHeader {

@@ -36,6 +36,8 @@ absl::string_view RpcMethodName(RpcMethod method) {
       return "Download";
     case RpcMethod::kDelete:
       return "Delete";
+    case RpcMethod::kMultiplyStream:
+      return "MultiplyStream";
   }
   return "unknown";
 }

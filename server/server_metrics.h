@@ -21,8 +21,10 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "gpu/engine.h"
 #include "prometheus/collectable.h"
@@ -32,8 +34,15 @@
 namespace matmul {
 
 // The RPCs that are counted (label `method`).
-enum class RpcMethod { kMultiply, kGetServerInfo, kUpload, kDownload, kDelete };
-inline constexpr int kNumRpcMethods = 5;
+enum class RpcMethod {
+  kMultiply,
+  kGetServerInfo,
+  kUpload,
+  kDownload,
+  kDelete,
+  kMultiplyStream,  // one multiply of a stream, not the whole call
+};
+inline constexpr int kNumRpcMethods = 6;
 absl::string_view RpcMethodName(RpcMethod method);
 
 // Where a Multiply spent its time (label `stage`). queue .. d2h come from the
@@ -54,6 +63,23 @@ enum class RejectReason {
 };
 inline constexpr int kNumRejectReasons = 6;
 absl::string_view RejectReasonName(RejectReason reason);
+
+// The rejection an engine's error amounts to, if any (INTERNAL is a fault,
+// not a rejection).
+inline std::optional<RejectReason> RejectionOf(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kResourceExhausted:
+      return RejectReason::kOverloaded;
+    case absl::StatusCode::kDeadlineExceeded:
+      return RejectReason::kDeadline;
+    case absl::StatusCode::kCancelled:
+      return RejectReason::kCancelled;
+    case absl::StatusCode::kUnavailable:
+      return RejectReason::kUnavailable;
+    default:
+      return std::nullopt;
+  }
+}
 
 // gRPC status codes 0..16; the `code` label is the canonical upper-case name
 // (OK, INVALID_ARGUMENT, ...).

@@ -195,5 +195,85 @@ TEST(MultiplyWireTest, ResponseFramingParsesAsAMultiplyResponse) {
   }
 }
 
+TEST(MultiplyWireTest, StreamRequestsDecodeAsProtobufDoes) {
+  std::mt19937 gen(11);
+  for (int i = 0; i < 300; ++i) {
+    v1::MultiplyStreamRequest message;
+    message.set_request_id(gen() % 3 == 0 ? 0 : gen());
+    if (i % 2 == 0) {
+      *message.mutable_start()->mutable_request() = RandomRequest(gen);
+      message.mutable_start()->set_result_chunk_bytes(gen() % 5000);
+    } else {
+      message.mutable_chunk()->set_operand(static_cast<v1::Operand>(gen() % 3));
+      message.mutable_chunk()->set_offset(gen() % 100000);
+      message.mutable_chunk()->set_data(
+          std::string(gen() % 300, static_cast<char>(gen())));
+    }
+    std::string bytes = message.SerializeAsString();
+    if (i % 5 == 0) {
+      // A repeated member merges into the first, as in protobuf.
+      v1::MultiplyStreamRequest more;
+      if (message.has_start()) {
+        more.mutable_start()->mutable_request()->set_transpose_a(true);
+      } else {
+        more.mutable_chunk()->set_offset(7);
+      }
+      bytes += more.SerializeAsString();
+      message.MergeFrom(more);
+    }
+    absl::StatusOr<WireStreamRequest> wire =
+        DecodeMultiplyStreamRequest(Split(bytes, gen));
+    ASSERT_TRUE(wire.ok()) << wire.status();
+    EXPECT_EQ(wire->request_id, message.request_id());
+    if (message.has_start()) {
+      ASSERT_EQ(wire->kind, WireStreamRequest::Kind::kStart);
+      EXPECT_EQ(wire->result_chunk_bytes, message.start().result_chunk_bytes());
+      EXPECT_EQ(wire->start.transpose_a,
+                message.start().request().transpose_a());
+      EXPECT_EQ(
+          wire->start.a.data_bytes,
+          static_cast<int64_t>(message.start().request().a().data().size()));
+      EXPECT_EQ(wire->start.b_handle, message.start().request().b_handle());
+    } else {
+      ASSERT_EQ(wire->kind, WireStreamRequest::Kind::kChunk);
+      EXPECT_EQ(wire->operand, message.chunk().operand());
+      EXPECT_EQ(wire->offset, message.chunk().offset());
+      std::string data(static_cast<size_t>(wire->data_bytes), '\0');
+      CopyPieces(wire->data, reinterpret_cast<std::byte*>(data.data()));
+      EXPECT_EQ(data, message.chunk().data());
+    }
+  }
+  // A member that follows another replaces it.
+  v1::MultiplyStreamRequest first;
+  first.mutable_start()->mutable_request()->set_a_handle("h");
+  v1::MultiplyStreamRequest second;
+  second.mutable_chunk()->set_offset(3);
+  absl::StatusOr<WireStreamRequest> wire = DecodeMultiplyStreamRequest(
+      Split(first.SerializeAsString() + second.SerializeAsString(), gen));
+  ASSERT_TRUE(wire.ok());
+  EXPECT_EQ(wire->kind, WireStreamRequest::Kind::kChunk);
+  // Malformed bytes are INVALID_ARGUMENT.
+  const std::string bad = "\x1a\x05\x18\xff";
+  EXPECT_EQ(DecodeMultiplyStreamRequest(Split(bad, gen)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(MultiplyWireTest, ResultChunkFramingParsesAsAStreamResponse) {
+  for (int64_t offset : {int64_t{0}, int64_t{5}, int64_t{1} << 33}) {
+    for (uint64_t id : {uint64_t{0}, uint64_t{42}, ~uint64_t{0}}) {
+      const std::string data(offset == 5 ? 0 : 1000, 'x');
+      const std::string bytes =
+          FrameResultChunk(id, offset, static_cast<int64_t>(data.size())) +
+          data;
+      v1::MultiplyStreamResponse response;
+      ASSERT_TRUE(response.ParseFromString(bytes));
+      EXPECT_EQ(response.request_id(), id);
+      ASSERT_TRUE(response.has_chunk());
+      EXPECT_EQ(response.chunk().offset(), offset);
+      EXPECT_EQ(response.chunk().data(), data);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace matmul

@@ -620,6 +620,64 @@ std::unique_ptr<WireMultiplyRequest> Differential(
   return std::make_unique<WireMultiplyRequest>(*std::move(wire));
 }
 
+// The same for a MultiplyStreamRequest (the start's nested MultiplyRequest
+// through Differential above).
+void StreamDifferential(absl::Span<const ByteChunk> chunks, const uint8_t* data,
+                        size_t size) {
+  v1::MultiplyStreamRequest parsed;
+  const bool parsed_ok = parsed.ParseFromArray(data, static_cast<int>(size));
+  absl::StatusOr<WireStreamRequest> wire = DecodeMultiplyStreamRequest(chunks);
+  if (!parsed_ok) {
+    if (wire.ok()) FailWire("stream: accepts bytes protobuf refuses", "");
+    if (wire.status().code() != absl::StatusCode::kInvalidArgument) {
+      FailWire("stream: refuses with a code other than INVALID_ARGUMENT",
+               wire.status().ToString());
+    }
+    return;
+  }
+  if (!wire.ok()) {
+    FailWire("stream: refuses bytes protobuf accepts",
+             wire.status().ToString());
+  }
+  if (wire->request_id != parsed.request_id()) {
+    FailWire("stream: request_id differs", "");
+  }
+  switch (parsed.kind_case()) {
+    case v1::MultiplyStreamRequest::kStart:
+      if (wire->kind != WireStreamRequest::Kind::kStart) {
+        FailWire("stream: start not seen", "");
+      }
+      if (wire->result_chunk_bytes != parsed.start().result_chunk_bytes()) {
+        FailWire("stream: result_chunk_bytes differs", "");
+      }
+      Differential(wire->start_pieces, &parsed.start().request());
+      break;
+    case v1::MultiplyStreamRequest::kChunk: {
+      if (wire->kind != WireStreamRequest::Kind::kChunk) {
+        FailWire("stream: chunk not seen", "");
+      }
+      const v1::OperandChunk& chunk = parsed.chunk();
+      if (wire->operand != static_cast<int>(chunk.operand()) ||
+          wire->offset != chunk.offset() ||
+          wire->data_bytes != static_cast<int64_t>(chunk.data().size())) {
+        FailWire("stream: chunk fields differ", "");
+      }
+      auto copy = std::make_unique<std::byte[]>(wire->data_bytes);
+      CopyPieces(wire->data, copy.get());
+      if (wire->data_bytes > 0 &&
+          std::memcmp(copy.get(), chunk.data().data(), wire->data_bytes) != 0) {
+        FailWire("stream: chunk data differs", "");
+      }
+      break;
+    }
+    case v1::MultiplyStreamRequest::KIND_NOT_SET:
+      if (wire->kind != WireStreamRequest::Kind::kNone) {
+        FailWire("stream: a kind protobuf does not see", "");
+      }
+      break;
+  }
+}
+
 }  // namespace
 }  // namespace matmul
 
@@ -648,6 +706,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const Chunks split(data, size, {first, first, second});
     matmul::Differential(split.spans(), parsed_ok ? &parsed : nullptr);
   }
+  matmul::StreamDifferential(whole.spans(), data, size);
   if (parsed_ok) {
     const matmul::MultiplyHeader header = wire->header();
     matmul::Validate(parsed, kDefault, &header);

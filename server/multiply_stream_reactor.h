@@ -1,0 +1,151 @@
+// MultiplyStreamReactor: one MultiplyStream call (a bidirectional stream of
+// chunked multiplies; see the rpc's comment in matmul/v1/matmul.proto).
+//
+// Each multiply on the stream goes through the engine as a chain of jobs:
+//   start  -> allocate one device tensor that will hold both staged operands
+//   chunks -> one upload job per chunk, writing it at its offset in that
+//             tensor: its H2D runs while the next chunk is still arriving
+//   last   -> multiply views of the tensor (or stored tensors named by
+//             handle), keeping the product on the device
+//   result -> download jobs, each reading one result chunk into staging,
+//             sent from there as a slice of the response (no copy)
+// so an operand's size is bounded by device memory, not by a message, and
+// the wire, the bus and the GPU work at once.
+//
+// Memory bounds: the chunks a stream holds (received, not yet staged) stay
+// under kMaxHeldChunkBytes: beyond it the reactor stops reading, and HTTP/2
+// flow control holds the client back. At most kMaxResultChunksInFlight
+// result chunks per stream sit in staging or in the send queue.
+//
+// The reactor lives until gRPC is done with it (OnDone) and every job it
+// submitted has finished: a reference count.
+#ifndef MATMUL_SERVER_MULTIPLY_STREAM_REACTOR_H_
+#define MATMUL_SERVER_MULTIPLY_STREAM_REACTOR_H_
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "grpcpp/grpcpp.h"
+#include "server/multiply_wire.h"
+
+namespace matmul {
+
+class Engine;
+class JobResult;
+class MatmulJob;
+class MatmulServiceImpl;
+
+class MultiplyStreamReactor final
+    : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  static constexpr int64_t kMaxHeldChunkBytes = int64_t{256} << 20;
+  static constexpr int kMaxResultChunksInFlight = 8;
+  static constexpr int kMaxOpenMultiplies = 64;
+  static constexpr int64_t kDefaultResultChunkBytes = int64_t{4} << 20;
+
+  MultiplyStreamReactor(MatmulServiceImpl* service,
+                        grpc::CallbackServerContext* context);
+
+  // Begins reading; call once, right after construction.
+  void Start();
+
+  void OnReadDone(bool ok) override;
+  void OnWriteDone(bool ok) override;
+  void OnCancel() override;
+  void OnDone() override;
+
+  // One multiply of the stream, and the engine's view of its steps.
+  struct Multiply;
+  struct Chunk;
+  class StepJob;
+  enum class Step { kAllocate, kUpload, kMultiply, kDownload };
+
+  // Engine side (StepJob).
+  absl::Status Abandoned() const;
+  // `offset`: the job's byte_offset() (where a downloaded chunk goes).
+  void StepDone(const std::shared_ptr<Multiply>& multiply, Step step,
+                int64_t held_bytes, int64_t offset,
+                absl::StatusOr<JobResult> result);
+
+ private:
+  // What to do once the lock is released.
+  struct Actions {
+    std::vector<std::unique_ptr<MatmulJob>> jobs;
+    bool read = false;
+    bool write = false;
+    bool finish = false;
+    grpc::Status finish_status;
+  };
+
+  ~MultiplyStreamReactor() override = default;
+
+  void Handle(std::vector<grpc::Slice> slices, Actions& actions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void HandleStart(const WireStreamRequest& request, Actions& actions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void HandleChunk(const WireStreamRequest& request,
+                   std::vector<grpc::Slice>& slices, Actions& actions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Submits the multiply once every operand byte is on the device.
+  void MaybeMultiply(const std::shared_ptr<Multiply>& m, Actions& actions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Starts downloads of products while the result-chunk budget allows.
+  void PumpDownloads(Actions& actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Answers `m` with an error and forgets it.
+  void Fail(const std::shared_ptr<Multiply>& m, const absl::Status& status,
+            Actions& actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // An error for a multiply id that is not open.
+  void SendError(uint64_t id, const absl::Status& status, Actions& actions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends `m` (answered in full or failed): metrics, log, bookkeeping.
+  void Close(const std::shared_ptr<Multiply>& m, grpc::StatusCode code)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Queue(grpc::ByteBuffer message, bool result_chunk, Actions& actions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The job for one step; an upload takes `chunk` (moved from).
+  std::unique_ptr<MatmulJob> NewJob(const std::shared_ptr<Multiply>& m,
+                                    Step step, int64_t held_bytes, Chunk* chunk)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Decides whether to read on, and whether the call can end.
+  void Settle(Actions& actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Carries out `actions` (without the lock).
+  void Perform(Actions& actions);
+  void Unref();
+
+  MatmulServiceImpl* const service_;
+  grpc::CallbackServerContext* const context_;
+  std::atomic<int> refs_{1};  // gRPC's, and one per job in the engine
+  Engine* engine_ = nullptr;
+
+  mutable absl::Mutex mu_;
+  grpc::ByteBuffer read_buffer_;  // the message being read
+  bool reading_ ABSL_GUARDED_BY(mu_) = false;
+  bool read_done_ ABSL_GUARDED_BY(mu_) = false;  // the client closed its side
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::ByteBuffer write_buffer_;  // the message being written
+  std::deque<grpc::ByteBuffer> writes_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, std::shared_ptr<Multiply>> open_
+      ABSL_GUARDED_BY(mu_);
+  // Failed multiplies whose remaining chunks are dropped without a word.
+  absl::flat_hash_set<uint64_t> failed_ ABSL_GUARDED_BY(mu_);
+  int64_t held_chunk_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  int result_chunks_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  // Result chunks queued or being written.
+  std::deque<bool> write_is_result_chunk_ ABSL_GUARDED_BY(mu_);
+  bool writing_result_chunk_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace matmul
+
+#endif  // MATMUL_SERVER_MULTIPLY_STREAM_REACTOR_H_

@@ -1,0 +1,392 @@
+// MultiplyStream end to end: a real MatmulServer on 127.0.0.1:0 (the host
+// engine, or the one MATMUL_TEST_ENGINE names), real gRPC streams.
+#include <grpcpp/create_channel.h>
+#include <grpcpp/grpcpp.h>
+
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/random/random.h"
+#include "client/matmul_client.h"
+#include "gmock/gmock.h"
+#include "gpu/engine_factory.h"
+#include "gtest/gtest.h"
+#include "matmul/v1/matmul.grpc.pb.h"
+#include "proto/dtype_mapping.h"
+#include "server/matmul_server.h"
+#include "tests/reference_gemm.h"
+
+namespace matmul {
+namespace {
+
+using ::testing::HasSubstr;
+using Stream = grpc::ClientReaderWriter<v1::MultiplyStreamRequest,
+                                        v1::MultiplyStreamResponse>;
+
+std::unique_ptr<MatmulServer> StartServer() {
+  ServerOptions options;
+  options.listen_address = "127.0.0.1:0";
+  options.drain_timeout = absl::Seconds(10);
+  absl::StatusOr<std::unique_ptr<MatmulServer>> server = MatmulServer::Start(
+      options, []() -> absl::StatusOr<std::unique_ptr<Engine>> {
+        const char* name = std::getenv("MATMUL_TEST_ENGINE");
+        absl::StatusOr<EngineKind> kind =
+            ParseEngineKind(name == nullptr ? "host" : name);
+        if (!kind.ok()) return kind.status();
+        EngineOptions engine;
+        engine.kind = *kind;
+        engine.streams_per_device = 3;
+        engine.staging_bytes_per_device = int64_t{256} << 20;
+        return CreateEngine(engine);
+      });
+  EXPECT_TRUE(server.ok()) << server.status();
+  return server.ok() ? std::move(*server) : nullptr;
+}
+
+std::unique_ptr<MatmulClient> Client(int port) {
+  absl::StatusOr<std::unique_ptr<MatmulClient>> client =
+      MatmulClient::Create(absl::StrCat("127.0.0.1:", port));
+  EXPECT_TRUE(client.ok()) << client.status();
+  return client.ok() ? std::move(*client) : nullptr;
+}
+
+HostTensor Random(DType dtype, std::vector<int64_t> shape, absl::BitGen& gen) {
+  HostTensor t;
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  t.shape = std::move(shape);
+  t.dtype = dtype;
+  t.data = testing::RandomBytes(dtype, n, gen);
+  return t;
+}
+
+// Checks C against the float64 reference of op(a) . op(b).
+void ExpectProduct(const HostTensor& a, const HostTensor& b, bool ta, bool tb,
+                   const HostTensor& c) {
+  const bool a3 = a.shape.size() == 3, b3 = b.shape.size() == 3;
+  const int64_t ab = a3 ? a.shape[0] : 1, bb = b3 ? b.shape[0] : 1;
+  const int64_t ar = a.shape[a3 ? 1 : 0], ac = a.shape[a3 ? 2 : 1];
+  const int64_t br = b.shape[b3 ? 1 : 0], bc = b.shape[b3 ? 2 : 1];
+  const MatmulSpec spec =
+      testing::MakeSpec(a.dtype, ab, bb, ta ? ac : ar, tb ? br : bc,
+                        ta ? ar : ac, ta, tb, a3 || b3);
+  std::vector<int64_t> want;
+  if (a3 || b3) want.push_back(spec.batch);
+  want.push_back(spec.m);
+  want.push_back(spec.n);
+  EXPECT_EQ(c.shape, want);
+  EXPECT_EQ(c.dtype, a.dtype);
+  ASSERT_EQ(static_cast<int64_t>(c.data.size()), spec.c_bytes());
+  const std::vector<double> ref = testing::ReferenceGemm(
+      spec, testing::ToDoubles(a.dtype, a.data.data(), spec.a_elements()),
+      testing::ToDoubles(b.dtype, b.data.data(), spec.b_elements()));
+  EXPECT_LT(
+      testing::RelativeError(
+          testing::ToDoubles(c.dtype, c.data.data(), spec.c_elements()), ref),
+      testing::Tolerance(a.dtype, spec.compute));
+}
+
+TEST(MultiplyStreamTest, ChunkedMultipliesMatchTheReference) {
+  std::unique_ptr<MatmulServer> server = StartServer();
+  ASSERT_NE(server, nullptr);
+  std::unique_ptr<MatmulClient> client = Client(server->port());
+  absl::BitGen gen;
+  struct Case {
+    std::vector<int64_t> a, b;
+    bool ta, tb;
+    int64_t chunk;
+  };
+  const std::vector<Case> cases = {
+      {{1, 1}, {1, 1}, false, false, 4096},
+      {{67, 45}, {45, 33}, false, false, 1000},  // chunks end mid-row
+      {{45, 67}, {33, 45}, true, true, 8},       // one element per chunk
+      {{3, 20, 30}, {30, 10}, false, false, 777},
+      {{20, 30}, {3, 30, 10}, false, false, 1 << 20},  // one chunk each
+  };
+  for (DType dtype :
+       {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16}) {
+    for (const Case& c : cases) {
+      const HostTensor a = Random(dtype, c.a, gen);
+      const HostTensor b = Random(dtype, c.b, gen);
+      MultiplyOptions options;
+      options.transpose_a = c.ta;
+      options.transpose_b = c.tb;
+      absl::StatusOr<HostTensor> product =
+          client->MultiplyStreamed(a, b, options, c.chunk);
+      ASSERT_TRUE(product.ok()) << product.status();
+      ExpectProduct(a, b, c.ta, c.tb, *product);
+    }
+  }
+  // Each operand byte was copied once, from gRPC's buffers into staging.
+  EXPECT_GT(server->service().copied_operand_bytes(), 0);
+}
+
+// The bytes of operand `op` of `t`, as OperandChunks of `chunk` bytes.
+std::vector<v1::MultiplyStreamRequest> Chunks(uint64_t id, v1::Operand op,
+                                              const HostTensor& t,
+                                              int64_t chunk) {
+  std::vector<v1::MultiplyStreamRequest> out;
+  for (int64_t at = 0; at < static_cast<int64_t>(t.data.size()); at += chunk) {
+    v1::MultiplyStreamRequest m;
+    m.set_request_id(id);
+    m.mutable_chunk()->set_operand(op);
+    m.mutable_chunk()->set_offset(at);
+    m.mutable_chunk()->set_data(t.data.substr(at, chunk));
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
+v1::MultiplyStreamRequest Start(uint64_t id, const HostTensor& a,
+                                const HostTensor& b, int64_t result_chunk) {
+  v1::MultiplyStreamRequest m;
+  m.set_request_id(id);
+  v1::MultiplyRequest* r = m.mutable_start()->mutable_request();
+  for (int64_t d : a.shape) r->mutable_a()->add_shape(d);
+  r->mutable_a()->set_dtype(DTypeToProto(a.dtype));
+  for (int64_t d : b.shape) r->mutable_b()->add_shape(d);
+  r->mutable_b()->set_dtype(DTypeToProto(b.dtype));
+  m.mutable_start()->set_result_chunk_bytes(result_chunk);
+  return m;
+}
+
+// What came back for one request id.
+struct Answer {
+  bool described = false;
+  HostTensor c;
+  int64_t received = 0;
+  int chunks = 0;
+  std::optional<v1::MultiplyStreamError> error;
+};
+
+// Reads every response until the server ends the call.
+std::map<uint64_t, Answer> ReadAll(Stream& stream) {
+  std::map<uint64_t, Answer> answers;
+  v1::MultiplyStreamResponse r;
+  while (stream.Read(&r)) {
+    Answer& a = answers[r.request_id()];
+    if (r.has_error()) {
+      EXPECT_FALSE(a.error.has_value()) << "two errors for " << r.request_id();
+      a.error = r.error();
+    } else if (r.has_result()) {
+      EXPECT_FALSE(a.described);
+      a.described = true;
+      a.c.shape.assign(r.result().shape().begin(), r.result().shape().end());
+      a.c.dtype = *DTypeFromProto(r.result().dtype());
+      a.c.data.assign(r.result().bytes(), '\0');
+    } else if (r.has_chunk()) {
+      EXPECT_TRUE(a.described) << "a chunk before its result";
+      const std::string& d = r.chunk().data();
+      EXPECT_LE(r.chunk().offset() + static_cast<int64_t>(d.size()),
+                static_cast<int64_t>(a.c.data.size()));
+      a.c.data.replace(r.chunk().offset(), d.size(), d);
+      a.received += static_cast<int64_t>(d.size());
+      ++a.chunks;
+    }
+  }
+  return answers;
+}
+
+TEST(MultiplyStreamTest, ManyMultipliesShareOneStreamInterleaved) {
+  std::unique_ptr<MatmulServer> server = StartServer();
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::MatmulService::NewStub(
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", server->port()),
+                          grpc::InsecureChannelCredentials()));
+  absl::BitGen gen;
+  const int kRequests = 5;
+  std::vector<HostTensor> as, bs;
+  std::vector<std::vector<v1::MultiplyStreamRequest>> chunks(kRequests);
+  grpc::ClientContext context;
+  std::unique_ptr<Stream> stream = stub->MultiplyStream(&context);
+  for (int i = 0; i < kRequests; ++i) {
+    const DType dtype = i % 2 == 0 ? DType::kFloat32 : DType::kBFloat16;
+    as.push_back(Random(dtype, {40 + i, 50}, gen));
+    bs.push_back(Random(dtype, {50, 30 + 3 * i}, gen));
+    ASSERT_TRUE(stream->Write(Start(100 + i, as[i], bs[i], 256)));
+    for (auto& m : Chunks(100 + i, v1::OPERAND_A, as[i], 512)) {
+      chunks[i].push_back(std::move(m));
+    }
+    for (auto& m : Chunks(100 + i, v1::OPERAND_B, bs[i], 384)) {
+      chunks[i].push_back(std::move(m));
+    }
+  }
+  // Round-robin: every request's chunks interleave with the others'.
+  for (size_t k = 0;; ++k) {
+    bool any = false;
+    for (int i = 0; i < kRequests; ++i) {
+      if (k < chunks[i].size()) {
+        ASSERT_TRUE(stream->Write(chunks[i][k]));
+        any = true;
+      }
+    }
+    if (!any) break;
+  }
+  stream->WritesDone();
+  std::map<uint64_t, Answer> answers = ReadAll(*stream);
+  const grpc::Status status = stream->Finish();
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  ASSERT_EQ(answers.size(), static_cast<size_t>(kRequests));
+  for (int i = 0; i < kRequests; ++i) {
+    const Answer& a = answers[100 + i];
+    ASSERT_FALSE(a.error.has_value()) << a.error->message();
+    ASSERT_TRUE(a.described);
+    EXPECT_EQ(a.received, static_cast<int64_t>(a.c.data.size()));
+    EXPECT_GT(a.chunks, 1);  // 256-byte result chunks
+    ExpectProduct(as[i], bs[i], false, false, a.c);
+  }
+}
+
+TEST(MultiplyStreamTest, StoredOperandsAndKeptProducts) {
+  std::unique_ptr<MatmulServer> server = StartServer();
+  ASSERT_NE(server, nullptr);
+  std::unique_ptr<MatmulClient> client = Client(server->port());
+  absl::BitGen gen;
+  const HostTensor a = Random(DType::kFloat32, {33, 21}, gen);
+  const HostTensor b = Random(DType::kFloat32, {21, 17}, gen);
+  absl::StatusOr<StoredTensor> stored_b = client->Upload(b);
+  ASSERT_TRUE(stored_b.ok()) << stored_b.status();
+  // Inline A in chunks, stored B by handle.
+  absl::StatusOr<HostTensor> c = client->MultiplyStreamed(a, *stored_b, {}, 64);
+  ASSERT_TRUE(c.ok()) << c.status();
+  ExpectProduct(a, b, false, false, *c);
+
+  // keep_result: the answer is a handle, and no chunks follow.
+  auto stub = v1::MatmulService::NewStub(
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", server->port()),
+                          grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  std::unique_ptr<Stream> stream = stub->MultiplyStream(&context);
+  v1::MultiplyStreamRequest start = Start(7, a, b, 0);
+  start.mutable_start()->mutable_request()->clear_b();
+  start.mutable_start()->mutable_request()->set_b_handle(stored_b->id);
+  start.mutable_start()->mutable_request()->set_keep_result(true);
+  ASSERT_TRUE(stream->Write(start));
+  for (const auto& m : Chunks(7, v1::OPERAND_A, a, 100)) {
+    ASSERT_TRUE(stream->Write(m));
+  }
+  stream->WritesDone();
+  v1::MultiplyStreamResponse r;
+  ASSERT_TRUE(stream->Read(&r));
+  ASSERT_TRUE(r.has_result()) << r.DebugString();
+  EXPECT_EQ(r.request_id(), 7u);
+  ASSERT_FALSE(r.result().c_handle().id().empty());
+  EXPECT_FALSE(stream->Read(&r));
+  ASSERT_TRUE(stream->Finish().ok());
+  absl::StatusOr<HostTensor> kept =
+      client->Download(r.result().c_handle().id());
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  ExpectProduct(a, b, false, false, *kept);
+}
+
+TEST(MultiplyStreamTest, BadMessagesFailTheirMultiplyOnly) {
+  std::unique_ptr<MatmulServer> server = StartServer();
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::MatmulService::NewStub(
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", server->port()),
+                          grpc::InsecureChannelCredentials()));
+  absl::BitGen gen;
+  const HostTensor a = Random(DType::kFloat32, {16, 8}, gen);
+  const HostTensor b = Random(DType::kFloat32, {8, 4}, gen);
+  grpc::ClientContext context;
+  std::unique_ptr<Stream> stream = stub->MultiplyStream(&context);
+
+  // 1: a chunk for a request never started.
+  ASSERT_TRUE(stream->Write(Chunks(1, v1::OPERAND_A, a, 64)[0]));
+  // 2: chunks out of order.
+  ASSERT_TRUE(stream->Write(Start(2, a, b, 0)));
+  ASSERT_TRUE(stream->Write(Chunks(2, v1::OPERAND_A, a, 64)[1]));
+  // 3: a chunk that is not whole elements.
+  ASSERT_TRUE(stream->Write(Start(3, a, b, 0)));
+  v1::MultiplyStreamRequest odd = Chunks(3, v1::OPERAND_A, a, 64)[0];
+  odd.mutable_chunk()->mutable_data()->resize(6);
+  ASSERT_TRUE(stream->Write(odd));
+  // 4: data in the start.
+  v1::MultiplyStreamRequest with_data = Start(4, a, b, 0);
+  with_data.mutable_start()->mutable_request()->mutable_a()->set_data(a.data);
+  ASSERT_TRUE(stream->Write(with_data));
+  // 5: more bytes than the operand has.
+  ASSERT_TRUE(stream->Write(Start(5, a, b, 0)));
+  for (const auto& m : Chunks(5, v1::OPERAND_B, b, 1 << 20)) {
+    ASSERT_TRUE(stream->Write(m));
+  }
+  v1::MultiplyStreamRequest extra = Chunks(5, v1::OPERAND_B, b, 8)[0];
+  extra.mutable_chunk()->set_offset(static_cast<int64_t>(b.data.size()));
+  ASSERT_TRUE(stream->Write(extra));
+  // 6: mismatched inner dimensions.
+  ASSERT_TRUE(stream->Write(Start(6, a, a, 0)));
+  // 7: a good one among them, then 8: left incomplete when the client
+  // closes its side.
+  ASSERT_TRUE(stream->Write(Start(7, a, b, 0)));
+  ASSERT_TRUE(stream->Write(Start(8, a, b, 0)));
+  for (const auto& m : Chunks(7, v1::OPERAND_A, a, 48)) {
+    ASSERT_TRUE(stream->Write(m));
+  }
+  for (const auto& m : Chunks(7, v1::OPERAND_B, b, 48)) {
+    ASSERT_TRUE(stream->Write(m));
+  }
+  ASSERT_TRUE(stream->Write(Chunks(8, v1::OPERAND_A, a, 64)[0]));
+  stream->WritesDone();
+  std::map<uint64_t, Answer> answers = ReadAll(*stream);
+  const grpc::Status status = stream->Finish();
+  ASSERT_TRUE(status.ok()) << status.error_message();
+
+  auto expect_error = [&](uint64_t id, grpc::StatusCode code,
+                          const std::string& text) {
+    SCOPED_TRACE(id);
+    ASSERT_TRUE(answers[id].error.has_value());
+    EXPECT_EQ(answers[id].error->code(), code);
+    EXPECT_THAT(answers[id].error->message(), HasSubstr(text));
+    EXPECT_FALSE(answers[id].described);
+  };
+  expect_error(1, grpc::StatusCode::INVALID_ARGUMENT, "not open");
+  expect_error(2, grpc::StatusCode::INVALID_ARGUMENT,
+               "chunk.offset: expected 0");
+  expect_error(3, grpc::StatusCode::INVALID_ARGUMENT, "whole number");
+  expect_error(4, grpc::StatusCode::INVALID_ARGUMENT,
+               "a.data: expected no bytes");
+  expect_error(5, grpc::StatusCode::INVALID_ARGUMENT,
+               "more than its 128 bytes");
+  expect_error(6, grpc::StatusCode::INVALID_ARGUMENT, "");
+  expect_error(8, grpc::StatusCode::INVALID_ARGUMENT,
+               "closed the stream before operand a");
+  ASSERT_FALSE(answers[7].error.has_value()) << answers[7].error->message();
+  ExpectProduct(a, b, false, false, answers[7].c);
+  EXPECT_EQ(server->service().inflight_requests(), 0);
+}
+
+TEST(MultiplyStreamTest, CancelledStreamLeavesTheServerServing) {
+  std::unique_ptr<MatmulServer> server = StartServer();
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::MatmulService::NewStub(
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", server->port()),
+                          grpc::InsecureChannelCredentials()));
+  absl::BitGen gen;
+  const HostTensor a = Random(DType::kFloat32, {256, 256}, gen);
+  {
+    grpc::ClientContext context;
+    std::unique_ptr<Stream> stream = stub->MultiplyStream(&context);
+    ASSERT_TRUE(stream->Write(Start(1, a, a, 0)));
+    ASSERT_TRUE(stream->Write(Chunks(1, v1::OPERAND_A, a, 4096)[0]));
+    context.TryCancel();
+    v1::MultiplyStreamResponse r;
+    while (stream->Read(&r)) {
+    }
+    EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  }
+  for (int i = 0; i < 200 && server->service().inflight_requests() > 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(server->service().inflight_requests(), 0);
+  std::unique_ptr<MatmulClient> client = Client(server->port());
+  absl::StatusOr<HostTensor> c = client->MultiplyStreamed(a, a, {}, 100000);
+  ASSERT_TRUE(c.ok()) << c.status();
+  ExpectProduct(a, a, false, false, *c);
+}
+
+}  // namespace
+}  // namespace matmul
