@@ -42,7 +42,7 @@ constexpr char kUsage[] =
              [--transpose-a] [--transpose-b] [--compute strict|tf32]
              [--timeout SECONDS] [--client-id NAME]
              [--dtype auto|float32|float64|float16|bfloat16]
-             [--bf16-out float32|bits]
+             [--bf16-out float32|bits] [--stream [--chunk-mib N]]
   matmul-cli upload --target HOST:PORT --a A.npy [--device N] [--ttl SECONDS]
              [--dtype auto|float32|float64|float16|bfloat16]
              [--timeout SECONDS] [--client-id NAME]
@@ -76,6 +76,11 @@ bfloat16 float .npy inputs are rounded to bfloat16, uint16 ('<u2') inputs
 are taken as raw bfloat16 bits, and a bfloat16 result (or download) is
 written as float32 (exact) or, with --bf16-out bits, as raw bits in a
 '<u2' .npy.
+
+--stream sends the multiply over MultiplyStream: operands and product travel
+in chunks of --chunk-mib MiB (default 4), so no message size bounds them
+(a 16384 x 16384 float32 product needs it), and the server copies each
+chunk to the GPU while the next one is on the wire.
 )";
 
 // A command's flags: those that take a value and the boolean switches.
@@ -316,10 +321,10 @@ absl::StatusOr<std::string> WriteResult(const std::string& path,
 
 int RunMultiply(const std::vector<std::string>& args) {
   FlagSpec spec;
-  spec.valued = {"target",   "a",        "b",       "a-handle",
-                 "b-handle", "out",      "compute", "timeout",
-                 "dtype",    "bf16-out", "ttl",     "client-id"};
-  spec.switches = {"transpose-a", "transpose-b", "keep"};
+  spec.valued = {"target", "a",         "b",        "a-handle", "b-handle",
+                 "out",    "compute",   "timeout",  "dtype",    "bf16-out",
+                 "ttl",    "client-id", "chunk-mib"};
+  spec.switches = {"transpose-a", "transpose-b", "keep", "stream"};
   spec.required = {"target"};
   absl::StatusOr<ParsedFlags> flags = ParseFlags(args, spec);
   if (!flags.ok()) return Usage(flags.status().message());
@@ -340,6 +345,18 @@ int RunMultiply(const std::vector<std::string>& args) {
   if (keep && has("out")) return Usage("--out and --keep exclude each other");
   if (!keep && !has("out")) return Usage("--out is required (or --keep)");
   if (!keep && has("ttl")) return Usage("--ttl applies only with --keep");
+  const bool stream = flags->switches_on.count("stream") > 0;
+  if (stream && keep) return Usage("--stream returns data: drop --keep");
+  if (!stream && has("chunk-mib")) {
+    return Usage("--chunk-mib applies only with --stream");
+  }
+  int64_t chunk_mib = 4;
+  if (has("chunk-mib") &&
+      (!absl::SimpleAtoi(flags->values.at("chunk-mib"), &chunk_mib) ||
+       chunk_mib < 1 || chunk_mib > 1024)) {
+    return Usage(absl::StrCat("--chunk-mib takes 1 to 1024, got \"",
+                              flags->values.at("chunk-mib"), "\""));
+  }
 
   MultiplyOptions options;
   options.transpose_a = flags->switches_on.count("transpose-a") > 0;
@@ -379,6 +396,8 @@ int RunMultiply(const std::vector<std::string>& args) {
   v1::MultiplyRequest request;
   std::optional<DType> file_dtype;
   std::string file_flag;
+  HostTensor streamed[2];  // --stream: the operands from files
+  std::string streamed_handle[2];
   for (const char* x : {"a", "b"}) {
     const bool is_a = x[0] == 'a';
     if (!has(x)) {
@@ -386,6 +405,7 @@ int RunMultiply(const std::vector<std::string>& args) {
       if (id.empty()) {
         return Usage(absl::StrCat("--", x, "-handle is empty"));
       }
+      streamed_handle[is_a ? 0 : 1] = id;
       if (is_a) {
         request.set_a_handle(id);
       } else {
@@ -404,6 +424,10 @@ int RunMultiply(const std::vector<std::string>& args) {
     }
     file_dtype = t->dtype;
     file_flag = x;
+    if (stream) {
+      streamed[is_a ? 0 : 1] = *std::move(t);
+      continue;
+    }
     v1::Tensor* out = is_a ? request.mutable_a() : request.mutable_b();
     if (absl::Status s = ToProto(*std::move(t), out); !s.ok()) {
       return Fail(absl::StrCat("--", x, " ", path, ": ", s.message()));
@@ -422,6 +446,25 @@ int RunMultiply(const std::vector<std::string>& args) {
   absl::StatusOr<std::unique_ptr<MatmulClient>> client = ClientFor(*flags);
   if (!client.ok()) return Fail(client.status().message());
   const absl::Time start = absl::Now();
+  if (stream) {
+    auto operand = [&](int i) {
+      return streamed_handle[i].empty() ? Operand(streamed[i])
+                                        : Operand::Handle(streamed_handle[i]);
+    };
+    absl::StatusOr<HostTensor> c = (*client)->MultiplyStreamed(
+        operand(0), operand(1), options, chunk_mib << 20);
+    const absl::Duration elapsed = absl::Now() - start;
+    if (!c.ok()) return FailRpc(c.status());
+    const std::string out_path = flags->values.at("out");
+    const std::vector<int64_t> c_shape = c->shape;
+    absl::StatusOr<std::string> written_as =
+        WriteResult(out_path, *std::move(c), *bf16_bits);
+    if (!written_as.ok()) return Fail(written_as.status().message());
+    absl::PrintF("%s: shape %s, %s, %.3f ms, streamed in %d MiB chunks\n",
+                 out_path, ShapeString(c_shape), *written_as,
+                 absl::ToDoubleMilliseconds(elapsed), chunk_mib);
+    return 0;
+  }
   absl::StatusOr<v1::MultiplyResponse> response =
       (*client)->MultiplyRaw(request, options);
   const absl::Duration elapsed = absl::Now() - start;

@@ -214,6 +214,17 @@ class MatmulClient {
   void MultiplyAndKeepAsync(const Operand& a, const Operand& b,
                             const MultiplyOptions& options, StoredDone done);
 
+  // C = op(a) . op(b) over a MultiplyStream call: the operands go out in
+  // chunks of about `chunk_bytes` (whole elements) and the product comes
+  // back in chunks of that size, so neither is bounded by the message size
+  // (a 16384 x 16384 float32 multiply moves 3 GiB), and the server copies
+  // each chunk to the GPU while the next one is on the wire. Blocks until
+  // the product is complete. Same errors as Multiply; DATA_LOSS if the
+  // server's chunks do not cover the product.
+  absl::StatusOr<HostTensor> MultiplyStreamed(
+      const Operand& a, const Operand& b, const MultiplyOptions& options = {},
+      int64_t chunk_bytes = int64_t{4} << 20);
+
   // Multiply on a prebuilt request, sent as it is (operands as data or
   // handles, keep_result, result_ttl_seconds: the request's own). Only
   // options.timeout and options.client_id are used.
