@@ -19,8 +19,13 @@ absl::StatusOr<std::unique_ptr<StreamPool>> StreamPool::Create(
     CUBLAS_RETURN_IF_ERROR(cublasSetWorkspace(
         s.cublas.get(), s.workspace.data(), s.workspace.size()));
     // Strict by default: TF32 only where a request's compute type asks.
-    CUBLAS_RETURN_IF_ERROR(
-        cublasSetMathMode(s.cublas.get(), CUBLAS_DEFAULT_MATH));
+    // Reductions (split-K) stay in the float32 accumulator: without this,
+    // cuBLAS may sum float16/bfloat16 partial products in the output type,
+    // which the H200 soak caught as errors of several bfloat16 ulps.
+    CUBLAS_RETURN_IF_ERROR(cublasSetMathMode(
+        s.cublas.get(), static_cast<cublasMath_t>(
+                            CUBLAS_DEFAULT_MATH |
+                            CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
     pool->streams_.push_back(std::move(s));
   }
   return pool;
