@@ -22,8 +22,8 @@ def test_sigterm_drains_in_flight_work_and_refuses_new_work():
     rng = np.random.default_rng(7)
     # Long enough to still run after the grace period (seconds on a few
     # cores; the check below says so if not).
-    a = rng.standard_normal((3072, 3072))
-    b = rng.standard_normal((3072, 3072))
+    a = rng.standard_normal((4096, 4096))
+    b = rng.standard_normal((4096, 4096))
     long_call = client.multiply_async(a, b)
     time.sleep(0.3)  # the request is admitted and computing
     assert not long_call.done()
