@@ -36,8 +36,12 @@ COPY --from=build /src/build/bin/matmul-server /src/build/bin/matmul-cli /usr/lo
 RUN ["/usr/local/bin/matmul-server", "--version"]
 # No account is needed: a numeric user that owns nothing in the image.
 USER 10001:10001
+# MALLOC_ARENA_MAX=2: glibc's per-thread arenas let the CUDA server's RSS
+# creep by 62-85 MiB over a 60-150 s soak on the H200; with 2 arenas it grew
+# 54 MiB at no loss of throughput (docs/RELIABILITY.md).
 ENV MATMUL_HOST=0.0.0.0 \
     MATMUL_PORT=50051 \
-    MATMUL_METRICS_PORT=9464
+    MATMUL_METRICS_PORT=9464 \
+    MALLOC_ARENA_MAX=2
 EXPOSE 50051 9464
 ENTRYPOINT ["/usr/local/bin/matmul-server"]

@@ -67,9 +67,13 @@ class SoakServer:
             self.log = []
             self._ready = threading.Event()
             requested_metrics_port = _free_port()
+            # The environment the image ships (Dockerfile: MALLOC_ARENA_MAX).
+            env = dict(os.environ)
+            env.setdefault("MALLOC_ARENA_MAX", "2")
             self._process = subprocess.Popen(
                 [str(binary), "--host", "127.0.0.1", "--port", "0",
                  "--metrics-port", str(requested_metrics_port), "--engine", engine, *flags],
+                env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
