@@ -427,3 +427,40 @@ def test_async_cancel(client: Client, big_operands) -> None:
     assert future.cancel()
     assert future.cancelled()
     np.testing.assert_array_equal(client.multiply(np.eye(2), np.eye(2)), np.eye(2))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
+def test_multiply_streamed_matches_multiply(client: Client, dtype: str) -> None:
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((3, 67, 45))
+    b = rng.standard_normal((45, 33))
+    convert = None if dtype == "bfloat16" else np.dtype(dtype)
+    if convert is not None:
+        a, b = a.astype(convert), b.astype(convert)
+    kwargs = {"dtype": "bfloat16"} if dtype == "bfloat16" else {}
+    # Chunks far smaller than the operands: many of each, ending mid-row.
+    streamed = client.multiply_streamed(a, b, chunk_bytes=1000, **kwargs)
+    unary = client.multiply(a, b, **kwargs)
+    assert streamed.shape == unary.shape == (3, 67, 33)
+    assert streamed.dtype == unary.dtype
+    np.testing.assert_array_equal(streamed, unary)
+
+
+def test_multiply_streamed_with_a_stored_operand_and_transposes(client: Client) -> None:
+    rng = np.random.default_rng(6)
+    a = rng.standard_normal((40, 30)).astype(np.float32)
+    b = rng.standard_normal((20, 40)).astype(np.float32)
+    stored = client.upload(b)
+    c = client.multiply_streamed(a, stored, transpose_a=True, transpose_b=True, chunk_bytes=256)
+    np.testing.assert_allclose(c, a.T @ b.T, rtol=1e-5, atol=1e-5)
+    stored.delete()
+
+
+def test_multiply_streamed_errors(client: Client) -> None:
+    a = np.ones((4, 5), np.float32)
+    with pytest.raises(MatmulError) as mismatch:
+        client.multiply_streamed(a, a)
+    assert mismatch.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "5" in mismatch.value.details
+    with pytest.raises(ValueError):
+        client.multiply_streamed(a, a.T, chunk_bytes=0)

@@ -37,6 +37,16 @@ _MAX_CLIENT_ID_LENGTH = 256
 #: An operand: an array (anything numpy.asarray takes) or a stored tensor.
 Operand = Union[npt.ArrayLike, Handle]
 
+_ELEMENT_BYTES = {
+    matmul_pb2.DTYPE_FLOAT32: 4,
+    matmul_pb2.DTYPE_FLOAT64: 8,
+    matmul_pb2.DTYPE_FLOAT16: 2,
+    matmul_pb2.DTYPE_BFLOAT16: 2,
+}
+
+#: grpc.StatusCode by its numeric value (google.rpc.Code).
+_STATUS_CODES = {code.value[0]: code for code in grpc.StatusCode}
+
 _COMPUTE_MODES = {
     "strict": matmul_pb2.COMPUTE_MODE_STRICT,
     "tf32": matmul_pb2.COMPUTE_MODE_TF32,
@@ -293,6 +303,89 @@ class Client:
         except grpc.RpcError as error:
             raise MatmulError.from_call(error) from error
         return self._product(response, wire, bool(keep))
+
+    def multiply_streamed(
+        self,
+        a: Operand,
+        b: Operand,
+        *,
+        transpose_a: bool = False,
+        transpose_b: bool = False,
+        compute: str = "strict",
+        dtype: Any = None,
+        timeout: Optional[float] = None,
+        chunk_bytes: int = 4 << 20,
+    ) -> np.ndarray:
+        """:meth:`multiply` over the MultiplyStream RPC: the operands go out
+        and the product comes back in chunks of about ``chunk_bytes``, so
+        neither is bounded by the server's message size (a 16384 x 16384
+        float32 product is 1 GiB), and the server copies each chunk to the
+        GPU while the next one is on the wire. Same arguments and errors as
+        :meth:`multiply` (without keep); ValueError for a chunk_bytes that
+        is not positive.
+        """
+        if chunk_bytes <= 0:
+            raise ValueError(f"chunk_bytes={chunk_bytes}: expected a positive size")
+        request, wire = _multiply_request(a, b, transpose_a, transpose_b, compute, dtype)
+        operands = []
+        for name, operand in (("a", matmul_pb2.OPERAND_A), ("b", matmul_pb2.OPERAND_B)):
+            if request.HasField(name):
+                tensor = getattr(request, name)
+                operands.append((operand, tensor.data))
+                tensor.data = b""
+        elem = _ELEMENT_BYTES[request.a.dtype if request.HasField("a") else request.b.dtype]
+        step = max(elem, chunk_bytes // elem * elem)
+
+        def messages():
+            yield matmul_pb2.MultiplyStreamRequest(
+                request_id=1,
+                start=matmul_pb2.MultiplyStreamStart(request=request, result_chunk_bytes=step),
+            )
+            for operand, data in operands:
+                view = memoryview(data)
+                for at in range(0, len(data), step):
+                    yield matmul_pb2.MultiplyStreamRequest(
+                        request_id=1,
+                        chunk=matmul_pb2.OperandChunk(
+                            operand=operand, offset=at, data=bytes(view[at : at + step])
+                        ),
+                    )
+
+        shape: Tuple[int, ...] = ()
+        product: Optional[bytearray] = None
+        received = 0
+        try:
+            for response in self._stub.MultiplyStream(
+                messages(), timeout=self._deadline(timeout), metadata=self._metadata
+            ):
+                kind = response.WhichOneof("kind")
+                if kind == "error":
+                    raise MatmulError(
+                        _STATUS_CODES.get(response.error.code, grpc.StatusCode.UNKNOWN),
+                        response.error.message,
+                    )
+                if kind == "result":
+                    shape = tuple(response.result.shape)
+                    product = bytearray(response.result.bytes)
+                elif kind == "chunk":
+                    at, data = response.chunk.offset, response.chunk.data
+                    if product is None or at < 0 or at + len(data) > len(product):
+                        raise MatmulError(
+                            grpc.StatusCode.DATA_LOSS,
+                            f"the server sent a product chunk of {len(data)} bytes at offset "
+                            f"{at} outside the product",
+                        )
+                    product[at : at + len(data)] = data
+                    received += len(data)
+        except grpc.RpcError as error:
+            raise MatmulError.from_call(error) from error
+        if product is None or received != len(product):
+            raise MatmulError(
+                grpc.StatusCode.DATA_LOSS,
+                f"the stream ended with {received} of {0 if product is None else len(product)} "
+                "product bytes",
+            )
+        return wire.from_wire(product).reshape(shape)
 
     def multiply_async(
         self,
