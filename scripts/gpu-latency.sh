@@ -1,6 +1,15 @@
 #!/usr/bin/env bash
-# n=256 float32 c=1 latency breakdown on the H200: ceiling, bench, server stage histograms.
-out=$1; R=.gpubundle/run
+# Where an n=256 float32 request's time goes on the H200, in one device call:
+# the transport ceiling for the same sizes (../shared/bench/transport-ceiling,
+# 512 KiB request, 256 KiB reply, one call in flight), matmul-bench at
+# concurrency 1, then the server's stage histograms (sums and counts) from
+# /metrics. Expects matmul-server, matmul-bench, rawecho and rawclient in
+# .gpubundle. Writes OUT/lat.txt and the raw outputs.
+#
+#   scripts/gpu-latency.sh OUT
+set -u
+out=${1:?usage: gpu-latency.sh OUT}
+R=.gpubundle/run
 $R rawecho 127.0.0.1:50061 > /dev/null 2>&1 & e=$!
 sleep 1
 for i in 1 2 3; do echo "ceiling: $(timeout 20 $R rawclient 127.0.0.1:50061 524288 1 1 3 2>&1 | tail -1)" | tee -a $out/lat.txt; done

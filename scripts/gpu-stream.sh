@@ -74,6 +74,19 @@ print(f"sampled 66 entries: worst |c-ref|/(|a_i||b_j|) = {worst:.2e}; "
 EOF
 }
 
+# The yardstick: what one gRPC connection moves with big messages (the
+# stream uses one), from ../shared/bench/transport-ceiling when bundled.
+if [ -x .gpubundle/bin/rawecho ]; then
+  log "== transport ceiling, one connection, 8 MiB requests (4 MiB replies)"
+  $R rawecho 127.0.0.1:50061 >"$work/rawecho.log" 2>&1 &
+  echo_pid=$!
+  sleep 1
+  for threads in 1 1 8 8; do
+    log "rawclient 8388608 $threads threads 1 channel: $(timeout 30 $R rawclient 127.0.0.1:50061 8388608 $threads 1 3 2>&1 | tail -1)"
+  done
+  kill $echo_pid
+fi
+
 log "== generating operands"
 gen $big a16k 1 && gen $big b16k 2 && gen $mid a8k 3 && gen $mid b8k 4
 ls -la "$data" | tee -a "$out/summary.txt"
@@ -128,6 +141,7 @@ for _ in $(seq 1 100); do kill -0 $server 2>/dev/null || break; sleep 0.1; done
 rm -rf "$data"
 save
 
+if [ "${MATMUL_STREAM_TESTS:-1}" = 0 ]; then log "done"; exit 0; fi
 log "== GPU tests"
 timeout 240 $R cuda_engine_test >"$work/cuda_engine_test.log" 2>&1
 log "cuda_engine_test rc=$? $(summary "$work/cuda_engine_test.log")"
