@@ -284,7 +284,7 @@ void MultiplyStreamReactor::HandleStart(const WireStreamRequest& request,
            absl::UnavailableError("the engine is still starting"));
     return;
   }
-  engine_ = engine;
+  engine_.store(engine, std::memory_order_release);
 
   auto m = std::make_shared<Multiply>();
   m->id = id;
@@ -732,7 +732,7 @@ void MultiplyStreamReactor::Settle(Actions& actions) {
 void MultiplyStreamReactor::Perform(Actions& actions) {
   for (std::unique_ptr<MatmulJob>& job : actions.jobs) {
     refs_.fetch_add(1, std::memory_order_relaxed);
-    engine_->Submit(std::move(job));
+    engine_.load(std::memory_order_acquire)->Submit(std::move(job));
   }
   if (actions.read) StartRead(&read_buffer_);
   if (actions.write) StartWrite(&write_buffer_);

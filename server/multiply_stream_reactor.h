@@ -124,7 +124,7 @@ class MultiplyStreamReactor final
   MatmulServiceImpl* const service_;
   grpc::CallbackServerContext* const context_;
   std::atomic<int> refs_{1};  // gRPC's, and one per job in the engine
-  Engine* engine_ = nullptr;
+  std::atomic<Engine*> engine_{nullptr};  // set by the first start
 
   mutable absl::Mutex mu_;
   grpc::ByteBuffer read_buffer_;  // the message being read
