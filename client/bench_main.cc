@@ -54,6 +54,7 @@ constexpr char kUsage[] = R"(usage:
                [--channels N] [--timeout SECONDS]
                [--verify] [--verify-every N] [--distinct N] [--seed N]
                [--resident[=operands|all|none]] [--client-id NAME]
+               [--grpc-arg NAME=INT,...]
                [--json FILE] [--label TEXT] [--progress]
 
 Drives a running matmul server and reports, for each point, successful
@@ -97,6 +98,8 @@ p50/p90/p99/p99.9 of the successful requests, and errors by gRPC status code.
   --client-id     sent as x-matmul-client on every call: the name the
                   server charges stored tensors to (default
                   matmul-bench-HOST-PID)
+  --grpc-arg      extra gRPC channel arguments, NAME=INT[,NAME=INT...]
+                  (transport tuning; docs/PERFORMANCE.md)
   --json          write every point to FILE (schema matmul-bench/1)
   --label         free text stored with every point in the JSON
   --progress      a line on stderr every second: elapsed, req/s, errors
@@ -140,10 +143,10 @@ struct Flags {
 
 absl::StatusOr<Flags> ParseFlags(const std::vector<std::string>& args) {
   static const std::set<std::string> kValued = {
-      "target",  "shape",    "dtype",    "compute",      "concurrency",
-      "rate",    "duration", "requests", "warmup",       "channels",
-      "timeout", "distinct", "seed",     "verify-every", "json",
-      "label",   "client-id"};
+      "target",  "shape",     "dtype",    "compute",      "concurrency",
+      "rate",    "duration",  "requests", "warmup",       "channels",
+      "timeout", "distinct",  "seed",     "verify-every", "json",
+      "label",   "client-id", "grpc-arg"};
   static const std::set<std::string> kSwitches = {"verify", "progress"};
   // A switch that may take a value: --resident, --resident=operands, or
   // --resident operands.
@@ -301,6 +304,7 @@ struct Config {
   bool progress = false;
   Resident resident = Resident::kNone;
   std::string client_id;
+  GrpcArgs grpc_args;
 };
 
 absl::StatusOr<Config> MakeConfig(const Flags& flags) {
@@ -381,6 +385,12 @@ absl::StatusOr<Config> MakeConfig(const Flags& flags) {
     return absl::InvalidArgumentError(
         absl::StrCat("--client-id: ", s.message()));
   }
+  absl::StatusOr<GrpcArgs> grpc_args = ParseGrpcArgs(flags.Get("grpc-arg", ""));
+  if (!grpc_args.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--grpc-arg: ", grpc_args.status().message()));
+  }
+  c.grpc_args = *std::move(grpc_args);
   return c;
 }
 
@@ -612,6 +622,7 @@ int Main(int argc, char** argv) {
       ClientOptions options;
       options.channels = bp.channels;
       options.client_id = c.client_id;
+      options.channel_args = c.grpc_args;
       absl::StatusOr<std::unique_ptr<MatmulClient>> client =
           MatmulClient::Create(c.target, options);
       if (!client.ok()) return Fail(client.status().message());

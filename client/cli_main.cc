@@ -43,6 +43,7 @@ constexpr char kUsage[] =
              [--timeout SECONDS] [--client-id NAME]
              [--dtype auto|float32|float64|float16|bfloat16]
              [--bf16-out float32|bits] [--stream [--chunk-mib N]]
+             [--grpc-arg NAME=INT[,NAME=INT...]]
   matmul-cli upload --target HOST:PORT --a A.npy [--device N] [--ttl SECONDS]
              [--dtype auto|float32|float64|float16|bfloat16]
              [--timeout SECONDS] [--client-id NAME]
@@ -280,6 +281,12 @@ absl::StatusOr<std::unique_ptr<MatmulClient>> ClientFor(
     const ParsedFlags& flags) {
   ClientOptions options;
   options.client_id = flags.Get("client-id", "");
+  absl::StatusOr<GrpcArgs> grpc_args = ParseGrpcArgs(flags.Get("grpc-arg", ""));
+  if (!grpc_args.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--grpc-arg: ", grpc_args.status().message()));
+  }
+  options.channel_args = *std::move(grpc_args);
   return MatmulClient::Create(flags.values.at("target"), options);
 }
 
@@ -321,9 +328,9 @@ absl::StatusOr<std::string> WriteResult(const std::string& path,
 
 int RunMultiply(const std::vector<std::string>& args) {
   FlagSpec spec;
-  spec.valued = {"target", "a",         "b",        "a-handle", "b-handle",
-                 "out",    "compute",   "timeout",  "dtype",    "bf16-out",
-                 "ttl",    "client-id", "chunk-mib"};
+  spec.valued = {"target", "a",         "b",         "a-handle", "b-handle",
+                 "out",    "compute",   "timeout",   "dtype",    "bf16-out",
+                 "ttl",    "client-id", "chunk-mib", "grpc-arg"};
   spec.switches = {"transpose-a", "transpose-b", "keep", "stream"};
   spec.required = {"target"};
   absl::StatusOr<ParsedFlags> flags = ParseFlags(args, spec);

@@ -295,6 +295,9 @@ absl::StatusOr<std::unique_ptr<MatmulClient>> MatmulClient::Create(
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
     args.SetInt(kChannelIndexArg, i);
     if (!service_config.empty()) args.SetServiceConfigJSON(service_config);
+    for (const auto& [name, value] : options.channel_args) {
+      args.SetInt(name, value);
+    }
     channels.push_back(grpc::CreateCustomChannel(target, credentials, args));
   }
   return std::unique_ptr<MatmulClient>(

@@ -56,6 +56,7 @@
 #include "absl/time/time.h"
 #include "client/host_tensor.h"
 #include "common/dtype.h"
+#include "common/grpc_args.h"
 #include "matmul/v1/matmul.grpc.pb.h"
 
 namespace matmul {
@@ -76,6 +77,8 @@ struct ClientOptions {
   // More than one helps throughput when large messages would otherwise queue
   // on one connection's flow control.
   int channels = 1;
+  // Extra gRPC channel arguments, for transport tuning (common/grpc_args.h).
+  GrpcArgs channel_args;
   // Channel credentials; null means insecure (plaintext).
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   // Sent as "x-matmul-client" metadata on every call: the name the server

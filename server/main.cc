@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/dtype.h"
+#include "common/grpc_args.h"
 #include "common/log.h"
 #include "gpu/engine_factory.h"
 #include "server/matmul_server.h"
@@ -68,6 +69,9 @@ ABSL_FLAG(int32_t, health_port, 0,
           "cannot speak TLS (0: none)");
 ABSL_FLAG(int32_t, max_concurrent_streams, 1024,
           "Most concurrent RPCs one client connection may have open");
+ABSL_FLAG(std::string, grpc_arg, "",
+          "Extra gRPC server arguments for transport tuning, "
+          "NAME=INTEGER[,NAME=INTEGER...] (docs/PERFORMANCE.md)");
 ABSL_FLAG(int64_t, max_stored_bytes_per_client, int64_t{64} << 30,
           "Engine memory one client may hold in stored tensors, bytes");
 ABSL_FLAG(int64_t, max_handles_per_client, 4096,
@@ -104,6 +108,7 @@ constexpr const char* kEnvFlags[] = {"host",
                                      "tls_client_ca",
                                      "health_port",
                                      "max_concurrent_streams",
+                                     "grpc_arg",
                                      "max_stored_bytes_per_client",
                                      "max_handles_per_client",
                                      "default_handle_ttl",
@@ -254,6 +259,14 @@ int main(int argc, char** argv) {
   options.max_connection_age = absl::GetFlag(FLAGS_max_connection_age);
   options.unix_socket = absl::GetFlag(FLAGS_unix_socket);
   options.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
+  absl::StatusOr<matmul::GrpcArgs> grpc_args =
+      matmul::ParseGrpcArgs(absl::GetFlag(FLAGS_grpc_arg));
+  if (!grpc_args.ok()) {
+    matmul::LogLine(
+        absl::StrCat("error: --grpc-arg: ", grpc_args.status().message()));
+    return 2;
+  }
+  options.grpc_args = *std::move(grpc_args);
   if (absl::GetFlag(FLAGS_health_port) > 0) {
     options.health_address =
         absl::StrCat(ipv6 ? "[" : "", host, ipv6 ? "]" : "", ":",

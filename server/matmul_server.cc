@@ -84,6 +84,9 @@ absl::StatusOr<std::unique_ptr<MatmulServer>> MatmulServer::Start(
             absl::ToInt64Milliseconds(options.max_connection_age_grace),
             INT_MAX)));
   }
+  for (const auto& [name, value] : options.grpc_args) {
+    builder.AddChannelArgument(name, value);
+  }
   builder.RegisterService(self->service_.get());
   self->server_ = builder.BuildAndStart();
   if (self->server_ == nullptr || self->port_ == 0 ||

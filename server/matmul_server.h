@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/grpc_args.h"
 #include "gpu/engine.h"
 #include "server/handle_registry.h"
 #include "server/matmul_service.h"
@@ -37,6 +38,8 @@ struct ServerOptions {
   // Most concurrent streams (RPCs) one client connection may open; 0 keeps
   // gRPC's default (unlimited).
   int max_concurrent_streams = 0;
+  // Extra gRPC arguments (transport tuning), set after the ones above.
+  GrpcArgs grpc_args;
   // Prometheus /metrics and /timeline over HTTP, e.g. "0.0.0.0:9464" or
   // "127.0.0.1:0"; empty: not served (metrics are still recorded).
   std::string metrics_address;

@@ -27,9 +27,10 @@ using ::testing::HasSubstr;
 using Stream = grpc::ClientReaderWriter<v1::MultiplyStreamRequest,
                                         v1::MultiplyStreamResponse>;
 
-std::unique_ptr<MatmulServer> StartServer() {
+std::unique_ptr<MatmulServer> StartServer(GrpcArgs grpc_args = {}) {
   ServerOptions options;
   options.listen_address = "127.0.0.1:0";
+  options.grpc_args = std::move(grpc_args);
   options.drain_timeout = absl::Seconds(10);
   absl::StatusOr<std::unique_ptr<MatmulServer>> server = MatmulServer::Start(
       options, []() -> absl::StatusOr<std::unique_ptr<Engine>> {
@@ -47,9 +48,11 @@ std::unique_ptr<MatmulServer> StartServer() {
   return server.ok() ? std::move(*server) : nullptr;
 }
 
-std::unique_ptr<MatmulClient> Client(int port) {
+std::unique_ptr<MatmulClient> Client(int port, GrpcArgs channel_args = {}) {
+  ClientOptions options;
+  options.channel_args = std::move(channel_args);
   absl::StatusOr<std::unique_ptr<MatmulClient>> client =
-      MatmulClient::Create(absl::StrCat("127.0.0.1:", port));
+      MatmulClient::Create(absl::StrCat("127.0.0.1:", port), options);
   EXPECT_TRUE(client.ok()) << client.status();
   return client.ok() ? std::move(*client) : nullptr;
 }
@@ -386,6 +389,31 @@ TEST(MultiplyStreamTest, CancelledStreamLeavesTheServerServing) {
   absl::StatusOr<HostTensor> c = client->MultiplyStreamed(a, a, {}, 100000);
   ASSERT_TRUE(c.ok()) << c.status();
   ExpectProduct(a, a, false, false, *c);
+}
+
+TEST(MultiplyStreamTest, TransportArgumentsReachServerAndClient) {
+  absl::StatusOr<GrpcArgs> args = ParseGrpcArgs(
+      "grpc.http2.lookahead_bytes=16777216,grpc.http2.max_frame_size=1048576");
+  ASSERT_TRUE(args.ok()) << args.status();
+  ASSERT_EQ(args->size(), 2u);
+  EXPECT_EQ((*args)[0].first, "grpc.http2.lookahead_bytes");
+  EXPECT_EQ((*args)[1].second, 1048576);
+  for (const char* bad : {"x", "=1", "a=", "a=1.5", "a=1,", "a=99999999999"}) {
+    EXPECT_EQ(ParseGrpcArgs(bad).status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << bad;
+  }
+  EXPECT_TRUE(ParseGrpcArgs("").ok());
+
+  std::unique_ptr<MatmulServer> server = StartServer(*args);
+  ASSERT_NE(server, nullptr);
+  std::unique_ptr<MatmulClient> client = Client(server->port(), *args);
+  absl::BitGen gen;
+  const HostTensor a = Random(DType::kFloat32, {300, 200}, gen);
+  const HostTensor b = Random(DType::kFloat32, {200, 100}, gen);
+  absl::StatusOr<HostTensor> c = client->MultiplyStreamed(a, b, {}, 65536);
+  ASSERT_TRUE(c.ok()) << c.status();
+  ExpectProduct(a, b, false, false, *c);
 }
 
 }  // namespace

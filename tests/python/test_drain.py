@@ -20,13 +20,15 @@ def test_sigterm_drains_in_flight_work_and_refuses_new_work():
                            "--streams-per-device", "1")
     client = matmul_client.Client(server.target)
     rng = np.random.default_rng(7)
-    # Long enough to still run after the grace period (seconds on a few
-    # cores; the check below says so if not).
+    # Three long multiplies on one lane run one after another, so admitted
+    # work outlasts the grace period by seconds whatever the machine's speed
+    # (one alone ended right at its end under ASan, and the server had
+    # already begun gRPC's shutdown when the new call came).
     a = rng.standard_normal((4096, 4096))
     b = rng.standard_normal((4096, 4096))
-    long_call = client.multiply_async(a, b)
-    time.sleep(0.3)  # the request is admitted and computing
-    assert not long_call.done()
+    long_calls = [client.multiply_async(a, b) for _ in range(3)]
+    time.sleep(0.3)  # the requests are admitted, the first is computing
+    assert not long_calls[-1].done()
     server._process.send_signal(signal.SIGTERM)
 
     # During the grace period: readiness is NOT_SERVING, liveness SERVING.
@@ -39,14 +41,15 @@ def test_sigterm_drains_in_flight_work_and_refuses_new_work():
 
     # After it: new work is refused with UNAVAILABLE while the long one runs.
     time.sleep(1.7)
-    assert not long_call.done(), "the long multiply ended before the grace did"
+    assert not long_calls[-1].done(), "the long multiplies ended before the grace did"
     small = rng.standard_normal((8, 8)).astype(np.float32)
     with pytest.raises(matmul_client.MatmulError) as refused:
         client.multiply(small, small, timeout=5)
     assert refused.value.code.name == "UNAVAILABLE"
     assert "shutting down" in refused.value.details
 
-    result = long_call.result(timeout=120)
-    np.testing.assert_allclose(result, a @ b, rtol=1e-9, atol=1e-9)
+    expected = a @ b
+    for call in long_calls:
+        np.testing.assert_allclose(call.result(timeout=120), expected, rtol=1e-9, atol=1e-9)
     assert server._process.wait(60) == 0
     assert "draining" in server.output()
