@@ -57,6 +57,11 @@ std::unique_ptr<MatmulClient> Client(int port, GrpcArgs channel_args = {}) {
   return client.ok() ? std::move(*client) : nullptr;
 }
 
+std::unique_ptr<v1::MatmulService::Stub> Stub(int port) {
+  return v1::MatmulService::NewStub(grpc::CreateChannel(
+      absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+}
+
 HostTensor Random(DType dtype, std::vector<int64_t> shape, absl::BitGen& gen) {
   HostTensor t;
   int64_t n = 1;
@@ -197,9 +202,7 @@ std::map<uint64_t, Answer> ReadAll(Stream& stream) {
 TEST(MultiplyStreamTest, ManyMultipliesShareOneStreamInterleaved) {
   std::unique_ptr<MatmulServer> server = StartServer();
   ASSERT_NE(server, nullptr);
-  auto stub = v1::MatmulService::NewStub(
-      grpc::CreateChannel(absl::StrCat("127.0.0.1:", server->port()),
-                          grpc::InsecureChannelCredentials()));
+  auto stub = Stub(server->port());
   absl::BitGen gen;
   const int kRequests = 5;
   std::vector<HostTensor> as, bs;
@@ -259,9 +262,7 @@ TEST(MultiplyStreamTest, StoredOperandsAndKeptProducts) {
   ExpectProduct(a, b, false, false, *c);
 
   // keep_result: the answer is a handle, and no chunks follow.
-  auto stub = v1::MatmulService::NewStub(
-      grpc::CreateChannel(absl::StrCat("127.0.0.1:", server->port()),
-                          grpc::InsecureChannelCredentials()));
+  auto stub = Stub(server->port());
   grpc::ClientContext context;
   std::unique_ptr<Stream> stream = stub->MultiplyStream(&context);
   v1::MultiplyStreamRequest start = Start(7, a, b, 0);
@@ -289,9 +290,7 @@ TEST(MultiplyStreamTest, StoredOperandsAndKeptProducts) {
 TEST(MultiplyStreamTest, BadMessagesFailTheirMultiplyOnly) {
   std::unique_ptr<MatmulServer> server = StartServer();
   ASSERT_NE(server, nullptr);
-  auto stub = v1::MatmulService::NewStub(
-      grpc::CreateChannel(absl::StrCat("127.0.0.1:", server->port()),
-                          grpc::InsecureChannelCredentials()));
+  auto stub = Stub(server->port());
   absl::BitGen gen;
   const HostTensor a = Random(DType::kFloat32, {16, 8}, gen);
   const HostTensor b = Random(DType::kFloat32, {8, 4}, gen);
@@ -365,9 +364,7 @@ TEST(MultiplyStreamTest, BadMessagesFailTheirMultiplyOnly) {
 TEST(MultiplyStreamTest, CancelledStreamLeavesTheServerServing) {
   std::unique_ptr<MatmulServer> server = StartServer();
   ASSERT_NE(server, nullptr);
-  auto stub = v1::MatmulService::NewStub(
-      grpc::CreateChannel(absl::StrCat("127.0.0.1:", server->port()),
-                          grpc::InsecureChannelCredentials()));
+  auto stub = Stub(server->port());
   absl::BitGen gen;
   const HostTensor a = Random(DType::kFloat32, {256, 256}, gen);
   {

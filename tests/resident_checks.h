@@ -15,6 +15,18 @@
 
 namespace matmul::testing {
 
+// Waits (up to 2 s) for the engine's device memory in use to return to
+// `base`: engines drop finished jobs, and their references, just after
+// calling Done.
+inline void ExpectMemoryBackTo(Engine& engine, int64_t base) {
+  for (int i = 0;
+       i < 200 && engine.stats().devices[0].device_memory_used_bytes != base;
+       ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(engine.stats().devices[0].device_memory_used_bytes, base);
+}
+
 inline void CheckResidentTensors(Engine& engine, DType dtype) {
   const int64_t m = 67, k = 45, n = 33, p = 29;
   absl::BitGen gen;
@@ -96,13 +108,7 @@ inline void CheckResidentTensors(Engine& engine, DType dtype) {
   mixed.resident_b.reset();
   // The engine drops its finished jobs (and their references) just after
   // calling Done.
-  for (int i = 0;
-       i < 200 &&
-       engine.stats().devices[0].device_memory_used_bytes != base_memory;
-       ++i) {
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  EXPECT_EQ(engine.stats().devices[0].device_memory_used_bytes, base_memory);
+  ExpectMemoryBackTo(engine, base_memory);
 }
 
 // A product whose operands reach the engine in pieces, as the streaming RPC
@@ -209,13 +215,7 @@ inline void CheckPiecewiseTransfer(Engine& engine, DType dtype) {
   mul.resident_b.reset();
   va->reset();
   vb->reset();
-  for (int i = 0;
-       i < 200 &&
-       engine.stats().devices[0].device_memory_used_bytes != base_memory;
-       ++i) {
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  EXPECT_EQ(engine.stats().devices[0].device_memory_used_bytes, base_memory);
+  ExpectMemoryBackTo(engine, base_memory);
 }
 
 }  // namespace matmul::testing
