@@ -279,6 +279,12 @@ absl::Status CudaEngine::Device::ReserveMemory(int64_t bytes, MatmulJob& job) {
   absl::MutexLock lock(&memory_mu);
   while (memory_reserved + bytes > memory_budget) {
     if (absl::Status stop = job.Abandoned(); !stop.ok()) return stop;
+    if (!job.wait_for_memory()) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("GPU ", index, " has ", memory_budget - memory_reserved,
+                       " of ", memory_budget, " bytes free now and this needs ",
+                       bytes, "; retry later"));
+    }
     memory_freed.WaitWithTimeout(&memory_mu, absl::Milliseconds(50));
   }
   memory_reserved += bytes;

@@ -258,6 +258,12 @@ class MatmulJob {
   // Device to run on (-1: any). Jobs with resident operands run on theirs.
   virtual int device() const { return -1; }
 
+  // False: if the device memory this job needs is not free now, fail at
+  // once with RESOURCE_EXHAUSTED instead of waiting for it. For jobs that
+  // belong to a chain whose waiting could hold up the very work that would
+  // free the memory (a streamed multiply's steps).
+  virtual bool wait_for_memory() const { return true; }
+
   // Upload only: write A into this existing tensor, byte_offset() bytes
   // into its data, instead of allocating a new one (the result then has no
   // resident()). The tensor comes from an allocate job; the caller orders

@@ -64,7 +64,7 @@ run_asan() {
 }
 
 # gtest binaries that run gRPC servers or channels in-process.
-TSAN_EXCLUDED=(server_test matmul_client_test metrics_endpoint_test
+TSAN_EXCLUDED=(server_test multiply_stream_test matmul_client_test metrics_endpoint_test
                stored_tensor_client_test)
 
 run_tsan() {

@@ -119,6 +119,9 @@ class MultiplyStreamReactor::StepJob final : public MatmulJob {
     return resident_b_;
   }
   bool keep_result() const override { return step_ == Step::kMultiply; }
+  // A step never waits for device memory: the memory may be held by other
+  // multiplies whose own steps are queued behind this one.
+  bool wait_for_memory() const override { return false; }
   int device() const override { return device_; }
   std::shared_ptr<ResidentTensor> upload_target() const override {
     return upload_target_;

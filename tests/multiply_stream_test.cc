@@ -18,6 +18,7 @@
 #include "matmul/v1/matmul.grpc.pb.h"
 #include "proto/dtype_mapping.h"
 #include "server/matmul_server.h"
+#include "tests/fake_engine.h"
 #include "tests/reference_gemm.h"
 
 namespace matmul {
@@ -386,6 +387,50 @@ TEST(MultiplyStreamTest, CancelledStreamLeavesTheServerServing) {
   absl::StatusOr<HostTensor> c = client->MultiplyStreamed(a, a, {}, 100000);
   ASSERT_TRUE(c.ok()) << c.status();
   ExpectProduct(a, a, false, false, *c);
+}
+
+// A step the engine refuses (device memory busy: streamed steps never wait
+// for it) fails its multiply with the engine's code and message; the stream
+// and the other multiplies on it go on.
+TEST(MultiplyStreamTest, AStepTheEngineRefusesFailsOnlyItsMultiply) {
+  testing::FakeEngine* engine = nullptr;
+  ServerOptions options;
+  options.listen_address = "127.0.0.1:0";
+  options.drain_timeout = absl::Seconds(10);
+  absl::StatusOr<std::unique_ptr<MatmulServer>> server = MatmulServer::Start(
+      options, [&engine]() -> absl::StatusOr<std::unique_ptr<Engine>> {
+        auto fake = std::make_unique<testing::FakeEngine>();
+        engine = fake.get();
+        return std::unique_ptr<Engine>(std::move(fake));
+      });
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto stub = Stub((*server)->port());
+  absl::BitGen gen;
+  const HostTensor a = Random(DType::kFloat32, {4, 6}, gen);
+  const HostTensor b = Random(DType::kFloat32, {6, 5}, gen);
+  grpc::ClientContext context;
+  std::unique_ptr<Stream> stream = stub->MultiplyStream(&context);
+  ASSERT_TRUE(stream->Write(Start(1, a, b, 0)));
+  engine->WaitForHeld(1);  // 1's allocation
+  engine->ReleaseOne(absl::ResourceExhaustedError(
+      "GPU 0 has 10 of 100 bytes free now and this needs 56; retry later"));
+  ASSERT_TRUE(stream->Write(Start(2, a, b, 0)));
+  for (const auto& m : Chunks(1, v1::OPERAND_A, a, 48)) {
+    ASSERT_TRUE(stream->Write(m));  // dropped: 1 has failed
+  }
+  stream->WritesDone();
+  engine->WaitForHeld(1);  // 2's allocation
+  engine->ReleaseOne();
+  std::map<uint64_t, Answer> answers = ReadAll(*stream);
+  ASSERT_TRUE(stream->Finish().ok());
+  ASSERT_TRUE(answers[1].error.has_value());
+  EXPECT_EQ(answers[1].error->code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(answers[1].error->message(), HasSubstr("retry later"));
+  // 2 got no chunks before the client closed its side.
+  ASSERT_TRUE(answers[2].error.has_value());
+  EXPECT_THAT(answers[2].error->message(), HasSubstr("closed the stream"));
+  EXPECT_EQ(answers.size(), 2u);
+  EXPECT_EQ((*server)->service().inflight_requests(), 0);
 }
 
 TEST(MultiplyStreamTest, TransportArgumentsReachServerAndClient) {
