@@ -585,11 +585,11 @@ void MultiplyStreamReactor::StepDone(const std::shared_ptr<Multiply>& m,
                 service_->handles_.Add(std::move(*m->keep_reservation),
                                        m->product, m->c_shape, m->keep_ttl);
             MatmulServiceImpl::FillHandle(entry, r->mutable_c_handle());
-            Queue(Serialize(response), false, actions);
+            Queue(Serialize(response), false);
             Close(m, grpc::StatusCode::OK);
             break;
           }
-          Queue(Serialize(response), false, actions);
+          Queue(Serialize(response), false);
           PumpDownloads(actions);
           break;
         }
@@ -604,7 +604,7 @@ void MultiplyStreamReactor::StepDone(const std::shared_ptr<Multiply>& m,
               grpc::Slice(
                   const_cast<std::byte*>(held->c().data()), held->c().size(),
                   [](void* p) { delete static_cast<JobResult*>(p); }, held)};
-          Queue(grpc::ByteBuffer(parts, 2), true, actions);
+          Queue(grpc::ByteBuffer(parts, 2), true);
           if (m->downloads_in_flight == 0 &&
               m->next_download == m->spec.c_bytes()) {
             Close(m, grpc::StatusCode::OK);
@@ -653,7 +653,7 @@ void MultiplyStreamReactor::SendError(uint64_t id, const absl::Status& status,
   const grpc::Status g = ToGrpcStatus(status);
   response.mutable_error()->set_code(static_cast<int32_t>(g.error_code()));
   response.mutable_error()->set_message(g.error_message());
-  Queue(Serialize(response), false, actions);
+  Queue(Serialize(response), false);
 }
 
 void MultiplyStreamReactor::Fail(const std::shared_ptr<Multiply>& m,
@@ -704,11 +704,8 @@ void MultiplyStreamReactor::Close(const std::shared_ptr<Multiply>& m,
   m->keep_reservation.reset();
 }
 
-void MultiplyStreamReactor::Queue(grpc::ByteBuffer message, bool result_chunk,
-                                  Actions& actions) {
-  (void)actions;  // Settle starts the write
-  writes_.push_back(std::move(message));
-  write_is_result_chunk_.push_back(result_chunk);
+void MultiplyStreamReactor::Queue(grpc::ByteBuffer message, bool result_chunk) {
+  writes_.push_back({std::move(message), result_chunk});
 }
 
 void MultiplyStreamReactor::Settle(Actions& actions) {
@@ -720,10 +717,9 @@ void MultiplyStreamReactor::Settle(Actions& actions) {
   }
   if (!writing_ && !writes_.empty()) {
     writing_ = true;
-    write_buffer_ = std::move(writes_.front());
+    write_buffer_ = std::move(writes_.front().message);
+    writing_result_chunk_ = writes_.front().result_chunk;
     writes_.pop_front();
-    writing_result_chunk_ = write_is_result_chunk_.front();
-    write_is_result_chunk_.pop_front();
     actions.write = true;
   } else if (!writing_ && read_done_ && open_.empty()) {
     finished_ = true;
@@ -752,11 +748,10 @@ void MultiplyStreamReactor::OnWriteDone(bool ok) {
     writing_result_chunk_ = false;
     if (!ok) {
       // The client is gone: nothing more can be sent.
-      for (bool chunk : write_is_result_chunk_) {
-        if (chunk) --result_chunks_in_flight_;
+      for (const PendingWrite& w : writes_) {
+        if (w.result_chunk) --result_chunks_in_flight_;
       }
       writes_.clear();
-      write_is_result_chunk_.clear();
       std::vector<std::shared_ptr<Multiply>> all;
       for (const auto& [id, m] : open_) all.push_back(m);
       for (const auto& m : all) Close(m, grpc::StatusCode::CANCELLED);

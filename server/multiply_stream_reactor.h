@@ -109,7 +109,8 @@ class MultiplyStreamReactor final
   // Ends `m` (answered in full or failed): metrics, log, bookkeeping.
   void Close(const std::shared_ptr<Multiply>& m, grpc::StatusCode code)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Queue(grpc::ByteBuffer message, bool result_chunk, Actions& actions)
+  // Queues a response message; Settle starts writing it.
+  void Queue(grpc::ByteBuffer message, bool result_chunk)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The job for one step; an upload takes `chunk` (moved from).
   std::unique_ptr<MatmulJob> NewJob(const std::shared_ptr<Multiply>& m,
@@ -134,15 +135,19 @@ class MultiplyStreamReactor final
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   grpc::ByteBuffer write_buffer_;  // the message being written
-  std::deque<grpc::ByteBuffer> writes_ ABSL_GUARDED_BY(mu_);
+  // Messages waiting to be written, each marked if it is a result chunk
+  // (counted in result_chunks_in_flight_ until written).
+  struct PendingWrite {
+    grpc::ByteBuffer message;
+    bool result_chunk = false;
+  };
+  std::deque<PendingWrite> writes_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, std::shared_ptr<Multiply>> open_
       ABSL_GUARDED_BY(mu_);
   // Failed multiplies whose remaining chunks are dropped without a word.
   absl::flat_hash_set<uint64_t> failed_ ABSL_GUARDED_BY(mu_);
   int64_t held_chunk_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   int result_chunks_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
-  // Result chunks queued or being written.
-  std::deque<bool> write_is_result_chunk_ ABSL_GUARDED_BY(mu_);
   bool writing_result_chunk_ ABSL_GUARDED_BY(mu_) = false;
 };
 
