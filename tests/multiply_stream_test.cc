@@ -4,6 +4,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -172,11 +173,12 @@ struct Answer {
   std::optional<v1::MultiplyStreamError> error;
 };
 
-// Reads every response until the server ends the call.
-std::map<uint64_t, Answer> ReadAll(Stream& stream) {
-  std::map<uint64_t, Answer> answers;
+// Reads responses into `answers` until the server ends the call or, when
+// given, `enough` says so.
+void ReadInto(Stream& stream, std::map<uint64_t, Answer>& answers,
+              const std::function<bool()>& enough = nullptr) {
   v1::MultiplyStreamResponse r;
-  while (stream.Read(&r)) {
+  while (!(enough && enough()) && stream.Read(&r)) {
     Answer& a = answers[r.request_id()];
     if (r.has_error()) {
       EXPECT_FALSE(a.error.has_value()) << "two errors for " << r.request_id();
@@ -197,6 +199,12 @@ std::map<uint64_t, Answer> ReadAll(Stream& stream) {
       ++a.chunks;
     }
   }
+}
+
+// Reads every response until the server ends the call.
+std::map<uint64_t, Answer> ReadAll(Stream& stream) {
+  std::map<uint64_t, Answer> answers;
+  ReadInto(stream, answers);
   return answers;
 }
 
@@ -420,8 +428,12 @@ TEST(MultiplyStreamTest, AStepTheEngineRefusesFailsOnlyItsMultiply) {
   }
   stream->WritesDone();
   engine->WaitForHeld(1);  // 2's allocation
+  // 2 fails once the server has seen the client close its side; only then
+  // does its allocation end (else the order of the two is a race).
+  std::map<uint64_t, Answer> answers;
+  ReadInto(*stream, answers, [&] { return answers[2].error.has_value(); });
   engine->ReleaseOne();
-  std::map<uint64_t, Answer> answers = ReadAll(*stream);
+  ReadInto(*stream, answers);
   ASSERT_TRUE(stream->Finish().ok());
   ASSERT_TRUE(answers[1].error.has_value());
   EXPECT_EQ(answers[1].error->code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
