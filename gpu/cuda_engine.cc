@@ -29,6 +29,9 @@
 namespace matmul {
 namespace {
 
+// The poller's pause between rounds of event queries that find nothing.
+constexpr absl::Duration kPollInterval = absl::Microseconds(5);
+
 // Device allocations are carved into A, B and C at this alignment.
 constexpr int64_t kDeviceAlignment = 256;
 
@@ -159,6 +162,13 @@ struct CudaEngine::InFlight {
   std::unique_ptr<EventSet> events;
   StageTimings timings;
   absl::Status status;  // an error met while enqueueing
+  // Set by whoever completes the job: the poller, a completion thread or
+  // FailDevice (under the device's done_mu; see Claim).
+  bool claimed = false;
+  // One reference for the host function's path, one for the completer's,
+  // and one more while the poller queries the job's end event; the last to
+  // let go frees the record (Release).
+  std::atomic<int> refs{2};
 };
 
 struct CudaEngine::Lane {
@@ -173,7 +183,12 @@ struct CudaEngine::Lane {
     double estimate = 0;
   };
   std::deque<Queued> queue ABSL_GUARDED_BY(mu);
+  // A thread (the lane's own or a submitter) is dispatching onto the stream.
+  bool busy ABSL_GUARDED_BY(mu) = false;
   bool stopping ABSL_GUARDED_BY(mu) = false;
+  // Jobs on the stream that nobody has claimed yet, in stream order, for
+  // the poller. Guarded by device->done_mu.
+  std::deque<InFlight*> unclaimed;
   // Seconds of estimated work queued or running on this stream.
   std::atomic<double> outstanding{0};
   std::thread thread;
@@ -215,6 +230,10 @@ struct CudaEngine::Device {
   std::deque<InFlight*> done ABSL_GUARDED_BY(done_mu);
   bool stopping ABSL_GUARDED_BY(done_mu) = false;
   std::vector<std::thread> completion_threads;
+  // The poller sleeps on poll_cv until the next enqueue counts up.
+  absl::CondVar poll_cv;
+  int64_t enqueued ABSL_GUARDED_BY(done_mu) = 0;
+  std::thread poller;
 
   // False once the device's context has failed (sticky CUDA error).
   std::atomic<bool> healthy{true};
@@ -245,6 +264,8 @@ struct CudaEngine::Device {
   absl::StatusOr<std::unique_ptr<EventSet>> TakeEvents();
   void ReturnEvents(std::unique_ptr<EventSet> events);
   absl::Status ReserveMemory(int64_t bytes, MatmulJob& job);
+  // Reserves `bytes` if they are free now; false otherwise.
+  bool TryReserveMemory(int64_t bytes);
   void ReleaseMemory(int64_t bytes);
   // Milliseconds on this device's clock, and wall time, of a completed event.
   absl::StatusOr<double> DeviceMs(cudaEvent_t event);
@@ -289,6 +310,13 @@ absl::Status CudaEngine::Device::ReserveMemory(int64_t bytes, MatmulJob& job) {
   }
   memory_reserved += bytes;
   return absl::OkStatus();
+}
+
+bool CudaEngine::Device::TryReserveMemory(int64_t bytes) {
+  absl::MutexLock lock(&memory_mu);
+  if (memory_reserved + bytes > memory_budget) return false;
+  memory_reserved += bytes;
+  return true;
 }
 
 void CudaEngine::Device::ReleaseMemory(int64_t bytes) {
@@ -341,6 +369,21 @@ void CUDART_CB OnStreamDone(void* user_data) {
   absl::MutexLock lock(&device->done_mu);
   device->done.push_back(flight);
   device->done_cv.Signal();
+}
+
+// Makes the caller the one that completes `flight`; false if another
+// already is. The caller holds the device's done_mu.
+bool Claim(CudaEngine::InFlight* flight) {
+  if (flight->claimed) return false;
+  flight->claimed = true;
+  std::deque<CudaEngine::InFlight*>& unclaimed = flight->lane->unclaimed;
+  auto it = std::find(unclaimed.begin(), unclaimed.end(), flight);
+  if (it != unclaimed.end()) unclaimed.erase(it);
+  return true;
+}
+
+void Release(CudaEngine::InFlight* flight) {
+  if (flight->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) delete flight;
 }
 
 }  // namespace
@@ -440,6 +483,9 @@ absl::Status CudaEngine::Init() {
     }
     for (int i = 0; i < options_.streams_per_device; ++i) {
       d->completion_threads.emplace_back([this, d] { CompletionLoop(d); });
+    }
+    if (options_.completion_poll > absl::ZeroDuration()) {
+      d->poller = std::thread([this, d] { PollLoop(d); });
     }
   }
   return absl::OkStatus();
@@ -541,6 +587,9 @@ absl::Duration CudaEngine::MinimumDuration(const MatmulSpec& spec) const {
 
 void CudaEngine::Submit(std::unique_ptr<MatmulJob> job) {
   absl::Status refused;
+  Lane* inline_lane = nullptr;  // dispatch here, on the submitting thread
+  absl::Time submitted;
+  double estimate = 0;
   {
     absl::ReaderMutexLock shutdown_lock(&shutdown_mu_);
     absl::StatusOr<JobLayout> layout = LayoutOf(*job);
@@ -557,16 +606,41 @@ void CudaEngine::Submit(std::unique_ptr<MatmulJob> job) {
                              "enough memory; see the server log)")
               : "no healthy GPU can take the request (see the server log)");
     } else {
-      const double estimate = EstimatedSeconds(job->spec(), *layout);
+      estimate = EstimatedSeconds(job->spec(), *layout);
       AtomicAddDouble(lane->outstanding, estimate);
       lane->device->queued.fetch_add(1, std::memory_order_relaxed);
+      submitted = absl::Now();
       absl::MutexLock lock(&lane->mu);
-      lane->queue.push_back({std::move(job), absl::Now(), estimate});
-      lane->cv.Signal();
-      return;
+      if (lane->queue.empty() && !lane->busy &&
+          layout->pinned_bytes <= options_.inline_dispatch_max_bytes) {
+        lane->busy = true;
+        inline_lane = lane;
+      } else {
+        lane->queue.push_back({std::move(job), submitted, estimate});
+        lane->cv.Signal();
+        return;
+      }
     }
   }
-  job->Done(refused);
+  if (inline_lane == nullptr) {
+    job->Done(refused);
+    return;
+  }
+  // The lane thread waits while `busy`, and Shutdown joins it, so the
+  // engine stays up until this dispatch ends.
+  std::unique_ptr<MatmulJob> left;
+  {
+    ScopedDevice scoped(inline_lane->device->index);
+    left = Dispatch(inline_lane, std::move(job), submitted, estimate,
+                    /*may_wait=*/false);
+  }
+  absl::MutexLock lock(&inline_lane->mu);
+  inline_lane->busy = false;
+  if (left != nullptr) {
+    // Memory or staging was not free at once: the lane thread waits for it.
+    inline_lane->queue.push_front({std::move(left), submitted, estimate});
+  }
+  inline_lane->cv.Signal();
 }
 
 void CudaEngine::LaneLoop(Lane* lane) {
@@ -575,17 +649,26 @@ void CudaEngine::LaneLoop(Lane* lane) {
     Lane::Queued next;
     {
       absl::MutexLock lock(&lane->mu);
-      while (lane->queue.empty() && !lane->stopping) lane->cv.Wait(&lane->mu);
-      if (lane->queue.empty()) return;
+      while (lane->busy || (lane->queue.empty() && !lane->stopping)) {
+        lane->cv.Wait(&lane->mu);
+      }
+      if (lane->queue.empty()) return;  // stopping, and nothing is left
       next = std::move(lane->queue.front());
       lane->queue.pop_front();
+      lane->busy = true;
     }
-    Dispatch(lane, std::move(next.job), next.submitted, next.estimate);
+    Dispatch(lane, std::move(next.job), next.submitted, next.estimate,
+             /*may_wait=*/true);
+    absl::MutexLock lock(&lane->mu);
+    lane->busy = false;
   }
 }
 
-void CudaEngine::Dispatch(Lane* lane, std::unique_ptr<MatmulJob> job,
-                          absl::Time submitted, double estimate) {
+std::unique_ptr<MatmulJob> CudaEngine::Dispatch(Lane* lane,
+                                                std::unique_ptr<MatmulJob> job,
+                                                absl::Time submitted,
+                                                double estimate,
+                                                bool may_wait) {
   Device* d = lane->device;
   bool started = false;
   auto fail = [&](const absl::Status& status) {
@@ -595,33 +678,44 @@ void CudaEngine::Dispatch(Lane* lane, std::unique_ptr<MatmulJob> job,
   };
   if (absl::Status abandoned = job->Abandoned(); !abandoned.ok()) {
     fail(abandoned);
-    return;
+    return nullptr;
   }
   if (!d->healthy.load(std::memory_order_relaxed)) {
     fail(d->Failure());
-    return;
+    return nullptr;
   }
   const MatmulSpec spec = job->spec();
   absl::StatusOr<JobLayout> layout_or = LayoutOf(*job);
   if (!layout_or.ok()) {
     fail(layout_or.status());
-    return;
+    return nullptr;
   }
   const JobLayout layout = *layout_or;
   const int64_t device_bytes = layout.transient_bytes + layout.kept_bytes;
-  if (absl::Status reserved = d->ReserveMemory(device_bytes, *job);
-      !reserved.ok()) {
-    fail(reserved);
-    return;
+  std::optional<PinnedPool::Lease> lease;
+  if (may_wait) {
+    if (absl::Status reserved = d->ReserveMemory(device_bytes, *job);
+        !reserved.ok()) {
+      fail(reserved);
+      return nullptr;
+    }
+    absl::StatusOr<PinnedPool::Lease> acquired = d->pinned->Acquire(
+        layout.pinned_bytes, [&job] { return job->Abandoned(); });
+    if (!acquired.ok()) {
+      d->ReleaseMemory(device_bytes);
+      fail(acquired.status());
+      return nullptr;
+    }
+    lease = std::move(*acquired);
+  } else {
+    if (!d->TryReserveMemory(device_bytes)) return job;
+    lease = d->pinned->TryAcquire(layout.pinned_bytes);
+    if (!lease.has_value()) {
+      d->ReleaseMemory(device_bytes);
+      return job;
+    }
   }
   const std::optional<PrestagedOperands> prestaged = job->prestaged();
-  absl::StatusOr<PinnedPool::Lease> lease = d->pinned->Acquire(
-      layout.pinned_bytes, [&job] { return job->Abandoned(); });
-  if (!lease.ok()) {
-    d->ReleaseMemory(device_bytes);
-    fail(lease.status());
-    return;
-  }
   d->queued.fetch_sub(1, std::memory_order_relaxed);
   started = true;
 
@@ -658,7 +752,7 @@ void CudaEngine::Dispatch(Lane* lane, std::unique_ptr<MatmulJob> job,
       d->ReleaseMemory(device_bytes);
       flight.reset();  // returns the lease
       fail(written);
-      return;
+      return nullptr;
     }
   }
   if (options_.poison_outputs && flight->host_c != nullptr) {
@@ -669,11 +763,12 @@ void CudaEngine::Dispatch(Lane* lane, std::unique_ptr<MatmulJob> job,
     d->ReleaseMemory(device_bytes);
     flight.reset();
     fail(events.status());
-    return;
+    return nullptr;
   }
   flight->events = std::move(*events);
   flight->job = std::move(job);
   Enqueue(flight.release(), host_a, host_b);
+  return nullptr;
 }
 
 void CudaEngine::Enqueue(InFlight* flight, const std::byte* host_a,
@@ -765,13 +860,24 @@ void CudaEngine::Enqueue(InFlight* flight, const std::byte* host_a,
     cudaFreeAsync(flight->kept, stream);
     flight->kept = nullptr;
   }
+  // Only a job whose every event was recorded may be polled: an event that
+  // was not recorded (or still holds an earlier job's record) reads as done.
+  if (flight->status.ok() && options_.completion_poll > absl::ZeroDuration()) {
+    absl::MutexLock lock(&d->done_mu);
+    flight->lane->unclaimed.push_back(flight);
+    ++d->enqueued;
+    d->poll_cv.Signal();
+  }
   if (cudaLaunchHostFunc(stream, OnStreamDone, flight) != cudaSuccess) {
     // Error path only: wait for what was enqueued before handing back the
-    // memory it reads, then complete here.
+    // memory it reads, then complete here (unless the poller already has).
     cudaStreamSynchronize(stream);
-    if (flight->status.ok()) {
-      flight->status = absl::InternalError(
-          "cudaLaunchHostFunc failed after the job was enqueued");
+    {
+      absl::MutexLock lock(&d->done_mu);
+      if (!flight->claimed && flight->status.ok()) {
+        flight->status = absl::InternalError(
+            "cudaLaunchHostFunc failed after the job was enqueued");
+      }
     }
     OnStreamDone(flight);
   }
@@ -782,6 +888,7 @@ void CudaEngine::CompletionLoop(Device* d) {
   absl::Time last_progress = absl::Now();
   while (true) {
     InFlight* flight = nullptr;
+    bool mine = false;  // this thread completes it (the poller has not)
     {
       absl::MutexLock lock(&d->done_mu);
       while (d->done.empty() && !(d->stopping && d->in_flight.empty())) {
@@ -794,6 +901,7 @@ void CudaEngine::CompletionLoop(Device* d) {
         flight = d->done.front();
         d->done.pop_front();
         d->in_flight.erase(flight);
+        mine = Claim(flight);
       } else if (d->stopping && d->in_flight.empty()) {
         return;
       }
@@ -801,7 +909,11 @@ void CudaEngine::CompletionLoop(Device* d) {
     const absl::Time now = absl::Now();
     if (flight != nullptr) {
       last_progress = now;
-      Complete(flight);
+      if (mine) {
+        Complete(flight);
+        Release(flight);  // the completer's reference
+      }
+      Release(flight);  // the host function's
     } else if (now - last_progress > absl::Seconds(1)) {
       // Nothing completed for a while: a broken context never runs host
       // functions, so ask the streams directly.
@@ -818,6 +930,70 @@ void CudaEngine::CompletionLoop(Device* d) {
     if (now_ns - anchored_ns > 5'000'000'000 &&
         d->anchored_ns.compare_exchange_strong(anchored_ns, now_ns)) {
       d->RefreshAnchor();
+    }
+  }
+}
+
+void CudaEngine::PollLoop(Device* d) {
+  cudaSetDevice(d->index);
+  const absl::Duration window = options_.completion_poll;
+  int64_t seen = 0;  // d->enqueued when last looked at
+  absl::Time poll_until = absl::InfinitePast();
+  std::vector<std::pair<InFlight*, cudaEvent_t>> fronts;
+  std::vector<InFlight*> finished;
+  while (true) {
+    // The oldest unclaimed job of each stream, referenced so that it stays
+    // allocated while its event is queried outside the lock.
+    fronts.clear();
+    {
+      absl::MutexLock lock(&d->done_mu);
+      while (true) {
+        if (d->stopping) return;
+        if (d->enqueued != seen) {
+          seen = d->enqueued;
+          poll_until = absl::Now() + window;
+        }
+        for (auto& lane : d->lanes) {
+          if (lane->unclaimed.empty()) continue;
+          InFlight* front = lane->unclaimed.front();
+          front->refs.fetch_add(1, std::memory_order_relaxed);
+          fronts.emplace_back(front, front->events->end.get());
+        }
+        if (!fronts.empty() && absl::Now() < poll_until) break;
+        for (auto& [flight, event] : fronts) Release(flight);
+        fronts.clear();
+        // Nothing to poll, or polling found nothing for a whole window: the
+        // host functions complete what is in flight; wake at the next job.
+        while (!d->stopping && d->enqueued == seen) {
+          d->poll_cv.Wait(&d->done_mu);
+        }
+      }
+    }
+    // An event that reads done belongs to its job as long as the job is
+    // unclaimed: events go back to the spare list only in Complete.
+    finished.clear();
+    for (auto& [flight, event] : fronts) {
+      if (cudaEventQuery(event) == cudaSuccess) finished.push_back(flight);
+    }
+    if (!finished.empty()) {
+      absl::MutexLock lock(&d->done_mu);
+      for (InFlight*& flight : finished) {
+        if (!Claim(flight)) flight = nullptr;
+      }
+      poll_until = absl::Now() + window;
+    }
+    for (InFlight* flight : finished) {
+      if (flight == nullptr) continue;
+      Complete(flight);
+      Release(flight);  // the completer's reference
+    }
+    for (auto& [flight, event] : fronts) Release(flight);  // the query's
+    if (finished.empty()) {
+      // A pause between rounds of queries, without CUDA calls: the driver
+      // serializes them with the enqueues of the lanes and submitters.
+      const absl::Time resume = absl::Now() + kPollInterval;
+      while (absl::Now() < resume) {
+      }
     }
   }
 }
@@ -845,7 +1021,8 @@ class CudaEngine::CudaResidentTensor final : public ResidentTensor {
 };
 
 void CudaEngine::Complete(InFlight* flight) {
-  std::unique_ptr<InFlight> owned(flight);
+  // The job goes with this call; the record stays until Release.
+  std::unique_ptr<MatmulJob> job = std::move(flight->job);
   Device* d = flight->device;
   Lane* lane = flight->lane;
   const MatmulSpec& spec = flight->spec;
@@ -881,7 +1058,7 @@ void CudaEngine::Complete(InFlight* flight) {
   flight->resident_b.reset();
   flight->upload_target.reset();
   if (!status.ok()) {
-    flight->job->Done(status);
+    job->Done(status);
     return;
   }
 
@@ -945,7 +1122,7 @@ void CudaEngine::Complete(InFlight* flight) {
         d, spec.dtype, upload ? spec.a_batch : spec.batch, spec.m,
         upload ? spec.k : spec.n, flight->kept, l.kept_bytes));
   }
-  flight->job->Done(std::move(result));
+  job->Done(std::move(result));
 }
 
 void CudaEngine::FailDevice(Device* d, const absl::Status& cause) {
@@ -957,7 +1134,11 @@ void CudaEngine::FailDevice(Device* d, const absl::Status& cause) {
     if (!d->healthy.load()) return;
     d->healthy.store(false);
     d->failure = status;
-    victims.swap(d->in_flight);
+    // Jobs the poller has already claimed are its to finish.
+    for (InFlight* flight : d->in_flight) {
+      if (Claim(flight)) victims.insert(flight);
+    }
+    d->in_flight.clear();
   }
   LogLine(absl::StrCat("error: ", status.message(), "; failing ",
                        victims.size(), " requests in flight on it"));
@@ -1036,7 +1217,9 @@ void CudaEngine::Shutdown() {
       absl::MutexLock lock(&device->done_mu);
       device->stopping = true;
       device->done_cv.SignalAll();
+      device->poll_cv.SignalAll();
     }
+    if (device->poller.joinable()) device->poller.join();
     for (std::thread& t : device->completion_threads) {
       if (t.joinable()) t.join();
     }

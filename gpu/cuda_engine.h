@@ -10,10 +10,18 @@
 // copy), and enqueues on its stream: H2D A and B -> GEMM -> D2H C into the
 // slot, with CUDA events between the stages, then a host function. The lane
 // goes straight on to the next job, so while one stream computes another's
-// copy runs (the H200 has three copy engines). The host function only queues
-// the job for the device's completion threads, which read the event
-// timestamps, account stream busy time and finish the job. No thread ever
-// waits on the device for a request.
+// copy runs (the H200 has three copy engines). A small job whose stream is
+// idle, and whose memory and staging are free at once, skips the lane: the
+// submitting thread does the same steps itself (one thread hand-off less).
+//
+// A job is completed (event timestamps read, stream busy time accounted, the
+// job finished) exactly once, by whichever sees its end first: the device's
+// poller, which queries the end events of jobs in flight for a short while
+// after each enqueue or completion, or the completion threads, which the
+// host function wakes. The poller answers small jobs without the host
+// function's and the wake-up's latency; the host function covers long jobs
+// and a poller that is asleep or off. No thread ever waits on the device for
+// a request.
 //
 // Thread-safe.
 #ifndef MATMUL_GPU_CUDA_ENGINE_H_
@@ -27,6 +35,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "gpu/engine.h"
 #include "gpu/span_history.h"
 
@@ -64,6 +73,15 @@ struct CudaEngineOptions {
   bool poison_outputs = false;
   // Test aid: fault injection (not owned; must outlive the engine).
   FaultInjector* fault_injector = nullptr;
+  // Jobs that stage at most this many operand bytes are dispatched by the
+  // submitting thread when their stream is idle and their memory and
+  // staging are free at once (0: always by the lane thread).
+  int64_t inline_dispatch_max_bytes = int64_t{1} << 20;
+  // How long the poller keeps querying the end events of jobs in flight
+  // after the last enqueue or completion before it sleeps until the next
+  // enqueue; zero runs no poller (completion through host functions only).
+  // While it polls, it keeps one CPU core busy.
+  absl::Duration completion_poll = absl::Milliseconds(1);
 };
 
 class CudaEngine final : public Engine {
@@ -96,11 +114,18 @@ class CudaEngine final : public Engine {
   // hold `spec`; null if none.
   Lane* PickLane(const JobLayout& layout) const;
   void LaneLoop(Lane* lane);
-  void Dispatch(Lane* lane, std::unique_ptr<MatmulJob> job,
-                absl::Time submitted, double estimate);
+  // Starts `job` on `lane`'s stream, or fails it. With `may_wait` false it
+  // returns the job instead when memory or staging is not free at once.
+  std::unique_ptr<MatmulJob> Dispatch(Lane* lane,
+                                      std::unique_ptr<MatmulJob> job,
+                                      absl::Time submitted, double estimate,
+                                      bool may_wait);
   void Enqueue(InFlight* flight, const std::byte* host_a,
                const std::byte* host_b);
   void CompletionLoop(Device* device);
+  void PollLoop(Device* device);
+  // Reads the job's events, accounts it and finishes the job; called once
+  // per job, by whoever claimed it.
   void Complete(InFlight* flight);
   absl::Status Inject(FaultInjector::Point point, int64_t job);
   // Fails every job in flight on a device whose context is broken.

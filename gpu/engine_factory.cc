@@ -58,6 +58,8 @@ absl::StatusOr<std::unique_ptr<Engine>> CreateBareEngine(
     CudaEngineOptions cuda;
     cuda.streams_per_device = options.streams_per_device;
     cuda.pinned_bytes_per_device = options.staging_bytes_per_device;
+    cuda.inline_dispatch_max_bytes = options.inline_dispatch_max_bytes;
+    cuda.completion_poll = options.completion_poll;
     ASSIGN_OR_RETURN(std::unique_ptr<CudaEngine> engine,
                      CudaEngine::Create(cuda));
     return std::unique_ptr<Engine>(std::move(engine));

@@ -25,6 +25,11 @@ struct EngineOptions {
   // batched job (BatchingEngine); zero disables.
   absl::Duration batch_window = absl::ZeroDuration();
   int max_batch = 64;
+  // CUDA engine: small jobs dispatched by the submitting thread when their
+  // stream is idle, and how long the completion poller polls
+  // (CudaEngineOptions).
+  int64_t inline_dispatch_max_bytes = int64_t{1} << 20;
+  absl::Duration completion_poll = absl::Milliseconds(1);
 };
 
 // "auto", "cuda" or "host".

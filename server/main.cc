@@ -57,6 +57,15 @@ ABSL_FLAG(int64_t, batch_window_us, 0,
           "arrive within this many microseconds into one batched GEMM "
           "(0: off)");
 ABSL_FLAG(int32_t, max_batch, 64, "Most requests merged into one batch");
+ABSL_FLAG(int64_t, inline_dispatch_max_bytes, int64_t{1} << 20,
+          "CUDA engine: a request with at most this many bytes of staging "
+          "(operands and product) is put on an idle stream by the thread "
+          "that received it, without a hand-off (0: never)");
+ABSL_FLAG(int64_t, completion_poll_us, 1000,
+          "CUDA engine: how long a poller queries the GPU for finished "
+          "requests after each submit or completion, so that small requests "
+          "are answered without waiting for a CUDA host function; it keeps "
+          "one core busy while it polls (0: no poller)");
 ABSL_FLAG(std::string, unix_socket, "",
           "Also listen on this unix socket path (plaintext, same host)");
 ABSL_FLAG(std::string, tls_cert, "",
@@ -102,6 +111,8 @@ constexpr const char* kEnvFlags[] = {"host",
                                      "max_connection_age_grace",
                                      "batch_window_us",
                                      "max_batch",
+                                     "inline_dispatch_max_bytes",
+                                     "completion_poll_us",
                                      "unix_socket",
                                      "tls_cert",
                                      "tls_key",
@@ -233,6 +244,10 @@ int main(int argc, char** argv) {
   engine_options.batch_window =
       absl::Microseconds(absl::GetFlag(FLAGS_batch_window_us));
   engine_options.max_batch = absl::GetFlag(FLAGS_max_batch);
+  engine_options.inline_dispatch_max_bytes =
+      std::max<int64_t>(0, absl::GetFlag(FLAGS_inline_dispatch_max_bytes));
+  engine_options.completion_poll = absl::Microseconds(
+      std::max<int64_t>(0, absl::GetFlag(FLAGS_completion_poll_us)));
   engine_options.staging_bytes_per_device =
       absl::GetFlag(FLAGS_pinned_pool_bytes);
 

@@ -11,6 +11,7 @@
 #include <future>
 #include <memory>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -80,9 +81,12 @@ class TestJob final : public MatmulJob {
   std::promise<Outcome> promise_;
 };
 
-std::unique_ptr<CudaEngine> NewEngine(int streams = 4) {
+std::unique_ptr<CudaEngine> NewEngine(
+    int streams = 4, int64_t inline_dispatch_max_bytes =
+                         CudaEngineOptions().inline_dispatch_max_bytes) {
   CudaEngineOptions options;
   options.streams_per_device = streams;
+  options.inline_dispatch_max_bytes = inline_dispatch_max_bytes;
   options.pinned_bytes_per_device = int64_t{2} << 30;
   options.poison_outputs = true;
   absl::StatusOr<std::unique_ptr<CudaEngine>> engine =
@@ -273,7 +277,10 @@ TEST(CudaEngineTest, RefusesWhatCanNeverFit) {
 
 TEST(CudaEngineTest, ManyConcurrentMixedJobsAreAllCorrect) {
   SKIP_WITHOUT_GPU();
-  std::unique_ptr<CudaEngine> engine = NewEngine(4);
+  // Every job through the lane threads, so that the burst queues up: a
+  // submitter that dispatches small jobs itself can finish each before the
+  // next arrives, and then two streams take them all.
+  std::unique_ptr<CudaEngine> engine = NewEngine(4, 0);
   ASSERT_NE(engine, nullptr);
   absl::BitGen gen;
   struct Pending {
@@ -326,6 +333,141 @@ TEST(CudaEngineTest, ManyConcurrentMixedJobsAreAllCorrect) {
   EXPECT_EQ(d.device_memory_used_bytes, 0);
   EXPECT_EQ(d.queued_jobs, 0);
 }
+
+// How jobs get onto streams and back: through the lane threads and host
+// functions only, or with the submitter dispatching small jobs itself and
+// the poller completing them, or one of the two.
+struct CompletionMode {
+  const char* name;
+  int64_t inline_dispatch_max_bytes;
+  absl::Duration completion_poll;
+};
+
+class CudaEngineCompletionTest
+    : public ::testing::TestWithParam<CompletionMode> {
+ protected:
+  std::unique_ptr<CudaEngine> NewModeEngine() {
+    CudaEngineOptions options;
+    options.streams_per_device = 4;
+    options.pinned_bytes_per_device = int64_t{1} << 30;
+    options.poison_outputs = true;
+    options.inline_dispatch_max_bytes = GetParam().inline_dispatch_max_bytes;
+    options.completion_poll = GetParam().completion_poll;
+    absl::StatusOr<std::unique_ptr<CudaEngine>> engine =
+        CudaEngine::Create(options);
+    EXPECT_TRUE(engine.ok()) << engine.status();
+    return engine.ok() ? std::move(*engine) : nullptr;
+  }
+};
+
+// One job at a time, as a client at concurrency 1 sends them: each is
+// answered once (a second Done would throw from its promise) and right.
+TEST_P(CudaEngineCompletionTest, OneAtATimeEachJobIsRightAndDoneOnce) {
+  SKIP_WITHOUT_GPU();
+  std::unique_ptr<CudaEngine> engine = NewModeEngine();
+  ASSERT_NE(engine, nullptr);
+  absl::BitGen gen;
+  for (int i = 0; i < 300; ++i) {
+    const int64_t m = 1 + absl::Uniform(gen, 0, 256);
+    const int64_t n = 1 + absl::Uniform(gen, 0, 256);
+    const int64_t k = 1 + absl::Uniform(gen, 0, 256);
+    const MatmulSpec spec =
+        MakeSpec(DType::kFloat32, 1, 1, m, n, k, false, false, false);
+    const std::string a = RandomBytes(spec.dtype, spec.a_elements(), gen);
+    const std::string b = RandomBytes(spec.dtype, spec.b_elements(), gen);
+    Outcome out = SubmitJob(*engine, spec, &a, &b).get();
+    ASSERT_TRUE(out.status.ok()) << out.status;
+    const std::vector<double> ref =
+        ReferenceGemm(spec, ToDoubles(spec.dtype, a.data(), spec.a_elements()),
+                      ToDoubles(spec.dtype, b.data(), spec.b_elements()));
+    ASSERT_LT(RelativeError(
+                  ToDoubles(spec.dtype, out.c.data(), spec.c_elements()), ref),
+              Tolerance(spec.dtype, spec.compute))
+        << "job " << i;
+  }
+  const DeviceStats d = engine->stats().devices[0];
+  int64_t jobs = 0;
+  for (const StreamStats& s : d.streams) jobs += s.jobs;
+  EXPECT_EQ(jobs, 300);
+  EXPECT_EQ(d.staging_used_bytes, 0);
+  EXPECT_EQ(d.device_memory_used_bytes, 0);
+  EXPECT_EQ(d.queued_jobs, 0);
+}
+
+// Four threads submit small and large jobs at once (submitters and lane
+// threads race for the streams), then the engine shuts down with jobs
+// still in flight: every job is answered exactly once, and right.
+TEST_P(CudaEngineCompletionTest, RacingSubmittersThenShutdownAnswerEveryJob) {
+  SKIP_WITHOUT_GPU();
+  std::unique_ptr<CudaEngine> engine = NewModeEngine();
+  ASSERT_NE(engine, nullptr);
+  struct Pending {
+    MatmulSpec spec;
+    std::string a, b;
+    std::future<Outcome> future;
+  };
+  constexpr int kThreads = 4;
+  constexpr int kPerThread = 60;
+  std::vector<std::vector<std::unique_ptr<Pending>>> pending(kThreads);
+  for (int t = 0; t < kThreads; ++t) {
+    absl::BitGen gen;
+    for (int i = 0; i < kPerThread; ++i) {
+      auto p = std::make_unique<Pending>();
+      // Mostly small (inline-sized), every eighth one past the threshold.
+      const int64_t size = i % 8 == 7 ? 512 : 16 + absl::Uniform(gen, 0, 240);
+      p->spec = MakeSpec(DType::kFloat32, 1, 1, size, size, size, false, false,
+                         false);
+      p->a = RandomBytes(p->spec.dtype, p->spec.a_elements(), gen);
+      p->b = RandomBytes(p->spec.dtype, p->spec.b_elements(), gen);
+      pending[t].push_back(std::move(p));
+    }
+  }
+  std::vector<std::thread> submitters;
+  for (int t = 0; t < kThreads; ++t) {
+    submitters.emplace_back([&, t] {
+      for (auto& p : pending[t]) {
+        p->future = SubmitJob(*engine, p->spec, &p->a, &p->b);
+      }
+    });
+  }
+  for (std::thread& t : submitters) t.join();
+  engine->Shutdown();
+  int checked = 0;
+  for (auto& per_thread : pending) {
+    for (auto& p : per_thread) {
+      Outcome out = p->future.get();
+      ASSERT_TRUE(out.status.ok()) << out.status;
+      const std::vector<double> ref = ReferenceGemm(
+          p->spec, ToDoubles(p->spec.dtype, p->a.data(), p->spec.a_elements()),
+          ToDoubles(p->spec.dtype, p->b.data(), p->spec.b_elements()));
+      EXPECT_LT(RelativeError(ToDoubles(p->spec.dtype, out.c.data(),
+                                        p->spec.c_elements()),
+                              ref),
+                Tolerance(p->spec.dtype, p->spec.compute));
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, kThreads * kPerThread);
+  const DeviceStats d = engine->stats().devices[0];
+  EXPECT_EQ(d.staging_used_bytes, 0);
+  EXPECT_EQ(d.device_memory_used_bytes, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    EveryMode, CudaEngineCompletionTest,
+    ::testing::Values(
+        CompletionMode{"LaneAndHostFunction", 0, absl::ZeroDuration()},
+        CompletionMode{"LaneAndPoller", 0, absl::Milliseconds(1)},
+        CompletionMode{"InlineAndHostFunction", int64_t{1} << 20,
+                       absl::ZeroDuration()},
+        CompletionMode{"InlineAndPoller", int64_t{1} << 20,
+                       absl::Milliseconds(1)},
+        // A window far shorter than a job: the host function finishes it.
+        CompletionMode{"InlineAndBriefPoller", int64_t{1} << 20,
+                       absl::Microseconds(1)}),
+    [](const ::testing::TestParamInfo<CompletionMode>& info) {
+      return std::string(info.param.name);
+    });
 
 // A burst of n=4096 float32 jobs over 4 streams: CUDA event timestamps must
 // show H2D copies of some jobs running while other jobs' GEMMs run.

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# How a request gets onto a CUDA stream and back, measured on the H200 in one
+# device call. Four server configurations, two rounds, a fresh server each:
+#   handoff  --inline-dispatch-max-bytes=0 --completion-poll-us=0
+#            (the lane thread stages and enqueues, a host function wakes a
+#            completion thread: the engine before the poller)
+#   inline   --completion-poll-us=0 (the receiving thread enqueues)
+#   poll     --inline-dispatch-max-bytes=0 (the poller completes)
+#   direct   the defaults: both
+# Each runs matmul-bench at n=256 c=1 (latency; then the server's stage
+# means from /metrics), n=64 c=64 over 8 channels and n=1024 c=32 over 16
+# channels (throughput). The transport ceiling for the n=256 sizes
+# (../shared/bench/transport-ceiling rawecho/rawclient: 512 KiB request,
+# 256 KiB reply, one call in flight) runs before and after.
+# Expects matmul-server, matmul-bench, rawecho and rawclient in .gpubundle.
+# Writes OUT/dispatch.txt and the raw bench outputs.
+#
+#   [MODES="handoff direct"] [ROUNDS=3] scripts/gpu-dispatch.sh OUT
+set -u
+out=${1:?usage: gpu-dispatch.sh OUT}
+R=.gpubundle/run
+T=127.0.0.1:50051
+log() { echo "$*" | tee -a "$out/dispatch.txt"; }
+
+ceiling() {
+  $R rawecho 127.0.0.1:50061 >/dev/null 2>&1 &
+  local e=$!
+  sleep 1
+  for _ in 1 2 3; do
+    log "ceiling n=256 sizes: $(timeout 20 $R rawclient 127.0.0.1:50061 524288 1 1 3 2>&1 | tail -1)"
+  done
+  kill $e
+  wait $e 2>/dev/null
+}
+
+mode_args() {
+  case $1 in
+    handoff) echo "--inline-dispatch-max-bytes=0 --completion-poll-us=0" ;;
+    inline) echo "--completion-poll-us=0" ;;
+    poll) echo "--inline-dispatch-max-bytes=0" ;;
+    direct) echo "" ;;
+  esac
+}
+
+ceiling
+for round in $(seq 1 "${ROUNDS:-2}"); do
+  for mode in ${MODES:-handoff inline poll direct}; do
+    slog="$out/server-$mode-$round.log"
+    # shellcheck disable=SC2046
+    $R matmul-server --host 127.0.0.1 --port 50051 --metrics-port 9464 \
+      --engine cuda --pinned-pool-bytes 1073741824 $(mode_args $mode) 2>"$slog" &
+    s=$!
+    for _ in $(seq 1 300); do grep -q "serving on port" "$slog" && break; sleep 0.1; done
+    log "== round $round, $mode $(mode_args $mode)"
+    bench() {
+      local n=$1 c=$2 ch=$3 secs=$4 f="$out/bench-$mode-$round-n$1.txt"
+      timeout 60 $R matmul-bench --target $T --shape "$n" --concurrency "$c" \
+        --channels "$ch" --duration "$secs" --warmup 1 --timeout 30 >"$f" 2>&1
+      grep -E "^ *[0-9]" "$f" | tee -a "$out/dispatch.txt" || tail -n 3 "$f" | tee -a "$out/dispatch.txt"
+    }
+    bench 256 1 1 4
+    # The server's stage means over the n=256 requests (and their warm-up).
+    python3 - <<'PY' | tee -a "$out/dispatch.txt"
+import re, urllib.request
+text = urllib.request.urlopen("http://127.0.0.1:9464/metrics").read().decode()
+sums, counts = {}, {}
+for line in text.splitlines():
+    m = re.match(r'matmul_stage_duration_seconds_(sum|count)\{.*stage="(\w+)".*\} (\S+)', line)
+    if m:
+        (sums if m[1] == "sum" else counts)[m[2]] = float(m[3])
+req = [0.0, 0.0]
+for line in text.splitlines():
+    m = re.match(r'matmul_request_duration_seconds_(sum|count)\{.*method="Multiply".*\} (\S+)', line)
+    if m:
+        req[m[1] == "count"] += float(m[2])
+sums["request"], counts["request"] = req
+print("n=256 server means (ms): " + ", ".join(
+    f"{k} {1e3 * sums[k] / counts[k]:.3f}" for k in sums if counts.get(k)))
+PY
+    bench 64 64 8 3
+    bench 1024 32 16 2
+    kill -TERM $s
+    for _ in $(seq 1 100); do kill -0 $s 2>/dev/null || break; sleep 0.1; done
+  done
+done
+ceiling
+log "done"
