@@ -91,6 +91,12 @@ ABSL_FLAG(absl::Duration, max_handle_ttl, absl::Hours(24),
           "Longest lifetime a request may ask for");
 ABSL_FLAG(absl::Duration, max_connection_age_grace, absl::Seconds(60),
           "Time RPCs get to finish on a connection closed for its age");
+ABSL_FLAG(absl::Duration, keepalive_time, absl::Seconds(60),
+          "Ping a client connection that has been quiet this long, and close "
+          "it (cancelling its RPCs) if the ping goes unanswered for "
+          "--keepalive-timeout; 0: gRPC's default (2h)");
+ABSL_FLAG(absl::Duration, keepalive_timeout, absl::Seconds(20),
+          "How long a keepalive ping may go unanswered");
 
 namespace {
 
@@ -109,6 +115,8 @@ constexpr const char* kEnvFlags[] = {"host",
                                      "drain_timeout",
                                      "max_connection_age",
                                      "max_connection_age_grace",
+                                     "keepalive_time",
+                                     "keepalive_timeout",
                                      "batch_window_us",
                                      "max_batch",
                                      "inline_dispatch_max_bytes",
@@ -272,6 +280,8 @@ int main(int argc, char** argv) {
   options.drain_grace = absl::GetFlag(FLAGS_drain_grace);
   options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
   options.max_connection_age = absl::GetFlag(FLAGS_max_connection_age);
+  options.keepalive_time = absl::GetFlag(FLAGS_keepalive_time);
+  options.keepalive_timeout = absl::GetFlag(FLAGS_keepalive_timeout);
   options.unix_socket = absl::GetFlag(FLAGS_unix_socket);
   options.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
   absl::StatusOr<matmul::GrpcArgs> grpc_args =

@@ -84,6 +84,22 @@ absl::StatusOr<std::unique_ptr<MatmulServer>> MatmulServer::Start(
             absl::ToInt64Milliseconds(options.max_connection_age_grace),
             INT_MAX)));
   }
+  if (options.keepalive_time > absl::ZeroDuration()) {
+    builder.AddChannelArgument(
+        GRPC_ARG_KEEPALIVE_TIME_MS,
+        static_cast<int>(std::min<int64_t>(
+            absl::ToInt64Milliseconds(options.keepalive_time), INT_MAX)));
+    builder.AddChannelArgument(
+        GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+        static_cast<int>(std::min<int64_t>(
+            absl::ToInt64Milliseconds(options.keepalive_timeout), INT_MAX)));
+  }
+  // Clients may keep their connections alive with pings of their own, down
+  // to every 10 s and while idle; gRPC's server default (5 min) would answer
+  // such a client with GOAWAY "too_many_pings".
+  builder.AddChannelArgument(
+      GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   for (const auto& [name, value] : options.grpc_args) {
     builder.AddChannelArgument(name, value);
   }

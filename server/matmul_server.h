@@ -55,6 +55,12 @@ struct ServerOptions {
   // their RPCs, so that clients re-resolve and rebalance. Zero: never.
   absl::Duration max_connection_age = absl::ZeroDuration();
   absl::Duration max_connection_age_grace = absl::Seconds(60);
+  // The server pings a connection that has been quiet this long and closes
+  // it if the ping is not answered within the timeout, so that a client
+  // that vanished without closing (a crashed node, a dropped NAT entry)
+  // does not hold its RPCs and their memory. Zero: gRPC's default (2 h).
+  absl::Duration keepalive_time = absl::Seconds(60);
+  absl::Duration keepalive_timeout = absl::Seconds(20);
   // Called once the port is bound, before the engine is built (health is
   // NOT_SERVING until then). Optional.
   std::function<void(int port)> on_listening;

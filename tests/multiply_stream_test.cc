@@ -21,6 +21,7 @@
 #include "server/matmul_server.h"
 #include "tests/fake_engine.h"
 #include "tests/reference_gemm.h"
+#include "tests/tcp_proxy.h"
 
 namespace matmul {
 namespace {
@@ -29,11 +30,14 @@ using ::testing::HasSubstr;
 using Stream = grpc::ClientReaderWriter<v1::MultiplyStreamRequest,
                                         v1::MultiplyStreamResponse>;
 
-std::unique_ptr<MatmulServer> StartServer(GrpcArgs grpc_args = {}) {
+std::unique_ptr<MatmulServer> StartServer(
+    GrpcArgs grpc_args = {},
+    const std::function<void(ServerOptions&)>& adjust = nullptr) {
   ServerOptions options;
   options.listen_address = "127.0.0.1:0";
   options.grpc_args = std::move(grpc_args);
   options.drain_timeout = absl::Seconds(10);
+  if (adjust) adjust(options);
   absl::StatusOr<std::unique_ptr<MatmulServer>> server = MatmulServer::Start(
       options, []() -> absl::StatusOr<std::unique_ptr<Engine>> {
         const char* name = std::getenv("MATMUL_TEST_ENGINE");
@@ -443,6 +447,45 @@ TEST(MultiplyStreamTest, AStepTheEngineRefusesFailsOnlyItsMultiply) {
   EXPECT_THAT(answers[2].error->message(), HasSubstr("closed the stream"));
   EXPECT_EQ(answers.size(), 2u);
   EXPECT_EQ((*server)->service().inflight_requests(), 0);
+}
+
+// A client that vanishes without closing its connection (here: a proxy
+// that stops moving bytes) while a multiply is open on its stream: the
+// server's keepalive ping goes unanswered, the connection is closed, and
+// the multiply and its memory are released. Without keepalive they stay.
+TEST(MultiplyStreamTest, KeepaliveReleasesTheStreamOfAVanishedClient) {
+  for (const bool keepalive : {false, true}) {
+    SCOPED_TRACE(keepalive ? "keepalive 200 ms" : "no keepalive");
+    std::unique_ptr<MatmulServer> server =
+        StartServer({}, [keepalive](ServerOptions& options) {
+          options.keepalive_time =
+              keepalive ? absl::Milliseconds(200) : absl::ZeroDuration();
+          options.keepalive_timeout = absl::Milliseconds(200);
+        });
+    ASSERT_NE(server, nullptr);
+    testing::TcpProxy proxy(server->port());
+    ASSERT_NE(proxy.port(), 0);
+    auto stub = Stub(proxy.port());
+    absl::BitGen gen;
+    const HostTensor a = Random(DType::kFloat32, {64, 64}, gen);
+    grpc::ClientContext context;
+    std::unique_ptr<Stream> stream = stub->MultiplyStream(&context);
+    ASSERT_TRUE(stream->Write(Start(1, a, a, 0)));
+    for (int i = 0; i < 500 && server->service().inflight_requests() == 0;
+         ++i) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    ASSERT_EQ(server->service().inflight_requests(), 1);
+    proxy.Freeze();
+    // Without keepalive nothing can tell the server; with it, about
+    // 200 ms of quiet + 200 ms unanswered.
+    for (int i = 0; i < 300 && server->service().inflight_requests() > 0; ++i) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    EXPECT_EQ(server->service().inflight_requests(), keepalive ? 0 : 1);
+    context.TryCancel();
+    stream->Finish();
+  }
 }
 
 TEST(MultiplyStreamTest, TransportArgumentsReachServerAndClient) {
