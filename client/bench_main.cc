@@ -53,6 +53,7 @@ constexpr char kUsage[] = R"(usage:
                [--duration SECONDS | --requests N] [--warmup SECONDS]
                [--channels N] [--timeout SECONDS]
                [--verify] [--verify-every N] [--distinct N] [--seed N]
+               [--protobuf-requests]
                [--resident[=operands|all|none]] [--client-id NAME]
                [--grpc-arg NAME=INT,...]
                [--json FILE] [--label TEXT] [--progress]
@@ -100,6 +101,10 @@ p50/p90/p99/p99.9 of the successful requests, and errors by gRPC status code.
                   matmul-bench-HOST-PID)
   --grpc-arg      extra gRPC channel arguments, NAME=INT[,NAME=INT...]
                   (transport tuning; docs/PERFORMANCE.md)
+  --protobuf-requests
+                  serialize each request with protobuf on every call (a copy
+                  of every operand byte), instead of sending prebuilt
+                  encodings whose operands go out from memory as they are
   --json          write every point to FILE (schema matmul-bench/1)
   --label         free text stored with every point in the JSON
   --progress      a line on stderr every second: elapsed, req/s, errors
@@ -147,7 +152,8 @@ absl::StatusOr<Flags> ParseFlags(const std::vector<std::string>& args) {
       "rate",    "duration",  "requests", "warmup",       "channels",
       "timeout", "distinct",  "seed",     "verify-every", "json",
       "label",   "client-id", "grpc-arg"};
-  static const std::set<std::string> kSwitches = {"verify", "progress"};
+  static const std::set<std::string> kSwitches = {"verify", "progress",
+                                                  "protobuf-requests"};
   // A switch that may take a value: --resident, --resident=operands, or
   // --resident operands.
   static const std::set<std::string> kResidentValues = {"none", "operands",
@@ -296,6 +302,7 @@ struct Config {
   int channels = 0;  // 0: min(concurrency, 16)
   double timeout_s = 60;
   bool verify = false;
+  bool protobuf_requests = false;
   int verify_every = 64;
   int distinct = 0;  // 0: automatic
   uint64_t seed = 1;
@@ -355,6 +362,7 @@ absl::StatusOr<Config> MakeConfig(const Flags& flags) {
   }
   c.channels = static_cast<int>(*channels);
   c.verify = flags.switches.count("verify") > 0 || flags.Has("verify-every");
+  c.protobuf_requests = flags.switches.count("protobuf-requests") > 0;
   absl::StatusOr<int64_t> every = ParsePositive(flags, "verify-every", 64);
   if (!every.ok()) return every.status();
   c.verify_every = static_cast<int>(std::min<int64_t>(*every, 1 << 30));
@@ -661,8 +669,10 @@ int Main(int argc, char** argv) {
       bp.request_message_bytes =
           static_cast<int64_t>(requests.front()->ByteSizeLong());
 
-      auto generator =
-          std::make_unique<LoadGenerator>(client->get(), requests, checker);
+      auto generator = std::make_unique<LoadGenerator>(
+          client->get(), requests, checker,
+          c.protobuf_requests ? LoadGenerator::Encoding::kProtobuf
+                              : LoadGenerator::Encoding::kZeroCopy);
       bp.timestamp = Rfc3339Now();
       absl::StatusOr<LoadResult> result = generator->Run(
           bp.point, stop_requested,

@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "client/multiply_encoding.h"
 #include "client/tensor_proto.h"
 
 namespace matmul {
@@ -61,6 +62,8 @@ thread_local int inline_depth = 0;
 struct RunState {
   MatmulClient* client = nullptr;
   const std::vector<const v1::MultiplyRequest*>* requests = nullptr;
+  // The same, encoded; empty to serialize with protobuf on every call.
+  const std::vector<grpc::ByteBuffer>* encoded = nullptr;
   const LoadGenerator::ResponseChecker* checker = nullptr;
   LoadPoint point;
   MultiplyOptions options;
@@ -146,12 +149,17 @@ bool Issue(const std::shared_ptr<RunState>& s, Clock::time_point start) {
       static_cast<int>(s->next_request.fetch_add(1, std::memory_order_relaxed) %
                        s->requests->size());
   if (!s->open_loop) start = Clock::now();
-  s->client->MultiplyRawAsync(
-      *(*s->requests)[index], s->options,
-      [s, index, start,
-       measured](absl::StatusOr<v1::MultiplyResponse> response) mutable {
-        OnDone(std::move(s), index, start, measured, std::move(response));
-      });
+  auto done = [s, index, start, measured](
+                  absl::StatusOr<v1::MultiplyResponse> response) mutable {
+    OnDone(std::move(s), index, start, measured, std::move(response));
+  };
+  if (!s->encoded->empty()) {
+    s->client->MultiplyEncodedAsync((*s->encoded)[index], s->options,
+                                    std::move(done));
+  } else {
+    s->client->MultiplyRawAsync(*(*s->requests)[index], s->options,
+                                std::move(done));
+  }
   return true;
 }
 
@@ -302,10 +310,16 @@ void OnDone(std::shared_ptr<RunState> s, int index, Clock::time_point start,
 
 LoadGenerator::LoadGenerator(MatmulClient* client,
                              std::vector<const v1::MultiplyRequest*> requests,
-                             ResponseChecker checker)
+                             ResponseChecker checker, Encoding encoding)
     : client_(client),
       requests_(std::move(requests)),
-      checker_(std::move(checker)) {}
+      checker_(std::move(checker)) {
+  if (encoding == Encoding::kZeroCopy) {
+    for (const v1::MultiplyRequest* request : requests_) {
+      encoded_.push_back(EncodeMultiplyRequest(*request));
+    }
+  }
+}
 
 absl::StatusOr<LoadResult> LoadGenerator::Run(
     const LoadPoint& point, const std::atomic<bool>& stop,
@@ -341,6 +355,7 @@ absl::StatusOr<LoadResult> LoadGenerator::Run(
   auto s = std::make_shared<RunState>();
   s->client = client_;
   s->requests = &requests_;
+  s->encoded = &encoded_;
   s->checker = &checker_;
   s->point = point;
   s->options.timeout = point.timeout;

@@ -135,12 +135,19 @@ class LoadGenerator {
   using ResponseChecker = std::function<absl::Status(
       int index, const v1::MultiplyResponse& response)>;
 
+  // How requests are put on the wire: encoded once up front, their
+  // operands sent from memory (EncodeMultiplyRequest, as MatmulClient's
+  // Multiply does), or serialized by protobuf on every call, which copies
+  // each operand byte (MultiplyRawAsync).
+  enum class Encoding { kZeroCopy, kProtobuf };
+
   // `requests` are sent in rotation (several distinct ones defeat any
   // caching); none may be null. `checker` may be empty when no point
-  // verifies.
+  // verifies. kZeroCopy keeps an encoded copy of each request.
   LoadGenerator(MatmulClient* client,
                 std::vector<const v1::MultiplyRequest*> requests,
-                ResponseChecker checker);
+                ResponseChecker checker,
+                Encoding encoding = Encoding::kZeroCopy);
 
   LoadGenerator(const LoadGenerator&) = delete;
   LoadGenerator& operator=(const LoadGenerator&) = delete;
@@ -155,6 +162,7 @@ class LoadGenerator {
  private:
   MatmulClient* client_;
   std::vector<const v1::MultiplyRequest*> requests_;
+  std::vector<grpc::ByteBuffer> encoded_;  // kZeroCopy: requests_, encoded
   ResponseChecker checker_;
 };
 

@@ -15,7 +15,9 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "client/multiply_encoding.h"
 #include "client/tensor_proto.h"
 #include "common/status_macros.h"
 #include "proto/dtype_mapping.h"
@@ -27,6 +29,8 @@ namespace {
 // never merged onto one connection.
 constexpr char kChannelIndexArg[] = "matmul.channel";
 constexpr int kMaxChannels = 1024;
+// The method an encoded request is sent to.
+const char kMultiplyMethod[] = "/matmul.v1.MatmulService/Multiply";
 
 void SetTimeout(grpc::ClientContext* context, absl::Duration timeout) {
   if (timeout == absl::InfiniteDuration()) return;
@@ -309,12 +313,18 @@ MatmulClient::MatmulClient(std::vector<std::shared_ptr<grpc::Channel>> channels,
     : channels_(std::move(channels)), client_id_(std::move(client_id)) {
   for (const std::shared_ptr<grpc::Channel>& channel : channels_) {
     stubs_.push_back(v1::MatmulService::NewStub(channel));
+    multiply_stubs_.push_back(std::make_unique<MultiplyStub>(channel));
   }
 }
 
 v1::MatmulService::Stub& MatmulClient::NextStub() {
   const uint64_t n = next_stub_.fetch_add(1, std::memory_order_relaxed);
   return *stubs_[n % stubs_.size()];
+}
+
+MatmulClient::MultiplyStub& MatmulClient::NextMultiplyStub() {
+  const uint64_t n = next_stub_.fetch_add(1, std::memory_order_relaxed);
+  return *multiply_stubs_[n % multiply_stubs_.size()];
 }
 
 void MatmulClient::PrepareContext(grpc::ClientContext& context,
@@ -335,7 +345,8 @@ absl::StatusOr<HostTensor> MatmulClient::Multiply(
   RETURN_IF_ERROR(CheckClientId(options.client_id));
   ASSIGN_OR_RETURN(v1::MultiplyRequest request,
                    MakeMultiplyRequest(a, b, options));
-  return ResultFromResponse(MultiplyRaw(request, options));
+  return ResultFromResponse(
+      MultiplyEncoded(EncodeMultiplyRequest(std::move(request)), options));
 }
 
 absl::StatusOr<HostTensor> MatmulClient::MultiplyStreamed(
@@ -502,13 +513,10 @@ void MatmulClient::MultiplyAsync(const Operand& a, const Operand& b,
     std::move(done)(request.status());
     return;
   }
-  auto owned = std::make_unique<v1::MultiplyRequest>(*std::move(request));
-  const v1::MultiplyRequest& sent = *owned;
-  MultiplyRawAsync(
-      sent, options,
-      [owned = std::move(owned), done = std::move(done)](
+  MultiplyEncodedAsync(
+      EncodeMultiplyRequest(*std::move(request)), options,
+      [done = std::move(done)](
           absl::StatusOr<v1::MultiplyResponse> response) mutable {
-        owned.reset();  // gRPC is done with it; free it before `done` runs.
         std::move(done)(ResultFromResponse(std::move(response)));
       });
 }
@@ -520,7 +528,8 @@ absl::StatusOr<StoredTensor> MatmulClient::MultiplyAndKeep(
   keep.keep_result = true;
   ASSIGN_OR_RETURN(v1::MultiplyRequest request,
                    MakeMultiplyRequest(a, b, keep));
-  return KeptFromResponse(MultiplyRaw(request, keep));
+  return KeptFromResponse(
+      MultiplyEncoded(EncodeMultiplyRequest(std::move(request)), keep));
 }
 
 void MatmulClient::MultiplyAndKeepAsync(const Operand& a, const Operand& b,
@@ -537,14 +546,12 @@ void MatmulClient::MultiplyAndKeepAsync(const Operand& a, const Operand& b,
     std::move(done)(request.status());
     return;
   }
-  auto owned = std::make_unique<v1::MultiplyRequest>(*std::move(request));
-  const v1::MultiplyRequest& sent = *owned;
-  MultiplyRawAsync(sent, keep,
-                   [owned = std::move(owned), done = std::move(done)](
-                       absl::StatusOr<v1::MultiplyResponse> response) mutable {
-                     owned.reset();
-                     std::move(done)(KeptFromResponse(std::move(response)));
-                   });
+  MultiplyEncodedAsync(
+      EncodeMultiplyRequest(*std::move(request)), keep,
+      [done = std::move(done)](
+          absl::StatusOr<v1::MultiplyResponse> response) mutable {
+        std::move(done)(KeptFromResponse(std::move(response)));
+      });
 }
 
 absl::StatusOr<v1::MultiplyResponse> MatmulClient::MultiplyRaw(
@@ -577,6 +584,60 @@ void MatmulClient::MultiplyRawAsync(const v1::MultiplyRequest& request,
   PrepareContext(call->context, options.timeout, options.client_id);
   NextStub().async()->Multiply(
       &call->context, &request, &call->response, [call](grpc::Status status) {
+        std::unique_ptr<Call> owned(call);
+        MultiplyRawDone done = std::move(owned->done);
+        absl::StatusOr<v1::MultiplyResponse> result =
+            status.ok() ? absl::StatusOr<v1::MultiplyResponse>(
+                              std::move(owned->response))
+                        : FromGrpcStatus(status);
+        owned.reset();
+        std::move(done)(std::move(result));
+      });
+}
+
+absl::StatusOr<v1::MultiplyResponse> MatmulClient::MultiplyEncoded(
+    const grpc::ByteBuffer& request, const MultiplyOptions& options) {
+  RETURN_IF_ERROR(CheckClientId(options.client_id));
+  grpc::ClientContext context;
+  PrepareContext(context, options.timeout, options.client_id);
+  v1::MultiplyResponse response;
+  absl::Mutex mu;
+  bool finished = false;
+  grpc::Status status;
+  NextMultiplyStub().UnaryCall(&context, kMultiplyMethod, grpc::StubOptions(),
+                               &request, &response, [&](grpc::Status s) {
+                                 absl::MutexLock lock(&mu);
+                                 status = std::move(s);
+                                 finished = true;
+                               });
+  absl::MutexLock lock(&mu);
+  mu.Await(absl::Condition(&finished));
+  RETURN_IF_ERROR(FromGrpcStatus(status));
+  return response;
+}
+
+void MatmulClient::MultiplyEncodedAsync(const grpc::ByteBuffer& request,
+                                        const MultiplyOptions& options,
+                                        MultiplyRawDone done) {
+  if (absl::Status s = CheckClientId(options.client_id); !s.ok()) {
+    std::move(done)(s);
+    return;
+  }
+  // Lives until the reaction below runs; gRPC needs the context, the
+  // request and the response until then.
+  struct Call {
+    grpc::ClientContext context;
+    grpc::ByteBuffer request;  // shares the encoding's slices
+    v1::MultiplyResponse response;
+    MultiplyRawDone done;
+  };
+  auto* call = new Call;
+  call->request = request;
+  call->done = std::move(done);
+  PrepareContext(call->context, options.timeout, options.client_id);
+  NextMultiplyStub().UnaryCall(
+      &call->context, kMultiplyMethod, grpc::StubOptions(), &call->request,
+      &call->response, [call](grpc::Status status) {
         std::unique_ptr<Call> owned(call);
         MultiplyRawDone done = std::move(owned->done);
         absl::StatusOr<v1::MultiplyResponse> result =

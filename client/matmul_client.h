@@ -40,7 +40,9 @@
 
 #include <grpcpp/channel.h>
 #include <grpcpp/client_context.h>
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/security/credentials.h>
+#include <grpcpp/support/byte_buffer.h>
 
 #include <atomic>
 #include <cstdint>
@@ -240,6 +242,17 @@ class MatmulClient {
   void MultiplyRawAsync(const v1::MultiplyRequest& request,
                         const MultiplyOptions& options, MultiplyRawDone done);
 
+  // Multiply on a request encoded by EncodeMultiplyRequest
+  // (client/multiply_encoding.h): its operands go to the socket from their
+  // own memory, without the copy that protobuf's serializer makes. One
+  // encoding may be sent by any number of calls. Only options.timeout and
+  // options.client_id are used. Multiply and MultiplyAsync send this way.
+  absl::StatusOr<v1::MultiplyResponse> MultiplyEncoded(
+      const grpc::ByteBuffer& request, const MultiplyOptions& options = {});
+  void MultiplyEncodedAsync(const grpc::ByteBuffer& request,
+                            const MultiplyOptions& options,
+                            MultiplyRawDone done);
+
   // Stores `tensor` (2-D or 3-D) on the server and returns its handle.
   // RESOURCE_EXHAUSTED over the client's quota or the server's message size;
   // INVALID_ARGUMENT for an unknown device or a TTL over the server's
@@ -275,8 +288,13 @@ class MatmulClient {
   MatmulClient(std::vector<std::shared_ptr<grpc::Channel>> channels,
                std::string client_id);
 
+  // Sends an encoded request for Multiply, with a protobuf response.
+  using MultiplyStub =
+      grpc::TemplatedGenericStub<grpc::ByteBuffer, v1::MultiplyResponse>;
+
   // The next channel's stub, round-robin.
   v1::MatmulService::Stub& NextStub();
+  MultiplyStub& NextMultiplyStub();
 
   // Sets the deadline and the client id (`client_id`, or else the
   // client's) on a call's context.
@@ -285,6 +303,7 @@ class MatmulClient {
 
   std::vector<std::shared_ptr<grpc::Channel>> channels_;
   std::vector<std::unique_ptr<v1::MatmulService::Stub>> stubs_;
+  std::vector<std::unique_ptr<MultiplyStub>> multiply_stubs_;
   std::atomic<uint64_t> next_stub_{0};
   const std::string client_id_;
 };

@@ -1,0 +1,85 @@
+#include "client/multiply_encoding.h"
+
+#include <grpcpp/support/slice.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace matmul {
+namespace {
+
+// The operands' data, moved out of the request; freed when the last slice
+// over it is released.
+struct OperandData {
+  std::string a;
+  std::string b;
+};
+
+void AppendVarint(std::string& out, uint64_t value) {
+  while (value >= 0x80) {
+    out.push_back(static_cast<char>((value & 0x7f) | 0x80));
+    value >>= 7;
+  }
+  out.push_back(static_cast<char>(value));
+}
+
+int VarintSize(uint64_t value) {
+  int size = 1;
+  while (value >= 0x80) {
+    value >>= 7;
+    ++size;
+  }
+  return size;
+}
+
+// Tag of a length-delimited field.
+void AppendLengthTag(std::string& out, int field) {
+  AppendVarint(out, (static_cast<uint64_t>(field) << 3) | 2);
+}
+
+// A slice over `data` that holds `owner` until gRPC lets go of it.
+grpc::Slice SliceOver(const std::string& data,
+                      const std::shared_ptr<OperandData>& owner) {
+  auto* hold = new std::shared_ptr<OperandData>(owner);
+  return grpc::Slice(
+      const_cast<char*>(data.data()), data.size(),
+      [](void* user_data) {
+        delete static_cast<std::shared_ptr<OperandData>*>(user_data);
+      },
+      hold);
+}
+
+}  // namespace
+
+grpc::ByteBuffer EncodeMultiplyRequest(v1::MultiplyRequest request) {
+  auto data = std::make_shared<OperandData>();
+  if (request.has_a()) data->a.swap(*request.mutable_a()->mutable_data());
+  if (request.has_b()) data->b.swap(*request.mutable_b()->mutable_data());
+  std::vector<grpc::Slice> slices;
+  std::string header = request.SerializeAsString();
+  // Each operand's data as a second occurrence of its Tensor field, holding
+  // only Tensor.data: [tag a|b][length][tag data][length] then the bytes.
+  const int tensor_field[2] = {v1::MultiplyRequest::kAFieldNumber,
+                               v1::MultiplyRequest::kBFieldNumber};
+  const std::string* operand[2] = {&data->a, &data->b};
+  for (int i = 0; i < 2; ++i) {
+    const uint64_t n = operand[i]->size();
+    if (n == 0) continue;
+    const uint64_t data_tag = (uint64_t{v1::Tensor::kDataFieldNumber} << 3) | 2;
+    const uint64_t inner = VarintSize(data_tag) + VarintSize(n) + n;
+    AppendLengthTag(header, tensor_field[i]);
+    AppendVarint(header, inner);
+    AppendLengthTag(header, v1::Tensor::kDataFieldNumber);
+    AppendVarint(header, n);
+    slices.emplace_back(header);
+    header.clear();
+    slices.push_back(SliceOver(*operand[i], data));
+  }
+  if (!header.empty()) slices.emplace_back(header);
+  return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
+}  // namespace matmul
