@@ -32,6 +32,20 @@ constexpr int kMaxChannels = 1024;
 // The method an encoded request is sent to.
 const char kMultiplyMethod[] = "/matmul.v1.MatmulService/Multiply";
 
+// Ends an asynchronous Multiply: frees `call` (gRPC is done with it), then
+// hands its response, or its error, to its `done`.
+template <typename Call>
+void EndMultiplyCall(Call* call, const grpc::Status& status) {
+  std::unique_ptr<Call> owned(call);
+  MatmulClient::MultiplyRawDone done = std::move(owned->done);
+  absl::StatusOr<v1::MultiplyResponse> result =
+      status.ok()
+          ? absl::StatusOr<v1::MultiplyResponse>(std::move(owned->response))
+          : FromGrpcStatus(status);
+  owned.reset();
+  std::move(done)(std::move(result));
+}
+
 void SetTimeout(grpc::ClientContext* context, absl::Duration timeout) {
   if (timeout == absl::InfiniteDuration()) return;
   if (timeout < absl::ZeroDuration()) timeout = absl::ZeroDuration();
@@ -583,16 +597,8 @@ void MatmulClient::MultiplyRawAsync(const v1::MultiplyRequest& request,
   call->done = std::move(done);
   PrepareContext(call->context, options.timeout, options.client_id);
   NextStub().async()->Multiply(
-      &call->context, &request, &call->response, [call](grpc::Status status) {
-        std::unique_ptr<Call> owned(call);
-        MultiplyRawDone done = std::move(owned->done);
-        absl::StatusOr<v1::MultiplyResponse> result =
-            status.ok() ? absl::StatusOr<v1::MultiplyResponse>(
-                              std::move(owned->response))
-                        : FromGrpcStatus(status);
-        owned.reset();
-        std::move(done)(std::move(result));
-      });
+      &call->context, &request, &call->response,
+      [call](grpc::Status status) { EndMultiplyCall(call, status); });
 }
 
 absl::StatusOr<v1::MultiplyResponse> MatmulClient::MultiplyEncoded(
@@ -637,16 +643,8 @@ void MatmulClient::MultiplyEncodedAsync(const grpc::ByteBuffer& request,
   PrepareContext(call->context, options.timeout, options.client_id);
   NextMultiplyStub().UnaryCall(
       &call->context, kMultiplyMethod, grpc::StubOptions(), &call->request,
-      &call->response, [call](grpc::Status status) {
-        std::unique_ptr<Call> owned(call);
-        MultiplyRawDone done = std::move(owned->done);
-        absl::StatusOr<v1::MultiplyResponse> result =
-            status.ok() ? absl::StatusOr<v1::MultiplyResponse>(
-                              std::move(owned->response))
-                        : FromGrpcStatus(status);
-        owned.reset();
-        std::move(done)(std::move(result));
-      });
+      &call->response,
+      [call](grpc::Status status) { EndMultiplyCall(call, status); });
 }
 
 absl::StatusOr<StoredTensor> MatmulClient::Upload(

@@ -11,26 +11,13 @@
 #   scripts/gpu-client-encoding.sh OUT
 set -u
 out=${1:?usage: gpu-client-encoding.sh OUT}
-R=.gpubundle/run
-T=127.0.0.1:50051
-log() { echo "$*" | tee -a "$out/encoding.txt"; }
+logfile=encoding.txt
+# shellcheck source=scripts/gpu-common.sh
+. "$(dirname "$0")/gpu-common.sh"
 
-ceiling() {
-  $R rawecho 127.0.0.1:50061 >/dev/null 2>&1 &
-  local e=$!
-  sleep 1
-  for point in "524288 1 1" "8388608 32 16" "32768 64 8"; do
-    log "ceiling $point: $(timeout 20 $R rawclient 127.0.0.1:50061 $point 3 2>&1 | tail -1)"
-  done
-  kill $e
-  wait $e 2>/dev/null
-}
-
-ceiling
-$R matmul-server --host 127.0.0.1 --port 50051 --metrics-port 0 \
-  --engine cuda --pinned-pool-bytes 4294967296 2>"$out/server.log" &
-s=$!
-for _ in $(seq 1 300); do grep -q "serving on port" "$out/server.log" && break; sleep 0.1; done
+points=("524288 1 1" "8388608 32 16" "32768 64 8")
+ceiling "${points[@]}"
+start_server "$out/server.log" --metrics-port 0
 for round in 1 2 3; do
   for mode in zero-copy protobuf; do
     args=()
@@ -38,14 +25,10 @@ for round in 1 2 3; do
     log "== round $round, $mode ${args[*]}"
     for point in "256 1 1 4" "1024 32 16 3" "64 64 8 3"; do
       read -r n c ch secs <<<"$point"
-      f="$out/bench-$mode-$round-n$n.txt"
-      timeout 60 $R matmul-bench --target $T --shape "$n" --concurrency "$c" \
-        --channels "$ch" --duration "$secs" --warmup 1 --timeout 30 "${args[@]}" >"$f" 2>&1
-      grep -E "^ *[0-9]" "$f" | tee -a "$out/encoding.txt" || tail -n 3 "$f" | tee -a "$out/encoding.txt"
+      bench_point "$out/bench-$mode-$round-n$n.txt" "$n" "$c" "$ch" "$secs" "${args[@]}"
     done
   done
 done
-kill -TERM $s
-for _ in $(seq 1 100); do kill -0 $s 2>/dev/null || break; sleep 0.1; done
-ceiling
+stop_server
+ceiling "${points[@]}"
 log "done"

@@ -15,20 +15,9 @@
 #   scripts/gpu-connection.sh OUT
 set -u
 out=${1:?usage: gpu-connection.sh OUT}
-R=.gpubundle/run
-T=127.0.0.1:50051
-log() { echo "$*" | tee -a "$out/connection.txt"; }
-
-ceiling() {
-  $R rawecho 127.0.0.1:50061 >/dev/null 2>&1 &
-  local e=$!
-  sleep 1
-  for point in "8388608 32 16" "32768 64 8" "524288 1 1"; do
-    log "ceiling $point: $(timeout 20 $R rawclient 127.0.0.1:50061 $point 3 2>&1 | tail -1)"
-  done
-  kill $e
-  wait $e 2>/dev/null
-}
+logfile=connection.txt
+# shellcheck source=scripts/gpu-common.sh
+. "$(dirname "$0")/gpu-common.sh"
 
 mode_args() {
   case $1 in
@@ -38,26 +27,19 @@ mode_args() {
   esac
 }
 
-ceiling
+points=("8388608 32 16" "32768 64 8" "524288 1 1")
+ceiling "${points[@]}"
 for round in 1 2; do
   for mode in default pings churn; do
-    slog="$out/server-$mode-$round.log"
     # shellcheck disable=SC2046
-    $R matmul-server --host 127.0.0.1 --port 50051 --metrics-port 0 \
-      --engine cuda --pinned-pool-bytes 4294967296 $(mode_args $mode) 2>"$slog" &
-    s=$!
-    for _ in $(seq 1 300); do grep -q "serving on port" "$slog" && break; sleep 0.1; done
-    log "== round $round, $mode $(mode_args $mode)"
+    start_server "$out/server-$mode-$round.log" --metrics-port 0 $(mode_args "$mode")
+    log "== round $round, $mode $(mode_args "$mode")"
     for point in "1024 32 16" "64 64 8" "256 1 1"; do
       read -r n c ch <<<"$point"
-      f="$out/bench-$mode-$round-n$n.txt"
-      timeout 60 $R matmul-bench --target $T --shape "$n" --concurrency "$c" \
-        --channels "$ch" --duration 4 --warmup 1 --timeout 30 >"$f" 2>&1
-      grep -E "^ *[0-9]" "$f" | tee -a "$out/connection.txt" || tail -n 3 "$f" | tee -a "$out/connection.txt"
+      bench_point "$out/bench-$mode-$round-n$n.txt" "$n" "$c" "$ch" 4
     done
-    kill -TERM $s
-    for _ in $(seq 1 100); do kill -0 $s 2>/dev/null || break; sleep 0.1; done
+    stop_server
   done
 done
-ceiling
+ceiling "${points[@]}"
 log "done"

@@ -18,20 +18,9 @@
 #   [MODES="handoff direct"] [ROUNDS=3] scripts/gpu-dispatch.sh OUT
 set -u
 out=${1:?usage: gpu-dispatch.sh OUT}
-R=.gpubundle/run
-T=127.0.0.1:50051
-log() { echo "$*" | tee -a "$out/dispatch.txt"; }
-
-ceiling() {
-  $R rawecho 127.0.0.1:50061 >/dev/null 2>&1 &
-  local e=$!
-  sleep 1
-  for _ in 1 2 3; do
-    log "ceiling n=256 sizes: $(timeout 20 $R rawclient 127.0.0.1:50061 524288 1 1 3 2>&1 | tail -1)"
-  done
-  kill $e
-  wait $e 2>/dev/null
-}
+logfile=dispatch.txt
+# shellcheck source=scripts/gpu-common.sh
+. "$(dirname "$0")/gpu-common.sh"
 
 mode_args() {
   case $1 in
@@ -42,23 +31,15 @@ mode_args() {
   esac
 }
 
-ceiling
+n256="524288 1 1"
+ceiling "$n256" "$n256" "$n256"
 for round in $(seq 1 "${ROUNDS:-2}"); do
   for mode in ${MODES:-handoff inline poll direct}; do
-    slog="$out/server-$mode-$round.log"
     # shellcheck disable=SC2046
-    $R matmul-server --host 127.0.0.1 --port 50051 --metrics-port 9464 \
-      --engine cuda --pinned-pool-bytes 1073741824 $(mode_args $mode) 2>"$slog" &
-    s=$!
-    for _ in $(seq 1 300); do grep -q "serving on port" "$slog" && break; sleep 0.1; done
-    log "== round $round, $mode $(mode_args $mode)"
-    bench() {
-      local n=$1 c=$2 ch=$3 secs=$4 f="$out/bench-$mode-$round-n$1.txt"
-      timeout 60 $R matmul-bench --target $T --shape "$n" --concurrency "$c" \
-        --channels "$ch" --duration "$secs" --warmup 1 --timeout 30 >"$f" 2>&1
-      grep -E "^ *[0-9]" "$f" | tee -a "$out/dispatch.txt" || tail -n 3 "$f" | tee -a "$out/dispatch.txt"
-    }
-    bench 256 1 1 4
+    start_server "$out/server-$mode-$round.log" --metrics-port 9464 \
+      --pinned-pool-bytes 1073741824 $(mode_args "$mode")
+    log "== round $round, $mode $(mode_args "$mode")"
+    bench_point "$out/bench-$mode-$round-n256.txt" 256 1 1 4
     # The server's stage means over the n=256 requests (and their warm-up).
     python3 - <<'PY' | tee -a "$out/dispatch.txt"
 import re, urllib.request
@@ -77,11 +58,10 @@ sums["request"], counts["request"] = req
 print("n=256 server means (ms): " + ", ".join(
     f"{k} {1e3 * sums[k] / counts[k]:.3f}" for k in sums if counts.get(k)))
 PY
-    bench 64 64 8 3
-    bench 1024 32 16 2
-    kill -TERM $s
-    for _ in $(seq 1 100); do kill -0 $s 2>/dev/null || break; sleep 0.1; done
+    bench_point "$out/bench-$mode-$round-n64.txt" 64 64 8 3
+    bench_point "$out/bench-$mode-$round-n1024.txt" 1024 32 16 2
+    stop_server
   done
 done
-ceiling
+ceiling "$n256" "$n256" "$n256"
 log "done"

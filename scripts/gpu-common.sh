@@ -1,0 +1,52 @@
+# Shared by the scripts that measure the server on the H200 (gpu-*.sh):
+# sourced, not run. Expects `out` (the output folder) and `logfile` (the
+# summary file's name in it) to be set, and the programs in .gpubundle.
+# A smoke run without a GPU: MATMUL_RUN=env PATH=build/bin:$PATH
+# MATMUL_SCRIPT_ENGINE=host scripts/gpu-....sh OUT
+R=${MATMUL_RUN:-.gpubundle/run}
+T=127.0.0.1:50051
+
+# Prints and appends to the summary.
+log() { echo "$*" | tee -a "$out/$logfile"; }
+
+# The transport ceiling (../shared/bench/transport-ceiling): rawecho, then
+# one rawclient run of 3 s per argument, each "REQUEST_BYTES THREADS
+# CHANNELS".
+ceiling() {
+  $R rawecho 127.0.0.1:50061 >/dev/null 2>&1 &
+  local e=$!
+  sleep 1
+  local point
+  for point in "$@"; do
+    # shellcheck disable=SC2086
+    log "ceiling $point: $(timeout 20 $R rawclient 127.0.0.1:50061 $point 3 2>&1 | tail -1)"
+  done
+  kill $e
+  wait $e 2>/dev/null
+}
+
+# Starts matmul-server on the CUDA engine at $T with the given extra
+# arguments, logging to the file named first; sets `server` to its pid.
+start_server() {
+  local slog=$1
+  shift
+  $R matmul-server --host 127.0.0.1 --port 50051 --engine "${MATMUL_SCRIPT_ENGINE:-cuda}" \
+    --pinned-pool-bytes 4294967296 "$@" 2>"$slog" &
+  server=$!
+  for _ in $(seq 1 300); do grep -q "serving on port" "$slog" && break; sleep 0.1; done
+}
+
+stop_server() {
+  kill -TERM "$server"
+  for _ in $(seq 1 100); do kill -0 "$server" 2>/dev/null || break; sleep 0.1; done
+}
+
+# One matmul-bench point: FILE N CONCURRENCY CHANNELS SECONDS [ARGS...];
+# its table line goes to the summary.
+bench_point() {
+  local f=$1 n=$2 c=$3 ch=$4 secs=$5
+  shift 5
+  timeout 60 $R matmul-bench --target $T --shape "$n" --concurrency "$c" \
+    --channels "$ch" --duration "$secs" --warmup 1 --timeout 30 "$@" >"$f" 2>&1
+  grep -E "^ *[0-9]" "$f" | tee -a "$out/$logfile" || tail -n 3 "$f" | tee -a "$out/$logfile"
+}
