@@ -26,7 +26,12 @@ def test_sigterm_drains_in_flight_work_and_refuses_new_work():
     # already begun gRPC's shutdown when the new call came).
     a = rng.standard_normal((4096, 4096))
     b = rng.standard_normal((4096, 4096))
-    long_calls = [client.multiply_async(a, b) for _ in range(3)]
+    # Stored operands, so that each request is a few bytes and is admitted
+    # at once: three 256 MiB requests took longer than the sleep below to
+    # arrive on a busy 2-core machine, and the last came in after SIGTERM.
+    ha = client.upload(a)
+    hb = client.upload(b)
+    long_calls = [client.multiply_async(ha, hb) for _ in range(3)]
     time.sleep(0.3)  # the requests are admitted, the first is computing
     assert not long_calls[-1].done()
     server._process.send_signal(signal.SIGTERM)
@@ -41,7 +46,8 @@ def test_sigterm_drains_in_flight_work_and_refuses_new_work():
 
     # After it: new work is refused with UNAVAILABLE while the long one runs.
     time.sleep(1.7)
-    assert not long_calls[-1].done(), "the long multiplies ended before the grace did"
+    assert not long_calls[-1].done(), (
+        f"the long multiplies ended before the grace did: {long_calls[-1].exception()}")
     small = rng.standard_normal((8, 8)).astype(np.float32)
     with pytest.raises(matmul_client.MatmulError) as refused:
         client.multiply(small, small, timeout=5)
