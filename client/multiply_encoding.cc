@@ -8,6 +8,8 @@
 #include <utility>
 #include <vector>
 
+#include "proto/wire_format.h"
+
 namespace matmul {
 namespace {
 
@@ -17,28 +19,6 @@ struct OperandData {
   std::string a;
   std::string b;
 };
-
-void AppendVarint(std::string& out, uint64_t value) {
-  while (value >= 0x80) {
-    out.push_back(static_cast<char>((value & 0x7f) | 0x80));
-    value >>= 7;
-  }
-  out.push_back(static_cast<char>(value));
-}
-
-int VarintSize(uint64_t value) {
-  int size = 1;
-  while (value >= 0x80) {
-    value >>= 7;
-    ++size;
-  }
-  return size;
-}
-
-// Tag of a length-delimited field.
-void AppendLengthTag(std::string& out, int field) {
-  AppendVarint(out, (static_cast<uint64_t>(field) << 3) | 2);
-}
 
 // A slice over `data` that holds `owner` until gRPC lets go of it.
 grpc::Slice SliceOver(const std::string& data,
@@ -65,15 +45,16 @@ grpc::ByteBuffer EncodeMultiplyRequest(v1::MultiplyRequest request) {
   const int tensor_field[2] = {v1::MultiplyRequest::kAFieldNumber,
                                v1::MultiplyRequest::kBFieldNumber};
   const std::string* operand[2] = {&data->a, &data->b};
+  const uint64_t data_key =
+      wire::Key(v1::Tensor::kDataFieldNumber, wire::kLengthDelimited);
   for (int i = 0; i < 2; ++i) {
     const uint64_t n = operand[i]->size();
     if (n == 0) continue;
-    const uint64_t data_tag = (uint64_t{v1::Tensor::kDataFieldNumber} << 3) | 2;
-    const uint64_t inner = VarintSize(data_tag) + VarintSize(n) + n;
-    AppendLengthTag(header, tensor_field[i]);
-    AppendVarint(header, inner);
-    AppendLengthTag(header, v1::Tensor::kDataFieldNumber);
-    AppendVarint(header, n);
+    wire::PutKey(header, tensor_field[i], wire::kLengthDelimited);
+    wire::PutVarint(header,
+                    wire::VarintSize(data_key) + wire::VarintSize(n) + n);
+    wire::PutVarint(header, data_key);
+    wire::PutVarint(header, n);
     slices.emplace_back(header);
     header.clear();
     slices.push_back(SliceOver(*operand[i], data));

@@ -179,6 +179,7 @@ struct CudaEngine::Lane {
   absl::CondVar cv;
   struct Queued {
     std::unique_ptr<MatmulJob> job;
+    JobLayout layout;  // as Submit worked it out
     absl::Time submitted;
     double estimate = 0;
   };
@@ -588,6 +589,7 @@ absl::Duration CudaEngine::MinimumDuration(const MatmulSpec& spec) const {
 void CudaEngine::Submit(std::unique_ptr<MatmulJob> job) {
   absl::Status refused;
   Lane* inline_lane = nullptr;  // dispatch here, on the submitting thread
+  JobLayout inline_layout;
   absl::Time submitted;
   double estimate = 0;
   {
@@ -611,12 +613,15 @@ void CudaEngine::Submit(std::unique_ptr<MatmulJob> job) {
       lane->device->queued.fetch_add(1, std::memory_order_relaxed);
       submitted = absl::Now();
       absl::MutexLock lock(&lane->mu);
-      if (lane->queue.empty() && !lane->busy &&
+      // 0 turns this off even for jobs that stage nothing.
+      if (options_.inline_dispatch_max_bytes > 0 && lane->queue.empty() &&
+          !lane->busy &&
           layout->pinned_bytes <= options_.inline_dispatch_max_bytes) {
         lane->busy = true;
         inline_lane = lane;
+        inline_layout = *layout;
       } else {
-        lane->queue.push_back({std::move(job), submitted, estimate});
+        lane->queue.push_back({std::move(job), *layout, submitted, estimate});
         lane->cv.Signal();
         return;
       }
@@ -631,14 +636,15 @@ void CudaEngine::Submit(std::unique_ptr<MatmulJob> job) {
   std::unique_ptr<MatmulJob> left;
   {
     ScopedDevice scoped(inline_lane->device->index);
-    left = Dispatch(inline_lane, std::move(job), submitted, estimate,
-                    /*may_wait=*/false);
+    left = Dispatch(inline_lane, std::move(job), inline_layout, submitted,
+                    estimate, /*may_wait=*/false);
   }
   absl::MutexLock lock(&inline_lane->mu);
   inline_lane->busy = false;
   if (left != nullptr) {
     // Memory or staging was not free at once: the lane thread waits for it.
-    inline_lane->queue.push_front({std::move(left), submitted, estimate});
+    inline_lane->queue.push_front(
+        {std::move(left), inline_layout, submitted, estimate});
   }
   inline_lane->cv.Signal();
 }
@@ -657,18 +663,16 @@ void CudaEngine::LaneLoop(Lane* lane) {
       lane->queue.pop_front();
       lane->busy = true;
     }
-    Dispatch(lane, std::move(next.job), next.submitted, next.estimate,
-             /*may_wait=*/true);
+    Dispatch(lane, std::move(next.job), next.layout, next.submitted,
+             next.estimate, /*may_wait=*/true);
     absl::MutexLock lock(&lane->mu);
     lane->busy = false;
   }
 }
 
-std::unique_ptr<MatmulJob> CudaEngine::Dispatch(Lane* lane,
-                                                std::unique_ptr<MatmulJob> job,
-                                                absl::Time submitted,
-                                                double estimate,
-                                                bool may_wait) {
+std::unique_ptr<MatmulJob> CudaEngine::Dispatch(
+    Lane* lane, std::unique_ptr<MatmulJob> job, const JobLayout& layout,
+    absl::Time submitted, double estimate, bool may_wait) {
   Device* d = lane->device;
   bool started = false;
   auto fail = [&](const absl::Status& status) {
@@ -685,12 +689,6 @@ std::unique_ptr<MatmulJob> CudaEngine::Dispatch(Lane* lane,
     return nullptr;
   }
   const MatmulSpec spec = job->spec();
-  absl::StatusOr<JobLayout> layout_or = LayoutOf(*job);
-  if (!layout_or.ok()) {
-    fail(layout_or.status());
-    return nullptr;
-  }
-  const JobLayout layout = *layout_or;
   const int64_t device_bytes = layout.transient_bytes + layout.kept_bytes;
   std::optional<PinnedPool::Lease> lease;
   if (may_wait) {

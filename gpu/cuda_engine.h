@@ -114,10 +114,12 @@ class CudaEngine final : public Engine {
   // hold `spec`; null if none.
   Lane* PickLane(const JobLayout& layout) const;
   void LaneLoop(Lane* lane);
-  // Starts `job` on `lane`'s stream, or fails it. With `may_wait` false it
-  // returns the job instead when memory or staging is not free at once.
+  // Starts `job` (laid out as `layout`) on `lane`'s stream, or fails it.
+  // With `may_wait` false it returns the job instead when memory or
+  // staging is not free at once.
   std::unique_ptr<MatmulJob> Dispatch(Lane* lane,
                                       std::unique_ptr<MatmulJob> job,
+                                      const JobLayout& layout,
                                       absl::Time submitted, double estimate,
                                       bool may_wait);
   void Enqueue(InFlight* flight, const std::byte* host_a,

@@ -14,6 +14,12 @@
 namespace matmul {
 namespace {
 
+// A duration as a gRPC channel argument in milliseconds (capped at INT_MAX).
+int Milliseconds(absl::Duration d) {
+  return static_cast<int>(
+      std::min<int64_t>(absl::ToInt64Milliseconds(d), INT_MAX));
+}
+
 void SetHealth(grpc::Server& server, bool ready) {
   grpc::HealthCheckServiceInterface* health = server.GetHealthCheckService();
   if (health == nullptr) return;
@@ -74,25 +80,16 @@ absl::StatusOr<std::unique_ptr<MatmulServer>> MatmulServer::Start(
   // would silently share it instead of failing.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   if (options.max_connection_age > absl::ZeroDuration()) {
-    builder.AddChannelArgument(
-        GRPC_ARG_MAX_CONNECTION_AGE_MS,
-        static_cast<int>(std::min<int64_t>(
-            absl::ToInt64Milliseconds(options.max_connection_age), INT_MAX)));
-    builder.AddChannelArgument(
-        GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS,
-        static_cast<int>(std::min<int64_t>(
-            absl::ToInt64Milliseconds(options.max_connection_age_grace),
-            INT_MAX)));
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS,
+                               Milliseconds(options.max_connection_age));
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS,
+                               Milliseconds(options.max_connection_age_grace));
   }
   if (options.keepalive_time > absl::ZeroDuration()) {
-    builder.AddChannelArgument(
-        GRPC_ARG_KEEPALIVE_TIME_MS,
-        static_cast<int>(std::min<int64_t>(
-            absl::ToInt64Milliseconds(options.keepalive_time), INT_MAX)));
-    builder.AddChannelArgument(
-        GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
-        static_cast<int>(std::min<int64_t>(
-            absl::ToInt64Milliseconds(options.keepalive_timeout), INT_MAX)));
+    builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS,
+                               Milliseconds(options.keepalive_time));
+    builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+                               Milliseconds(options.keepalive_timeout));
   }
   // Clients may keep their connections alive with pings of their own, down
   // to every 10 s and while idle; gRPC's server default (5 min) would answer

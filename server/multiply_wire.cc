@@ -4,17 +4,19 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "proto/wire_format.h"
 
 namespace matmul {
 namespace {
 
-// Protobuf wire types.
-constexpr int kVarint = 0;
-constexpr int kFixed64 = 1;
-constexpr int kLengthDelimited = 2;
-constexpr int kStartGroup = 3;
-constexpr int kEndGroup = 4;
-constexpr int kFixed32 = 5;
+using wire::kEndGroup;
+using wire::kFixed32;
+using wire::kFixed64;
+using wire::kLengthDelimited;
+using wire::kStartGroup;
+using wire::kVarint;
+using wire::PutKey;
+using wire::PutVarint;
 
 // Sequential reader over the chunks; positions count from the start of the
 // message.
@@ -246,18 +248,6 @@ bool IsUtf8(absl::string_view s) {
     i += n + 1;
   }
   return true;
-}
-
-void PutVarint(std::string& out, uint64_t v) {
-  while (v >= 0x80) {
-    out.push_back(static_cast<char>((v & 0x7f) | 0x80));
-    v >>= 7;
-  }
-  out.push_back(static_cast<char>(v));
-}
-
-void PutKey(std::string& out, int field, int wire_type) {
-  PutVarint(out, static_cast<uint64_t>(field) << 3 | wire_type);
 }
 
 // int32 fields: negative values take ten bytes, sign-extended.
