@@ -7,7 +7,10 @@ cd "$(dirname "$0")/.."
 
 build=${BUILD_DIR:-build}
 scripts/install-deps.sh
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF >/dev/null
+# The same configuration as scripts/test.sh's main build, so that either may
+# run first in a clone and the other reuses build/ (only two targets here).
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DBUILD_TESTING=ON -DMATMUL_SANITIZE= -DMATMUL_FUZZ=OFF >/dev/null
 cmake --build "$build" --target matmul-server matmul-cli
 
 work=$(mktemp -d)

@@ -10,9 +10,6 @@
 #   FUZZ_BUILD_DIR=... scripts/fuzz.sh   (default build-fuzz)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# Builds in several directories (and CI's clones elsewhere) share ccache
-# entries: hash paths relative to the checkout.
-export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD} CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-1}
 
 seconds=${1:-60}
 build=${FUZZ_BUILD_DIR:-build-fuzz}

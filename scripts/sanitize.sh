@@ -27,9 +27,6 @@
 #   ASAN_BUILD_DIR=... TSAN_BUILD_DIR=... scripts/sanitize.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# Builds in several directories (and CI's clones elsewhere) share ccache
-# entries: hash paths relative to the checkout.
-export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD} CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-1}
 root=$PWD
 jobs=$(nproc)
 which=${1:-all}
@@ -39,7 +36,7 @@ now() { date +%s; }
 
 configure() {  # build-dir sanitizers
   cmake -S . -B "$1" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DMATMUL_CUDA=OFF -DMATMUL_SANITIZE="$2" >/dev/null
+    -DBUILD_TESTING=ON -DMATMUL_CUDA=OFF -DMATMUL_SANITIZE="$2" >/dev/null
 }
 
 run_asan() {
@@ -59,7 +56,8 @@ run_asan() {
   LSAN_OPTIONS=suppressions=$root/tests/sanitizers/lsan.supp:print_suppressions=0 \
   MATMUL_SOAK_SECONDS=${SANITIZE_SOAK_SECONDS:-20} \
   MATMUL_SOAK_RSS_SLACK_MIB=128 \
-    ctest --test-dir "$build" --output-on-failure -j "$jobs" --timeout 900
+    ctest --test-dir "$build" --output-on-failure -j "$jobs" --timeout 900 \
+      --no-tests=error --output-junit "$root/$build/test-results/ctest.xml"
   echo "ASan+UBSan tests: $(($(now) - t0)) s"
 }
 
@@ -80,6 +78,8 @@ run_tsan() {
   local preload="$root/$build/tests/sanitizers/libabsl_tsan_annotations.so"
   [[ -f $preload ]] || { echo "missing $preload" >&2; exit 1; }
   local failed=() count=0
+  mkdir -p "$build/test-results"
+  rm -f "$build"/test-results/tsan-*.xml
   for test in "$build"/bin/*_test; do
     if [[ " ${TSAN_EXCLUDED[*]} " == *" ${test##*/} "* ]]; then
       echo "-- ${test##*/}: not under TSan (in-process gRPC, see above)"
@@ -90,7 +90,8 @@ run_tsan() {
     printf -- '-- %s ... ' "${test##*/}"
     if LD_PRELOAD=$preload OPENBLAS_NUM_THREADS=1 \
        TSAN_OPTIONS="halt_on_error=1:abort_on_error=1:second_deadlock_stack=1:suppressions=$root/tests/sanitizers/tsan.supp" \
-       "$test" --gtest_brief=1 >"$build/${test##*/}.tsan.log" 2>&1; then
+       "$test" --gtest_brief=1 --gtest_output="xml:$build/test-results/tsan-${test##*/}.xml" \
+         >"$build/${test##*/}.tsan.log" 2>&1; then
       echo "ok ($(($(now) - t1)) s)"
     else
       echo "FAILED ($(($(now) - t1)) s), log: $build/${test##*/}.tsan.log"
@@ -99,6 +100,7 @@ run_tsan() {
     fi
   done
   echo "TSan tests: $count binaries, $(($(now) - t0)) s"
+  ((count > 0)) || { echo "TSan: no test binary in $build/bin" >&2; exit 1; }
   if ((${#failed[@]})); then
     echo "TSan failed: ${failed[*]}" >&2
     exit 1

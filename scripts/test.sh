@@ -1,42 +1,177 @@
 #!/usr/bin/env bash
-# Installs what is missing, builds everything and runs every check: the unit,
-# integration and end-to-end tests (CTest), proto lint, formatting, and the
-# deployment manifests. What CI runs (.ci/run calls this).
+# Builds everything and runs every check, suite by suite, and ends with one
+# table (suite, tests run, failed, skipped, seconds). Fails when a suite
+# fails or runs no test. What CI runs (.ci/run calls this).
 #
-#   scripts/test.sh            all of it
-#   BUILD_DIR=... scripts/test.sh
-set -euo pipefail
+#   scripts/test.sh            all of it: dependencies, main build, unit,
+#                              integration, python, e2e, deploy, gpu (skips
+#                              without a GPU), lint, ASan+UBSan, TSan, fuzz
+#   scripts/test.sh --quick    the contributor's loop: incremental main build,
+#                              then unit, integration and python (host
+#                              engine); no dependencies step, no sanitizer or
+#                              fuzz builds
+#   BUILD_DIR=... FUZZ_SECONDS=... scripts/test.sh
+#
+# The main build is configured here with every option it needs (tests on),
+# whatever configured build/ before (scripts/demo.sh, a hand-run cmake).
+# ccache entries are shared across checkouts and build folders (CMakeLists.txt
+# sets CCACHE_BASEDIR to the checkout), so a fresh clone of code built before
+# compiles almost nothing. docs/CONTRIBUTING.md has the times of each suite.
+set -uo pipefail
 cd "$(dirname "$0")/.."
+root=$PWD
+
+mode=full
+case "${1:-}" in
+  "") ;;
+  --quick) mode=quick ;;
+  -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  *) echo "usage: $0 [--quick]" >&2; exit 2 ;;
+esac
 
 build=${BUILD_DIR:-build}
 jobs=$(nproc)
+py=/usr/bin/python3
+summary_py=$root/scripts/test_summary.py
+results=$root/$build/test-results
+mkdir -p "$results"
+summary=$(mktemp)
+trap 'rm -f "$summary"' EXIT
+
+gpu_visible=0
+nvidia-smi -L >/dev/null 2>&1 && gpu_visible=1
 
 step() { printf '\n== %s\n' "$*"; }
+# row SUITE RUN FAILED SKIPPED SECONDS [NOTE]
+row() { printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$@" >>"$summary"; }
+
+finish() {
+  step "summary ($mode)"
+  "$py" "$summary_py" table "$summary" --gpu-visible "$gpu_visible"
+  local rc=$?
+  ((rc == 0)) && printf '\nall checks passed\n'
+  exit $rc
+}
+
+# ctest_suite SUITE BUILD_DIR [CTEST ARGS...]: the tests labelled SUITE.
+ctest_suite() {
+  local suite=$1 dir=$2
+  shift 2
+  step "$suite tests (ctest -L $suite)"
+  local junit=$root/$dir/test-results/ctest-$suite.xml since t0
+  rm -f "$junit"
+  since=$(date +%s)
+  t0=$SECONDS
+  ctest --test-dir "$dir" -L "^$suite\$" --no-tests=error --output-on-failure \
+    -j "$jobs" --timeout 600 --output-junit "$junit" "$@"
+  local rc=$? run failed skipped
+  read -r run failed skipped < <("$py" "$summary_py" count "$junit" \
+    --pytest-dir "$root/$dir/test-results" --since "$since")
+  # ctest itself failing (no tests, a crash in discovery) is a failure even
+  # when the JUnit file has nothing in it.
+  ((rc != 0 && failed == 0)) && failed=1
+  row "$suite" "$run" "$failed" "$skipped" $((SECONDS - t0))
+}
+
+# The main build: tests on, whatever was configured before.
+main_build() {
+  step "build ($build)"
+  local t0=$SECONDS
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DBUILD_TESTING=ON -DMATMUL_SANITIZE= -DMATMUL_FUZZ=OFF >/dev/null &&
+    cmake --build "$build" -j "$jobs"
+  local rc=$?
+  echo "main build: $((SECONDS - t0)) s"
+  if ((rc != 0)); then
+    row build 0 1 0 $((SECONDS - t0)) "build failed"
+    finish
+  fi
+  # Every test belongs to one suite, or this script would not run it.
+  local stray
+  stray=$(ctest --test-dir "$build" -N -LE '^(unit|integration|python|e2e|deploy|gpu)$' |
+    sed -n 's/^Total Tests: //p')
+  if [[ $stray != 0 ]]; then
+    echo "tests with no suite label (tests/CMakeLists.txt lists the labels):"
+    ctest --test-dir "$build" -N -LE '^(unit|integration|python|e2e|deploy|gpu)$'
+    row labels 0 "$stray" 0 0 "tests with no suite label"
+  fi
+}
+
+if [[ $mode == quick ]]; then
+  main_build
+  for suite in unit integration python; do ctest_suite "$suite" "$build"; done
+  finish
+fi
 
 step "dependencies"
-scripts/install-deps.sh
+scripts/install-deps.sh || { row dependencies 0 1 0 0 "install-deps.sh failed"; finish; }
 
-step "build ($build)"
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-cmake --build "$build" -j "$jobs"
+main_build
+for suite in unit integration python e2e deploy; do ctest_suite "$suite" "$build"; done
+if [[ $(ctest --test-dir "$build" -N -L '^gpu$' | sed -n 's/^Total Tests: //p') != 0 ]]; then
+  ctest_suite gpu "$build"
+else
+  row gpu 0 0 0 0 "CUDA engine not built (no nvcc)"
+fi
 
-step "tests"
-(cd "$build" && ctest --output-on-failure -j "$jobs" --timeout 600)
-
-step "sanitizers: ASan+UBSan and TSan (scripts/sanitize.sh)"
-scripts/sanitize.sh
-
-step "fuzzing: request parsing and validation, 60 s (scripts/fuzz.sh)"
-scripts/fuzz.sh 60
-
-step "buf lint (proto/)"
-(cd proto && ../tools/node_modules/.bin/buf lint)
-
-step "clang-format"
+step "lint: buf lint (proto/), clang-format"
+t0=$SECONDS
 files=$(git ls-files '*.cc' '*.h' | grep -v '^third_party/')
-clang-format --dry-run --Werror $files
+nfiles=$(wc -w <<<"$files")
+nproto=$(git ls-files 'proto/*.proto' | wc -l)
+lint_failed=0
+(cd proto && ../tools/node_modules/.bin/buf lint) || lint_failed=$((lint_failed + 1))
+# shellcheck disable=SC2086
+clang-format --dry-run --Werror $files || lint_failed=$((lint_failed + 1))
+row lint $((nfiles + nproto)) "$lint_failed" 0 $((SECONDS - t0)) "files: $nproto proto (buf), $nfiles C++ (clang-format)"
 
-step "deployment manifests"
-scripts/check-deploy.sh
+step "deployment manifests (scripts/check-deploy.sh)"
+t0=$SECONDS
+deploy_log=$results/check-deploy.log
+scripts/check-deploy.sh 2>&1 | tee "$deploy_log"
+deploy_rc=${PIPESTATUS[0]}
+read -r dpassed dfailed < <(sed -n 's/^check-deploy: \([0-9]*\) passed, \([0-9]*\) failed/\1 \2/p' "$deploy_log")
+dpassed=${dpassed:-0} dfailed=${dfailed:-0}
+((deploy_rc != 0 && dfailed == 0)) && dfailed=1
+row manifests $((dpassed + dfailed)) "$dfailed" 0 $((SECONDS - t0)) "check-deploy.sh steps"
 
-printf '\nall checks passed\n'
+step "sanitizers: ASan+UBSan (scripts/sanitize.sh asan)"
+t0=$SECONDS
+asan_dir=${ASAN_BUILD_DIR:-build-asan}
+asan_since=$(date +%s)
+scripts/sanitize.sh asan
+asan_rc=$?
+read -r run failed skipped < <("$py" "$summary_py" count "$root/$asan_dir/test-results/ctest.xml" \
+  --pytest-dir "$root/$asan_dir/test-results" --since "$asan_since")
+((asan_rc != 0 && failed == 0)) && failed=1
+row asan+ubsan "$run" "$failed" "$skipped" $((SECONDS - t0)) "every ctest suite; build included"
+
+step "sanitizers: TSan (scripts/sanitize.sh tsan)"
+t0=$SECONDS
+tsan_dir=${TSAN_BUILD_DIR:-build-tsan}
+scripts/sanitize.sh tsan
+tsan_rc=$?
+read -r run failed skipped < <("$py" "$summary_py" count "$root/$tsan_dir"/test-results/tsan-*.xml)
+((tsan_rc != 0 && failed == 0)) && failed=1
+row tsan "$run" "$failed" "$skipped" $((SECONDS - t0)) "gtest binaries without in-process gRPC; build included"
+
+fuzz_seconds=${FUZZ_SECONDS:-60}
+step "fuzzing: request parsing and validation, $fuzz_seconds s (scripts/fuzz.sh)"
+t0=$SECONDS
+fuzz_dir=${FUZZ_BUILD_DIR:-build-fuzz}
+mkdir -p "$fuzz_dir"
+fuzz_log=$root/$fuzz_dir/fuzz.log
+scripts/fuzz.sh "$fuzz_seconds" >"$fuzz_log" 2>&1
+fuzz_rc=$?
+if ((fuzz_rc == 0)); then
+  # The build lines and libFuzzer's progress are kept in the log; the
+  # summary is what a reader needs.
+  grep -E '^fuzz:|^stat::|^Done [0-9]+ runs' "$fuzz_log"
+  echo "(full log: $fuzz_log)"
+else
+  tail -n 120 "$fuzz_log"
+fi
+runs=$("$py" "$summary_py" fuzz "$fuzz_log")
+row fuzz "$runs" $((fuzz_rc != 0)) 0 $((SECONDS - t0)) "inputs executed by request_fuzzer; build included"
+
+finish
