@@ -45,10 +45,13 @@ step() { printf '\n== %s\n' "$*"; }
 # row SUITE RUN FAILED SKIPPED SECONDS [NOTE]
 row() { printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$@" >>"$summary"; }
 
+build_note=""
 finish() {
   step "summary ($mode)"
   "$py" "$summary_py" table "$summary" --gpu-visible "$gpu_visible"
   local rc=$?
+  [[ -n $build_note ]] && echo "$build_note"
+  echo "test.sh $mode: $SECONDS s in all"
   ((rc == 0)) && printf '\nall checks passed\n'
   exit $rc
 }
@@ -73,15 +76,29 @@ ctest_suite() {
   row "$suite" "$run" "$failed" "$skipped" $((SECONDS - t0))
 }
 
+# "HITS MISSES" of ccache so far (0 0 without ccache).
+ccache_counts() {
+  command -v ccache >/dev/null 2>&1 || { echo 0 0; return; }
+  ccache --print-stats 2>/dev/null | awk '
+    $1 == "direct_cache_hit" || $1 == "preprocessed_cache_hit" { h += $2 }
+    $1 == "cache_miss" { m += $2 }
+    END { print h + 0, m + 0 }'
+}
+
 # The main build: tests on, whatever was configured before.
 main_build() {
   step "build ($build)"
-  local t0=$SECONDS
+  local t0=$SECONDS h0 m0 h1 m1
+  read -r h0 m0 < <(ccache_counts)
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DBUILD_TESTING=ON -DMATMUL_SANITIZE= -DMATMUL_FUZZ=OFF >/dev/null &&
     cmake --build "$build" -j "$jobs"
   local rc=$?
-  echo "main build: $((SECONDS - t0)) s"
+  read -r h1 m1 < <(ccache_counts)
+  local hits=$((h1 - h0)) compiles=$((h1 - h0 + m1 - m0))
+  build_note="main build: $((SECONDS - t0)) s, $compiles compiles through ccache, $hits hits"
+  ((compiles > 0)) && build_note+=" ($((100 * hits / compiles))%)"
+  echo "$build_note"
   if ((rc != 0)); then
     row build 0 1 0 $((SECONDS - t0)) "build failed"
     finish
