@@ -100,9 +100,7 @@ class JobReactor : public grpc::ServerUnaryReactor {
     }
     // From here on nothing else touches the response until Finish.
     if (!result.ok()) {
-      if (std::optional<RejectReason> reason = RejectionOf(result.status())) {
-        service_->metrics_->RecordRejection(*reason);
-      }
+      service_->admission_.RecordFailure(result.status());
       FinishRpc(ToGrpcStatus(result.status()));
       return;
     }
@@ -114,83 +112,43 @@ class JobReactor : public grpc::ServerUnaryReactor {
     FinishRpc(ToGrpcStatus(Respond(spec, *result)));
   }
 
- protected:
-  ~JobReactor() override {
-    if (admitted_bytes_ > 0) {
-      service_->inflight_bytes_.Release(admitted_bytes_);
-      service_->inflight_requests_.fetch_sub(1, std::memory_order_relaxed);
-    }
-  }
+  // The lease is a member: it is released when the reactor goes, after
+  // both the RPC and the job are done.
+  ~JobReactor() override = default;
 
   // Builds the response from a job's result (engine thread).
   virtual absl::Status Respond(const MatmulSpec& spec, JobResult& result) = 0;
 
-  // The engine to use, or finishes with UNAVAILABLE and returns null.
-  Engine* ReadyEngine() {
-    if (service_->draining_.load(std::memory_order_relaxed)) {
-      Reject(RejectReason::kDraining,
-             absl::UnavailableError("the server is shutting down"));
-      return nullptr;
-    }
-    Engine* engine = service_->engine();
-    if (engine == nullptr) {
-      Reject(RejectReason::kUnavailable,
-             absl::UnavailableError("the engine is still starting"));
-    }
-    return engine;
-  }
-
-  // Refuses a request whose deadline has passed or is nearer than the
-  // engine could possibly finish it; true if it did.
-  bool RefuseHopelessDeadline(const Engine& engine, const MatmulSpec& spec) {
-    if (DeadlinePassed(deadline_)) {
-      Reject(RejectReason::kDeadline,
-             absl::DeadlineExceededError(
-                 "the deadline passed before the request was admitted"));
-      return true;
-    }
-    if (deadline_ == std::chrono::system_clock::time_point::max()) return false;
-    const absl::Duration left =
-        absl::FromChrono(deadline_ - std::chrono::system_clock::now());
-    const absl::Duration needed = engine.MinimumDuration(spec);
-    if (needed > left) {
-      Reject(RejectReason::kDeadline,
-             absl::DeadlineExceededError(absl::StrCat(
-                 "the deadline cannot be met: ", absl::FormatDuration(left),
-                 " left, and this request needs at least ",
-                 absl::FormatDuration(needed), " on an idle ",
-                 engine.info().name, " engine")));
-      return true;
-    }
+  // False, with the RPC finished UNAVAILABLE, while the server drains or
+  // the engine is starting: the admission core's early check.
+  bool Open() {
+    absl::Status open = service_->admission_.CheckOpen();
+    if (open.ok()) return true;
+    FinishWith(open);  // counted by the core
     return false;
   }
 
-  // Reserves `bytes` of the in-flight budget, or finishes with
-  // RESOURCE_EXHAUSTED and a retry hint; true if admitted.
-  bool Admit(int64_t bytes) {
-    bytes = std::max<int64_t>(bytes, 1);
-    InflightBytes& budget = service_->inflight_bytes_;
-    if (!budget.TryAcquire(bytes)) {
-      // Roughly how long the bytes in flight take to drain at a few GB/s.
-      const int64_t pushback_ms =
-          std::clamp<int64_t>(budget.used() / 4'000'000, 10, 2000);
-      context_->AddTrailingMetadata("grpc-retry-pushback-ms",
-                                    std::to_string(pushback_ms));
-      Reject(RejectReason::kOverloaded,
-             absl::ResourceExhaustedError(absl::StrCat(
-                 "server busy: ", budget.used(), " of ", budget.limit(),
-                 " in-flight bytes are in use and this request needs ", bytes,
-                 "; retry after ", pushback_ms, " ms")));
+  // Admits `op` (the deadline is the call's), or finishes the RPC with the
+  // core's refusal, and its retry hint when it has one; true if admitted.
+  bool Admit(Operation op) {
+    op.deadline = DeadlineOf(*context_);
+    absl::StatusOr<Lease> lease = service_->admission_.Admit(op);
+    if (!lease.ok()) {
+      if (std::optional<int64_t> ms = RetryPushbackMs(lease.status())) {
+        context_->AddTrailingMetadata("grpc-retry-pushback-ms",
+                                      std::to_string(*ms));
+      }
+      FinishWith(lease.status());  // counted by the core
       return false;
     }
-    admitted_bytes_ = bytes;
-    service_->inflight_requests_.fetch_add(1, std::memory_order_relaxed);
+    lease_ = std::move(*lease);
     return true;
   }
 
-  void Submit(Engine& engine, std::unique_ptr<MatmulJob> job) {
+  // Submits to the admitted lease's engine.
+  void Submit(std::unique_ptr<MatmulJob> job) {
     refs_.fetch_add(1, std::memory_order_relaxed);  // the job's reference
-    engine.Submit(std::move(job));
+    lease_.engine()->Submit(std::move(job));
   }
 
   // Runs `copy`, which reads the request, unless the RPC was cancelled;
@@ -222,11 +180,13 @@ class JobReactor : public grpc::ServerUnaryReactor {
 
   // FinishWith, counted as a rejection for `reason`.
   void Reject(RejectReason reason, const absl::Status& status) {
-    if (FinishWith(status)) service_->metrics_->RecordRejection(reason);
+    if (FinishWith(status)) service_->admission_.RecordRejection(reason);
   }
 
   MatmulServiceImpl* const service_;
   grpc::CallbackServerContext* const context_;
+  // What admission granted; empty until Admit.
+  Lease lease_;
 
  private:
   void Unref() {
@@ -250,8 +210,8 @@ class JobReactor : public grpc::ServerUnaryReactor {
         deadline_ != std::chrono::system_clock::time_point::max() &&
         std::chrono::system_clock::now() + std::chrono::milliseconds(50) >=
             deadline_;
-    service_->metrics_->RecordRejection(deadline ? RejectReason::kDeadline
-                                                 : RejectReason::kCancelled);
+    service_->admission_.RecordRejection(deadline ? RejectReason::kDeadline
+                                                  : RejectReason::kCancelled);
   }
 
   void RecordDone() {
@@ -271,7 +231,6 @@ class JobReactor : public grpc::ServerUnaryReactor {
   const RpcMethod method_;
   const std::chrono::system_clock::time_point deadline_;
   std::atomic<int> refs_{1};
-  int64_t admitted_bytes_ = 0;
   // For metrics; written before Finish, read in OnDone.
   const std::chrono::steady_clock::time_point started_ =
       std::chrono::steady_clock::now();
@@ -371,7 +330,7 @@ class MultiplyReactor final : public JobReactor {
   WireMultiplyRequest wire_;
   std::vector<int64_t> a_shape_;  // of stored operands
   std::vector<int64_t> b_shape_;
-  std::optional<HandleRegistry::Reservation> keep_reservation_;
+  bool keep_result_ = false;
   absl::Duration keep_ttl_;
 };
 
@@ -409,8 +368,7 @@ void MatmulServiceImpl::FillHandle(const HandleRegistry::Entry& entry,
 }
 
 void MultiplyReactor::Start() {
-  Engine* engine = ReadyEngine();
-  if (engine == nullptr) return;
+  if (!Open()) return;
   // gRPC still calls a raw handler whose request never fully arrived (the
   // client cancelled, or its deadline passed mid-upload), with an empty
   // buffer: that is the client's cancellation, not a malformed request.
@@ -474,41 +432,34 @@ void MultiplyReactor::Start() {
       return;
     }
     keep_ttl_ = *ttl;
-    absl::StatusOr<HandleRegistry::Reservation> reservation =
-        service_->handles_.Reserve(MatmulServiceImpl::ClientKey(*context_),
-                                   spec->c_bytes());
-    if (!reservation.ok()) {
-      Reject(RejectReason::kOverloaded, reservation.status());
-      return;
-    }
-    keep_reservation_ = std::move(*reservation);
-    plan.keep_result = true;
+    keep_result_ = plan.keep_result = true;
   }
-  // A job that could never fit a device is the request's fault, not load.
-  if (absl::Status fits = engine->CheckFits(*spec); !fits.ok()) {
-    Reject(RejectReason::kInvalid, fits);
-    return;
-  }
-  if (RefuseHopelessDeadline(*engine, *spec)) return;
+  Operation op;
+  op.kind = OperationKind::kMultiply;
+  op.spec = &plan.spec;
   // Bytes this request holds in server memory: its operands in gRPC's
   // buffers (until it finishes) and its product in staging.
-  const int64_t held = (plan.resident_a ? 0 : spec->a_bytes()) +
-                       (plan.resident_b ? 0 : spec->b_bytes()) +
-                       (plan.keep_result ? 0 : spec->c_bytes());
-  if (!Admit(held)) return;
-  Submit(*engine, std::make_unique<ReactorJob>(this, std::move(plan)));
+  op.held_bytes = (plan.resident_a ? 0 : spec->a_bytes()) +
+                  (plan.resident_b ? 0 : spec->b_bytes()) +
+                  (plan.keep_result ? 0 : spec->c_bytes());
+  if (plan.keep_result) {
+    op.stored_bytes = spec->c_bytes();
+    op.client = MatmulServiceImpl::ClientKey(*context_);
+  }
+  if (!Admit(std::move(op))) return;
+  Submit(std::make_unique<ReactorJob>(this, std::move(plan)));
 }
 
 absl::Status MultiplyReactor::Respond(const MatmulSpec& spec,
                                       JobResult& result) {
   const std::vector<int64_t> c_shape =
       ApiShape(spec.c_is_3d, spec.batch, spec.m, spec.n);
-  if (keep_reservation_.has_value()) {
-    if (result.resident() == nullptr) {
+  if (keep_result_) {
+    if (result.resident() == nullptr || !lease_.has_reservation()) {
       return absl::InternalError("the engine kept no result");
     }
     const HandleRegistry::Entry entry = service_->handles_.Add(
-        std::move(*keep_reservation_), result.resident(), c_shape, keep_ttl_);
+        lease_.TakeReservation(), result.resident(), c_shape, keep_ttl_);
     v1::MultiplyResponse response;
     MatmulServiceImpl::FillHandle(entry, response.mutable_c_handle());
     response.mutable_placement()->set_device(result.placement().device);
@@ -572,14 +523,12 @@ class TransferReactor final : public JobReactor {
   const v1::DownloadRequest* const download_ = nullptr;
   v1::DownloadResponse* const download_response_ = nullptr;
   std::vector<int64_t> shape_;
-  std::optional<HandleRegistry::Reservation> reservation_;
   absl::Duration ttl_;
   std::shared_ptr<ResidentTensor> downloading_;
 };
 
 void TransferReactor::StartUpload() {
-  Engine* engine = ReadyEngine();
-  if (engine == nullptr) return;
+  if (!Open()) return;
   OperandHeader header;
   header.present = upload_->has_tensor();
   header.shape = absl::MakeConstSpan(upload_->tensor().shape().data(),
@@ -599,8 +548,23 @@ void TransferReactor::StartUpload() {
   plan.spec.m = dims->rows;
   plan.spec.k = dims->cols;
   plan.spec.n = 0;
+  absl::StatusOr<absl::Duration> ttl =
+      service_->handles_.Ttl(upload_->ttl_seconds());
+  if (!ttl.ok()) {
+    Reject(RejectReason::kInvalid, ttl.status());
+    return;
+  }
+  ttl_ = *ttl;
+  shape_ = ApiShape(dims->is_3d, dims->batch, dims->rows, dims->cols);
+  Operation op;
+  op.kind = OperationKind::kUpload;
+  op.spec = &plan.spec;
+  op.held_bytes = header.data_bytes;  // the request, until it is staged
+  op.stored_bytes = header.data_bytes;
+  op.client = MatmulServiceImpl::ClientKey(*context_);
+  if (!Admit(std::move(op))) return;
   if (upload_->has_device()) {
-    const std::vector<DeviceInfo>& devices = engine->info().devices;
+    const std::vector<DeviceInfo>& devices = lease_.engine()->info().devices;
     const bool known = std::any_of(
         devices.begin(), devices.end(),
         [&](const DeviceInfo& d) { return d.index == upload_->device(); });
@@ -613,34 +577,11 @@ void TransferReactor::StartUpload() {
     }
     plan.device = upload_->device();
   }
-  absl::StatusOr<absl::Duration> ttl =
-      service_->handles_.Ttl(upload_->ttl_seconds());
-  if (!ttl.ok()) {
-    Reject(RejectReason::kInvalid, ttl.status());
-    return;
-  }
-  ttl_ = *ttl;
-  absl::StatusOr<HandleRegistry::Reservation> reservation =
-      service_->handles_.Reserve(MatmulServiceImpl::ClientKey(*context_),
-                                 header.data_bytes);
-  if (!reservation.ok()) {
-    Reject(RejectReason::kOverloaded, reservation.status());
-    return;
-  }
-  reservation_ = std::move(*reservation);
-  shape_ = ApiShape(dims->is_3d, dims->batch, dims->rows, dims->cols);
-  if (absl::Status fits = engine->CheckFits(plan.spec); !fits.ok()) {
-    Reject(RejectReason::kInvalid, fits);
-    return;
-  }
-  if (RefuseHopelessDeadline(*engine, plan.spec)) return;
-  if (!Admit(header.data_bytes)) return;
-  Submit(*engine, std::make_unique<ReactorJob>(this, std::move(plan)));
+  Submit(std::make_unique<ReactorJob>(this, std::move(plan)));
 }
 
 void TransferReactor::StartDownload() {
-  Engine* engine = ReadyEngine();
-  if (engine == nullptr) return;
+  if (!Open()) return;
   absl::StatusOr<HandleRegistry::Entry> entry =
       service_->handles_.Get(download_->handle());
   if (!entry.ok()) {
@@ -667,9 +608,12 @@ void TransferReactor::StartDownload() {
                             service_->limits_.max_message_bytes, " bytes")));
     return;
   }
-  if (RefuseHopelessDeadline(*engine, plan.spec)) return;
-  if (!Admit(plan.spec.c_bytes())) return;
-  Submit(*engine, std::make_unique<ReactorJob>(this, std::move(plan)));
+  Operation op;
+  op.kind = OperationKind::kDownload;
+  op.spec = &plan.spec;
+  op.held_bytes = plan.spec.c_bytes();  // staging, then the response
+  if (!Admit(std::move(op))) return;
+  Submit(std::make_unique<ReactorJob>(this, std::move(plan)));
 }
 
 absl::Status TransferReactor::Respond(const MatmulSpec& spec,
@@ -678,8 +622,11 @@ absl::Status TransferReactor::Respond(const MatmulSpec& spec,
     if (result.resident() == nullptr) {
       return absl::InternalError("the engine stored nothing");
     }
+    if (!lease_.has_reservation()) {
+      return absl::InternalError("the upload holds no quota reservation");
+    }
     const HandleRegistry::Entry entry = service_->handles_.Add(
-        std::move(*reservation_), result.resident(), shape_, ttl_);
+        lease_.TakeReservation(), result.resident(), shape_, ttl_);
     MatmulServiceImpl::FillHandle(entry, upload_response_->mutable_handle());
     return absl::OkStatus();
   }
@@ -696,16 +643,8 @@ MatmulServiceImpl::MatmulServiceImpl(const RequestLimits& limits,
                                      std::string version)
     : limits_(limits),
       version_(std::move(version)),
-      inflight_bytes_(limits.max_inflight_bytes),
-      handles_(handle_limits) {}
-
-void MatmulServiceImpl::SetEngine(Engine* engine) {
-  engine_.store(engine, std::memory_order_release);
-}
-
-void MatmulServiceImpl::StartDraining() {
-  draining_.store(true, std::memory_order_relaxed);
-}
+      handles_(handle_limits),
+      admission_(limits.max_inflight_bytes, &handles_, metrics_.get()) {}
 
 std::string MatmulServiceImpl::ClientKey(
     const grpc::CallbackServerContext& context) {
@@ -783,7 +722,7 @@ grpc::ServerUnaryReactor* MatmulServiceImpl::GetServerInfo(
         SecondsSince(started, std::chrono::steady_clock::now()));
     reactor->Finish(status);
   };
-  Engine* engine = engine_.load(std::memory_order_acquire);
+  Engine* engine = admission_.engine();
   if (engine == nullptr) {
     finish(
         ToGrpcStatus(absl::UnavailableError("the engine is still starting")));

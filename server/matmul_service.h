@@ -1,7 +1,8 @@
 // MatmulServiceImpl: the matmul.v1.MatmulService RPC handlers, on the gRPC
 // callback API. No handler thread ever waits for compute: a request is
-// validated, admitted and handed to the Engine as a job, and the engine's
-// completion thread finishes the RPC.
+// validated, admitted (server/admission/admission.h: the one gate for every
+// RPC's work) and handed to the Engine as a job, and the engine's completion
+// thread finishes the RPC.
 //
 // Multiply is a raw method: its request is decoded straight from gRPC's
 // receive buffers (server/multiply_wire.h), so operand bytes are copied once,
@@ -19,6 +20,7 @@
 
 #include "gpu/engine.h"
 #include "matmul/v1/matmul.grpc.pb.h"
+#include "server/admission/admission.h"
 #include "server/handle_registry.h"
 #include "server/inflight_bytes.h"
 #include "server/request_limits.h"
@@ -47,21 +49,25 @@ class MatmulServiceImpl final : public MatmulServiceBase {
   // Installs the engine once it is ready; until then Multiply answers
   // UNAVAILABLE. The engine must outlive every RPC and every stored tensor
   // (stop the gRPC server and clear handles() before destroying it).
-  void SetEngine(Engine* engine);
+  void SetEngine(Engine* engine) { admission_.SetEngine(engine); }
 
   // From now on Multiply answers UNAVAILABLE: the server is going away.
-  void StartDraining();
+  void StartDraining() { admission_.StartDraining(); }
 
-  bool draining() const { return draining_.load(std::memory_order_relaxed); }
+  bool draining() const { return admission_.draining(); }
 
-  // Multiplies admitted and not yet finished.
-  int64_t inflight_requests() const {
-    return inflight_requests_.load(std::memory_order_relaxed);
+  // Work admitted and not yet finished (multiplies, streamed multiplies,
+  // transfers).
+  int64_t inflight_requests() const { return admission_.inflight_requests(); }
+  const InflightBytes& inflight_bytes() const {
+    return admission_.inflight_bytes();
   }
-  const InflightBytes& inflight_bytes() const { return inflight_bytes_; }
 
   // The installed engine, or null while it is starting.
-  Engine* engine() const { return engine_.load(std::memory_order_acquire); }
+  Engine* engine() const { return admission_.engine(); }
+
+  // The admission core every RPC's work passes.
+  Admission& admission() { return admission_; }
 
   // Per-request metrics, recorded whether or not they are exported.
   const std::shared_ptr<ServerMetrics>& metrics() const { return metrics_; }
@@ -123,15 +129,13 @@ class MatmulServiceImpl final : public MatmulServiceBase {
 
   const RequestLimits limits_;
   const std::string version_;
-  InflightBytes inflight_bytes_;
-  HandleRegistry handles_;
-  std::atomic<Engine*> engine_{nullptr};
-  std::atomic<bool> draining_{false};
-  std::atomic<int64_t> inflight_requests_{0};
-  std::atomic<int64_t> copied_operand_bytes_{0};
-  std::atomic<int64_t> copied_result_bytes_{0};
   const std::shared_ptr<ServerMetrics> metrics_ =
       std::make_shared<ServerMetrics>();
+  HandleRegistry handles_;
+  // After handles_ and metrics_, which it uses.
+  Admission admission_;
+  std::atomic<int64_t> copied_operand_bytes_{0};
+  std::atomic<int64_t> copied_result_bytes_{0};
 };
 
 }  // namespace matmul

@@ -11,6 +11,7 @@
 #include "common/log.h"
 #include "gpu/engine.h"
 #include "matmul/v1/matmul.pb.h"
+#include "server/admission/admission.h"
 #include "server/grpc_status.h"
 #include "server/matmul_service.h"
 #include "server/request_validation.h"
@@ -85,7 +86,8 @@ struct MultiplyStreamReactor::Multiply {
   std::shared_ptr<ResidentTensor> product;
   Placement placement;
   bool keep = false;
-  std::optional<HandleRegistry::Reservation> keep_reservation;
+  // The in-flight budget and quota this multiply holds (admission core).
+  Lease lease;
   absl::Duration keep_ttl;
   int64_t result_chunk_bytes = 0;
   int64_t next_download = 0;
@@ -165,6 +167,15 @@ class MultiplyStreamReactor::StepJob final : public MatmulJob {
 MultiplyStreamReactor::MultiplyStreamReactor(
     MatmulServiceImpl* service, grpc::CallbackServerContext* context)
     : service_(service), context_(context) {}
+
+int64_t MultiplyStreamReactor::HeldBytes(const Multiply& m) {
+  const int64_t operands = std::min(m.need[0] + m.need[1], kMaxHeldChunkBytes);
+  const int64_t product =
+      m.keep ? 0
+             : std::min(m.spec.c_bytes(),
+                        kMaxResultChunksInFlight * m.result_chunk_bytes);
+  return operands + product;
+}
 
 void MultiplyStreamReactor::Start() {
   Actions actions;
@@ -276,18 +287,17 @@ void MultiplyStreamReactor::HandleStart(const WireStreamRequest& request,
                " multiplies open, the most it may; wait for one to finish")));
     return;
   }
-  if (service_->draining()) {
-    reject(RejectReason::kDraining,
-           absl::UnavailableError("the server is shutting down"));
+  // Refused by the admission core: counted there already.
+  auto refuse = [&](const absl::Status& status) {
+    service_->metrics_->RecordRequest(RpcMethod::kMultiplyStream,
+                                      ToGrpcStatus(status).error_code(), 0);
+    SendError(id, status, actions);
+    failed_.insert(id);
+  };
+  if (absl::Status open = service_->admission_.CheckOpen(); !open.ok()) {
+    refuse(open);
     return;
   }
-  Engine* engine = service_->engine();
-  if (engine == nullptr) {
-    reject(RejectReason::kUnavailable,
-           absl::UnavailableError("the engine is still starting"));
-    return;
-  }
-  engine_.store(engine, std::memory_order_release);
 
   auto m = std::make_shared<Multiply>();
   m->id = id;
@@ -318,10 +328,6 @@ void MultiplyStreamReactor::HandleStart(const WireStreamRequest& request,
     return;
   }
   m->spec = *spec;
-  if (absl::Status fits = engine->CheckFits(*spec); !fits.ok()) {
-    reject(RejectReason::kInvalid, fits);
-    return;
-  }
   const int64_t elem = spec->elem_size();
   int64_t chunk = request.result_chunk_bytes;
   if (chunk < 0) {
@@ -340,16 +346,8 @@ void MultiplyStreamReactor::HandleStart(const WireStreamRequest& request,
       reject(RejectReason::kInvalid, ttl.status());
       return;
     }
-    absl::StatusOr<HandleRegistry::Reservation> reservation =
-        service_->handles_.Reserve(MatmulServiceImpl::ClientKey(*context_),
-                                   spec->c_bytes());
-    if (!reservation.ok()) {
-      reject(RejectReason::kOverloaded, reservation.status());
-      return;
-    }
     m->keep = true;
     m->keep_ttl = *ttl;
-    m->keep_reservation = std::move(*reservation);
   }
   m->c_shape = spec->c_is_3d
                    ? std::vector<int64_t>{spec->batch, spec->m, spec->n}
@@ -366,8 +364,23 @@ void MultiplyStreamReactor::HandleStart(const WireStreamRequest& request,
   for (const auto& t : m->operand) {
     if (t != nullptr) m->device = t->device();
   }
+  Operation op;
+  op.kind = OperationKind::kStreamMultiply;
+  op.spec = &m->spec;
+  op.held_bytes = HeldBytes(*m);
+  if (m->keep) {
+    op.stored_bytes = spec->c_bytes();
+    op.client = MatmulServiceImpl::ClientKey(*context_);
+  }
+  op.deadline = DeadlineOf(*context_);
+  absl::StatusOr<Lease> lease = service_->admission_.Admit(op);
+  if (!lease.ok()) {
+    refuse(lease.status());
+    return;
+  }
+  m->lease = std::move(*lease);
+  engine_.store(m->lease.engine(), std::memory_order_release);
   open_[id] = m;
-  service_->inflight_requests_.fetch_add(1, std::memory_order_relaxed);
   if (m->buffer_bytes > 0) {
     actions.jobs.push_back(NewJob(m, Step::kAllocate, 0, nullptr));
   } else {
@@ -582,8 +595,8 @@ void MultiplyStreamReactor::StepDone(const std::shared_ptr<Multiply>& m,
           r->mutable_placement()->set_stream(m->placement.stream);
           if (m->keep) {
             const HandleRegistry::Entry entry =
-                service_->handles_.Add(std::move(*m->keep_reservation),
-                                       m->product, m->c_shape, m->keep_ttl);
+                service_->handles_.Add(m->lease.TakeReservation(), m->product,
+                                       m->c_shape, m->keep_ttl);
             MatmulServiceImpl::FillHandle(entry, r->mutable_c_handle());
             Queue(Serialize(response), false);
             Close(m, grpc::StatusCode::OK);
@@ -681,7 +694,6 @@ void MultiplyStreamReactor::Close(const std::shared_ptr<Multiply>& m,
   }
   const double seconds = SecondsSince(m->started);
   service_->metrics_->RecordRequest(RpcMethod::kMultiplyStream, code, seconds);
-  service_->inflight_requests_.fetch_sub(1, std::memory_order_relaxed);
   const int64_t operand_bytes = m->need[0] + m->need[1];
   if (code == grpc::StatusCode::OK && operand_bytes >= (int64_t{256} << 20)) {
     // What shows that H2D overlapped receipt: how much of the operands was
@@ -701,7 +713,7 @@ void MultiplyStreamReactor::Close(const std::shared_ptr<Multiply>& m,
   m->operand[1].reset();
   m->buffer.reset();
   m->product.reset();
-  m->keep_reservation.reset();
+  m->lease.Release();  // budget, request count, and quota unless stored
 }
 
 void MultiplyStreamReactor::Queue(grpc::ByteBuffer message, bool result_chunk) {

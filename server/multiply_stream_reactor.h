@@ -17,6 +17,14 @@
 // flow control holds the client back. At most kMaxResultChunksInFlight
 // result chunks per stream sit in staging or in the send queue.
 //
+// Admission: each multiply passes the admission core at its start, like a
+// unary Multiply (server/admission/admission.h): draining, engine, device
+// fit, the call's deadline, the quota of a kept product, and the in-flight
+// budget, charged up front from the declared shapes with HeldBytes (the
+// most of its operands the chunk window can hold, plus the most of its
+// product the result-chunk window can hold). The lease is held until the
+// multiply is answered or fails.
+//
 // The reactor lives until gRPC is done with it (OnDone) and every job it
 // submitted has finished: a reference count.
 #ifndef MATMUL_SERVER_MULTIPLY_STREAM_REACTOR_H_
@@ -68,6 +76,10 @@ class MultiplyStreamReactor final
   struct Chunk;
   class StepJob;
   enum class Step { kAllocate, kUpload, kMultiply, kDownload };
+
+  // The server memory one multiply may hold at most, charged to the
+  // in-flight budget at its start.
+  static int64_t HeldBytes(const Multiply& m);
 
   // Engine side (StepJob).
   absl::Status Abandoned() const;
