@@ -22,7 +22,6 @@
 #include "matmul/v1/matmul.grpc.pb.h"
 #include "server/admission/admission.h"
 #include "server/handle_registry.h"
-#include "server/inflight_bytes.h"
 #include "server/request_limits.h"
 #include "server/request_validation.h"
 #include "server/server_metrics.h"

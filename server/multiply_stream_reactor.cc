@@ -273,12 +273,17 @@ void MultiplyStreamReactor::HandleStart(const WireStreamRequest& request,
     return;
   }
   failed_.erase(id);
-  auto reject = [&](RejectReason reason, const absl::Status& status) {
-    service_->metrics_->RecordRejection(reason);
+  // Refused by the admission core (which counted the rejection), or by
+  // `reject` below (which counts it first).
+  auto refuse = [&](const absl::Status& status) {
     service_->metrics_->RecordRequest(RpcMethod::kMultiplyStream,
                                       ToGrpcStatus(status).error_code(), 0);
     SendError(id, status, actions);
     failed_.insert(id);  // its chunks are dropped quietly
+  };
+  auto reject = [&](RejectReason reason, const absl::Status& status) {
+    service_->admission_.RecordRejection(reason);
+    refuse(status);
   };
   if (static_cast<int>(open_.size()) >= kMaxOpenMultiplies) {
     reject(RejectReason::kOverloaded,
@@ -287,13 +292,6 @@ void MultiplyStreamReactor::HandleStart(const WireStreamRequest& request,
                " multiplies open, the most it may; wait for one to finish")));
     return;
   }
-  // Refused by the admission core: counted there already.
-  auto refuse = [&](const absl::Status& status) {
-    service_->metrics_->RecordRequest(RpcMethod::kMultiplyStream,
-                                      ToGrpcStatus(status).error_code(), 0);
-    SendError(id, status, actions);
-    failed_.insert(id);
-  };
   if (absl::Status open = service_->admission_.CheckOpen(); !open.ok()) {
     refuse(open);
     return;

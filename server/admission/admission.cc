@@ -60,26 +60,26 @@ Admission::Admission(int64_t max_inflight_bytes, HandleRegistry* handles,
       metrics_(metrics),
       clock_(clock) {}
 
-absl::Status Admission::CheckOpen() {
+absl::StatusOr<Engine*> Admission::OpenEngine() {
   if (draining()) {
     return Refuse(RejectReason::kDraining,
                   absl::UnavailableError("the server is shutting down"));
   }
-  if (engine() == nullptr) {
-    return Refuse(RejectReason::kUnavailable,
-                  absl::UnavailableError("the engine is still starting"));
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<Lease> Admission::Admit(const Operation& op) {
-  if (absl::Status open = CheckOpen(); !open.ok()) return open;
-  // SetEngine(nullptr) may race with the check: read once, use that.
+  // Read once: SetEngine may run meanwhile.
   Engine* engine = this->engine();
   if (engine == nullptr) {
     return Refuse(RejectReason::kUnavailable,
                   absl::UnavailableError("the engine is still starting"));
   }
+  return engine;
+}
+
+absl::Status Admission::CheckOpen() { return OpenEngine().status(); }
+
+absl::StatusOr<Lease> Admission::Admit(const Operation& op) {
+  absl::StatusOr<Engine*> open = OpenEngine();
+  if (!open.ok()) return open.status();
+  Engine* engine = *open;
   if (op.spec != nullptr) {
     // Work that could never fit a device is the request's fault, not load.
     if (absl::Status fits = engine->CheckFits(*op.spec); !fits.ok()) {

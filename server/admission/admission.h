@@ -161,6 +161,8 @@ class Admission {
 
  private:
   friend class Lease;
+  // Draining and engine readiness: the engine, or the counted refusal.
+  absl::StatusOr<Engine*> OpenEngine();
   void Release(int64_t held_bytes);
 
   InflightBytes inflight_bytes_;
