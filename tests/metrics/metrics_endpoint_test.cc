@@ -441,6 +441,127 @@ TEST(MetricsEndpointTest, RejectionsAreCountedByReason) {
   EXPECT_EQ(s.count(R"(matmul_streams{device="0"})"), 0u);
 }
 
+// A multiply inside a MultiplyStream passes the same admission core as a
+// unary Multiply: it holds the in-flight byte budget while it is open (and
+// the scrape shows it), is refused with RESOURCE_EXHAUSTED when the budget
+// is spent, and with DEADLINE_EXCEEDED when its deadline cannot be met.
+TEST(MetricsEndpointTest, StreamedMultipliesTakeTheSameBudgetAndDeadline) {
+  FakeEngine* engine = nullptr;
+  ServerOptions options = LocalOptions();
+  options.limits.max_inflight_bytes = 4096;  // one 16x16 multiply fits
+  absl::StatusOr<std::unique_ptr<MatmulServer>> server = MatmulServer::Start(
+      options, [&engine]() -> absl::StatusOr<std::unique_ptr<Engine>> {
+        auto fake = std::make_unique<FakeEngine>();
+        // Any finite deadline shorter than this is hopeless.
+        fake->minimum_duration_ = absl::Seconds(30);
+        engine = fake.get();
+        return std::unique_ptr<Engine>(std::move(fake));
+      });
+  ASSERT_TRUE(server.ok()) << server.status();
+  const ServerMetrics& metrics = *(*server)->service().metrics();
+  const int metrics_port = (*server)->metrics_port();
+  auto stub = Stub((*server)->port());
+  const v1::MultiplyRequest request = Ones(16, 16, 16, 16);
+  auto start = [&](uint64_t id) {
+    v1::MultiplyStreamRequest m;
+    m.set_request_id(id);
+    v1::MultiplyRequest* r = m.mutable_start()->mutable_request();
+    *r = request;
+    r->mutable_a()->clear_data();
+    r->mutable_b()->clear_data();
+    return m;
+  };
+  using Stream = grpc::ClientReaderWriter<v1::MultiplyStreamRequest,
+                                          v1::MultiplyStreamResponse>;
+  auto read_error = [](Stream& stream, uint64_t id) {
+    v1::MultiplyStreamResponse r;
+    while (stream.Read(&r)) {
+      if (r.request_id() == id && r.has_error()) return r.error();
+    }
+    ADD_FAILURE() << "no error for request " << id;
+    return v1::MultiplyStreamError();
+  };
+
+  // Budget: multiply 1 is admitted and held (its allocation waits in the
+  // engine): A and B (2 KiB) plus its result chunks in flight (1 KiB).
+  {
+    grpc::ClientContext context;
+    std::unique_ptr<Stream> stream = stub->MultiplyStream(&context);
+    ASSERT_TRUE(stream->Write(start(1)));
+    engine->WaitForHeld(1);
+    EXPECT_EQ((*server)->service().inflight_bytes().used(), 3072);
+    const std::map<std::string, double> held =
+        ScrapeUntil(metrics_port, [](const auto& s) {
+          return s.count("matmul_inflight_bytes") > 0;
+        });
+    ASSERT_EQ(held.count("matmul_inflight_bytes"), 1u);
+    EXPECT_EQ(held.at("matmul_inflight_bytes"), 3072);
+
+    // Multiply 2 on the same stream and a unary one: neither fits.
+    ASSERT_TRUE(stream->Write(start(2)));
+    const v1::MultiplyStreamError refused = read_error(*stream, 2);
+    EXPECT_EQ(refused.code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    EXPECT_THAT(refused.message(),
+                HasSubstr("3072 of 4096 in-flight bytes are in use and this "
+                          "streamed multiply needs 3072"));
+    grpc::ClientContext unary_context;
+    v1::MultiplyResponse unary_response;
+    const grpc::Status unary =
+        stub->Multiply(&unary_context, request, &unary_response);
+    EXPECT_EQ(unary.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    EXPECT_THAT(unary.error_message(),
+                HasSubstr("3072 of 4096 in-flight bytes are in use and this "
+                          "request needs 3072"));
+    EXPECT_EQ(metrics.rejections(RejectReason::kOverloaded), 2u);
+
+    // Multiply 1 fails once the server sees the client close its side
+    // before sending the operands; its allocation then ends, and its bytes
+    // come back.
+    stream->WritesDone();
+    const v1::MultiplyStreamError closed = read_error(*stream, 1);
+    EXPECT_THAT(closed.message(), HasSubstr("closed the stream"));
+    engine->ReleaseOne();
+    v1::MultiplyStreamResponse rest;
+    while (stream->Read(&rest)) {
+    }
+    EXPECT_TRUE(stream->Finish().ok());
+  }
+  WaitUntilIdle(**server);
+  EXPECT_EQ((*server)->service().inflight_bytes().used(), 0);
+
+  // Deadline: 10 s left, and the engine needs at least 30 s: refused at
+  // once, streamed or unary, with the same code and reason.
+  {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::seconds(10));
+    std::unique_ptr<Stream> stream = stub->MultiplyStream(&context);
+    ASSERT_TRUE(stream->Write(start(3)));
+    const v1::MultiplyStreamError refused = read_error(*stream, 3);
+    EXPECT_EQ(refused.code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+    EXPECT_THAT(refused.message(), HasSubstr("the deadline cannot be met"));
+    stream->WritesDone();
+    v1::MultiplyStreamResponse rest;
+    while (stream->Read(&rest)) {
+    }
+    EXPECT_TRUE(stream->Finish().ok());
+  }
+  const grpc::Status unary =
+      Multiply(*stub, request, std::chrono::milliseconds(10000));
+  EXPECT_EQ(unary.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_THAT(unary.error_message(), HasSubstr("the deadline cannot be met"));
+  EXPECT_EQ(metrics.rejections(RejectReason::kDeadline), 2u);
+  EXPECT_EQ(engine->held(), 0u);  // nothing refused reached the engine
+
+  const std::map<std::string, double> s =
+      ScrapeUntil(metrics_port, [](const auto& s) {
+        return Sum(s, "matmul_rejected_requests_total") >= 4;
+      });
+  EXPECT_EQ(s.at(R"(matmul_rejected_requests_total{reason="overloaded"})"), 2);
+  EXPECT_EQ(s.at(R"(matmul_rejected_requests_total{reason="deadline"})"), 2);
+  EXPECT_EQ(s.at("matmul_inflight_bytes"), 0);
+}
+
 TEST(MetricsEndpointTest, NoAddressNoMetricsPort) {
   ServerOptions options = LocalOptions();
   options.metrics_address.clear();
