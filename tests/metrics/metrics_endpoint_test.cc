@@ -490,10 +490,9 @@ TEST(MetricsEndpointTest, StreamedMultipliesTakeTheSameBudgetAndDeadline) {
     ASSERT_TRUE(stream->Write(start(1)));
     engine->WaitForHeld(1);
     EXPECT_EQ((*server)->service().inflight_bytes().used(), 3072);
-    const std::map<std::string, double> held =
-        ScrapeUntil(metrics_port, [](const auto& s) {
-          return s.count("matmul_inflight_bytes") > 0;
-        });
+    const std::map<std::string, double> held = ScrapeUntil(
+        metrics_port,
+        [](const auto& s) { return s.count("matmul_inflight_bytes") > 0; });
     ASSERT_EQ(held.count("matmul_inflight_bytes"), 1u);
     EXPECT_EQ(held.at("matmul_inflight_bytes"), 3072);
 
