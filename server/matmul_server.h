@@ -18,9 +18,9 @@
 #include "common/grpc_args.h"
 #include "gpu/engine.h"
 #include "server/handle_registry.h"
-#include "server/matmul_service.h"
-#include "server/metrics_exporter.h"
+#include "server/http/metrics_exporter.h"
 #include "server/request_limits.h"
+#include "server/rpc/matmul_service.h"
 
 namespace matmul {
 

@@ -49,8 +49,8 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "gpu/engine.h"
+#include "server/admission/inflight_bytes.h"
 #include "server/handle_registry.h"
-#include "server/inflight_bytes.h"
 #include "server/server_metrics.h"
 
 namespace matmul {

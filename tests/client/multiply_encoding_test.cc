@@ -11,7 +11,7 @@
 
 #include "absl/types/span.h"
 #include "gtest/gtest.h"
-#include "server/multiply_wire.h"
+#include "server/rpc/multiply_wire.h"
 
 namespace matmul {
 namespace {

@@ -3,7 +3,7 @@
 // Every input is used twice:
 //  1. as the bytes of a matmul.v1.MultiplyRequest on the wire. They are
 //     decoded both by protobuf (ParseFromArray) and by the server's zero-copy
-//     decoder (DecodeMultiplyRequest, server/multiply_wire.h), the latter
+//     decoder (DecodeMultiplyRequest, server/rpc/multiply_wire.h), the latter
 //     once from one chunk and once split into chunks at input-chosen places,
 //     each chunk in its own allocation so that ASan sees any read past one.
 //     The decoders must agree: both accept or both refuse, and when they
@@ -45,9 +45,9 @@
 #include "gpu/host_engine.h"
 #include "gpu/matmul_spec.h"
 #include "matmul/v1/matmul.pb.h"
-#include "server/multiply_wire.h"
 #include "server/request_limits.h"
 #include "server/request_validation.h"
+#include "server/rpc/multiply_wire.h"
 #include "tests/reference_gemm.h"
 
 namespace matmul {

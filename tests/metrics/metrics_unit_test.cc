@@ -13,10 +13,10 @@
 #include "gtest/gtest.h"
 #include "prometheus/text_serializer.h"
 #include "server/atomic_histogram.h"
-#include "server/http_server.h"
+#include "server/http/http_server.h"
+#include "server/http/state_collector.h"
+#include "server/http/timeline.h"
 #include "server/server_metrics.h"
-#include "server/state_collector.h"
-#include "server/timeline.h"
 
 namespace matmul {
 namespace {

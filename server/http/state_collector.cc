@@ -1,4 +1,4 @@
-#include "server/state_collector.h"
+#include "server/http/state_collector.h"
 
 #include <algorithm>
 #include <string>
@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/dtype.h"
-#include "server/matmul_service.h"
+#include "server/rpc/matmul_service.h"
 
 namespace matmul {
 namespace {

@@ -1,8 +1,8 @@
 // The one place where the admission core's and the engine's types meet
 // gRPC's: an absl::Status becomes a grpc::Status here, and a call's deadline
 // becomes an absl::Time.
-#ifndef MATMUL_SERVER_GRPC_STATUS_H_
-#define MATMUL_SERVER_GRPC_STATUS_H_
+#ifndef MATMUL_SERVER_RPC_GRPC_STATUS_H_
+#define MATMUL_SERVER_RPC_GRPC_STATUS_H_
 
 #include <grpcpp/server_context.h>
 #include <grpcpp/support/status.h>
@@ -20,4 +20,4 @@ absl::Time DeadlineOf(const grpc::ServerContextBase& context);
 
 }  // namespace matmul
 
-#endif  // MATMUL_SERVER_GRPC_STATUS_H_
+#endif  // MATMUL_SERVER_RPC_GRPC_STATUS_H_

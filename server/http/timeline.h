@@ -14,8 +14,8 @@
 // pid is the device index (the host engine's one device is pid 0), tid the
 // stream; ts and dur are microseconds, ts relative to start_unix_us (the
 // earliest span start), so that they keep sub-microsecond precision.
-#ifndef MATMUL_SERVER_TIMELINE_H_
-#define MATMUL_SERVER_TIMELINE_H_
+#ifndef MATMUL_SERVER_HTTP_TIMELINE_H_
+#define MATMUL_SERVER_HTTP_TIMELINE_H_
 
 #include <string>
 #include <vector>
@@ -42,4 +42,4 @@ std::string TimelineJson(const EngineInfo& info,
 
 }  // namespace matmul
 
-#endif  // MATMUL_SERVER_TIMELINE_H_
+#endif  // MATMUL_SERVER_HTTP_TIMELINE_H_

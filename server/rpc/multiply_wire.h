@@ -7,8 +7,8 @@
 //
 // The encoding is exactly protobuf's (proto3, matmul/v1/matmul.proto), so
 // every client sees an ordinary message. Pure functions; thread-safe.
-#ifndef MATMUL_SERVER_MULTIPLY_WIRE_H_
-#define MATMUL_SERVER_MULTIPLY_WIRE_H_
+#ifndef MATMUL_SERVER_RPC_MULTIPLY_WIRE_H_
+#define MATMUL_SERVER_RPC_MULTIPLY_WIRE_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -101,4 +101,4 @@ ResponseFraming FrameMultiplyResponse(absl::Span<const int64_t> c_shape,
 
 }  // namespace matmul
 
-#endif  // MATMUL_SERVER_MULTIPLY_WIRE_H_
+#endif  // MATMUL_SERVER_RPC_MULTIPLY_WIRE_H_

@@ -1,4 +1,4 @@
-#include "server/timeline.h"
+#include "server/http/timeline.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "server/multiply_stream_reactor.h"
+#include "server/rpc/multiply_stream.h"
 
 #include <algorithm>
 #include <limits>
@@ -12,161 +12,30 @@
 #include "gpu/engine.h"
 #include "matmul/v1/matmul.pb.h"
 #include "server/admission/admission.h"
-#include "server/grpc_status.h"
-#include "server/matmul_service.h"
 #include "server/request_validation.h"
+#include "server/rpc/call_helpers.h"
+#include "server/rpc/grpc_status.h"
+#include "server/rpc/stored_tensors.h"
 
 namespace matmul {
 namespace {
 
 constexpr int64_t kOperandAlignment = 256;  // B's place in the shared tensor
 
-double SecondsSince(std::chrono::steady_clock::time_point since) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - since)
-      .count();
-}
+const char* OperandName(int operand) { return operand == 0 ? "a" : "b"; }
 
-MatmulSpec VectorSpec(DType dtype, int64_t elements, bool download) {
-  MatmulSpec s;
-  s.dtype = dtype;
-  if (download) {
-    s.batch = 1;
-    s.a_batch = s.b_batch = 0;
-    s.m = 1;
-    s.n = elements;
-    s.k = 0;
-  } else {
-    s.a_batch = s.batch = 1;
-    s.m = 1;
-    s.k = elements;
-    s.n = 0;
-  }
-  return s;
-}
+}  // namespace
 
-grpc::ByteBuffer Serialize(const v1::MultiplyStreamResponse& response) {
+grpc::ByteBuffer MultiplyStreamReactor::Serialize(
+    const v1::MultiplyStreamResponse& response) {
   const std::string bytes = response.SerializeAsString();
   grpc::Slice slice(bytes);
   return grpc::ByteBuffer(&slice, 1);
 }
 
-const char* OperandName(int operand) { return operand == 0 ? "a" : "b"; }
-
-}  // namespace
-
-// A received chunk: its bytes (pieces of the message's slices, which it
-// holds) and where they go in the multiply's device tensor.
-struct MultiplyStreamReactor::Chunk {
-  std::vector<grpc::Slice> slices;
-  std::vector<ByteChunk> data;
-  int64_t at = 0;
-  int64_t bytes = 0;
-};
-
-// One multiply of the stream. Guarded by the reactor's mu_.
-struct MultiplyStreamReactor::Multiply {
-  uint64_t id = 0;
-  MatmulSpec spec;
-  std::vector<int64_t> c_shape;
-  std::vector<int64_t> handle_shape[2];  // of operands named by handle
-  // Operands for the multiply: stored tensors, or views of `buffer`.
-  std::shared_ptr<ResidentTensor> operand[2];
-  bool staged[2] = {false, false};  // sent in chunks
-  int64_t need[2] = {0, 0};         // bytes expected
-  int64_t received[2] = {0, 0};
-  int64_t at[2] = {0, 0};  // offset in `buffer`
-  int64_t buffer_bytes = 0;
-  int device = -1;
-  std::shared_ptr<ResidentTensor> buffer;  // both staged operands
-  bool allocated = false;
-  std::vector<Chunk> waiting;  // arrived before the allocation finished
-  int uploads_in_flight = 0;
-  int64_t uploaded = 0;
-  bool multiply_submitted = false;
-  std::shared_ptr<ResidentTensor> product;
-  Placement placement;
-  bool keep = false;
-  // The in-flight budget and quota this multiply holds (admission core).
-  Lease lease;
-  absl::Duration keep_ttl;
-  int64_t result_chunk_bytes = 0;
-  int64_t next_download = 0;
-  int downloads_in_flight = 0;
-  bool closed = false;
-  // For the log line of large multiplies.
-  std::chrono::steady_clock::time_point started;
-  double first_chunk_s = -1;
-  double last_chunk_s = -1;
-  double computed_s = -1;
-  int64_t uploaded_by_last_chunk = 0;
-  int64_t chunks = 0;
-};
-
-// The engine's view of one step of a multiply.
-class MultiplyStreamReactor::StepJob final : public MatmulJob {
- public:
-  StepJob(MultiplyStreamReactor* reactor, std::shared_ptr<Multiply> multiply,
-          Step step, int64_t held_bytes)
-      : reactor_(reactor),
-        multiply_(std::move(multiply)),
-        step_(step),
-        held_bytes_(held_bytes) {}
-
-  const MatmulSpec& spec() const override { return spec_; }
-  JobKind kind() const override { return kind_; }
-  std::shared_ptr<ResidentTensor> resident_a() const override {
-    return resident_a_;
-  }
-  std::shared_ptr<ResidentTensor> resident_b() const override {
-    return resident_b_;
-  }
-  bool keep_result() const override { return step_ == Step::kMultiply; }
-  // A step never waits for device memory: the memory may be held by other
-  // multiplies whose own steps are queued behind this one.
-  bool wait_for_memory() const override { return false; }
-  int device() const override { return device_; }
-  std::shared_ptr<ResidentTensor> upload_target() const override {
-    return upload_target_;
-  }
-  int64_t byte_offset() const override { return byte_offset_; }
-
-  absl::Status WriteOperands(absl::Span<std::byte> a,
-                             absl::Span<std::byte>) override {
-    if (static_cast<int64_t>(a.size()) != chunk_.bytes) {
-      return absl::InternalError(absl::StrCat(
-          "staging size mismatch: ", a.size(), " vs ", chunk_.bytes));
-    }
-    CopyPieces(chunk_.data, a.data());
-    reactor_->service_->copied_operand_bytes_.fetch_add(
-        chunk_.bytes, std::memory_order_relaxed);
-    return absl::OkStatus();
-  }
-  void Done(absl::StatusOr<JobResult> result) override {
-    reactor_->StepDone(multiply_, step_, held_bytes_, byte_offset_,
-                       std::move(result));
-  }
-  absl::Status Abandoned() const override { return reactor_->Abandoned(); }
-
- private:
-  friend class MultiplyStreamReactor;
-
-  MultiplyStreamReactor* const reactor_;
-  const std::shared_ptr<Multiply> multiply_;
-  const Step step_;
-  const int64_t held_bytes_;
-  MatmulSpec spec_;
-  JobKind kind_ = JobKind::kMultiply;
-  std::shared_ptr<ResidentTensor> resident_a_;
-  std::shared_ptr<ResidentTensor> resident_b_;
-  std::shared_ptr<ResidentTensor> upload_target_;
-  int64_t byte_offset_ = 0;
-  int device_ = -1;
-  Chunk chunk_;
-};
-
 MultiplyStreamReactor::MultiplyStreamReactor(
-    MatmulServiceImpl* service, grpc::CallbackServerContext* context)
-    : service_(service), context_(context) {}
+    ServiceState& state, grpc::CallbackServerContext* context)
+    : state_(state), context_(context) {}
 
 int64_t MultiplyStreamReactor::HeldBytes(const Multiply& m) {
   const int64_t operands = std::min(m.need[0] + m.need[1], kMaxHeldChunkBytes);
@@ -243,7 +112,7 @@ void MultiplyStreamReactor::Handle(std::vector<grpc::Slice> slices,
     finished_ = true;
     actions.finish = true;
     actions.finish_status = ToGrpcStatus(request.status());
-    service_->metrics_->RecordRejection(RejectReason::kInvalid);
+    state_.metrics->RecordRejection(RejectReason::kInvalid);
     return;
   }
   switch (request->kind) {
@@ -256,8 +125,7 @@ void MultiplyStreamReactor::Handle(std::vector<grpc::Slice> slices,
     case WireStreamRequest::Kind::kNone:
       SendError(request->request_id,
                 absl::InvalidArgumentError(
-                    "MultiplyStreamRequest: neither start nor chunk is set"),
-                actions);
+                    "MultiplyStreamRequest: neither start nor chunk is set"));
       return;
   }
 }
@@ -276,13 +144,13 @@ void MultiplyStreamReactor::HandleStart(const WireStreamRequest& request,
   // Refused by the admission core (which counted the rejection), or by
   // `reject` below (which counts it first).
   auto refuse = [&](const absl::Status& status) {
-    service_->metrics_->RecordRequest(RpcMethod::kMultiplyStream,
-                                      ToGrpcStatus(status).error_code(), 0);
-    SendError(id, status, actions);
+    state_.metrics->RecordRequest(RpcMethod::kMultiplyStream,
+                                  ToGrpcStatus(status).error_code(), 0);
+    SendError(id, status);
     failed_.insert(id);  // its chunks are dropped quietly
   };
   auto reject = [&](RejectReason reason, const absl::Status& status) {
-    service_->admission_.RecordRejection(reason);
+    state_.admission.RecordRejection(reason);
     refuse(status);
   };
   if (static_cast<int>(open_.size()) >= kMaxOpenMultiplies) {
@@ -292,7 +160,7 @@ void MultiplyStreamReactor::HandleStart(const WireStreamRequest& request,
                " multiplies open, the most it may; wait for one to finish")));
     return;
   }
-  if (absl::Status open = service_->admission_.CheckOpen(); !open.ok()) {
+  if (absl::Status open = state_.admission.CheckOpen(); !open.ok()) {
     refuse(open);
     return;
   }
@@ -307,9 +175,9 @@ void MultiplyStreamReactor::HandleStart(const WireStreamRequest& request,
   OperandHeader* headers[2] = {&header.a, &header.b};
   for (int op = 0; op < 2; ++op) {
     if (handles[op]->empty()) continue;
-    if (absl::Status s = MatmulServiceImpl::ResolveHandle(
-            service_->handles_, *handles[op], OperandName(op), *headers[op],
-            m->operand[op], m->handle_shape[op]);
+    if (absl::Status s =
+            ResolveHandle(state_.handles, *handles[op], OperandName(op),
+                          *headers[op], m->operand[op], m->handle_shape[op]);
         !s.ok()) {
       reject(RejectReason::kInvalid, s);
       return;
@@ -317,7 +185,7 @@ void MultiplyStreamReactor::HandleStart(const WireStreamRequest& request,
     headers[op]->data_follows = false;
   }
   // Operands are bounded by device memory here, not by message size.
-  RequestLimits limits = service_->limits_;
+  RequestLimits limits = state_.limits;
   limits.max_message_bytes = std::numeric_limits<int64_t>::max() / 4;
   limits.max_inflight_bytes = std::numeric_limits<int64_t>::max() / 4;
   absl::StatusOr<MatmulSpec> spec = ValidateMultiplyHeader(header, limits);
@@ -335,11 +203,11 @@ void MultiplyStreamReactor::HandleStart(const WireStreamRequest& request,
     return;
   }
   if (chunk == 0) chunk = kDefaultResultChunkBytes;
-  chunk = std::min(chunk, service_->limits_.max_message_bytes - 64);
+  chunk = std::min(chunk, state_.limits.max_message_bytes - 64);
   m->result_chunk_bytes = std::max(elem, chunk / elem * elem);
   if (wire.keep_result) {
     absl::StatusOr<absl::Duration> ttl =
-        service_->handles_.Ttl(wire.result_ttl_seconds);
+        state_.handles.Ttl(wire.result_ttl_seconds);
     if (!ttl.ok()) {
       reject(RejectReason::kInvalid, ttl.status());
       return;
@@ -368,10 +236,10 @@ void MultiplyStreamReactor::HandleStart(const WireStreamRequest& request,
   op.held_bytes = HeldBytes(*m);
   if (m->keep) {
     op.stored_bytes = spec->c_bytes();
-    op.client = MatmulServiceImpl::ClientKey(*context_);
+    op.client = ClientKey(*context_);
   }
   op.deadline = DeadlineOf(*context_);
-  absl::StatusOr<Lease> lease = service_->admission_.Admit(op);
+  absl::StatusOr<Lease> lease = state_.admission.Admit(op);
   if (!lease.ok()) {
     refuse(lease.status());
     return;
@@ -394,11 +262,10 @@ void MultiplyStreamReactor::HandleChunk(const WireStreamRequest& request,
   auto it = open_.find(id);
   if (it == open_.end()) {
     if (failed_.contains(id)) return;  // its error was sent already
-    SendError(id,
-              absl::InvalidArgumentError(absl::StrCat(
-                  "chunk for request_id ", id,
-                  ", which is not open on this stream (send its start first)")),
-              actions);
+    SendError(
+        id, absl::InvalidArgumentError(absl::StrCat(
+                "chunk for request_id ", id,
+                ", which is not open on this stream (send its start first)")));
     failed_.insert(id);
     return;
   }
@@ -476,189 +343,7 @@ void MultiplyStreamReactor::HandleChunk(const WireStreamRequest& request,
   }
 }
 
-std::unique_ptr<MatmulJob> MultiplyStreamReactor::NewJob(
-    const std::shared_ptr<Multiply>& m, Step step, int64_t held_bytes,
-    Chunk* chunk) {
-  auto job = std::make_unique<StepJob>(this, m, step, held_bytes);
-  const DType dtype = m->spec.dtype;
-  const int64_t elem = m->spec.elem_size();
-  job->device_ = m->device;
-  switch (step) {
-    case Step::kAllocate:
-      job->kind_ = JobKind::kAllocate;
-      job->spec_ = VectorSpec(dtype, m->buffer_bytes / elem, false);
-      break;
-    case Step::kUpload:
-      job->kind_ = JobKind::kUpload;
-      job->spec_ = VectorSpec(dtype, chunk->bytes / elem, false);
-      job->upload_target_ = m->buffer;
-      job->byte_offset_ = chunk->at;
-      job->chunk_ = std::move(*chunk);
-      break;
-    case Step::kMultiply:
-      job->kind_ = JobKind::kMultiply;
-      job->spec_ = m->spec;
-      job->resident_a_ = m->operand[0];
-      job->resident_b_ = m->operand[1];
-      break;
-    case Step::kDownload: {
-      const int64_t bytes =
-          std::min(m->result_chunk_bytes, m->spec.c_bytes() - m->next_download);
-      job->kind_ = JobKind::kDownload;
-      job->spec_ = VectorSpec(dtype, bytes / elem, true);
-      job->resident_a_ = m->product;
-      job->byte_offset_ = m->next_download;
-      break;
-    }
-  }
-  return job;
-}
-
-void MultiplyStreamReactor::StepDone(const std::shared_ptr<Multiply>& m,
-                                     Step step, int64_t held_bytes,
-                                     int64_t offset,
-                                     absl::StatusOr<JobResult> result) {
-  Actions actions;
-  {
-    absl::MutexLock lock(&mu_);
-    held_chunk_bytes_ -= held_bytes;
-    if (step == Step::kUpload) --m->uploads_in_flight;
-    if (step == Step::kDownload) --m->downloads_in_flight;
-    if (m->closed || finished_) {
-      if (step == Step::kDownload) --result_chunks_in_flight_;
-    } else if (!result.ok()) {
-      if (step == Step::kDownload) --result_chunks_in_flight_;
-      Fail(m, result.status(), actions);
-    } else {
-      switch (step) {
-        case Step::kAllocate: {
-          m->buffer = result->resident();
-          const MatmulSpec& s = m->spec;
-          const int64_t dims[2][3] = {
-              {s.a_batch, s.transpose_a ? s.k : s.m, s.transpose_a ? s.m : s.k},
-              {s.b_batch, s.transpose_b ? s.n : s.k,
-               s.transpose_b ? s.k : s.n}};
-          absl::Status viewed = m->buffer == nullptr
-                                    ? absl::InternalError("nothing allocated")
-                                    : absl::OkStatus();
-          for (int op = 0; op < 2 && viewed.ok(); ++op) {
-            if (!m->staged[op]) continue;
-            absl::StatusOr<std::shared_ptr<ResidentTensor>> view =
-                ResidentView::Create(m->buffer, m->at[op], s.dtype, dims[op][0],
-                                     dims[op][1], dims[op][2]);
-            if (view.ok()) {
-              m->operand[op] = *view;
-            } else {
-              viewed = view.status();
-            }
-          }
-          if (!viewed.ok()) {
-            Fail(m, absl::InternalError(viewed.message()), actions);
-            break;
-          }
-          m->device = m->buffer->device();
-          m->allocated = true;
-          for (Chunk& chunk : m->waiting) {
-            ++m->uploads_in_flight;
-            const int64_t held = chunk.bytes;
-            actions.jobs.push_back(NewJob(m, Step::kUpload, held, &chunk));
-          }
-          m->waiting.clear();
-          MaybeMultiply(m, actions);
-          break;
-        }
-        case Step::kUpload:
-          m->uploaded += held_bytes;
-          MaybeMultiply(m, actions);
-          break;
-        case Step::kMultiply: {
-          m->computed_s = SecondsSince(m->started);
-          m->product = result->resident();
-          m->placement = result->placement();
-          // The operands' memory can go now.
-          m->operand[0].reset();
-          m->operand[1].reset();
-          m->buffer.reset();
-          if (m->product == nullptr) {
-            Fail(m, absl::InternalError("the engine kept no product"), actions);
-            break;
-          }
-          v1::MultiplyStreamResponse response;
-          response.set_request_id(m->id);
-          v1::MultiplyStreamResult* r = response.mutable_result();
-          for (int64_t d : m->c_shape) r->add_shape(d);
-          r->set_dtype(static_cast<v1::Dtype>(DTypeToProto(m->spec.dtype)));
-          r->set_bytes(m->spec.c_bytes());
-          r->mutable_placement()->set_device(m->placement.device);
-          r->mutable_placement()->set_stream(m->placement.stream);
-          if (m->keep) {
-            const HandleRegistry::Entry entry =
-                service_->handles_.Add(m->lease.TakeReservation(), m->product,
-                                       m->c_shape, m->keep_ttl);
-            MatmulServiceImpl::FillHandle(entry, r->mutable_c_handle());
-            Queue(Serialize(response), false);
-            Close(m, grpc::StatusCode::OK);
-            break;
-          }
-          Queue(Serialize(response), false);
-          PumpDownloads(actions);
-          break;
-        }
-        case Step::kDownload: {
-          // Sent straight from staging; the staging goes back to the
-          // engine when gRPC has sent it.
-          auto* held = new JobResult(std::move(*result));
-          const std::string prefix =
-              FrameResultChunk(m->id, offset, held->c().size());
-          grpc::Slice parts[2] = {
-              grpc::Slice(prefix),
-              grpc::Slice(
-                  const_cast<std::byte*>(held->c().data()), held->c().size(),
-                  [](void* p) { delete static_cast<JobResult*>(p); }, held)};
-          Queue(grpc::ByteBuffer(parts, 2), true);
-          if (m->downloads_in_flight == 0 &&
-              m->next_download == m->spec.c_bytes()) {
-            Close(m, grpc::StatusCode::OK);
-          }
-          PumpDownloads(actions);
-          break;
-        }
-      }
-    }
-    Settle(actions);
-  }
-  Perform(actions);
-  Unref();
-}
-
-void MultiplyStreamReactor::MaybeMultiply(const std::shared_ptr<Multiply>& m,
-                                          Actions& actions) {
-  if (!m->allocated || m->multiply_submitted || m->uploads_in_flight > 0 ||
-      !m->waiting.empty() || m->received[0] < m->need[0] ||
-      m->received[1] < m->need[1]) {
-    return;
-  }
-  m->multiply_submitted = true;
-  actions.jobs.push_back(NewJob(m, Step::kMultiply, 0, nullptr));
-}
-
-void MultiplyStreamReactor::PumpDownloads(Actions& actions) {
-  for (const auto& [id, m] : open_) {
-    if (result_chunks_in_flight_ >= kMaxResultChunksInFlight) return;
-    if (m->product == nullptr || m->keep) continue;
-    while (result_chunks_in_flight_ < kMaxResultChunksInFlight &&
-           m->next_download < m->spec.c_bytes()) {
-      std::unique_ptr<MatmulJob> job = NewJob(m, Step::kDownload, 0, nullptr);
-      m->next_download += job->spec().c_bytes();
-      ++m->downloads_in_flight;
-      ++result_chunks_in_flight_;
-      actions.jobs.push_back(std::move(job));
-    }
-  }
-}
-
-void MultiplyStreamReactor::SendError(uint64_t id, const absl::Status& status,
-                                      Actions& actions) {
+void MultiplyStreamReactor::SendError(uint64_t id, const absl::Status& status) {
   v1::MultiplyStreamResponse response;
   response.set_request_id(id);
   const grpc::Status g = ToGrpcStatus(status);
@@ -671,11 +356,11 @@ void MultiplyStreamReactor::Fail(const std::shared_ptr<Multiply>& m,
                                  const absl::Status& status, Actions& actions) {
   if (m->closed) return;
   if (std::optional<RejectReason> reason = RejectionOf(status)) {
-    service_->metrics_->RecordRejection(*reason);
+    state_.metrics->RecordRejection(*reason);
   } else if (status.code() == absl::StatusCode::kInvalidArgument) {
-    service_->metrics_->RecordRejection(RejectReason::kInvalid);
+    state_.metrics->RecordRejection(RejectReason::kInvalid);
   }
-  SendError(m->id, status, actions);
+  SendError(m->id, status);
   // Chunks the client sent before it saw the error are dropped quietly.
   if (m->received[0] < m->need[0] || m->received[1] < m->need[1]) {
     failed_.insert(m->id);
@@ -691,7 +376,7 @@ void MultiplyStreamReactor::Close(const std::shared_ptr<Multiply>& m,
     open_.erase(it);
   }
   const double seconds = SecondsSince(m->started);
-  service_->metrics_->RecordRequest(RpcMethod::kMultiplyStream, code, seconds);
+  state_.metrics->RecordRequest(RpcMethod::kMultiplyStream, code, seconds);
   const int64_t operand_bytes = m->need[0] + m->need[1];
   if (code == grpc::StatusCode::OK && operand_bytes >= (int64_t{256} << 20)) {
     // What shows that H2D overlapped receipt: how much of the operands was
@@ -788,7 +473,7 @@ void MultiplyStreamReactor::OnCancel() {
     for (const auto& [id, m] : open_) all.push_back(m);
     for (const auto& m : all) Close(m, grpc::StatusCode::CANCELLED);
     if (!all.empty()) {
-      service_->metrics_->RecordRejection(RejectReason::kCancelled);
+      state_.metrics->RecordRejection(RejectReason::kCancelled);
     }
     if (!finished_) {
       finished_ = true;
@@ -804,6 +489,13 @@ void MultiplyStreamReactor::OnDone() { Unref(); }
 
 void MultiplyStreamReactor::Unref() {
   if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
+}
+
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
+StartMultiplyStream(ServiceState& state, grpc::CallbackServerContext* context) {
+  auto* reactor = new MultiplyStreamReactor(state, context);
+  reactor->Start();
+  return reactor;
 }
 
 }  // namespace matmul

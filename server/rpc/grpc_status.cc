@@ -1,4 +1,4 @@
-#include "server/grpc_status.h"
+#include "server/rpc/grpc_status.h"
 
 #include <chrono>
 #include <string>

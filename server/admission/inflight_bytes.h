@@ -1,8 +1,8 @@
 // InflightBytes: admission by bytes held. Each admitted request reserves its
 // operand and result bytes until it is answered; a request that would take
 // the total over the limit is refused. Lock-free; thread-safe.
-#ifndef MATMUL_SERVER_INFLIGHT_BYTES_H_
-#define MATMUL_SERVER_INFLIGHT_BYTES_H_
+#ifndef MATMUL_SERVER_ADMISSION_INFLIGHT_BYTES_H_
+#define MATMUL_SERVER_ADMISSION_INFLIGHT_BYTES_H_
 
 #include <atomic>
 #include <cstdint>
@@ -37,4 +37,4 @@ class InflightBytes {
 
 }  // namespace matmul
 
-#endif  // MATMUL_SERVER_INFLIGHT_BYTES_H_
+#endif  // MATMUL_SERVER_ADMISSION_INFLIGHT_BYTES_H_

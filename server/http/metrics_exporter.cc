@@ -1,4 +1,4 @@
-#include "server/metrics_exporter.h"
+#include "server/http/metrics_exporter.h"
 
 #include <optional>
 #include <utility>
@@ -6,9 +6,9 @@
 #include "absl/strings/str_cat.h"
 #include "prometheus/metric_family.h"
 #include "prometheus/text_serializer.h"
-#include "server/matmul_service.h"
-#include "server/state_collector.h"
-#include "server/timeline.h"
+#include "server/http/state_collector.h"
+#include "server/http/timeline.h"
+#include "server/rpc/matmul_service.h"
 
 namespace matmul {
 namespace {

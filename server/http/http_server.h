@@ -10,8 +10,8 @@
 // every connection has 5 s to send its request head (at most 16 KiB) and
 // each send of the reply times out after 10 s, so a slow client cannot hold
 // a worker for long.
-#ifndef MATMUL_SERVER_HTTP_SERVER_H_
-#define MATMUL_SERVER_HTTP_SERVER_H_
+#ifndef MATMUL_SERVER_HTTP_HTTP_SERVER_H_
+#define MATMUL_SERVER_HTTP_HTTP_SERVER_H_
 
 #include <memory>
 #include <optional>
@@ -78,4 +78,4 @@ class HttpServer {
 
 }  // namespace matmul
 
-#endif  // MATMUL_SERVER_HTTP_SERVER_H_
+#endif  // MATMUL_SERVER_HTTP_HTTP_SERVER_H_

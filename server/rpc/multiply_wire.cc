@@ -1,4 +1,4 @@
-#include "server/multiply_wire.h"
+#include "server/rpc/multiply_wire.h"
 
 #include <algorithm>
 #include <cstring>

@@ -7,8 +7,8 @@
 // The metric families are prometheus-cpp Collectables, serialized with its
 // TextSerializer; the HTTP side is HttpServer (see there why not the
 // prometheus-cpp Exposer).
-#ifndef MATMUL_SERVER_METRICS_EXPORTER_H_
-#define MATMUL_SERVER_METRICS_EXPORTER_H_
+#ifndef MATMUL_SERVER_HTTP_METRICS_EXPORTER_H_
+#define MATMUL_SERVER_HTTP_METRICS_EXPORTER_H_
 
 #include <memory>
 #include <string>
@@ -16,7 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "prometheus/collectable.h"
-#include "server/http_server.h"
+#include "server/http/http_server.h"
 
 namespace matmul {
 
@@ -59,4 +59,4 @@ class MetricsExporter {
 
 }  // namespace matmul
 
-#endif  // MATMUL_SERVER_METRICS_EXPORTER_H_
+#endif  // MATMUL_SERVER_HTTP_METRICS_EXPORTER_H_

@@ -17,8 +17,8 @@
 //   matmul_build_info{version,cuda}
 //
 // docs/METRICS.md describes every metric.
-#ifndef MATMUL_SERVER_STATE_COLLECTOR_H_
-#define MATMUL_SERVER_STATE_COLLECTOR_H_
+#ifndef MATMUL_SERVER_HTTP_STATE_COLLECTOR_H_
+#define MATMUL_SERVER_HTTP_STATE_COLLECTOR_H_
 
 #include <string>
 #include <vector>
@@ -56,4 +56,4 @@ std::string BuildCudaVersion();
 
 }  // namespace matmul
 
-#endif  // MATMUL_SERVER_STATE_COLLECTOR_H_
+#endif  // MATMUL_SERVER_HTTP_STATE_COLLECTOR_H_

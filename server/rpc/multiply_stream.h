@@ -26,9 +26,11 @@
 // multiply is answered or fails.
 //
 // The reactor lives until gRPC is done with it (OnDone) and every job it
-// submitted has finished: a reference count.
-#ifndef MATMUL_SERVER_MULTIPLY_STREAM_REACTOR_H_
-#define MATMUL_SERVER_MULTIPLY_STREAM_REACTOR_H_
+// submitted has finished: a reference count. Its message side (reading,
+// starts, chunks, writing) is multiply_stream.cc; its engine side (the
+// step jobs and their completions) multiply_stream_steps.cc.
+#ifndef MATMUL_SERVER_RPC_MULTIPLY_STREAM_H_
+#define MATMUL_SERVER_RPC_MULTIPLY_STREAM_H_
 
 #include <atomic>
 #include <chrono>
@@ -42,15 +44,15 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "gpu/engine.h"
 #include "grpcpp/grpcpp.h"
-#include "server/multiply_wire.h"
+#include "matmul/v1/matmul.pb.h"
+#include "server/admission/admission.h"
+#include "server/rpc/multiply_wire.h"
+#include "server/rpc/service_state.h"
 
 namespace matmul {
-
-class Engine;
-class JobResult;
-class MatmulJob;
-class MatmulServiceImpl;
 
 class MultiplyStreamReactor final
     : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
@@ -60,7 +62,7 @@ class MultiplyStreamReactor final
   static constexpr int kMaxOpenMultiplies = 64;
   static constexpr int64_t kDefaultResultChunkBytes = int64_t{4} << 20;
 
-  MultiplyStreamReactor(MatmulServiceImpl* service,
+  MultiplyStreamReactor(ServiceState& state,
                         grpc::CallbackServerContext* context);
 
   // Begins reading; call once, right after construction.
@@ -71,9 +73,55 @@ class MultiplyStreamReactor final
   void OnCancel() override;
   void OnDone() override;
 
-  // One multiply of the stream, and the engine's view of its steps.
-  struct Multiply;
-  struct Chunk;
+  // A received chunk: its bytes (pieces of the message's slices, which it
+  // holds) and where they go in the multiply's device tensor.
+  struct Chunk {
+    std::vector<grpc::Slice> slices;
+    std::vector<ByteChunk> data;
+    int64_t at = 0;
+    int64_t bytes = 0;
+  };
+
+  // One multiply of the stream. Guarded by the reactor's mu_.
+  struct Multiply {
+    uint64_t id = 0;
+    MatmulSpec spec;
+    std::vector<int64_t> c_shape;
+    std::vector<int64_t> handle_shape[2];  // of operands named by handle
+    // Operands for the multiply: stored tensors, or views of `buffer`.
+    std::shared_ptr<ResidentTensor> operand[2];
+    bool staged[2] = {false, false};  // sent in chunks
+    int64_t need[2] = {0, 0};         // bytes expected
+    int64_t received[2] = {0, 0};
+    int64_t at[2] = {0, 0};  // offset in `buffer`
+    int64_t buffer_bytes = 0;
+    int device = -1;
+    std::shared_ptr<ResidentTensor> buffer;  // both staged operands
+    bool allocated = false;
+    std::vector<Chunk> waiting;  // arrived before the allocation finished
+    int uploads_in_flight = 0;
+    int64_t uploaded = 0;
+    bool multiply_submitted = false;
+    std::shared_ptr<ResidentTensor> product;
+    Placement placement;
+    bool keep = false;
+    // The in-flight budget and quota this multiply holds (admission core).
+    Lease lease;
+    absl::Duration keep_ttl;
+    int64_t result_chunk_bytes = 0;
+    int64_t next_download = 0;
+    int downloads_in_flight = 0;
+    bool closed = false;
+    // For the log line of large multiplies.
+    std::chrono::steady_clock::time_point started;
+    double first_chunk_s = -1;
+    double last_chunk_s = -1;
+    double computed_s = -1;
+    int64_t uploaded_by_last_chunk = 0;
+    int64_t chunks = 0;
+  };
+  // The engine's view of one step of a multiply
+  // (multiply_stream_steps.cc).
   class StepJob;
   enum class Step { kAllocate, kUpload, kMultiply, kDownload };
 
@@ -100,6 +148,8 @@ class MultiplyStreamReactor final
 
   ~MultiplyStreamReactor() override = default;
 
+  static grpc::ByteBuffer Serialize(const v1::MultiplyStreamResponse& response);
+
   void Handle(std::vector<grpc::Slice> slices, Actions& actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HandleStart(const WireStreamRequest& request, Actions& actions)
@@ -116,7 +166,7 @@ class MultiplyStreamReactor final
   void Fail(const std::shared_ptr<Multiply>& m, const absl::Status& status,
             Actions& actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // An error for a multiply id that is not open.
-  void SendError(uint64_t id, const absl::Status& status, Actions& actions)
+  void SendError(uint64_t id, const absl::Status& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends `m` (answered in full or failed): metrics, log, bookkeeping.
   void Close(const std::shared_ptr<Multiply>& m, grpc::StatusCode code)
@@ -134,7 +184,7 @@ class MultiplyStreamReactor final
   void Perform(Actions& actions);
   void Unref();
 
-  MatmulServiceImpl* const service_;
+  ServiceState& state_;
   grpc::CallbackServerContext* const context_;
   std::atomic<int> refs_{1};  // gRPC's, and one per job in the engine
   std::atomic<Engine*> engine_{nullptr};  // set by the first start
@@ -163,6 +213,10 @@ class MultiplyStreamReactor final
   bool writing_result_chunk_ ABSL_GUARDED_BY(mu_) = false;
 };
 
+// Starts one MultiplyStream call; gRPC owns the returned reactor.
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
+StartMultiplyStream(ServiceState& state, grpc::CallbackServerContext* context);
+
 }  // namespace matmul
 
-#endif  // MATMUL_SERVER_MULTIPLY_STREAM_REACTOR_H_
+#endif  // MATMUL_SERVER_RPC_MULTIPLY_STREAM_H_

@@ -1,0 +1,134 @@
+// MatmulServiceImpl: the matmul.v1.MatmulService registered with gRPC, on
+// the callback API. It owns the state the RPC adapters share
+// (server/rpc/service_state.h) and hands each call to its adapter:
+//   Multiply                  server/rpc/multiply.h
+//   MultiplyStream            server/rpc/multiply_stream.h
+//   Upload, Download, Delete  server/rpc/transfers.h
+//   GetServerInfo             server/rpc/server_info.h
+// No handler thread ever waits for compute: an adapter validates its
+// request, admits it (server/admission/admission.h: the one gate for every
+// RPC's work) and hands it to the Engine as a job, and the engine's
+// completion thread finishes the RPC.
+#ifndef MATMUL_SERVER_RPC_MATMUL_SERVICE_H_
+#define MATMUL_SERVER_RPC_MATMUL_SERVICE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "gpu/engine.h"
+#include "matmul/v1/matmul.grpc.pb.h"
+#include "server/admission/admission.h"
+#include "server/handle_registry.h"
+#include "server/request_limits.h"
+#include "server/rpc/multiply.h"
+#include "server/rpc/multiply_stream.h"
+#include "server/rpc/server_info.h"
+#include "server/rpc/service_state.h"
+#include "server/rpc/transfers.h"
+#include "server/server_metrics.h"
+
+namespace matmul {
+
+// Thread-safe. Must outlive the grpc::Server it is registered with.
+// Multiply and MultiplyStream are raw methods (their bytes are decoded by
+// hand); the generated CallbackService cannot be the base, since its typed
+// MultiplyStream clashes with the raw one.
+using MatmulServiceBase = v1::MatmulService::WithRawCallbackMethod_Multiply<
+    v1::MatmulService::WithCallbackMethod_GetServerInfo<
+        v1::MatmulService::WithCallbackMethod_Upload<
+            v1::MatmulService::WithCallbackMethod_Download<
+                v1::MatmulService::WithCallbackMethod_Delete<
+                    v1::MatmulService::WithRawCallbackMethod_MultiplyStream<
+                        v1::MatmulService::Service>>>>>>;
+
+class MatmulServiceImpl final : public MatmulServiceBase {
+ public:
+  MatmulServiceImpl(const RequestLimits& limits,
+                    const HandleLimits& handle_limits, std::string version)
+      : state_(limits, handle_limits, std::move(version)) {}
+
+  // Installs the engine once it is ready; until then Multiply answers
+  // UNAVAILABLE. The engine must outlive every RPC and every stored tensor
+  // (stop the gRPC server and clear handles() before destroying it).
+  void SetEngine(Engine* engine) { state_.admission.SetEngine(engine); }
+
+  // From now on Multiply answers UNAVAILABLE: the server is going away.
+  void StartDraining() { state_.admission.StartDraining(); }
+
+  bool draining() const { return state_.admission.draining(); }
+
+  // Work admitted and not yet finished (multiplies, streamed multiplies,
+  // transfers).
+  int64_t inflight_requests() const {
+    return state_.admission.inflight_requests();
+  }
+  const InflightBytes& inflight_bytes() const {
+    return state_.admission.inflight_bytes();
+  }
+
+  // The installed engine, or null while it is starting.
+  Engine* engine() const { return state_.admission.engine(); }
+
+  // The admission core every RPC's work passes.
+  Admission& admission() { return state_.admission; }
+
+  // Per-request metrics, recorded whether or not they are exported.
+  const std::shared_ptr<ServerMetrics>& metrics() const {
+    return state_.metrics;
+  }
+
+  // Stored tensors.
+  HandleRegistry& handles() { return state_.handles; }
+  const HandleRegistry& handles() const { return state_.handles; }
+
+  // Bytes the server copied in user space on the Multiply path: operand
+  // bytes copied from gRPC's buffers into staging, and result bytes copied
+  // out of staging into a response. Each request's operands are copied
+  // exactly once and its result not at all (see docs/WIRE.md).
+  int64_t copied_operand_bytes() const {
+    return state_.copied_operand_bytes.load(std::memory_order_relaxed);
+  }
+  int64_t copied_result_bytes() const {
+    return state_.copied_result_bytes.load(std::memory_order_relaxed);
+  }
+
+  grpc::ServerUnaryReactor* Multiply(grpc::CallbackServerContext* context,
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override {
+    return StartMultiply(state_, context, request, response);
+  }
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* MultiplyStream(
+      grpc::CallbackServerContext* context) override {
+    return StartMultiplyStream(state_, context);
+  }
+  grpc::ServerUnaryReactor* GetServerInfo(
+      grpc::CallbackServerContext* context,
+      const v1::GetServerInfoRequest* /*request*/,
+      v1::GetServerInfoResponse* response) override {
+    return matmul::GetServerInfo(state_, context, response);
+  }
+  grpc::ServerUnaryReactor* Upload(grpc::CallbackServerContext* context,
+                                   const v1::UploadRequest* request,
+                                   v1::UploadResponse* response) override {
+    return StartUpload(state_, context, request, response);
+  }
+  grpc::ServerUnaryReactor* Download(grpc::CallbackServerContext* context,
+                                     const v1::DownloadRequest* request,
+                                     v1::DownloadResponse* response) override {
+    return StartDownload(state_, context, request, response);
+  }
+  grpc::ServerUnaryReactor* Delete(grpc::CallbackServerContext* context,
+                                   const v1::DeleteRequest* request,
+                                   v1::DeleteResponse* /*response*/) override {
+    return DeleteHandle(state_, context, request);
+  }
+
+ private:
+  ServiceState state_;
+};
+
+}  // namespace matmul
+
+#endif  // MATMUL_SERVER_RPC_MATMUL_SERVICE_H_

@@ -1,0 +1,290 @@
+// MultiplyStreamReactor, engine side: the jobs of a multiply's steps
+// (allocate, upload each chunk, multiply, download each result chunk) and
+// what happens when each one is done. The message side is in
+// multiply_stream.cc.
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/log.h"
+#include "gpu/engine.h"
+#include "matmul/v1/matmul.pb.h"
+#include "server/rpc/call_helpers.h"
+#include "server/rpc/grpc_status.h"
+#include "server/rpc/multiply_stream.h"
+#include "server/rpc/stored_tensors.h"
+
+namespace matmul {
+namespace {
+
+MatmulSpec VectorSpec(DType dtype, int64_t elements, bool download) {
+  MatmulSpec s;
+  s.dtype = dtype;
+  if (download) {
+    s.batch = 1;
+    s.a_batch = s.b_batch = 0;
+    s.m = 1;
+    s.n = elements;
+    s.k = 0;
+  } else {
+    s.a_batch = s.batch = 1;
+    s.m = 1;
+    s.k = elements;
+    s.n = 0;
+  }
+  return s;
+}
+
+}  // namespace
+
+// The engine's view of one step of a multiply.
+class MultiplyStreamReactor::StepJob final : public MatmulJob {
+ public:
+  // What the step does, as the engine sees it.
+  struct Work {
+    MatmulSpec spec;
+    JobKind kind = JobKind::kMultiply;
+    std::shared_ptr<ResidentTensor> resident_a;
+    std::shared_ptr<ResidentTensor> resident_b;
+    std::shared_ptr<ResidentTensor> upload_target;
+    int64_t byte_offset = 0;
+    int device = -1;
+    Chunk chunk;  // an upload's bytes
+  };
+
+  StepJob(MultiplyStreamReactor* reactor, std::shared_ptr<Multiply> multiply,
+          Step step, int64_t held_bytes, Work work)
+      : reactor_(reactor),
+        multiply_(std::move(multiply)),
+        step_(step),
+        held_bytes_(held_bytes),
+        work_(std::move(work)) {}
+
+  const MatmulSpec& spec() const override { return work_.spec; }
+  JobKind kind() const override { return work_.kind; }
+  std::shared_ptr<ResidentTensor> resident_a() const override {
+    return work_.resident_a;
+  }
+  std::shared_ptr<ResidentTensor> resident_b() const override {
+    return work_.resident_b;
+  }
+  bool keep_result() const override { return step_ == Step::kMultiply; }
+  // A step never waits for device memory: the memory may be held by other
+  // multiplies whose own steps are queued behind this one.
+  bool wait_for_memory() const override { return false; }
+  int device() const override { return work_.device; }
+  std::shared_ptr<ResidentTensor> upload_target() const override {
+    return work_.upload_target;
+  }
+  int64_t byte_offset() const override { return work_.byte_offset; }
+
+  absl::Status WriteOperands(absl::Span<std::byte> a,
+                             absl::Span<std::byte>) override {
+    if (static_cast<int64_t>(a.size()) != work_.chunk.bytes) {
+      return absl::InternalError(absl::StrCat(
+          "staging size mismatch: ", a.size(), " vs ", work_.chunk.bytes));
+    }
+    CopyPieces(work_.chunk.data, a.data());
+    reactor_->state_.copied_operand_bytes.fetch_add(work_.chunk.bytes,
+                                                    std::memory_order_relaxed);
+    return absl::OkStatus();
+  }
+  void Done(absl::StatusOr<JobResult> result) override {
+    reactor_->StepDone(multiply_, step_, held_bytes_, work_.byte_offset,
+                       std::move(result));
+  }
+  absl::Status Abandoned() const override { return reactor_->Abandoned(); }
+
+ private:
+  MultiplyStreamReactor* const reactor_;
+  const std::shared_ptr<Multiply> multiply_;
+  const Step step_;
+  const int64_t held_bytes_;
+  Work work_;
+};
+
+std::unique_ptr<MatmulJob> MultiplyStreamReactor::NewJob(
+    const std::shared_ptr<Multiply>& m, Step step, int64_t held_bytes,
+    Chunk* chunk) {
+  StepJob::Work work;
+  const DType dtype = m->spec.dtype;
+  const int64_t elem = m->spec.elem_size();
+  work.device = m->device;
+  switch (step) {
+    case Step::kAllocate:
+      work.kind = JobKind::kAllocate;
+      work.spec = VectorSpec(dtype, m->buffer_bytes / elem, false);
+      break;
+    case Step::kUpload:
+      work.kind = JobKind::kUpload;
+      work.spec = VectorSpec(dtype, chunk->bytes / elem, false);
+      work.upload_target = m->buffer;
+      work.byte_offset = chunk->at;
+      work.chunk = std::move(*chunk);
+      break;
+    case Step::kMultiply:
+      work.kind = JobKind::kMultiply;
+      work.spec = m->spec;
+      work.resident_a = m->operand[0];
+      work.resident_b = m->operand[1];
+      break;
+    case Step::kDownload: {
+      const int64_t bytes =
+          std::min(m->result_chunk_bytes, m->spec.c_bytes() - m->next_download);
+      work.kind = JobKind::kDownload;
+      work.spec = VectorSpec(dtype, bytes / elem, true);
+      work.resident_a = m->product;
+      work.byte_offset = m->next_download;
+      break;
+    }
+  }
+  return std::make_unique<StepJob>(this, m, step, held_bytes, std::move(work));
+}
+
+void MultiplyStreamReactor::StepDone(const std::shared_ptr<Multiply>& m,
+                                     Step step, int64_t held_bytes,
+                                     int64_t offset,
+                                     absl::StatusOr<JobResult> result) {
+  Actions actions;
+  {
+    absl::MutexLock lock(&mu_);
+    held_chunk_bytes_ -= held_bytes;
+    if (step == Step::kUpload) --m->uploads_in_flight;
+    if (step == Step::kDownload) --m->downloads_in_flight;
+    if (m->closed || finished_) {
+      if (step == Step::kDownload) --result_chunks_in_flight_;
+    } else if (!result.ok()) {
+      if (step == Step::kDownload) --result_chunks_in_flight_;
+      Fail(m, result.status(), actions);
+    } else {
+      switch (step) {
+        case Step::kAllocate: {
+          m->buffer = result->resident();
+          const MatmulSpec& s = m->spec;
+          const int64_t dims[2][3] = {
+              {s.a_batch, s.transpose_a ? s.k : s.m, s.transpose_a ? s.m : s.k},
+              {s.b_batch, s.transpose_b ? s.n : s.k,
+               s.transpose_b ? s.k : s.n}};
+          absl::Status viewed = m->buffer == nullptr
+                                    ? absl::InternalError("nothing allocated")
+                                    : absl::OkStatus();
+          for (int op = 0; op < 2 && viewed.ok(); ++op) {
+            if (!m->staged[op]) continue;
+            absl::StatusOr<std::shared_ptr<ResidentTensor>> view =
+                ResidentView::Create(m->buffer, m->at[op], s.dtype, dims[op][0],
+                                     dims[op][1], dims[op][2]);
+            if (view.ok()) {
+              m->operand[op] = *view;
+            } else {
+              viewed = view.status();
+            }
+          }
+          if (!viewed.ok()) {
+            Fail(m, absl::InternalError(viewed.message()), actions);
+            break;
+          }
+          m->device = m->buffer->device();
+          m->allocated = true;
+          for (Chunk& chunk : m->waiting) {
+            ++m->uploads_in_flight;
+            const int64_t held = chunk.bytes;
+            actions.jobs.push_back(NewJob(m, Step::kUpload, held, &chunk));
+          }
+          m->waiting.clear();
+          MaybeMultiply(m, actions);
+          break;
+        }
+        case Step::kUpload:
+          m->uploaded += held_bytes;
+          MaybeMultiply(m, actions);
+          break;
+        case Step::kMultiply: {
+          m->computed_s = SecondsSince(m->started);
+          m->product = result->resident();
+          m->placement = result->placement();
+          // The operands' memory can go now.
+          m->operand[0].reset();
+          m->operand[1].reset();
+          m->buffer.reset();
+          if (m->product == nullptr) {
+            Fail(m, absl::InternalError("the engine kept no product"), actions);
+            break;
+          }
+          v1::MultiplyStreamResponse response;
+          response.set_request_id(m->id);
+          v1::MultiplyStreamResult* r = response.mutable_result();
+          for (int64_t d : m->c_shape) r->add_shape(d);
+          r->set_dtype(static_cast<v1::Dtype>(DTypeToProto(m->spec.dtype)));
+          r->set_bytes(m->spec.c_bytes());
+          r->mutable_placement()->set_device(m->placement.device);
+          r->mutable_placement()->set_stream(m->placement.stream);
+          if (m->keep) {
+            const HandleRegistry::Entry entry =
+                state_.handles.Add(m->lease.TakeReservation(), m->product,
+                                   m->c_shape, m->keep_ttl);
+            FillHandle(entry, r->mutable_c_handle());
+            Queue(Serialize(response), false);
+            Close(m, grpc::StatusCode::OK);
+            break;
+          }
+          Queue(Serialize(response), false);
+          PumpDownloads(actions);
+          break;
+        }
+        case Step::kDownload: {
+          // Sent straight from staging; the staging goes back to the
+          // engine when gRPC has sent it.
+          auto* held = new JobResult(std::move(*result));
+          const std::string prefix =
+              FrameResultChunk(m->id, offset, held->c().size());
+          grpc::Slice parts[2] = {
+              grpc::Slice(prefix),
+              grpc::Slice(
+                  const_cast<std::byte*>(held->c().data()), held->c().size(),
+                  [](void* p) { delete static_cast<JobResult*>(p); }, held)};
+          Queue(grpc::ByteBuffer(parts, 2), true);
+          if (m->downloads_in_flight == 0 &&
+              m->next_download == m->spec.c_bytes()) {
+            Close(m, grpc::StatusCode::OK);
+          }
+          PumpDownloads(actions);
+          break;
+        }
+      }
+    }
+    Settle(actions);
+  }
+  Perform(actions);
+  Unref();
+}
+
+void MultiplyStreamReactor::MaybeMultiply(const std::shared_ptr<Multiply>& m,
+                                          Actions& actions) {
+  if (!m->allocated || m->multiply_submitted || m->uploads_in_flight > 0 ||
+      !m->waiting.empty() || m->received[0] < m->need[0] ||
+      m->received[1] < m->need[1]) {
+    return;
+  }
+  m->multiply_submitted = true;
+  actions.jobs.push_back(NewJob(m, Step::kMultiply, 0, nullptr));
+}
+
+void MultiplyStreamReactor::PumpDownloads(Actions& actions) {
+  for (const auto& [id, m] : open_) {
+    if (result_chunks_in_flight_ >= kMaxResultChunksInFlight) return;
+    if (m->product == nullptr || m->keep) continue;
+    while (result_chunks_in_flight_ < kMaxResultChunksInFlight &&
+           m->next_download < m->spec.c_bytes()) {
+      std::unique_ptr<MatmulJob> job = NewJob(m, Step::kDownload, 0, nullptr);
+      m->next_download += job->spec().c_bytes();
+      ++m->downloads_in_flight;
+      ++result_chunks_in_flight_;
+      actions.jobs.push_back(std::move(job));
+    }
+  }
+}
+
+}  // namespace matmul

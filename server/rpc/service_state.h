@@ -1,0 +1,48 @@
+// ServiceState: what every RPC adapter in server/rpc/ shares, owned by
+// MatmulServiceImpl and handed to each adapter by reference: the request
+// limits, the metrics, the stored tensors and the admission core every
+// RPC's work passes. Adapters reach nothing else of the service.
+#ifndef MATMUL_SERVER_RPC_SERVICE_STATE_H_
+#define MATMUL_SERVER_RPC_SERVICE_STATE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "server/admission/admission.h"
+#include "server/handle_registry.h"
+#include "server/request_limits.h"
+#include "server/server_metrics.h"
+
+namespace matmul {
+
+// Thread-safe (each part is).
+struct ServiceState {
+  ServiceState(const RequestLimits& request_limits,
+               const HandleLimits& handle_limits, std::string server_version)
+      : limits(request_limits),
+        version(std::move(server_version)),
+        handles(handle_limits),
+        admission(request_limits.max_inflight_bytes, &handles, metrics.get()) {}
+
+  ServiceState(const ServiceState&) = delete;
+  ServiceState& operator=(const ServiceState&) = delete;
+
+  const RequestLimits limits;
+  const std::string version;
+  // Per-request metrics, recorded whether or not they are exported.
+  const std::shared_ptr<ServerMetrics> metrics =
+      std::make_shared<ServerMetrics>();
+  HandleRegistry handles;
+  // After handles and metrics, which it uses.
+  Admission admission;
+  // Bytes copied in user space on the multiply paths (see
+  // MatmulServiceImpl::copied_operand_bytes).
+  std::atomic<int64_t> copied_operand_bytes{0};
+  std::atomic<int64_t> copied_result_bytes{0};
+};
+
+}  // namespace matmul
+
+#endif  // MATMUL_SERVER_RPC_SERVICE_STATE_H_

@@ -1,0 +1,56 @@
+#include "server/rpc/stored_tensors.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "proto/dtype_mapping.h"
+
+namespace matmul {
+
+std::string ClientKey(const grpc::CallbackServerContext& context) {
+  const auto& metadata = context.client_metadata();
+  if (auto it = metadata.find("x-matmul-client"); it != metadata.end()) {
+    return std::string(it->second.data(), it->second.size());
+  }
+  // "ipv4:127.0.0.1:5000" -> "ipv4:127.0.0.1"; "unix:/path" stays.
+  std::string peer = context.peer();
+  if (peer.rfind("ipv4:", 0) == 0 || peer.rfind("ipv6:", 0) == 0) {
+    const size_t colon = peer.rfind(':');
+    if (colon != std::string::npos && colon > 4) peer.resize(colon);
+  }
+  return peer;
+}
+
+absl::Status ResolveHandle(const HandleRegistry& handles,
+                           const std::string& handle, const char* name,
+                           OperandHeader& operand,
+                           std::shared_ptr<ResidentTensor>& tensor,
+                           std::vector<int64_t>& shape) {
+  if (operand.present) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, " and ", name, "_handle are both set; set exactly one"));
+  }
+  absl::StatusOr<HandleRegistry::Entry> entry = handles.Get(handle);
+  if (!entry.ok()) {
+    return absl::Status(
+        entry.status().code(),
+        absl::StrCat(name, "_handle: ", entry.status().message()));
+  }
+  tensor = entry->tensor;
+  shape = entry->shape;
+  operand.present = true;
+  operand.shape = absl::MakeConstSpan(shape);
+  operand.dtype = DTypeToProto(tensor->dtype());
+  operand.data_bytes = tensor->bytes();
+  return absl::OkStatus();
+}
+
+void FillHandle(const HandleRegistry::Entry& entry, v1::TensorHandle* out) {
+  out->set_id(entry.id);
+  for (int64_t d : entry.shape) out->add_shape(d);
+  out->set_dtype(DTypeToProto(entry.tensor->dtype()));
+  out->set_device(entry.tensor->device());
+  out->set_bytes(entry.tensor->bytes());
+  out->set_expire_time_unix_ms(absl::ToUnixMillis(entry.expires));
+}
+
+}  // namespace matmul

@@ -1,0 +1,208 @@
+#include "server/rpc/transfers.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "server/request_validation.h"
+#include "server/rpc/call_helpers.h"
+#include "server/rpc/grpc_status.h"
+#include "server/rpc/stored_tensors.h"
+#include "server/rpc/unary_job_reactor.h"
+
+namespace matmul {
+namespace {
+
+// Upload and Download: one tensor into or out of engine memory.
+class TransferReactor final : public UnaryJobReactor {
+ public:
+  TransferReactor(ServiceState& state, grpc::CallbackServerContext* context,
+                  const v1::UploadRequest* upload,
+                  v1::UploadResponse* upload_response)
+      : UnaryJobReactor(state, context, RpcMethod::kUpload),
+        upload_(upload),
+        upload_response_(upload_response) {}
+  TransferReactor(ServiceState& state, grpc::CallbackServerContext* context,
+                  const v1::DownloadRequest* download,
+                  v1::DownloadResponse* download_response)
+      : UnaryJobReactor(state, context, RpcMethod::kDownload),
+        download_(download),
+        download_response_(download_response) {}
+
+  void StartUpload();
+  void StartDownload();
+
+  absl::Status WriteOperands(absl::Span<std::byte> a,
+                             absl::Span<std::byte>) override {
+    if (upload_ == nullptr || a.size() != upload_->tensor().data().size()) {
+      return absl::InternalError("staging size mismatch");
+    }
+    const std::string& data = upload_->tensor().data();
+    return Copy([&] { std::memcpy(a.data(), data.data(), a.size()); });
+  }
+
+ private:
+  absl::Status Respond(const MatmulSpec& spec, JobResult& result) override;
+
+  const v1::UploadRequest* const upload_ = nullptr;
+  v1::UploadResponse* const upload_response_ = nullptr;
+  const v1::DownloadRequest* const download_ = nullptr;
+  v1::DownloadResponse* const download_response_ = nullptr;
+  std::vector<int64_t> shape_;
+  absl::Duration ttl_;
+  std::shared_ptr<ResidentTensor> downloading_;
+};
+
+void TransferReactor::StartUpload() {
+  if (!Open()) return;
+  OperandHeader header;
+  header.present = upload_->has_tensor();
+  header.shape = absl::MakeConstSpan(upload_->tensor().shape().data(),
+                                     upload_->tensor().shape_size());
+  header.dtype = upload_->tensor().dtype();
+  header.data_bytes = static_cast<int64_t>(upload_->tensor().data().size());
+  absl::StatusOr<TensorDims> dims =
+      ValidateTensor(header, "tensor", state_.limits);
+  if (!dims.ok()) {
+    Reject(RejectReason::kInvalid, dims.status());
+    return;
+  }
+  Plan plan;
+  plan.kind = JobKind::kUpload;
+  plan.spec.dtype = dims->dtype;
+  plan.spec.a_batch = plan.spec.batch = dims->batch;
+  plan.spec.m = dims->rows;
+  plan.spec.k = dims->cols;
+  plan.spec.n = 0;
+  absl::StatusOr<absl::Duration> ttl =
+      state_.handles.Ttl(upload_->ttl_seconds());
+  if (!ttl.ok()) {
+    Reject(RejectReason::kInvalid, ttl.status());
+    return;
+  }
+  ttl_ = *ttl;
+  shape_ = ApiShape(dims->is_3d, dims->batch, dims->rows, dims->cols);
+  Operation op;
+  op.kind = OperationKind::kUpload;
+  op.spec = &plan.spec;
+  op.held_bytes = header.data_bytes;  // the request, until it is staged
+  op.stored_bytes = header.data_bytes;
+  op.client = ClientKey(*context_);
+  if (!Admit(std::move(op))) return;
+  if (upload_->has_device()) {
+    const std::vector<DeviceInfo>& devices = lease_.engine()->info().devices;
+    const bool known = std::any_of(
+        devices.begin(), devices.end(),
+        [&](const DeviceInfo& d) { return d.index == upload_->device(); });
+    if (!known) {
+      Reject(RejectReason::kInvalid,
+             absl::InvalidArgumentError(absl::StrCat(
+                 "device: no device ", upload_->device(), " (", devices.size(),
+                 " on this server; see GetServerInfo)")));
+      return;
+    }
+    plan.device = upload_->device();
+  }
+  Submit(std::move(plan));
+}
+
+void TransferReactor::StartDownload() {
+  if (!Open()) return;
+  absl::StatusOr<HandleRegistry::Entry> entry =
+      state_.handles.Get(download_->handle());
+  if (!entry.ok()) {
+    Reject(RejectReason::kInvalid,
+           absl::Status(entry.status().code(),
+                        absl::StrCat("handle: ", entry.status().message())));
+    return;
+  }
+  shape_ = entry->shape;
+  Plan plan;
+  plan.kind = JobKind::kDownload;
+  plan.resident_a = entry->tensor;
+  plan.spec.dtype = entry->tensor->dtype();
+  plan.spec.batch = entry->tensor->batch();
+  plan.spec.a_batch = plan.spec.b_batch = 0;
+  plan.spec.m = entry->tensor->rows();
+  plan.spec.n = entry->tensor->cols();
+  plan.spec.k = 0;
+  if (plan.spec.c_bytes() > state_.limits.max_message_bytes - 128) {
+    Reject(RejectReason::kInvalid,
+           absl::ResourceExhaustedError(
+               absl::StrCat("the stored tensor is ", plan.spec.c_bytes(),
+                            " bytes, over the server's max message size of ",
+                            state_.limits.max_message_bytes, " bytes")));
+    return;
+  }
+  Operation op;
+  op.kind = OperationKind::kDownload;
+  op.spec = &plan.spec;
+  op.held_bytes = plan.spec.c_bytes();  // staging, then the response
+  if (!Admit(std::move(op))) return;
+  Submit(std::move(plan));
+}
+
+absl::Status TransferReactor::Respond(const MatmulSpec& spec,
+                                      JobResult& result) {
+  if (upload_ != nullptr) {
+    if (result.resident() == nullptr) {
+      return absl::InternalError("the engine stored nothing");
+    }
+    if (!lease_.has_reservation()) {
+      return absl::InternalError("the upload holds no quota reservation");
+    }
+    const HandleRegistry::Entry entry = state_.handles.Add(
+        lease_.TakeReservation(), result.resident(), shape_, ttl_);
+    FillHandle(entry, upload_response_->mutable_handle());
+    return absl::OkStatus();
+  }
+  v1::Tensor* tensor = download_response_->mutable_tensor();
+  for (int64_t d : shape_) tensor->add_shape(d);
+  tensor->set_dtype(DTypeToProto(spec.dtype));
+  tensor->set_data(reinterpret_cast<const char*>(result.c().data()),
+                   result.c().size());
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+grpc::ServerUnaryReactor* StartUpload(ServiceState& state,
+                                      grpc::CallbackServerContext* context,
+                                      const v1::UploadRequest* request,
+                                      v1::UploadResponse* response) {
+  auto* reactor = new TransferReactor(state, context, request, response);
+  reactor->StartUpload();
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* StartDownload(ServiceState& state,
+                                        grpc::CallbackServerContext* context,
+                                        const v1::DownloadRequest* request,
+                                        v1::DownloadResponse* response) {
+  auto* reactor = new TransferReactor(state, context, request, response);
+  reactor->StartDownload();
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* DeleteHandle(ServiceState& state,
+                                       grpc::CallbackServerContext* context,
+                                       const v1::DeleteRequest* request) {
+  const auto started = std::chrono::steady_clock::now();
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::Status status = state.handles.Delete(request->handle());
+  if (!status.ok()) {
+    status =
+        absl::Status(status.code(), absl::StrCat("handle: ", status.message()));
+  }
+  const grpc::Status reply = ToGrpcStatus(status);
+  state.metrics->RecordRequest(RpcMethod::kDelete, reply.error_code(),
+                               SecondsSince(started));
+  reactor->Finish(reply);
+  return reactor;
+}
+
+}  // namespace matmul

@@ -1,0 +1,196 @@
+#include "server/rpc/unary_job_reactor.h"
+
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "absl/cleanup/cleanup.h"
+#include "server/rpc/call_helpers.h"
+#include "server/rpc/grpc_status.h"
+
+namespace matmul {
+namespace {
+
+// The engine's view of a unary RPC's work.
+class UnaryJob final : public MatmulJob {
+ public:
+  UnaryJob(UnaryJobReactor* reactor, UnaryJobReactor::Plan plan)
+      : reactor_(reactor), plan_(std::move(plan)) {}
+
+  const MatmulSpec& spec() const override { return plan_.spec; }
+  JobKind kind() const override { return plan_.kind; }
+  std::shared_ptr<ResidentTensor> resident_a() const override {
+    return plan_.resident_a;
+  }
+  std::shared_ptr<ResidentTensor> resident_b() const override {
+    return plan_.resident_b;
+  }
+  bool keep_result() const override { return plan_.keep_result; }
+  int device() const override { return plan_.device; }
+  absl::Status WriteOperands(absl::Span<std::byte> a,
+                             absl::Span<std::byte> b) override {
+    return reactor_->WriteOperands(a, b);
+  }
+  void Done(absl::StatusOr<JobResult> result) override {
+    reactor_->Complete(plan_.spec, std::move(result));
+  }
+  absl::Status Abandoned() const override { return reactor_->Abandoned(); }
+
+ private:
+  UnaryJobReactor* const reactor_;
+  const UnaryJobReactor::Plan plan_;
+};
+
+}  // namespace
+
+UnaryJobReactor::UnaryJobReactor(ServiceState& state,
+                                 grpc::CallbackServerContext* context,
+                                 RpcMethod method)
+    : state_(state),
+      context_(context),
+      method_(method),
+      deadline_(context->deadline()) {}
+
+void UnaryJobReactor::OnCancel() {
+  {
+    absl::MutexLock lock(&mu_);
+    cancelled_ = true;
+    // An operand copy in progress reads the request: let it end first.
+    mu_.Await(absl::Condition(this, &UnaryJobReactor::NotWriting));
+    if (finished_) return;
+    finished_ = true;
+  }
+  RecordCancel();
+  FinishRpc(grpc::Status(grpc::StatusCode::CANCELLED,
+                         "the request was cancelled or its deadline passed"));
+}
+
+void UnaryJobReactor::OnDone() {
+  RecordDone();
+  Unref();
+}
+
+absl::Status UnaryJobReactor::Abandoned() const {
+  {
+    absl::MutexLock lock(&mu_);
+    if (cancelled_ || finished_) {
+      return absl::CancelledError("the request was cancelled");
+    }
+  }
+  if (DeadlinePassed(deadline_)) {
+    return absl::DeadlineExceededError(
+        "the deadline passed while the request was queued");
+  }
+  return absl::OkStatus();
+}
+
+void UnaryJobReactor::Complete(const MatmulSpec& spec,
+                               absl::StatusOr<JobResult> result) {
+  absl::Cleanup unref = [this] { Unref(); };
+  {
+    absl::MutexLock lock(&mu_);
+    if (finished_) return;  // cancelled meanwhile: the result is dropped
+    finished_ = true;
+  }
+  // From here on nothing else touches the response until Finish.
+  if (!result.ok()) {
+    state_.admission.RecordFailure(result.status());
+    FinishRpc(ToGrpcStatus(result.status()));
+    return;
+  }
+  if (method_ == RpcMethod::kMultiply) {
+    state_.metrics->RecordStages(result->timings());
+  }
+  computed_at_ = std::chrono::steady_clock::now();
+  computed_ = true;
+  FinishRpc(ToGrpcStatus(Respond(spec, *result)));
+}
+
+bool UnaryJobReactor::Open() {
+  absl::Status open = state_.admission.CheckOpen();
+  if (open.ok()) return true;
+  FinishWith(open);  // counted by the core
+  return false;
+}
+
+bool UnaryJobReactor::Admit(Operation op) {
+  op.deadline = DeadlineOf(*context_);
+  absl::StatusOr<Lease> lease = state_.admission.Admit(op);
+  if (!lease.ok()) {
+    if (std::optional<int64_t> ms = RetryPushbackMs(lease.status())) {
+      context_->AddTrailingMetadata("grpc-retry-pushback-ms",
+                                    std::to_string(*ms));
+    }
+    FinishWith(lease.status());  // counted by the core
+    return false;
+  }
+  lease_ = std::move(*lease);
+  return true;
+}
+
+void UnaryJobReactor::Submit(Plan plan) {
+  refs_.fetch_add(1, std::memory_order_relaxed);  // the job's reference
+  lease_.engine()->Submit(std::make_unique<UnaryJob>(this, std::move(plan)));
+}
+
+absl::Status UnaryJobReactor::Copy(absl::FunctionRef<void()> copy) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (cancelled_ || finished_) {
+      return absl::CancelledError("the request was cancelled");
+    }
+    writing_ = true;
+  }
+  copy();
+  absl::MutexLock lock(&mu_);
+  writing_ = false;
+  return absl::OkStatus();
+}
+
+bool UnaryJobReactor::FinishWith(const absl::Status& status) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (finished_) return false;
+    finished_ = true;
+  }
+  FinishRpc(ToGrpcStatus(status));
+  return true;
+}
+
+void UnaryJobReactor::Reject(RejectReason reason, const absl::Status& status) {
+  if (FinishWith(status)) state_.admission.RecordRejection(reason);
+}
+
+void UnaryJobReactor::Unref() {
+  if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
+}
+
+void UnaryJobReactor::FinishRpc(const grpc::Status& status) {
+  code_.store(status.error_code(), std::memory_order_release);
+  Finish(status);
+}
+
+void UnaryJobReactor::RecordCancel() {
+  // gRPC does not say why it cancelled. Its deadline timer can fire a few
+  // milliseconds before the system clock reaches deadline_ (measured: up
+  // to 3 ms), so a cancel that close to the deadline counts as the
+  // deadline's.
+  const bool deadline =
+      deadline_ != std::chrono::system_clock::time_point::max() &&
+      std::chrono::system_clock::now() + std::chrono::milliseconds(50) >=
+          deadline_;
+  state_.admission.RecordRejection(deadline ? RejectReason::kDeadline
+                                            : RejectReason::kCancelled);
+}
+
+void UnaryJobReactor::RecordDone() {
+  const grpc::StatusCode code = code_.load(std::memory_order_acquire);
+  const auto now = std::chrono::steady_clock::now();
+  ServerMetrics& metrics = *state_.metrics;
+  if (computed_ && method_ == RpcMethod::kMultiply) {
+    metrics.RecordStage(Stage::kReply, SecondsSince(computed_at_, now));
+  }
+  metrics.RecordRequest(method_, code, SecondsSince(started_, now));
+}
+
+}  // namespace matmul

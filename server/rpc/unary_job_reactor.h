@@ -1,0 +1,124 @@
+// UnaryJobReactor: the life cycle shared by the unary RPCs whose work is one
+// engine job (Multiply, Upload, Download). An adapter derives from it,
+// translates its request into an Operation and a Plan, admits the one
+// through the admission core (server/admission/admission.h) and submits the
+// other; the engine's completion thread then calls Respond.
+//
+// The reactor lives until both gRPC is done with it (OnDone) and, if a job
+// was submitted, the engine has finished it: two references. The RPC is
+// finished exactly once, by whichever comes first of the job's result and a
+// cancellation (client cancel, deadline, or the drain deadline); a job that
+// outlives its RPC never touches the request or the response again, so a
+// stuck job cannot hold up shutdown.
+#ifndef MATMUL_SERVER_RPC_UNARY_JOB_REACTOR_H_
+#define MATMUL_SERVER_RPC_UNARY_JOB_REACTOR_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <memory>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
+#include "gpu/engine.h"
+#include "server/admission/admission.h"
+#include "server/rpc/service_state.h"
+#include "server/server_metrics.h"
+
+namespace matmul {
+
+class UnaryJobReactor : public grpc::ServerUnaryReactor {
+ public:
+  // What the engine is asked to do (its MatmulJob is built from it).
+  struct Plan {
+    MatmulSpec spec;
+    JobKind kind = JobKind::kMultiply;
+    std::shared_ptr<ResidentTensor> resident_a;
+    std::shared_ptr<ResidentTensor> resident_b;
+    bool keep_result = false;
+    int device = -1;
+  };
+
+  UnaryJobReactor(ServiceState& state, grpc::CallbackServerContext* context,
+                  RpcMethod method);
+
+  void OnCancel() override;
+  void OnDone() override;
+
+  // Engine side, through the job.
+  absl::Status Abandoned() const;
+  virtual absl::Status WriteOperands(absl::Span<std::byte> a,
+                                     absl::Span<std::byte> b) = 0;
+  void Complete(const MatmulSpec& spec, absl::StatusOr<JobResult> result);
+
+ protected:
+  // The lease is a member: it is released when the reactor goes, after
+  // both the RPC and the job are done.
+  ~UnaryJobReactor() override = default;
+
+  // Builds the response from a job's result (engine thread).
+  virtual absl::Status Respond(const MatmulSpec& spec, JobResult& result) = 0;
+
+  // False, with the RPC finished UNAVAILABLE, while the server drains or
+  // the engine is starting: the admission core's early check.
+  bool Open();
+
+  // Admits `op` (the deadline is the call's), or finishes the RPC with the
+  // core's refusal, and its retry hint when it has one; true if admitted.
+  bool Admit(Operation op);
+
+  // Submits `plan` to the admitted lease's engine.
+  void Submit(Plan plan);
+
+  // Runs `copy`, which reads the request, unless the RPC was cancelled;
+  // OnCancel waits for it, since finishing lets gRPC free the request.
+  absl::Status Copy(absl::FunctionRef<void()> copy);
+
+  // Finishes the RPC unless a cancellation already did; true if it did.
+  bool FinishWith(const absl::Status& status);
+
+  // FinishWith, counted as a rejection for `reason`.
+  void Reject(RejectReason reason, const absl::Status& status);
+
+  ServiceState& state_;
+  grpc::CallbackServerContext* const context_;
+  // What admission granted; empty until Admit.
+  Lease lease_;
+
+ private:
+  void Unref();
+  // Every Finish goes through here, so that OnDone knows the code. The
+  // release store publishes what was recorded before it to OnDone, which
+  // runs on another thread (gRPC's own ordering is invisible to TSan).
+  void FinishRpc(const grpc::Status& status);
+  void RecordCancel();
+  void RecordDone();
+  bool NotWriting() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !writing_;
+  }
+
+  const RpcMethod method_;
+  const std::chrono::system_clock::time_point deadline_;
+  std::atomic<int> refs_{1};
+  // For metrics; written before Finish, read in OnDone.
+  const std::chrono::steady_clock::time_point started_ =
+      std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point computed_at_;
+  bool computed_ = false;
+  std::atomic<grpc::StatusCode> code_{grpc::StatusCode::UNKNOWN};
+
+  mutable absl::Mutex mu_;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace matmul
+
+#endif  // MATMUL_SERVER_RPC_UNARY_JOB_REACTOR_H_
