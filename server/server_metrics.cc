@@ -64,6 +64,10 @@ absl::string_view RejectReasonName(RejectReason reason) {
   switch (reason) {
     case RejectReason::kInvalid:
       return "invalid";
+    case RejectReason::kTooLarge:
+      return "too_large";
+    case RejectReason::kQuota:
+      return "quota";
     case RejectReason::kOverloaded:
       return "overloaded";
     case RejectReason::kDeadline:

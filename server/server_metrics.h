@@ -52,17 +52,29 @@ enum class Stage { kQueue, kStageIn, kH2D, kCompute, kD2H, kReply };
 inline constexpr int kNumStages = 6;
 absl::string_view StageName(Stage stage);
 
-// Why a Multiply was answered without a result (label `reason`).
+// Why a request was answered without a result (label `reason`). The first
+// three are the request's own doing; the others the server's state.
 enum class RejectReason {
-  kInvalid,      // malformed, beyond the limits, or can never fit a device
+  kInvalid,      // malformed (INVALID_ARGUMENT, NOT_FOUND, ...)
+  kTooLarge,     // beyond the limits or any device (RESOURCE_EXHAUSTED)
+  kQuota,        // over its client's stored-tensor quota
   kOverloaded,   // in-flight byte budget or engine queue/pool full
   kDeadline,     // deadline passed before the job ran
   kDraining,     // the server is shutting down
   kUnavailable,  // the engine is not ready (or already stopped)
   kCancelled,    // the client cancelled before the result was ready
 };
-inline constexpr int kNumRejectReasons = 6;
+inline constexpr int kNumRejectReasons = 8;
 absl::string_view RejectReasonName(RejectReason reason);
+
+// A request refused for what it is rather than for the server's state:
+// kTooLarge when it asks for more than the server can ever give
+// (RESOURCE_EXHAUSTED), else kInvalid.
+inline RejectReason RequestFault(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kResourceExhausted
+             ? RejectReason::kTooLarge
+             : RejectReason::kInvalid;
+}
 
 // The rejection an engine's error amounts to, if any (INTERNAL is a fault,
 // not a rejection).

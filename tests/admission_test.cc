@@ -139,7 +139,9 @@ TEST_F(AdmissionTest, OverTheStoredQuotaIsResourceExhaustedAndTakesNoBudget) {
   ASSERT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(refused.status().message(), HasSubstr("client-1"));
   EXPECT_THAT(refused.status().message(), HasSubstr("500 bytes per client"));
-  EXPECT_EQ(metrics_.rejections(RejectReason::kOverloaded), 1u);
+  // The client's own quota, not the server's load.
+  EXPECT_EQ(metrics_.rejections(RejectReason::kQuota), 1u);
+  EXPECT_EQ(metrics_.rejections(RejectReason::kOverloaded), 0u);
   EXPECT_EQ(admission_.inflight_bytes().used(), 0);
   EXPECT_EQ(admission_.inflight_requests(), 0);
 }
@@ -261,8 +263,19 @@ TEST_F(AdmissionTest, WorkThatNeverFitsADeviceIsTheRequestsFault) {
   absl::StatusOr<Lease> refused = admission_.Admit(op);
   ASSERT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(refused.status().message(), "needs 2 TB on a device");
-  EXPECT_EQ(metrics_.rejections(RejectReason::kInvalid), 1u);
+  EXPECT_EQ(metrics_.rejections(RejectReason::kTooLarge), 1u);
   EXPECT_EQ(metrics_.rejections(RejectReason::kOverloaded), 0u);
+}
+
+TEST_F(AdmissionTest, WorkTheEngineCannotTakeForOtherReasonsIsInvalid) {
+  engine_.fits_status_ = absl::InvalidArgumentError("no such device");
+  const MatmulSpec spec = Square(64);
+  Operation op = Op(10);
+  op.spec = &spec;
+  absl::StatusOr<Lease> refused = admission_.Admit(op);
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(metrics_.rejections(RejectReason::kInvalid), 1u);
+  EXPECT_EQ(metrics_.rejections(RejectReason::kTooLarge), 0u);
 }
 
 TEST_F(AdmissionTest, RefusalsComeInTheDocumentedOrder) {

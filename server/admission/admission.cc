@@ -83,7 +83,7 @@ absl::StatusOr<Lease> Admission::Admit(const Operation& op) {
   if (op.spec != nullptr) {
     // Work that could never fit a device is the request's fault, not load.
     if (absl::Status fits = engine->CheckFits(*op.spec); !fits.ok()) {
-      return Refuse(RejectReason::kInvalid, fits);
+      return Refuse(RequestFault(fits), fits);
     }
   }
   if (op.deadline != absl::InfiniteFuture()) {
@@ -111,7 +111,7 @@ absl::StatusOr<Lease> Admission::Admit(const Operation& op) {
     absl::StatusOr<HandleRegistry::Reservation> reservation =
         handles_->Reserve(op.client, *op.stored_bytes);
     if (!reservation.ok()) {
-      return Refuse(RejectReason::kOverloaded, reservation.status());
+      return Refuse(RejectReason::kQuota, reservation.status());
     }
     lease.reservation_ = std::move(*reservation);
   }

@@ -77,8 +77,8 @@ void MultiplyReactor::Start() {
     return;
   }
   if (grpc::Status dumped = request_->Dump(&slices_); !dumped.ok()) {
-    Reject(RejectReason::kInvalid,
-           absl::InvalidArgumentError("cannot read the request's bytes"));
+    RejectRequest(
+        absl::InvalidArgumentError("cannot read the request's bytes"));
     return;
   }
   chunks_.reserve(slices_.size());
@@ -87,7 +87,7 @@ void MultiplyReactor::Start() {
   }
   absl::StatusOr<WireMultiplyRequest> wire = DecodeMultiplyRequest(chunks_);
   if (!wire.ok()) {
-    Reject(RejectReason::kInvalid, wire.status());
+    RejectRequest(wire.status());
     return;
   }
   wire_ = std::move(*wire);
@@ -98,7 +98,7 @@ void MultiplyReactor::Start() {
     if (absl::Status s = ResolveHandle(state_.handles, wire_.a_handle, "a",
                                        header.a, plan.resident_a, a_shape_);
         !s.ok()) {
-      Reject(RejectReason::kInvalid, s);
+      RejectRequest(s);
       return;
     }
   }
@@ -106,14 +106,14 @@ void MultiplyReactor::Start() {
     if (absl::Status s = ResolveHandle(state_.handles, wire_.b_handle, "b",
                                        header.b, plan.resident_b, b_shape_);
         !s.ok()) {
-      Reject(RejectReason::kInvalid, s);
+      RejectRequest(s);
       return;
     }
   }
   absl::StatusOr<MatmulSpec> spec =
       ValidateMultiplyHeader(header, state_.limits);
   if (!spec.ok()) {
-    Reject(RejectReason::kInvalid, spec.status());
+    RejectRequest(spec.status());
     return;
   }
   plan.spec = *spec;
@@ -121,7 +121,7 @@ void MultiplyReactor::Start() {
     absl::StatusOr<absl::Duration> ttl =
         state_.handles.Ttl(wire_.result_ttl_seconds);
     if (!ttl.ok()) {
-      Reject(RejectReason::kInvalid, ttl.status());
+      RejectRequest(ttl.status());
       return;
     }
     keep_ttl_ = *ttl;

@@ -112,7 +112,7 @@ void MultiplyStreamReactor::Handle(std::vector<grpc::Slice> slices,
     finished_ = true;
     actions.finish = true;
     actions.finish_status = ToGrpcStatus(request.status());
-    state_.metrics->RecordRejection(RejectReason::kInvalid);
+    state_.admission.RecordRejection(RequestFault(request.status()));
     return;
   }
   switch (request->kind) {
@@ -153,6 +153,10 @@ void MultiplyStreamReactor::HandleStart(const WireStreamRequest& request,
     state_.admission.RecordRejection(reason);
     refuse(status);
   };
+  // Refused for what the request is (invalid, or too large).
+  auto reject_request = [&](const absl::Status& status) {
+    reject(RequestFault(status), status);
+  };
   if (static_cast<int>(open_.size()) >= kMaxOpenMultiplies) {
     reject(RejectReason::kOverloaded,
            absl::ResourceExhaustedError(absl::StrCat(
@@ -179,7 +183,7 @@ void MultiplyStreamReactor::HandleStart(const WireStreamRequest& request,
             ResolveHandle(state_.handles, *handles[op], OperandName(op),
                           *headers[op], m->operand[op], m->handle_shape[op]);
         !s.ok()) {
-      reject(RejectReason::kInvalid, s);
+      reject_request(s);
       return;
     }
     headers[op]->data_follows = false;
@@ -190,16 +194,15 @@ void MultiplyStreamReactor::HandleStart(const WireStreamRequest& request,
   limits.max_inflight_bytes = std::numeric_limits<int64_t>::max() / 4;
   absl::StatusOr<MatmulSpec> spec = ValidateMultiplyHeader(header, limits);
   if (!spec.ok()) {
-    reject(RejectReason::kInvalid, spec.status());
+    reject_request(spec.status());
     return;
   }
   m->spec = *spec;
   const int64_t elem = spec->elem_size();
   int64_t chunk = request.result_chunk_bytes;
   if (chunk < 0) {
-    reject(RejectReason::kInvalid,
-           absl::InvalidArgumentError(absl::StrCat(
-               "result_chunk_bytes: expected 0 or more, got ", chunk)));
+    reject_request(absl::InvalidArgumentError(
+        absl::StrCat("result_chunk_bytes: expected 0 or more, got ", chunk)));
     return;
   }
   if (chunk == 0) chunk = kDefaultResultChunkBytes;
@@ -209,7 +212,7 @@ void MultiplyStreamReactor::HandleStart(const WireStreamRequest& request,
     absl::StatusOr<absl::Duration> ttl =
         state_.handles.Ttl(wire.result_ttl_seconds);
     if (!ttl.ok()) {
-      reject(RejectReason::kInvalid, ttl.status());
+      reject_request(ttl.status());
       return;
     }
     m->keep = true;

@@ -68,7 +68,7 @@ void TransferReactor::StartUpload() {
   absl::StatusOr<TensorDims> dims =
       ValidateTensor(header, "tensor", state_.limits);
   if (!dims.ok()) {
-    Reject(RejectReason::kInvalid, dims.status());
+    RejectRequest(dims.status());
     return;
   }
   Plan plan;
@@ -81,7 +81,7 @@ void TransferReactor::StartUpload() {
   absl::StatusOr<absl::Duration> ttl =
       state_.handles.Ttl(upload_->ttl_seconds());
   if (!ttl.ok()) {
-    Reject(RejectReason::kInvalid, ttl.status());
+    RejectRequest(ttl.status());
     return;
   }
   ttl_ = *ttl;
@@ -99,10 +99,9 @@ void TransferReactor::StartUpload() {
         devices.begin(), devices.end(),
         [&](const DeviceInfo& d) { return d.index == upload_->device(); });
     if (!known) {
-      Reject(RejectReason::kInvalid,
-             absl::InvalidArgumentError(absl::StrCat(
-                 "device: no device ", upload_->device(), " (", devices.size(),
-                 " on this server; see GetServerInfo)")));
+      RejectRequest(absl::InvalidArgumentError(
+          absl::StrCat("device: no device ", upload_->device(), " (",
+                       devices.size(), " on this server; see GetServerInfo)")));
       return;
     }
     plan.device = upload_->device();
@@ -115,9 +114,9 @@ void TransferReactor::StartDownload() {
   absl::StatusOr<HandleRegistry::Entry> entry =
       state_.handles.Get(download_->handle());
   if (!entry.ok()) {
-    Reject(RejectReason::kInvalid,
-           absl::Status(entry.status().code(),
-                        absl::StrCat("handle: ", entry.status().message())));
+    RejectRequest(
+        absl::Status(entry.status().code(),
+                     absl::StrCat("handle: ", entry.status().message())));
     return;
   }
   shape_ = entry->shape;
@@ -131,11 +130,10 @@ void TransferReactor::StartDownload() {
   plan.spec.n = entry->tensor->cols();
   plan.spec.k = 0;
   if (plan.spec.c_bytes() > state_.limits.max_message_bytes - 128) {
-    Reject(RejectReason::kInvalid,
-           absl::ResourceExhaustedError(
-               absl::StrCat("the stored tensor is ", plan.spec.c_bytes(),
-                            " bytes, over the server's max message size of ",
-                            state_.limits.max_message_bytes, " bytes")));
+    RejectRequest(absl::ResourceExhaustedError(
+        absl::StrCat("the stored tensor is ", plan.spec.c_bytes(),
+                     " bytes, over the server's max message size of ",
+                     state_.limits.max_message_bytes, " bytes")));
     return;
   }
   Operation op;

@@ -85,6 +85,10 @@ class UnaryJobReactor : public grpc::ServerUnaryReactor {
 
   // FinishWith, counted as a rejection for `reason`.
   void Reject(RejectReason reason, const absl::Status& status);
+  // Reject for what the request is: invalid, or too large (RequestFault).
+  void RejectRequest(const absl::Status& status) {
+    Reject(RequestFault(status), status);
+  }
 
   ServiceState& state_;
   grpc::CallbackServerContext* const context_;

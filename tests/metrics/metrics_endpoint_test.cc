@@ -561,6 +561,50 @@ TEST(MetricsEndpointTest, StreamedMultipliesTakeTheSameBudgetAndDeadline) {
   EXPECT_EQ(s.at("matmul_inflight_bytes"), 0);
 }
 
+// Refusals that are the request's own doing are counted apart from the
+// server's load: a request over the limits is `too_large`, one over its
+// client's quota `quota`, a malformed one `invalid`; none is `overloaded`
+// (which pages an operator).
+TEST(MetricsEndpointTest, RequestFaultsAreCountedApartFromLoad) {
+  ServerOptions options = LocalOptions();
+  options.limits.max_elements_per_operand = 100;
+  options.handle_limits.max_bytes_per_client = 64;
+  absl::StatusOr<std::unique_ptr<MatmulServer>> server =
+      MatmulServer::Start(options, HostProvider());
+  ASSERT_TRUE(server.ok()) << server.status();
+  const ServerMetrics& metrics = *(*server)->service().metrics();
+  auto stub = Stub((*server)->port());
+
+  const grpc::Status too_large = Multiply(*stub, Ones(16, 16, 16, 16));
+  EXPECT_EQ(too_large.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(too_large.error_message(), HasSubstr("over the server's limit"));
+  const grpc::Status invalid = Multiply(*stub, Ones(4, 4, 5, 4));
+  EXPECT_EQ(invalid.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+
+  v1::UploadRequest upload;
+  *upload.mutable_tensor() = Ones(8, 8, 8, 8).a();  // 256 bytes
+  grpc::ClientContext context;
+  v1::UploadResponse uploaded;
+  const grpc::Status quota = stub->Upload(&context, upload, &uploaded);
+  EXPECT_EQ(quota.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(quota.error_message(), HasSubstr("64 bytes per client"));
+
+  const std::map<std::string, double> s = ScrapeUntil(
+      (*server)->metrics_port(),
+      [](const auto& s) { return Sum(s, "matmul_requests_total") >= 3; });
+  EXPECT_EQ(metrics.rejections(RejectReason::kTooLarge), 1u);
+  EXPECT_EQ(metrics.rejections(RejectReason::kInvalid), 1u);
+  EXPECT_EQ(metrics.rejections(RejectReason::kQuota), 1u);
+  EXPECT_EQ(metrics.rejections(RejectReason::kOverloaded), 0u);
+  EXPECT_EQ(s.at(R"(matmul_rejected_requests_total{reason="too_large"})"), 1);
+  EXPECT_EQ(s.at(R"(matmul_rejected_requests_total{reason="quota"})"), 1);
+  EXPECT_EQ(s.at(R"(matmul_rejected_requests_total{reason="invalid"})"), 1);
+  EXPECT_EQ(
+      s.at(
+          R"(matmul_requests_total{code="RESOURCE_EXHAUSTED",method="Upload"})"),
+      1);
+}
+
 TEST(MetricsEndpointTest, NoAddressNoMetricsPort) {
   ServerOptions options = LocalOptions();
   options.metrics_address.clear();
