@@ -1,5 +1,6 @@
 #include "gpu/pinned_pool.h"
 
+#include <atomic>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -57,12 +58,16 @@ TEST(PinnedPoolTest, AcquireWaitsForARelease) {
   PinnedPool pool = MakePool(8192);
   std::optional<PinnedPool::Lease> held = pool.TryAcquire(8192);
   ASSERT_TRUE(held.has_value());
+  std::atomic<bool> released{false};
   std::thread releaser([&] {
-    absl::SleepFor(absl::Milliseconds(50));
+    absl::SleepFor(absl::Milliseconds(50));  // let Acquire block first
+    released = true;
     held.reset();
   });
   absl::StatusOr<PinnedPool::Lease> lease =
       pool.Acquire(8192, [] { return absl::OkStatus(); });
+  // Only a release can have made room for it.
+  EXPECT_TRUE(released) << "Acquire returned while the pool was full";
   releaser.join();
   ASSERT_TRUE(lease.ok()) << lease.status();
   EXPECT_EQ(lease->size(), 8192);

@@ -83,10 +83,11 @@ class MatmulServiceImpl final : public MatmulServiceBase {
   HandleRegistry& handles() { return state_.handles; }
   const HandleRegistry& handles() const { return state_.handles; }
 
-  // Bytes the server copied in user space on the Multiply path: operand
-  // bytes copied from gRPC's buffers into staging, and result bytes copied
-  // out of staging into a response. Each request's operands are copied
-  // exactly once and its result not at all (see docs/WIRE.md).
+  // Bytes the server copied in user space: operand bytes copied from
+  // gRPC's buffers into staging (Multiply, MultiplyStream), and result bytes
+  // copied out of staging into a response (only Download does). A
+  // multiply's operands are copied exactly once and its product not at all
+  // (see docs/WIRE.md).
   int64_t copied_operand_bytes() const {
     return state_.copied_operand_bytes.load(std::memory_order_relaxed);
   }

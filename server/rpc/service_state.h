@@ -37,8 +37,7 @@ struct ServiceState {
   HandleRegistry handles;
   // After handles and metrics, which it uses.
   Admission admission;
-  // Bytes copied in user space on the multiply paths (see
-  // MatmulServiceImpl::copied_operand_bytes).
+  // Bytes copied in user space (see MatmulServiceImpl::copied_operand_bytes).
   std::atomic<int64_t> copied_operand_bytes{0};
   std::atomic<int64_t> copied_result_bytes{0};
 };

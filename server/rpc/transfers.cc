@@ -163,6 +163,10 @@ absl::Status TransferReactor::Respond(const MatmulSpec& spec,
   tensor->set_dtype(DTypeToProto(spec.dtype));
   tensor->set_data(reinterpret_cast<const char*>(result.c().data()),
                    result.c().size());
+  // The one copy of result bytes out of staging in the server (Multiply and
+  // MultiplyStream send their products from staging).
+  state_.copied_result_bytes.fetch_add(static_cast<int64_t>(result.c().size()),
+                                       std::memory_order_relaxed);
   return absl::OkStatus();
 }
 

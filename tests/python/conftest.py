@@ -103,12 +103,6 @@ def small_server() -> Iterator[ServerProcess]:
     yield from _serve("--max-message-bytes", "65536", "--max-elements-per-operand", "10000")
 
 
-def _server_has_flag(name: str) -> bool:
-    binary = Path(os.environ.get("MATMUL_BIN_DIR", _REPO_ROOT / "build" / "bin")) / "matmul-server"
-    result = subprocess.run([str(binary), "--helpfull"], capture_output=True, text=True, timeout=30)
-    return f"--{name}" in result.stdout + result.stderr
-
-
 #: Stored-tensor limits of ``quota_server``.
 QUOTA_HANDLES = 4
 QUOTA_BYTES = 4096
@@ -118,9 +112,7 @@ QUOTA_MAX_TTL_S = 60
 @pytest.fixture(scope="session")
 def quota_server() -> Iterator[ServerProcess]:
     """A server with small stored-tensor quotas: 4 tensors and 4096 bytes per
-    client, TTLs up to 60 s. Skips when matmul-server lacks the flags."""
-    if not _server_has_flag("max_handles_per_client"):
-        pytest.skip("matmul-server has no --max-handles-per-client flag")
+    client, TTLs up to 60 s."""
     yield from _serve(
         "--max-handles-per-client", str(QUOTA_HANDLES),
         "--max-stored-bytes-per-client", str(QUOTA_BYTES),
