@@ -5,7 +5,8 @@
 #
 #   scripts/test.sh            all of it: dependencies, main build, unit,
 #                              integration, python, e2e, deploy, gpu (skips
-#                              without a GPU), lint, ASan+UBSan, TSan, fuzz
+#                              without a GPU), lint, clang warnings and
+#                              thread-safety analysis, ASan+UBSan, TSan, fuzz
 #   scripts/test.sh --quick    the contributor's loop: incremental main build,
 #                              then unit, integration and python (host
 #                              engine); no dependencies step, no sanitizer or
@@ -141,6 +142,14 @@ lint_failed=0
 # shellcheck disable=SC2086
 clang-format --dry-run --Werror $files || lint_failed=$((lint_failed + 1))
 row lint $((nfiles + nproto)) "$lint_failed" 0 $((SECONDS - t0)) "files: $nproto proto (buf), $nfiles C++ (clang-format)"
+
+step "warnings: clang-14, -Wthread-safety -Werror (scripts/warnings.sh)"
+t0=$SECONDS
+warnings_log=$results/warnings.log
+scripts/warnings.sh 2>&1 | tee "$warnings_log" | grep -E 'error|warning|^warnings:'
+warnings_rc=${PIPESTATUS[0]}
+units=$(sed -n 's/^warnings: \([0-9]*\) translation units.*/\1/p' "$warnings_log")
+row warnings "${units:-0}" $((warnings_rc != 0)) 0 $((SECONDS - t0)) "translation units built by clang with warnings as errors"
 
 step "deployment manifests (scripts/check-deploy.sh)"
 t0=$SECONDS

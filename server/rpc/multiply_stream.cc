@@ -79,12 +79,10 @@ void MultiplyStreamReactor::OnReadDone(bool ok) {
       }
       for (const auto& m : incomplete) {
         const int op = m->received[0] < m->need[0] ? 0 : 1;
-        Fail(m,
-             absl::InvalidArgumentError(absl::StrCat(
-                 "the client closed the stream before operand ",
-                 OperandName(op), " of request ", m->id,
-                 " arrived: ", m->received[op], " of ", m->need[op], " bytes")),
-             actions);
+        Fail(m, absl::InvalidArgumentError(absl::StrCat(
+                    "the client closed the stream before operand ",
+                    OperandName(op), " of request ", m->id, " arrived: ",
+                    m->received[op], " of ", m->need[op], " bytes")));
       }
     } else if (!finished_) {
       std::vector<grpc::Slice> slices;
@@ -136,27 +134,29 @@ void MultiplyStreamReactor::HandleStart(const WireStreamRequest& request,
   if (auto it = open_.find(id); it != open_.end()) {
     Fail(it->second,
          absl::InvalidArgumentError(absl::StrCat(
-             "request_id ", id, " was started again while still open")),
-         actions);
+             "request_id ", id, " was started again while still open")));
     return;
   }
   failed_.erase(id);
   // Refused by the admission core (which counted the rejection), or by
   // `reject` below (which counts it first).
-  auto refuse = [&](const absl::Status& status) {
-    state_.metrics->RecordRequest(RpcMethod::kMultiplyStream,
-                                  ToGrpcStatus(status).error_code(), 0);
-    SendError(id, status);
-    failed_.insert(id);  // its chunks are dropped quietly
-  };
-  auto reject = [&](RejectReason reason, const absl::Status& status) {
-    state_.admission.RecordRejection(reason);
-    refuse(status);
-  };
+  auto refuse =
+      [&](const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        state_.metrics->RecordRequest(RpcMethod::kMultiplyStream,
+                                      ToGrpcStatus(status).error_code(), 0);
+        SendError(id, status);
+        failed_.insert(id);  // its chunks are dropped quietly
+      };
+  auto reject = [&](RejectReason reason, const absl::Status& status)
+                    ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                      state_.admission.RecordRejection(reason);
+                      refuse(status);
+                    };
   // Refused for what the request is (invalid, or too large).
-  auto reject_request = [&](const absl::Status& status) {
-    reject(RequestFault(status), status);
-  };
+  auto reject_request = [&](const absl::Status& status)
+                            ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                              reject(RequestFault(status), status);
+                            };
   if (static_cast<int>(open_.size()) >= kMaxOpenMultiplies) {
     reject(RejectReason::kOverloaded,
            absl::ResourceExhaustedError(absl::StrCat(
@@ -274,54 +274,42 @@ void MultiplyStreamReactor::HandleChunk(const WireStreamRequest& request,
   }
   std::shared_ptr<Multiply> m = it->second;
   if (m->multiply_submitted) {
-    Fail(m,
-         absl::InvalidArgumentError(absl::StrCat(
-             "chunk for request_id ", id, " after all its operand bytes")),
-         actions);
+    Fail(m, absl::InvalidArgumentError(absl::StrCat(
+                "chunk for request_id ", id, " after all its operand bytes")));
     return;
   }
   const int op = request.operand - v1::OPERAND_A;
   if (request.operand != v1::OPERAND_A && request.operand != v1::OPERAND_B) {
-    Fail(m,
-         absl::InvalidArgumentError(absl::StrCat(
-             "chunk.operand: expected OPERAND_A or OPERAND_B, got ",
-             request.operand)),
-         actions);
+    Fail(m, absl::InvalidArgumentError(absl::StrCat(
+                "chunk.operand: expected OPERAND_A or OPERAND_B, got ",
+                request.operand)));
     return;
   }
   const char* name = OperandName(op);
   const int64_t elem = m->spec.elem_size();
   if (!m->staged[op]) {
-    Fail(m,
-         absl::InvalidArgumentError(
-             absl::StrCat("chunk for operand ", name, ", which is given by ",
-                          name, "_handle and takes no chunks")),
-         actions);
+    Fail(m, absl::InvalidArgumentError(
+                absl::StrCat("chunk for operand ", name, ", which is given by ",
+                             name, "_handle and takes no chunks")));
     return;
   }
   if (request.offset != m->received[op]) {
-    Fail(m,
-         absl::InvalidArgumentError(absl::StrCat(
-             "chunk.offset: expected ", m->received[op], " (operand ", name,
-             "'s chunks come in order), got ", request.offset)),
-         actions);
+    Fail(m, absl::InvalidArgumentError(absl::StrCat(
+                "chunk.offset: expected ", m->received[op], " (operand ", name,
+                "'s chunks come in order), got ", request.offset)));
     return;
   }
   if (request.data_bytes <= 0 || request.data_bytes % elem != 0) {
-    Fail(m,
-         absl::InvalidArgumentError(absl::StrCat(
-             "chunk.data: expected a positive whole number of ", elem,
-             "-byte elements, got ", request.data_bytes, " bytes")),
-         actions);
+    Fail(m, absl::InvalidArgumentError(absl::StrCat(
+                "chunk.data: expected a positive whole number of ", elem,
+                "-byte elements, got ", request.data_bytes, " bytes")));
     return;
   }
   if (request.data_bytes > m->need[op] - m->received[op]) {
-    Fail(m,
-         absl::InvalidArgumentError(
-             absl::StrCat("operand ", name, ": chunks carry more than its ",
-                          m->need[op], " bytes (", m->received[op],
-                          " so far, then ", request.data_bytes, ")")),
-         actions);
+    Fail(m, absl::InvalidArgumentError(
+                absl::StrCat("operand ", name, ": chunks carry more than its ",
+                             m->need[op], " bytes (", m->received[op],
+                             " so far, then ", request.data_bytes, ")")));
     return;
   }
   const double now = SecondsSince(m->started);
@@ -356,7 +344,7 @@ void MultiplyStreamReactor::SendError(uint64_t id, const absl::Status& status) {
 }
 
 void MultiplyStreamReactor::Fail(const std::shared_ptr<Multiply>& m,
-                                 const absl::Status& status, Actions& actions) {
+                                 const absl::Status& status) {
   if (m->closed) return;
   if (std::optional<RejectReason> reason = RejectionOf(status)) {
     state_.metrics->RecordRejection(*reason);

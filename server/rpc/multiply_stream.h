@@ -163,8 +163,8 @@ class MultiplyStreamReactor final
   // Starts downloads of products while the result-chunk budget allows.
   void PumpDownloads(Actions& actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Answers `m` with an error and forgets it.
-  void Fail(const std::shared_ptr<Multiply>& m, const absl::Status& status,
-            Actions& actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Fail(const std::shared_ptr<Multiply>& m, const absl::Status& status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // An error for a multiply id that is not open.
   void SendError(uint64_t id, const absl::Status& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

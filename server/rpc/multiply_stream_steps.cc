@@ -158,7 +158,7 @@ void MultiplyStreamReactor::StepDone(const std::shared_ptr<Multiply>& m,
       if (step == Step::kDownload) --result_chunks_in_flight_;
     } else if (!result.ok()) {
       if (step == Step::kDownload) --result_chunks_in_flight_;
-      Fail(m, result.status(), actions);
+      Fail(m, result.status());
     } else {
       switch (step) {
         case Step::kAllocate: {
@@ -183,7 +183,7 @@ void MultiplyStreamReactor::StepDone(const std::shared_ptr<Multiply>& m,
             }
           }
           if (!viewed.ok()) {
-            Fail(m, absl::InternalError(viewed.message()), actions);
+            Fail(m, absl::InternalError(viewed.message()));
             break;
           }
           m->device = m->buffer->device();
@@ -210,7 +210,7 @@ void MultiplyStreamReactor::StepDone(const std::shared_ptr<Multiply>& m,
           m->operand[1].reset();
           m->buffer.reset();
           if (m->product == nullptr) {
-            Fail(m, absl::InternalError("the engine kept no product"), actions);
+            Fail(m, absl::InternalError("the engine kept no product"));
             break;
           }
           v1::MultiplyStreamResponse response;
