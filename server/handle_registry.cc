@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "common/bounded_text.h"
 
 namespace matmul {
 namespace {
@@ -57,15 +58,15 @@ absl::StatusOr<HandleRegistry::Reservation> HandleRegistry::Reserve(
   Usage& usage = usage_[owner];
   if (usage.handles + 1 > limits_.max_handles_per_client) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "client ", owner, " already holds ", usage.handles,
+        "client ", BoundedForMessage(owner), " already holds ", usage.handles,
         " stored tensors, the most allowed per client; delete some first"));
   }
   if (bytes > limits_.max_bytes_per_client - usage.bytes) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("client ", owner, " holds ", usage.bytes,
-                     " bytes in stored tensors; this one needs ", bytes,
-                     " more, over the limit of ", limits_.max_bytes_per_client,
-                     " bytes per client; delete some first"));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "client ", BoundedForMessage(owner), " holds ", usage.bytes,
+        " bytes in stored tensors; this one needs ", bytes,
+        " more, over the limit of ", limits_.max_bytes_per_client,
+        " bytes per client; delete some first"));
   }
   usage.bytes += bytes;
   usage.handles += 1;
@@ -126,8 +127,9 @@ absl::StatusOr<HandleRegistry::Entry> HandleRegistry::Get(
   absl::MutexLock lock(&mu_);
   auto it = entries_.find(id);
   if (it == entries_.end() || it->second.expires <= absl::Now()) {
-    return absl::NotFoundError(absl::StrCat(
-        "no stored tensor \"", id, "\" (never existed, deleted or expired)"));
+    return absl::NotFoundError(
+        absl::StrCat("no stored tensor \"", BoundedForMessage(id),
+                     "\" (never existed, deleted or expired)"));
   }
   return it->second;
 }
@@ -156,8 +158,9 @@ absl::Status HandleRegistry::Delete(const std::string& id) {
     freed = EraseLocked(id);
   }
   if (freed == nullptr) {
-    return absl::NotFoundError(absl::StrCat(
-        "no stored tensor \"", id, "\" (never existed, deleted or expired)"));
+    return absl::NotFoundError(
+        absl::StrCat("no stored tensor \"", BoundedForMessage(id),
+                     "\" (never existed, deleted or expired)"));
   }
   return absl::OkStatus();
 }

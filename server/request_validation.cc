@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "common/bounded_text.h"
 #include "common/status_macros.h"
 
 namespace matmul {
@@ -14,9 +15,7 @@ namespace {
 // Bytes a response needs beside C's data (tags, lengths, shape, placement).
 constexpr int64_t kResponseOverheadBytes = 128;
 
-std::string ShapeString(absl::Span<const int64_t> s) {
-  return absl::StrCat("[", absl::StrJoin(s, ", "), "]");
-}
+std::string ShapeString(absl::Span<const int64_t> s) { return BoundedShape(s); }
 
 std::string DtypeString(int value) {
   if (v1::Dtype_IsValid(value)) {

@@ -331,12 +331,5 @@ TEST_F(AdmissionTest, ConcurrentAdmitsNeverExceedTheBudgetAndAllRelease) {
   EXPECT_EQ(admission_.inflight_requests(), 0);
 }
 
-TEST(BoundedForMessageTest, LongTextIsCutAndSaysHowLongItWas) {
-  EXPECT_EQ(BoundedForMessage("short"), "short");
-  const std::string id(100'000, 'x');
-  const std::string bounded = BoundedForMessage(id);
-  EXPECT_EQ(bounded, std::string(64, 'x') + "... (100000 bytes)");
-}
-
 }  // namespace
 }  // namespace matmul

@@ -716,6 +716,64 @@ grpc::Status Delete(v1::MatmulService::Stub& stub, const std::string& id) {
   return stub.Delete(&context, request, &response);
 }
 
+// What a client sends is cut before it is echoed: a status message stays
+// under 1 KiB, so the client sees the real error, not its own metadata
+// limit (RESOURCE_EXHAUSTED "received initial metadata size exceeds limit").
+TEST(ServerTest, ErrorMessagesStayBoundedWhateverTheRequestHolds) {
+  std::unique_ptr<MatmulServer> server =
+      StartOrDie(LocalOptions(), HostProvider());
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::MatmulService::NewStub(Channel(server->port()));
+  const std::string huge_id(100'000, 'h');
+  auto expect_bounded = [](const grpc::Status& status, grpc::StatusCode code,
+                           const std::string& text) {
+    EXPECT_EQ(status.error_code(), code) << status.error_message();
+    EXPECT_LT(status.error_message().size(), 1024u);
+    EXPECT_THAT(status.error_message(), HasSubstr(text));
+  };
+
+  v1::Tensor none;
+  expect_bounded(Download(*stub, huge_id, &none), grpc::StatusCode::NOT_FOUND,
+                 "more bytes)");
+  expect_bounded(Delete(*stub, huge_id), grpc::StatusCode::NOT_FOUND,
+                 "more bytes)");
+
+  v1::MultiplyRequest by_handle;
+  by_handle.set_a_handle(huge_id);
+  by_handle.set_b_handle(huge_id);
+  v1::MultiplyResponse response;
+  expect_bounded(Multiply(*stub, by_handle, &response),
+                 grpc::StatusCode::NOT_FOUND, "a_handle");
+
+  // A shape of 3,000 dimensions.
+  v1::MultiplyRequest wide;
+  for (v1::Tensor* t : {wide.mutable_a(), wide.mutable_b()}) {
+    for (int i = 0; i < 3000; ++i) t->add_shape(1);
+    t->set_dtype(v1::DTYPE_FLOAT32);
+    t->set_data(std::string(4, '\0'));
+  }
+  expect_bounded(Multiply(*stub, wide, &response),
+                 grpc::StatusCode::INVALID_ARGUMENT, "(2992 more)");
+
+  // A client id of 4,000 bytes (gRPC's metadata limit is 8 KiB) over its
+  // quota.
+  v1::Tensor big;
+  big.add_shape(1024);
+  big.add_shape(1024);
+  big.set_dtype(v1::DTYPE_FLOAT64);
+  big.set_data(std::string(8 << 20, '\0'));
+  ServerOptions small_quota = LocalOptions();
+  small_quota.handle_limits.max_bytes_per_client = 1024;
+  std::unique_ptr<MatmulServer> quota_server =
+      StartOrDie(small_quota, HostProvider());
+  ASSERT_NE(quota_server, nullptr);
+  auto quota_stub = v1::MatmulService::NewStub(Channel(quota_server->port()));
+  v1::TensorHandle handle;
+  const std::string long_client(4000, 'c');
+  expect_bounded(Upload(*quota_stub, big, &handle, 0, long_client.c_str()),
+                 grpc::StatusCode::RESOURCE_EXHAUSTED, "bytes per client");
+}
+
 // Stored tensors: upload, multiply with handles and inline operands in any
 // mix, keep a product on the engine, chain it, download it, delete it.
 TEST(ServerTest, StoredTensorsEndToEnd) {

@@ -161,9 +161,4 @@ std::optional<int64_t> RetryPushbackMs(const absl::Status& status) {
   return ms;
 }
 
-std::string BoundedForMessage(absl::string_view text, size_t max) {
-  if (text.size() <= max) return std::string(text);
-  return absl::StrCat(text.substr(0, max), "... (", text.size(), " bytes)");
-}
-
 }  // namespace matmul

@@ -178,11 +178,6 @@ class Admission {
 // is one; adapters send it as grpc-retry-pushback-ms.
 std::optional<int64_t> RetryPushbackMs(const absl::Status& status);
 
-// `text` cut to at most `max` bytes for a status message, with a note of
-// how long it was: client ids and handles come from the client and are
-// unbounded.
-std::string BoundedForMessage(absl::string_view text, size_t max = 64);
-
 }  // namespace matmul
 
 #endif  // MATMUL_SERVER_ADMISSION_ADMISSION_H_

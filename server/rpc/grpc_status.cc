@@ -3,12 +3,17 @@
 #include <chrono>
 #include <string>
 
+#include "common/bounded_text.h"
+
 namespace matmul {
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
-                      std::string(status.message()));
+  // The last bound: whatever a message echoes, it stays far under the
+  // client's metadata limit.
+  return grpc::Status(
+      static_cast<grpc::StatusCode>(status.code()),
+      BoundedForMessage(status.message(), kMaxStatusMessageBytes - 32));
 }
 
 absl::Time DeadlineOf(const grpc::ServerContextBase& context) {
