@@ -2,7 +2,7 @@
 // for real on a GPU host (the H200): accuracy of every dtype and shape
 // against a float64 reference, copy/compute overlap across streams, stats,
 // and refusals.
-#include "gpu/cuda_engine.h"
+#include "gpu/cuda/cuda_engine.h"
 
 #include <algorithm>
 #include <cmath>
@@ -17,8 +17,8 @@
 
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
-#include "gpu/cuda_resources.h"
-#include "gpu/device_registry.h"
+#include "gpu/cuda/cuda_resources.h"
+#include "gpu/cuda/device_registry.h"
 #include "gtest/gtest.h"
 #include "tests/reference_gemm.h"
 #include "tests/resident_checks.h"

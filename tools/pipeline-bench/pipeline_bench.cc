@@ -32,10 +32,10 @@
 #include "absl/time/clock.h"
 #include "common/float16.h"
 #include "common/status_macros.h"
-#include "gpu/cublas_gemm.h"
-#include "gpu/cuda_engine.h"
-#include "gpu/cuda_resources.h"
-#include "gpu/cuda_status.h"
+#include "gpu/cuda/cublas_gemm.h"
+#include "gpu/cuda/cuda_engine.h"
+#include "gpu/cuda/cuda_resources.h"
+#include "gpu/cuda/cuda_status.h"
 
 namespace matmul {
 namespace {

@@ -1,6 +1,6 @@
-#include "gpu/cuda_resources.h"
+#include "gpu/cuda/cuda_resources.h"
 
-#include "gpu/cuda_status.h"
+#include "gpu/cuda/cuda_status.h"
 
 namespace matmul {
 

@@ -1,7 +1,7 @@
-#include "gpu/stream_pool.h"
+#include "gpu/cuda/stream_pool.h"
 
 #include "common/status_macros.h"
-#include "gpu/cuda_status.h"
+#include "gpu/cuda/cuda_status.h"
 
 namespace matmul {
 

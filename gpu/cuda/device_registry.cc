@@ -1,11 +1,11 @@
-#include "gpu/device_registry.h"
+#include "gpu/cuda/device_registry.h"
 
 #include <cuda_runtime.h>
 
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
-#include "gpu/cuda_status.h"
+#include "gpu/cuda/cuda_status.h"
 
 namespace matmul {
 namespace {

@@ -1,6 +1,6 @@
 // The one place that turns a MatmulSpec into a cuBLAS call.
-#ifndef MATMUL_GPU_CUBLAS_GEMM_H_
-#define MATMUL_GPU_CUBLAS_GEMM_H_
+#ifndef MATMUL_GPU_CUDA_CUBLAS_GEMM_H_
+#define MATMUL_GPU_CUDA_CUBLAS_GEMM_H_
 
 #include <cublas_v2.h>
 
@@ -21,4 +21,4 @@ absl::Status EnqueueGemm(cublasHandle_t handle, const MatmulSpec& spec,
 
 }  // namespace matmul
 
-#endif  // MATMUL_GPU_CUBLAS_GEMM_H_
+#endif  // MATMUL_GPU_CUDA_CUBLAS_GEMM_H_

@@ -1,4 +1,4 @@
-#include "gpu/cuda_engine.h"
+#include "gpu/cuda/cuda_engine.h"
 
 #include <cuda_runtime.h>
 
@@ -18,13 +18,13 @@
 #include "absl/time/clock.h"
 #include "common/log.h"
 #include "common/status_macros.h"
-#include "gpu/cublas_gemm.h"
-#include "gpu/cuda_resources.h"
-#include "gpu/cuda_status.h"
-#include "gpu/device_registry.h"
+#include "gpu/cuda/cublas_gemm.h"
+#include "gpu/cuda/cuda_resources.h"
+#include "gpu/cuda/cuda_status.h"
+#include "gpu/cuda/device_registry.h"
+#include "gpu/cuda/pinned_pool.h"
+#include "gpu/cuda/stream_pool.h"
 #include "gpu/interval_union.h"
-#include "gpu/pinned_pool.h"
-#include "gpu/stream_pool.h"
 
 namespace matmul {
 namespace {

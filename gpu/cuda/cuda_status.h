@@ -1,7 +1,7 @@
 // CUDA and cuBLAS errors as absl::Status, carrying the failed call's text.
 // Nothing here aborts: a failed call fails the request that made it.
-#ifndef MATMUL_GPU_CUDA_STATUS_H_
-#define MATMUL_GPU_CUDA_STATUS_H_
+#ifndef MATMUL_GPU_CUDA_CUDA_STATUS_H_
+#define MATMUL_GPU_CUDA_CUDA_STATUS_H_
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -30,4 +30,4 @@ absl::Status CublasStatus(cublasStatus_t status, const char* call);
     if (!matmul_cublas_status_.ok()) return matmul_cublas_status_; \
   } while (0)
 
-#endif  // MATMUL_GPU_CUDA_STATUS_H_
+#endif  // MATMUL_GPU_CUDA_CUDA_STATUS_H_

@@ -24,8 +24,8 @@
 // a request.
 //
 // Thread-safe.
-#ifndef MATMUL_GPU_CUDA_ENGINE_H_
-#define MATMUL_GPU_CUDA_ENGINE_H_
+#ifndef MATMUL_GPU_CUDA_CUDA_ENGINE_H_
+#define MATMUL_GPU_CUDA_CUDA_ENGINE_H_
 
 #include <atomic>
 #include <cstdint>
@@ -146,4 +146,4 @@ class CudaEngine final : public Engine {
 
 }  // namespace matmul
 
-#endif  // MATMUL_GPU_CUDA_ENGINE_H_
+#endif  // MATMUL_GPU_CUDA_CUDA_ENGINE_H_

@@ -1,4 +1,4 @@
-#include "gpu/cuda_status.h"
+#include "gpu/cuda/cuda_status.h"
 
 #include "absl/strings/str_cat.h"
 

@@ -3,8 +3,8 @@
 // own queue and thread, and jobs go to the lane with the least outstanding
 // work. float16/bfloat16 are computed in float32 and rounded back (to nearest,
 // ties to even); COMPUTE_MODE_TF32 is computed as strict float32.
-#ifndef MATMUL_GPU_HOST_ENGINE_H_
-#define MATMUL_GPU_HOST_ENGINE_H_
+#ifndef MATMUL_GPU_HOST_HOST_ENGINE_H_
+#define MATMUL_GPU_HOST_HOST_ENGINE_H_
 
 #include <atomic>
 #include <deque>
@@ -95,4 +95,4 @@ void HostGemm(const MatmulSpec& spec, const std::byte* a, const std::byte* b,
 
 }  // namespace matmul
 
-#endif  // MATMUL_GPU_HOST_ENGINE_H_
+#endif  // MATMUL_GPU_HOST_HOST_ENGINE_H_

@@ -3,8 +3,8 @@
 // throw and ignore errors (the context may already be in an error state).
 // Thread-compatible: an owner is used by one thread at a time (the CUDA
 // objects themselves are thread-safe).
-#ifndef MATMUL_GPU_CUDA_RESOURCES_H_
-#define MATMUL_GPU_CUDA_RESOURCES_H_
+#ifndef MATMUL_GPU_CUDA_CUDA_RESOURCES_H_
+#define MATMUL_GPU_CUDA_CUDA_RESOURCES_H_
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -116,4 +116,4 @@ class PinnedBuffer {
 
 }  // namespace matmul
 
-#endif  // MATMUL_GPU_CUDA_RESOURCES_H_
+#endif  // MATMUL_GPU_CUDA_CUDA_RESOURCES_H_

@@ -1,6 +1,6 @@
-#include "gpu/cublas_gemm.h"
+#include "gpu/cuda/cublas_gemm.h"
 
-#include "gpu/cuda_status.h"
+#include "gpu/cuda/cuda_status.h"
 
 namespace matmul {
 namespace {
