@@ -5,6 +5,7 @@
 // stream busy time, spans and stats, then the job's result) and FailDevice.
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <memory>
 #include <set>
 #include <utility>
@@ -31,7 +32,11 @@ constexpr absl::Duration kPollInterval = absl::Microseconds(5);
 }  // namespace
 
 void CudaEngine::CompletionLoop(Device* d) {
-  cudaSetDevice(d->index);
+  if (absl::Status set =
+          CudaStatus(cudaSetDevice(d->index), "cudaSetDevice", {d->index});
+      !set.ok()) {
+    FailDevice(d, set);  // its jobs fail now; this thread still drains
+  }
   absl::Time last_progress = absl::Now();
   while (true) {
     InFlight* flight = nullptr;
@@ -67,7 +72,8 @@ void CudaEngine::CompletionLoop(Device* d) {
       for (auto& lane : d->lanes) {
         const cudaError_t error = cudaStreamQuery(lane->stream->stream.get());
         if (error != cudaSuccess && error != cudaErrorNotReady) {
-          FailDevice(d, CudaStatus(error, "cudaStreamQuery"));
+          FailDevice(
+              d, CudaStatus(error, "cudaStreamQuery", {d->index, lane->index}));
           break;
         }
       }
@@ -77,7 +83,12 @@ void CudaEngine::CompletionLoop(Device* d) {
 }
 
 void CudaEngine::PollLoop(Device* d) {
-  cudaSetDevice(d->index);
+  if (absl::Status set =
+          CudaStatus(cudaSetDevice(d->index), "cudaSetDevice", {d->index});
+      !set.ok()) {
+    FailDevice(d, set);
+  }
+  static std::atomic<int> query_failures_logged{0};
   const absl::Duration window = options_.completion_poll;
   int64_t seen = 0;  // d->enqueued when last looked at
   absl::Time poll_until = absl::InfinitePast();
@@ -115,7 +126,16 @@ void CudaEngine::PollLoop(Device* d) {
     // unclaimed: events go back to the spare list only in Complete.
     finished.clear();
     for (auto& [flight, event] : fronts) {
-      if (cudaEventQuery(event) == cudaSuccess) finished.push_back(flight);
+      const cudaError_t queried = cudaEventQuery(event);
+      if (queried == cudaSuccess) {
+        finished.push_back(flight);
+      } else if (queried != cudaErrorNotReady) {
+        // Not the poller's to act on: the host function, or the completion
+        // threads' watch on the streams, completes or fails the job.
+        LogCudaFailure(CudaStatus(queried, "cudaEventQuery(end event)",
+                                  {d->index, flight->lane->index}),
+                       query_failures_logged);
+      }
     }
     if (!finished.empty()) {
       absl::MutexLock lock(&d->done_mu);
@@ -166,7 +186,9 @@ void CudaEngine::Complete(InFlight* flight) {
   }
   const JobLayout& l = flight->layout;
   if (!status.ok() && flight->kept != nullptr) {
-    cudaFreeAsync(flight->kept, d->idle_stream.get());
+    // The job fails with `status`; a failed free can only be logged.
+    CUDA_LOG_IF_ERROR_AT(CudaSite{d->index},
+                         cudaFreeAsync(flight->kept, d->idle_stream.get()));
     flight->kept = nullptr;
   }
   // Kept memory stays reserved: the resident tensor releases it.

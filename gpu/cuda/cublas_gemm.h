@@ -5,6 +5,7 @@
 #include <cublas_v2.h>
 
 #include "absl/status/status.h"
+#include "gpu/cuda/cuda_status.h"
 #include "gpu/matmul_spec.h"
 
 namespace matmul {
@@ -15,9 +16,11 @@ namespace matmul {
 // Types: float32 (COMPUTE_32F, or COMPUTE_32F_FAST_TF32 in tf32 mode),
 // float64 (COMPUTE_64F), float16 and bfloat16 (inputs and output in the
 // dtype, COMPUTE_32F accumulation). Batches use strided-batched GEMM with
-// stride 0 for a broadcast operand. Dimensions must fit in int.
+// stride 0 for a broadcast operand. Dimensions must fit in int. A failure
+// names `site` (the handle's device and stream).
 absl::Status EnqueueGemm(cublasHandle_t handle, const MatmulSpec& spec,
-                         const void* a, const void* b, void* c);
+                         const void* a, const void* b, void* c,
+                         CudaSite site = {});
 
 }  // namespace matmul
 

@@ -13,6 +13,7 @@
 #include "absl/time/clock.h"
 #include "gpu/cuda/cuda_engine.h"
 #include "gpu/cuda/cuda_resources.h"
+#include "gpu/cuda/cuda_status.h"
 #include "gpu/cuda/device.h"
 #include "gpu/cuda/in_flight.h"
 #include "gpu/cuda/job_layout.h"
@@ -91,8 +92,15 @@ void CudaEngine::Submit(std::unique_ptr<MatmulJob> job) {
   std::unique_ptr<MatmulJob> left;
   {
     ScopedDevice scoped(inline_lane->device->index);
-    left = Dispatch(inline_lane, std::move(job), inline_layout, submitted,
-                    estimate, /*may_wait=*/false);
+    if (scoped.status().ok()) {
+      left = Dispatch(inline_lane, std::move(job), inline_layout, submitted,
+                      estimate, /*may_wait=*/false);
+    } else {
+      // This thread cannot make the device current: the lane's thread,
+      // which has it current, takes the job.
+      CUDA_LOG_IF_ERROR_STATUS(scoped.status());
+      left = std::move(job);
+    }
   }
   absl::MutexLock lock(&inline_lane->mu);
   inline_lane->busy = false;
@@ -105,7 +113,14 @@ void CudaEngine::Submit(std::unique_ptr<MatmulJob> job) {
 }
 
 void CudaEngine::LaneLoop(Lane* lane) {
-  cudaSetDevice(lane->device->index);
+  const int index = lane->device->index;
+  if (absl::Status set = CudaStatus(cudaSetDevice(index), "cudaSetDevice",
+                                    {index, lane->index});
+      !set.ok()) {
+    // A lane that cannot reach its device fails it: Dispatch then fails the
+    // lane's jobs with the cause instead of running them elsewhere.
+    FailDevice(lane->device, set);
+  }
   while (true) {
     Lane::Queued next;
     {

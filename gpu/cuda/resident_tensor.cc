@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include "gpu/cuda/cuda_resources.h"
+#include "gpu/cuda/cuda_status.h"
 #include "gpu/cuda/device.h"
 
 namespace matmul {
@@ -16,8 +17,13 @@ CudaEngine::CudaResidentTensor::CudaResidentTensor(Device* device, DType dtype,
       reserved_(reserved) {}
 
 CudaEngine::CudaResidentTensor::~CudaResidentTensor() {
+  // A destructor: a failed free is logged; the memory then stays in the
+  // device's pool, and its reservation goes all the same.
   ScopedDevice scoped(device_->index);
-  cudaFreeAsync(const_cast<void*>(data()), device_->idle_stream.get());
+  CUDA_LOG_IF_ERROR_STATUS(scoped.status());
+  CUDA_LOG_IF_ERROR_AT(
+      CudaSite{device_->index},
+      cudaFreeAsync(const_cast<void*>(data()), device_->idle_stream.get()));
   device_->memory->Release(reserved_);
 }
 

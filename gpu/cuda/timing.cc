@@ -43,23 +43,22 @@ void EventPool::Clear() {
   spare_.clear();
 }
 
-void DeviceClock::Refresh() {
-  absl::StatusOr<CudaEvent> fresh = CreateEvent();
-  if (!fresh.ok()) return;
-  if (cudaEventRecord(fresh->get(), stream_) != cudaSuccess ||
-      cudaEventSynchronize(fresh->get()) != cudaSuccess) {
-    return;
-  }
+absl::Status DeviceClock::Refresh() {
+  const CudaSite site{device_};
+  ASSIGN_OR_RETURN(CudaEvent fresh, CreateEvent());
+  CUDA_RETURN_IF_ERROR_AT(site, cudaEventRecord(fresh.get(), stream_));
+  CUDA_RETURN_IF_ERROR_AT(site, cudaEventSynchronize(fresh.get()));
   const absl::Time now = absl::Now();
   absl::MutexLock lock(&mu_);
   float ms = 0;
-  if (anchor_ &&
-      cudaEventElapsedTime(&ms, anchor_.get(), fresh->get()) != cudaSuccess) {
-    return;
+  if (anchor_) {
+    CUDA_RETURN_IF_ERROR_AT(
+        site, cudaEventElapsedTime(&ms, anchor_.get(), fresh.get()));
   }
   anchor_offset_ms_ += static_cast<double>(ms);
-  anchor_ = std::move(*fresh);
+  anchor_ = std::move(fresh);
   anchor_host_ = now;
+  return absl::OkStatus();
 }
 
 void DeviceClock::MaybeRefresh(absl::Time now) {
@@ -67,19 +66,15 @@ void DeviceClock::MaybeRefresh(absl::Time now) {
   int64_t anchored_ns = anchored_ns_.load(std::memory_order_relaxed);
   if (now_ns - anchored_ns > 5'000'000'000 &&
       anchored_ns_.compare_exchange_strong(anchored_ns, now_ns)) {
-    Refresh();
+    CUDA_LOG_IF_ERROR_STATUS(Refresh());
   }
-}
-
-bool DeviceClock::anchored() const {
-  absl::MutexLock lock(&mu_);
-  return static_cast<bool>(anchor_);
 }
 
 absl::StatusOr<double> DeviceClock::DeviceMs(cudaEvent_t event) const {
   absl::MutexLock lock(&mu_);
   float ms = 0;
-  CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, anchor_.get(), event));
+  CUDA_RETURN_IF_ERROR_AT(CudaSite{device_},
+                          cudaEventElapsedTime(&ms, anchor_.get(), event));
   return anchor_offset_ms_ + static_cast<double>(ms);
 }
 

@@ -61,17 +61,18 @@ class EventPool {
 // Thread-safe. The anchor stream must outlive it (or Reset it first).
 class DeviceClock {
  public:
-  // Records anchors on `stream`, an idle stream of the device (so that an
+  // Records anchors on `stream`, an idle stream of GPU `device` (so that an
   // anchor completes at once).
-  explicit DeviceClock(cudaStream_t stream) : stream_(stream) {}
+  DeviceClock(int device, cudaStream_t stream)
+      : device_(device), stream_(stream) {}
 
-  // Records a fresh anchor and waits for it; on failure the old anchor stays.
-  void Refresh();
+  // Records a fresh anchor and waits for it; on failure the old anchor stays
+  // and the failed call comes back.
+  absl::Status Refresh();
   // Refreshes the anchor if the last refresh is over five seconds old and no
-  // other thread is refreshing it.
+  // other thread is refreshing it; logs a failure (bounded), since its
+  // callers (completion threads) have nobody to return it to.
   void MaybeRefresh(absl::Time now);
-  // Whether an anchor has ever been recorded.
-  bool anchored() const;
   // Milliseconds on this device's clock of a completed event.
   absl::StatusOr<double> DeviceMs(cudaEvent_t event) const;
   absl::Time WallTime(double device_ms) const;
@@ -79,6 +80,7 @@ class DeviceClock {
   void Reset();
 
  private:
+  const int device_;
   const cudaStream_t stream_;
   mutable absl::Mutex mu_;
   CudaEvent anchor_ ABSL_GUARDED_BY(mu_);

@@ -120,6 +120,7 @@ int RepsFor(double estimate_s) {
 
 absl::StatusOr<Ceilings> MeasureCeilings(const MatmulSpec& spec) {
   ScopedDevice device(0);
+  RETURN_IF_ERROR(device.status());
   absl::StatusOr<PinnedBuffer> host =
       PinnedBuffer::Allocate(spec.a_bytes() + spec.b_bytes() + spec.c_bytes());
   if (!host.ok()) return host.status();
@@ -130,9 +131,9 @@ absl::StatusOr<Ceilings> MeasureCeilings(const MatmulSpec& spec) {
   absl::StatusOr<CudaStream> stream = CreateStream();
   absl::StatusOr<CublasHandle> cublas = CreateCublasHandle();
   absl::StatusOr<DeviceBuffer> workspace = DeviceBuffer::Allocate(32 << 20);
-  if (!stream.ok() || !cublas.ok() || !workspace.ok()) {
-    return absl::InternalError("cannot create stream, handle or workspace");
-  }
+  if (!stream.ok()) return stream.status();
+  if (!cublas.ok()) return cublas.status();
+  if (!workspace.ok()) return workspace.status();
   CUBLAS_RETURN_IF_ERROR(cublasSetStream(cublas->get(), stream->get()));
   CUBLAS_RETURN_IF_ERROR(
       cublasSetWorkspace(cublas->get(), workspace->data(), workspace->size()));
@@ -360,8 +361,11 @@ int Main(int argc, char** argv) {
     }
   }
   cudaDeviceProp prop;
-  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) {
-    std::fprintf(stderr, "no CUDA device\n");
+  if (absl::Status found = CudaStatus(cudaGetDeviceProperties(&prop, 0),
+                                      "cudaGetDeviceProperties", {0});
+      !found.ok()) {
+    std::fprintf(stderr, "no CUDA device: %s\n",
+                 std::string(found.message()).c_str());
     return 1;
   }
   std::printf(
