@@ -17,6 +17,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "gpu/engine.h"
+// HostGemm, which the host engine's users (tests) call directly too.
+#include "gpu/host/host_gemm.h"
 #include "gpu/span_history.h"
 
 namespace matmul {
@@ -87,11 +89,6 @@ class HostEngine final : public Engine {
   std::atomic<int64_t> next_job_{1};
   SpanHistory spans_;
 };
-
-// Computes C = op(A)·op(B) for `spec` on the calling thread with OpenBLAS.
-// Buffers are row-major in spec.dtype. Exposed for tests and references.
-void HostGemm(const MatmulSpec& spec, const std::byte* a, const std::byte* b,
-              std::byte* c);
 
 }  // namespace matmul
 
