@@ -255,6 +255,25 @@ TEST(CudaEngineTest, DiscoversDevicesAndPools) {
   }
 }
 
+// Creating the engine where it cannot run is refused with the code the
+// server's start-up reports: no GPU is FAILED_PRECONDITION; a device index
+// past the visible ones is INVALID_ARGUMENT (an option, checked before any
+// CUDA call on it). Runs with or without a GPU.
+TEST(CudaEngineTest, CreateRefusesAMissingDevice) {
+  CudaEngineOptions options;
+  options.devices = {VisibleCudaDevices() + 7};
+  options.pinned_bytes_per_device = int64_t{64} << 20;
+  absl::StatusOr<std::unique_ptr<CudaEngine>> engine =
+      CudaEngine::Create(options);
+  if (VisibleCudaDevices() == 0) {
+    EXPECT_EQ(engine.status().code(), absl::StatusCode::kFailedPrecondition)
+        << engine.status();
+  } else {
+    EXPECT_EQ(engine.status().code(), absl::StatusCode::kInvalidArgument)
+        << engine.status();
+  }
+}
+
 TEST(CudaEngineTest, RefusesWhatCanNeverFit) {
   SKIP_WITHOUT_GPU();
   std::unique_ptr<CudaEngine> engine = NewEngine(1);
