@@ -12,8 +12,9 @@ ScopedDevice::ScopedDevice(int device) {
 }
 
 ScopedDevice::~ScopedDevice() {
-  if (changed_)
+  if (changed_) {
     CUDA_LOG_IF_ERROR_AT(CudaSite{previous_}, cudaSetDevice(previous_));
+  }
 }
 
 void StreamTraits::Destroy(cudaStream_t s) {
