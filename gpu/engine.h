@@ -1,8 +1,9 @@
 // Engine: the compute back end the server talks to. Asynchronous: a job is
 // submitted, the engine stages its operands, computes, and reports the result
 // through a callback on one of its own threads; no caller ever waits on the
-// device. Two implementations: CudaEngine (gpu/cuda_engine.h) and HostEngine
-// (gpu/host_engine.h, OpenBLAS), chosen by the server's --engine flag.
+// device. Two implementations: CudaEngine (gpu/cuda/cuda_engine.h) and
+// HostEngine (gpu/host/host_engine.h, OpenBLAS), chosen by the server's
+// --engine flag.
 #ifndef MATMUL_GPU_ENGINE_H_
 #define MATMUL_GPU_ENGINE_H_
 

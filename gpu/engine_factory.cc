@@ -4,10 +4,10 @@
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "gpu/batching_engine.h"
-#include "gpu/host_engine.h"
+#include "gpu/host/host_engine.h"
 #ifdef MATMUL_HAVE_CUDA
-#include "gpu/cuda_engine.h"
-#include "gpu/device_registry.h"
+#include "gpu/cuda/cuda_engine.h"
+#include "gpu/cuda/device_registry.h"
 #endif
 
 namespace matmul {

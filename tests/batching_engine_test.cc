@@ -4,7 +4,7 @@
 #include <memory>
 #include <vector>
 
-#include "gpu/host_engine.h"
+#include "gpu/host/host_engine.h"
 #include "gtest/gtest.h"
 #include "tests/engine_job.h"
 #include "tests/reference_gemm.h"

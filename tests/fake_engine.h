@@ -10,7 +10,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "gpu/engine.h"
-#include "gpu/host_engine.h"
+#include "gpu/host/host_engine.h"
 
 namespace matmul::testing {
 

@@ -1,4 +1,4 @@
-#include "gpu/host_engine.h"
+#include "gpu/host/host_engine.h"
 
 #include <cstring>
 #include <future>

@@ -1,4 +1,4 @@
-#include "gpu/pinned_pool.h"
+#include "gpu/cuda/pinned_pool.h"
 
 #include <atomic>
 #include <cstring>

@@ -42,7 +42,7 @@
 #include "absl/status/statusor.h"
 #include "common/dtype.h"
 #include "google/protobuf/stubs/logging.h"
-#include "gpu/host_engine.h"
+#include "gpu/host/host_engine.h"
 #include "gpu/matmul_spec.h"
 #include "matmul/v1/matmul.pb.h"
 #include "server/request_limits.h"

@@ -2,7 +2,7 @@
 // for real on a GPU host (the H200): accuracy of every dtype and shape
 // against a float64 reference, copy/compute overlap across streams, stats,
 // and refusals.
-#include "gpu/cuda_engine.h"
+#include "gpu/cuda/cuda_engine.h"
 
 #include <algorithm>
 #include <cmath>
@@ -17,8 +17,8 @@
 
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
-#include "gpu/cuda_resources.h"
-#include "gpu/device_registry.h"
+#include "gpu/cuda/cuda_resources.h"
+#include "gpu/cuda/device_registry.h"
 #include "gtest/gtest.h"
 #include "tests/reference_gemm.h"
 #include "tests/resident_checks.h"
@@ -252,6 +252,25 @@ TEST(CudaEngineTest, DiscoversDevicesAndPools) {
     EXPECT_GT(d.multiprocessors, 0);
     EXPECT_GE(d.copy_engines, 1);
     EXPECT_EQ(d.staging_bytes, int64_t{2} << 30);
+  }
+}
+
+// Creating the engine where it cannot run is refused with the code the
+// server's start-up reports: no GPU is FAILED_PRECONDITION; a device index
+// past the visible ones is INVALID_ARGUMENT (an option, checked before any
+// CUDA call on it). Runs with or without a GPU.
+TEST(CudaEngineTest, CreateRefusesAMissingDevice) {
+  CudaEngineOptions options;
+  options.devices = {VisibleCudaDevices() + 7};
+  options.pinned_bytes_per_device = int64_t{64} << 20;
+  absl::StatusOr<std::unique_ptr<CudaEngine>> engine =
+      CudaEngine::Create(options);
+  if (VisibleCudaDevices() == 0) {
+    EXPECT_EQ(engine.status().code(), absl::StatusCode::kFailedPrecondition)
+        << engine.status();
+  } else {
+    EXPECT_EQ(engine.status().code(), absl::StatusCode::kInvalidArgument)
+        << engine.status();
   }
 }
 

@@ -26,7 +26,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
-#include "gpu/host_engine.h"
+#include "gpu/host/host_engine.h"
 #include "gtest/gtest.h"
 #include "matmul/v1/matmul.grpc.pb.h"
 #include "server/matmul_server.h"

@@ -1,11 +1,11 @@
-#include "gpu/device_registry.h"
+#include "gpu/cuda/device_registry.h"
 
 #include <cuda_runtime.h>
 
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
-#include "gpu/cuda_status.h"
+#include "gpu/cuda/cuda_status.h"
 
 namespace matmul {
 namespace {
@@ -46,7 +46,7 @@ absl::StatusOr<std::vector<DeviceInfo>> DiscoverCudaDevices() {
   std::vector<DeviceInfo> devices;
   for (int i = 0; i < count; ++i) {
     cudaDeviceProp prop;
-    CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, i));
+    CUDA_RETURN_IF_ERROR_AT(CudaSite{i}, cudaGetDeviceProperties(&prop, i));
     DeviceInfo info;
     info.index = i;
     info.name = prop.name;

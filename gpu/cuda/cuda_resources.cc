@@ -1,17 +1,38 @@
-#include "gpu/cuda_resources.h"
+#include "gpu/cuda/cuda_resources.h"
 
-#include "gpu/cuda_status.h"
+#include "gpu/cuda/cuda_status.h"
 
 namespace matmul {
 
 ScopedDevice::ScopedDevice(int device) {
-  if (cudaGetDevice(&previous_) == cudaSuccess && previous_ != device) {
-    changed_ = cudaSetDevice(device) == cudaSuccess;
-  }
+  status_ = CudaStatus(cudaGetDevice(&previous_), "cudaGetDevice", {device});
+  if (!status_.ok() || previous_ == device) return;
+  status_ = CudaStatus(cudaSetDevice(device), "cudaSetDevice", {device});
+  changed_ = status_.ok();
 }
 
 ScopedDevice::~ScopedDevice() {
-  if (changed_) cudaSetDevice(previous_);
+  if (changed_) {
+    CUDA_LOG_IF_ERROR_AT(CudaSite{previous_}, cudaSetDevice(previous_));
+  }
+}
+
+void StreamTraits::Destroy(cudaStream_t s) {
+  CUDA_LOG_IF_ERROR(cudaStreamDestroy(s));
+}
+
+void EventTraits::Destroy(cudaEvent_t e) {
+  CUDA_LOG_IF_ERROR(cudaEventDestroy(e));
+}
+
+void CublasTraits::Destroy(cublasHandle_t h) {
+  CUBLAS_LOG_IF_ERROR(cublasDestroy(h));
+}
+
+void DeviceMemoryTraits::Destroy(void* p) { CUDA_LOG_IF_ERROR(cudaFree(p)); }
+
+void PinnedMemoryTraits::Destroy(void* p) {
+  CUDA_LOG_IF_ERROR(cudaFreeHost(p));
 }
 
 absl::StatusOr<CudaStream> CreateStream() {

@@ -1,10 +1,11 @@
 // The one place that turns a MatmulSpec into a cuBLAS call.
-#ifndef MATMUL_GPU_CUBLAS_GEMM_H_
-#define MATMUL_GPU_CUBLAS_GEMM_H_
+#ifndef MATMUL_GPU_CUDA_CUBLAS_GEMM_H_
+#define MATMUL_GPU_CUDA_CUBLAS_GEMM_H_
 
 #include <cublas_v2.h>
 
 #include "absl/status/status.h"
+#include "gpu/cuda/cuda_status.h"
 #include "gpu/matmul_spec.h"
 
 namespace matmul {
@@ -15,10 +16,12 @@ namespace matmul {
 // Types: float32 (COMPUTE_32F, or COMPUTE_32F_FAST_TF32 in tf32 mode),
 // float64 (COMPUTE_64F), float16 and bfloat16 (inputs and output in the
 // dtype, COMPUTE_32F accumulation). Batches use strided-batched GEMM with
-// stride 0 for a broadcast operand. Dimensions must fit in int.
+// stride 0 for a broadcast operand. Dimensions must fit in int. A failure
+// names `site` (the handle's device and stream).
 absl::Status EnqueueGemm(cublasHandle_t handle, const MatmulSpec& spec,
-                         const void* a, const void* b, void* c);
+                         const void* a, const void* b, void* c,
+                         CudaSite site = {});
 
 }  // namespace matmul
 
-#endif  // MATMUL_GPU_CUBLAS_GEMM_H_
+#endif  // MATMUL_GPU_CUDA_CUBLAS_GEMM_H_

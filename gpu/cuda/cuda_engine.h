@@ -24,8 +24,14 @@
 // a request.
 //
 // Thread-safe.
-#ifndef MATMUL_GPU_CUDA_ENGINE_H_
-#define MATMUL_GPU_CUDA_ENGINE_H_
+//
+// The engine is in parts under gpu/cuda/: device.h (one GPU: its pools,
+// memory budget, clock and completion queue), lane.h, in_flight.h,
+// job_layout.h, timing.h, stream_pool.h, pinned_pool.h, cublas_gemm.h; its
+// own code is split by job over cuda_engine.cc (open, close, stats),
+// dispatch.cc, enqueue.cc and completion.cc.
+#ifndef MATMUL_GPU_CUDA_CUDA_ENGINE_H_
+#define MATMUL_GPU_CUDA_CUDA_ENGINE_H_
 
 #include <atomic>
 #include <cstdint>
@@ -146,4 +152,4 @@ class CudaEngine final : public Engine {
 
 }  // namespace matmul
 
-#endif  // MATMUL_GPU_CUDA_ENGINE_H_
+#endif  // MATMUL_GPU_CUDA_CUDA_ENGINE_H_

@@ -3,8 +3,8 @@
 // own queue and thread, and jobs go to the lane with the least outstanding
 // work. float16/bfloat16 are computed in float32 and rounded back (to nearest,
 // ties to even); COMPUTE_MODE_TF32 is computed as strict float32.
-#ifndef MATMUL_GPU_HOST_ENGINE_H_
-#define MATMUL_GPU_HOST_ENGINE_H_
+#ifndef MATMUL_GPU_HOST_HOST_ENGINE_H_
+#define MATMUL_GPU_HOST_HOST_ENGINE_H_
 
 #include <atomic>
 #include <deque>
@@ -17,6 +17,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "gpu/engine.h"
+// HostGemm, which the host engine's users (tests) call directly too.
+#include "gpu/host/host_gemm.h"
 #include "gpu/span_history.h"
 
 namespace matmul {
@@ -88,11 +90,6 @@ class HostEngine final : public Engine {
   SpanHistory spans_;
 };
 
-// Computes C = op(A)·op(B) for `spec` on the calling thread with OpenBLAS.
-// Buffers are row-major in spec.dtype. Exposed for tests and references.
-void HostGemm(const MatmulSpec& spec, const std::byte* a, const std::byte* b,
-              std::byte* c);
-
 }  // namespace matmul
 
-#endif  // MATMUL_GPU_HOST_ENGINE_H_
+#endif  // MATMUL_GPU_HOST_HOST_ENGINE_H_

@@ -1,7 +1,7 @@
 // Device discovery: every GPU this process can see, described for
 // GetServerInfo, the start-up log and the metrics labels.
-#ifndef MATMUL_GPU_DEVICE_REGISTRY_H_
-#define MATMUL_GPU_DEVICE_REGISTRY_H_
+#ifndef MATMUL_GPU_CUDA_DEVICE_REGISTRY_H_
+#define MATMUL_GPU_CUDA_DEVICE_REGISTRY_H_
 
 #include <vector>
 
@@ -19,4 +19,4 @@ absl::StatusOr<std::vector<DeviceInfo>> DiscoverCudaDevices();
 
 }  // namespace matmul
 
-#endif  // MATMUL_GPU_DEVICE_REGISTRY_H_
+#endif  // MATMUL_GPU_CUDA_DEVICE_REGISTRY_H_

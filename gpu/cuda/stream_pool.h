@@ -1,15 +1,15 @@
 // StreamPool: one device's CUDA streams, each with its own cuBLAS handle
 // bound to it and its own cuBLAS workspace, so that GEMMs on different
 // streams never share state and can run concurrently.
-#ifndef MATMUL_GPU_STREAM_POOL_H_
-#define MATMUL_GPU_STREAM_POOL_H_
+#ifndef MATMUL_GPU_CUDA_STREAM_POOL_H_
+#define MATMUL_GPU_CUDA_STREAM_POOL_H_
 
 #include <cstddef>
 #include <memory>
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "gpu/cuda_resources.h"
+#include "gpu/cuda/cuda_resources.h"
 
 namespace matmul {
 
@@ -43,4 +43,4 @@ class StreamPool {
 
 }  // namespace matmul
 
-#endif  // MATMUL_GPU_STREAM_POOL_H_
+#endif  // MATMUL_GPU_CUDA_STREAM_POOL_H_

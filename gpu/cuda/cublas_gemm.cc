@@ -1,6 +1,6 @@
-#include "gpu/cublas_gemm.h"
+#include "gpu/cuda/cublas_gemm.h"
 
-#include "gpu/cuda_status.h"
+#include "gpu/cuda/cuda_status.h"
 
 namespace matmul {
 namespace {
@@ -29,7 +29,7 @@ GemmTypes TypesFor(const MatmulSpec& spec) {
 }  // namespace
 
 absl::Status EnqueueGemm(cublasHandle_t handle, const MatmulSpec& spec,
-                         const void* a, const void* b, void* c) {
+                         const void* a, const void* b, void* c, CudaSite site) {
   const GemmTypes types = TypesFor(spec);
   // alpha and beta take the compute type's scalar type.
   const double alpha64 = 1.0;
@@ -51,18 +51,21 @@ absl::Status EnqueueGemm(cublasHandle_t handle, const MatmulSpec& spec,
   const int ldc = n;
 
   if (spec.batch == 1) {
-    CUBLAS_RETURN_IF_ERROR(cublasGemmEx(
-        handle, op_b, op_a, n, m, k, alpha, b, types.data, ldb, a, types.data,
-        lda, beta, c, types.data, ldc, types.compute, CUBLAS_GEMM_DEFAULT));
+    CUBLAS_RETURN_IF_ERROR_AT(
+        site, cublasGemmEx(handle, op_b, op_a, n, m, k, alpha, b, types.data,
+                           ldb, a, types.data, lda, beta, c, types.data, ldc,
+                           types.compute, CUBLAS_GEMM_DEFAULT));
     return absl::OkStatus();
   }
   const long long stride_a = spec.a_batch == 1 ? 0 : spec.m * spec.k;
   const long long stride_b = spec.b_batch == 1 ? 0 : spec.k * spec.n;
   const long long stride_c = spec.m * spec.n;
-  CUBLAS_RETURN_IF_ERROR(cublasGemmStridedBatchedEx(
-      handle, op_b, op_a, n, m, k, alpha, b, types.data, ldb, stride_b, a,
-      types.data, lda, stride_a, beta, c, types.data, ldc, stride_c,
-      static_cast<int>(spec.batch), types.compute, CUBLAS_GEMM_DEFAULT));
+  CUBLAS_RETURN_IF_ERROR_AT(
+      site, cublasGemmStridedBatchedEx(handle, op_b, op_a, n, m, k, alpha, b,
+                                       types.data, ldb, stride_b, a, types.data,
+                                       lda, stride_a, beta, c, types.data, ldc,
+                                       stride_c, static_cast<int>(spec.batch),
+                                       types.compute, CUBLAS_GEMM_DEFAULT));
   return absl::OkStatus();
 }
 

@@ -1,10 +1,11 @@
 // Move-only RAII owners of CUDA and cuBLAS resources, and a scoped device
 // guard. Each factory returns a Status instead of aborting; destructors never
-// throw and ignore errors (the context may already be in an error state).
+// throw, and log a failed release (bounded, gpu/cuda/cuda_status.h) rather
+// than pass it on: the context may already be in an error state.
 // Thread-compatible: an owner is used by one thread at a time (the CUDA
 // objects themselves are thread-safe).
-#ifndef MATMUL_GPU_CUDA_RESOURCES_H_
-#define MATMUL_GPU_CUDA_RESOURCES_H_
+#ifndef MATMUL_GPU_CUDA_CUDA_RESOURCES_H_
+#define MATMUL_GPU_CUDA_CUDA_RESOURCES_H_
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -12,11 +13,14 @@
 #include <cstddef>
 #include <utility>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
 namespace matmul {
 
 // Makes `device` current for the enclosing scope, restoring the previous one.
+// status() says whether it could: a caller that can return a Status checks
+// it before its first CUDA call; the restore is logged if it fails.
 class ScopedDevice {
  public:
   explicit ScopedDevice(int device);
@@ -24,9 +28,12 @@ class ScopedDevice {
   ScopedDevice(const ScopedDevice&) = delete;
   ScopedDevice& operator=(const ScopedDevice&) = delete;
 
+  const absl::Status& status() const { return status_; }
+
  private:
   int previous_ = -1;
   bool changed_ = false;
+  absl::Status status_;
 };
 
 // Owner of one handle; Traits::Destroy(handle) releases it.
@@ -60,20 +67,21 @@ class UniqueCudaHandle {
   Handle handle_{};
 };
 
+// Each Destroy logs a failure (bounded) and goes on.
 struct StreamTraits {
-  static void Destroy(cudaStream_t s) { cudaStreamDestroy(s); }
+  static void Destroy(cudaStream_t s);
 };
 struct EventTraits {
-  static void Destroy(cudaEvent_t e) { cudaEventDestroy(e); }
+  static void Destroy(cudaEvent_t e);
 };
 struct CublasTraits {
-  static void Destroy(cublasHandle_t h) { cublasDestroy(h); }
+  static void Destroy(cublasHandle_t h);
 };
 struct DeviceMemoryTraits {
-  static void Destroy(void* p) { cudaFree(p); }
+  static void Destroy(void* p);
 };
 struct PinnedMemoryTraits {
-  static void Destroy(void* p) { cudaFreeHost(p); }
+  static void Destroy(void* p);
 };
 
 using CudaStream = UniqueCudaHandle<cudaStream_t, StreamTraits>;
@@ -116,4 +124,4 @@ class PinnedBuffer {
 
 }  // namespace matmul
 
-#endif  // MATMUL_GPU_CUDA_RESOURCES_H_
+#endif  // MATMUL_GPU_CUDA_CUDA_RESOURCES_H_

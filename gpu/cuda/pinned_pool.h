@@ -6,8 +6,8 @@
 // with neighbours merged on release.
 //
 // Thread-safe. The pool must outlive its leases.
-#ifndef MATMUL_GPU_PINNED_POOL_H_
-#define MATMUL_GPU_PINNED_POOL_H_
+#ifndef MATMUL_GPU_CUDA_PINNED_POOL_H_
+#define MATMUL_GPU_CUDA_PINNED_POOL_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -90,4 +90,4 @@ class PinnedPool {
 
 }  // namespace matmul
 
-#endif  // MATMUL_GPU_PINNED_POOL_H_
+#endif  // MATMUL_GPU_CUDA_PINNED_POOL_H_

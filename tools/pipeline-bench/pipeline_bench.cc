@@ -9,10 +9,8 @@
 //     operands already in pinned host memory (PrestagedOperands), with
 //     enough jobs in flight to keep every stream busy;
 //   - the GEMM time inside the engine (from its CUDA events) against raw.
-// Prints a table and optionally writes JSON.
-#include <cublas_v2.h>
-#include <cuda_runtime.h>
-
+// Prints a table and optionally writes JSON. The ceilings are measured by
+// gpu/cuda/stage_ceilings.h, so that this tool includes no CUDA header.
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
@@ -32,10 +30,9 @@
 #include "absl/time/clock.h"
 #include "common/float16.h"
 #include "common/status_macros.h"
-#include "gpu/cublas_gemm.h"
-#include "gpu/cuda_engine.h"
-#include "gpu/cuda_resources.h"
-#include "gpu/cuda_status.h"
+#include "gpu/cuda/cuda_engine.h"
+#include "gpu/cuda/device_registry.h"
+#include "gpu/cuda/stage_ceilings.h"
 
 namespace matmul {
 namespace {
@@ -84,92 +81,6 @@ void FillRandom(std::byte* data, DType dtype, int64_t count) {
       }
     }
   }
-}
-
-struct Ceilings {
-  double h2d = 0;   // seconds for A and B
-  double gemm = 0;  // seconds
-  double d2h = 0;   // seconds for C
-};
-
-// Times `enqueue` (which enqueues one repetition on `stream`) with events.
-template <typename F>
-absl::StatusOr<double> TimeOnStream(cudaStream_t stream, int reps, F enqueue) {
-  absl::StatusOr<CudaEvent> start = CreateEvent();
-  absl::StatusOr<CudaEvent> stop = CreateEvent();
-  if (!start.ok()) return start.status();
-  if (!stop.ok()) return stop.status();
-  for (int i = 0; i < 2; ++i) {  // warm-up
-    if (absl::Status s = enqueue(); !s.ok()) return s;
-  }
-  CUDA_RETURN_IF_ERROR(cudaEventRecord(start->get(), stream));
-  for (int i = 0; i < reps; ++i) {
-    if (absl::Status s = enqueue(); !s.ok()) return s;
-  }
-  CUDA_RETURN_IF_ERROR(cudaEventRecord(stop->get(), stream));
-  CUDA_RETURN_IF_ERROR(cudaEventSynchronize(stop->get()));
-  float ms = 0;
-  CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, start->get(), stop->get()));
-  return ms * 1e-3 / reps;
-}
-
-int RepsFor(double estimate_s) {
-  return static_cast<int>(
-      std::clamp(0.3 / std::max(estimate_s, 1e-6), 5.0, 2000.0));
-}
-
-absl::StatusOr<Ceilings> MeasureCeilings(const MatmulSpec& spec) {
-  ScopedDevice device(0);
-  absl::StatusOr<PinnedBuffer> host =
-      PinnedBuffer::Allocate(spec.a_bytes() + spec.b_bytes() + spec.c_bytes());
-  if (!host.ok()) return host.status();
-  FillRandom(host->data(), spec.dtype, spec.a_elements() + spec.b_elements());
-  absl::StatusOr<DeviceBuffer> dev =
-      DeviceBuffer::Allocate(spec.a_bytes() + spec.b_bytes() + spec.c_bytes());
-  if (!dev.ok()) return dev.status();
-  absl::StatusOr<CudaStream> stream = CreateStream();
-  absl::StatusOr<CublasHandle> cublas = CreateCublasHandle();
-  absl::StatusOr<DeviceBuffer> workspace = DeviceBuffer::Allocate(32 << 20);
-  if (!stream.ok() || !cublas.ok() || !workspace.ok()) {
-    return absl::InternalError("cannot create stream, handle or workspace");
-  }
-  CUBLAS_RETURN_IF_ERROR(cublasSetStream(cublas->get(), stream->get()));
-  CUBLAS_RETURN_IF_ERROR(
-      cublasSetWorkspace(cublas->get(), workspace->data(), workspace->size()));
-  std::byte* h = host->data();
-  auto* d = static_cast<std::byte*>(dev->data());
-  const int64_t ab = spec.a_bytes() + spec.b_bytes();
-  cudaStream_t s = stream->get();
-
-  auto h2d = [&]() -> absl::Status {
-    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d, h, ab, cudaMemcpyHostToDevice, s));
-    return absl::OkStatus();
-  };
-  auto gemm = [&]() -> absl::Status {
-    return EnqueueGemm(cublas->get(), spec, d, d + spec.a_bytes(), d + ab);
-  };
-  auto d2h = [&]() -> absl::Status {
-    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(h + ab, d + ab, spec.c_bytes(),
-                                         cudaMemcpyDeviceToHost, s));
-    return absl::OkStatus();
-  };
-  Ceilings c;
-  absl::StatusOr<double> t = TimeOnStream(s, 3, h2d);
-  if (!t.ok()) return t.status();
-  t = TimeOnStream(s, RepsFor(*t), h2d);
-  if (!t.ok()) return t.status();
-  c.h2d = *t;
-  t = TimeOnStream(s, 3, gemm);
-  if (!t.ok()) return t.status();
-  t = TimeOnStream(s, RepsFor(*t), gemm);
-  if (!t.ok()) return t.status();
-  c.gemm = *t;
-  t = TimeOnStream(s, 3, d2h);
-  if (!t.ok()) return t.status();
-  t = TimeOnStream(s, RepsFor(*t), d2h);
-  if (!t.ok()) return t.status();
-  c.d2h = *t;
-  return c;
 }
 
 // Keeps `depth` jobs in flight on an engine, all reading the same pinned
@@ -359,15 +270,17 @@ int Main(int argc, char** argv) {
       return 2;
     }
   }
-  cudaDeviceProp prop;
-  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) {
-    std::fprintf(stderr, "no CUDA device\n");
+  absl::StatusOr<std::vector<DeviceInfo>> devices = DiscoverCudaDevices();
+  if (!devices.ok()) {
+    std::fprintf(stderr, "no CUDA device: %s\n",
+                 std::string(devices.status().message()).c_str());
     return 1;
   }
+  const DeviceInfo& device = devices->front();
   std::printf(
       "device 0: %s, %d SMs, %d copy engines; pool of %d streams; "
       "%.1f s per point\n\n",
-      prop.name, prop.multiProcessorCount, prop.asyncEngineCount, streams,
+      device.name.c_str(), device.multiprocessors, device.copy_engines, streams,
       seconds);
   std::printf(
       "%6s %-9s | %8s %8s %8s | %9s %9s | %9s %9s %7s %6s | %8s %6s | %7s "
@@ -387,7 +300,11 @@ int Main(int argc, char** argv) {
       spec.dtype = mode->dtype;
       spec.compute = mode->compute;
       spec.m = spec.n = spec.k = n;
-      absl::StatusOr<Ceilings> c = MeasureCeilings(spec);
+      absl::StatusOr<StageCeilings> c =
+          MeasureStageCeilings(spec, 0, [&spec](std::byte* operands) {
+            FillRandom(operands, spec.dtype,
+                       spec.a_elements() + spec.b_elements());
+          });
       if (!c.ok()) {
         std::fprintf(stderr, "n=%lld %s: %s\n", static_cast<long long>(n),
                      mode_name.c_str(), c.status().ToString().c_str());
@@ -429,7 +346,7 @@ int Main(int argc, char** argv) {
   }
   if (!json_path.empty()) {
     std::ofstream out(json_path);
-    out << "{\"device\":\"" << prop.name << "\",\"points\":[\n"
+    out << "{\"device\":\"" << device.name << "\",\"points\":[\n"
         << absl::StrJoin(rows, ",\n") << "\n]}\n";
   }
   std::printf(

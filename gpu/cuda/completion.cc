@@ -1,0 +1,276 @@
+// CudaEngine's completion: the completion threads (woken by the host
+// function at the end of a job's stream work, and watching for a device
+// whose context has failed), the poller (which answers small jobs sooner by
+// querying their end events), Complete (event times into stage timings,
+// stream busy time, spans and stats, then the job's result) and FailDevice.
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <memory>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "common/log.h"
+#include "gpu/cuda/cuda_engine.h"
+#include "gpu/cuda/cuda_status.h"
+#include "gpu/cuda/device.h"
+#include "gpu/cuda/in_flight.h"
+#include "gpu/cuda/lane.h"
+#include "gpu/cuda/resident_tensor.h"
+#include "gpu/cuda/timing.h"
+
+namespace matmul {
+namespace {
+
+// The poller's pause between rounds of event queries that find nothing.
+constexpr absl::Duration kPollInterval = absl::Microseconds(5);
+
+}  // namespace
+
+void CudaEngine::CompletionLoop(Device* d) {
+  if (absl::Status set =
+          CudaStatus(cudaSetDevice(d->index), "cudaSetDevice", {d->index});
+      !set.ok()) {
+    FailDevice(d, set);  // its jobs fail now; this thread still drains
+  }
+  absl::Time last_progress = absl::Now();
+  while (true) {
+    InFlight* flight = nullptr;
+    bool mine = false;  // this thread completes it (the poller has not)
+    {
+      absl::MutexLock lock(&d->done_mu);
+      while (d->done.empty() && !(d->stopping && d->in_flight.empty())) {
+        if (d->done_cv.WaitWithTimeout(&d->done_mu, absl::Seconds(1)) &&
+            d->done.empty() && !d->in_flight.empty()) {
+          break;  // timed out with work in flight: look at the device below
+        }
+      }
+      if (!d->done.empty()) {
+        flight = d->done.front();
+        d->done.pop_front();
+        d->in_flight.erase(flight);
+        mine = Claim(flight);
+      } else if (d->stopping && d->in_flight.empty()) {
+        return;
+      }
+    }
+    const absl::Time now = absl::Now();
+    if (flight != nullptr) {
+      last_progress = now;
+      if (mine) {
+        Complete(flight);
+        Release(flight);  // the completer's reference
+      }
+      Release(flight);  // the host function's
+    } else if (now - last_progress > absl::Seconds(1)) {
+      // Nothing completed for a while: a broken context never runs host
+      // functions, so ask the streams directly.
+      for (auto& lane : d->lanes) {
+        const cudaError_t error = cudaStreamQuery(lane->stream->stream.get());
+        if (error != cudaSuccess && error != cudaErrorNotReady) {
+          FailDevice(
+              d, CudaStatus(error, "cudaStreamQuery", {d->index, lane->index}));
+          break;
+        }
+      }
+    }
+    d->clock->MaybeRefresh(now);
+  }
+}
+
+void CudaEngine::PollLoop(Device* d) {
+  if (absl::Status set =
+          CudaStatus(cudaSetDevice(d->index), "cudaSetDevice", {d->index});
+      !set.ok()) {
+    FailDevice(d, set);
+  }
+  static std::atomic<int> query_failures_logged{0};
+  const absl::Duration window = options_.completion_poll;
+  int64_t seen = 0;  // d->enqueued when last looked at
+  absl::Time poll_until = absl::InfinitePast();
+  std::vector<std::pair<InFlight*, cudaEvent_t>> fronts;
+  std::vector<InFlight*> finished;
+  while (true) {
+    // The oldest unclaimed job of each stream, referenced so that it stays
+    // allocated while its event is queried outside the lock.
+    fronts.clear();
+    {
+      absl::MutexLock lock(&d->done_mu);
+      while (true) {
+        if (d->stopping) return;
+        if (d->enqueued != seen) {
+          seen = d->enqueued;
+          poll_until = absl::Now() + window;
+        }
+        for (auto& lane : d->lanes) {
+          if (lane->unclaimed.empty()) continue;
+          InFlight* front = lane->unclaimed.front();
+          front->refs.fetch_add(1, std::memory_order_relaxed);
+          fronts.emplace_back(front, front->events->end.get());
+        }
+        if (!fronts.empty() && absl::Now() < poll_until) break;
+        for (auto& [flight, event] : fronts) Release(flight);
+        fronts.clear();
+        // Nothing to poll, or polling found nothing for a whole window: the
+        // host functions complete what is in flight; wake at the next job.
+        while (!d->stopping && d->enqueued == seen) {
+          d->poll_cv.Wait(&d->done_mu);
+        }
+      }
+    }
+    // An event that reads done belongs to its job as long as the job is
+    // unclaimed: events go back to the spare list only in Complete.
+    finished.clear();
+    for (auto& [flight, event] : fronts) {
+      const cudaError_t queried = cudaEventQuery(event);
+      if (queried == cudaSuccess) {
+        finished.push_back(flight);
+      } else if (queried != cudaErrorNotReady) {
+        // Not the poller's to act on: the host function, or the completion
+        // threads' watch on the streams, completes or fails the job.
+        LogCudaFailure(CudaStatus(queried, "cudaEventQuery(end event)",
+                                  {d->index, flight->lane->index}),
+                       query_failures_logged);
+      }
+    }
+    if (!finished.empty()) {
+      absl::MutexLock lock(&d->done_mu);
+      for (InFlight*& flight : finished) {
+        if (!Claim(flight)) flight = nullptr;
+      }
+      poll_until = absl::Now() + window;
+    }
+    for (InFlight* flight : finished) {
+      if (flight == nullptr) continue;
+      Complete(flight);
+      Release(flight);  // the completer's reference
+    }
+    for (auto& [flight, event] : fronts) Release(flight);  // the query's
+    if (finished.empty()) {
+      // A pause between rounds of queries, without CUDA calls: the driver
+      // serializes them with the enqueues of the lanes and submitters.
+      const absl::Time resume = absl::Now() + kPollInterval;
+      while (absl::Now() < resume) {
+      }
+    }
+  }
+}
+
+void CudaEngine::Complete(InFlight* flight) {
+  // The job goes with this call; the record stays until Release.
+  std::unique_ptr<MatmulJob> job = std::move(flight->job);
+  Device* d = flight->device;
+  Lane* lane = flight->lane;
+  const MatmulSpec& spec = flight->spec;
+  absl::Status status = flight->status;
+  if (status.ok()) {
+    status = Inject(FaultInjector::Point::kCompletion, flight->job_id);
+  }
+  EventTimes ms{};  // start, h2d_done, gemm_done, end
+  if (status.ok()) {
+    const EventSet& ev = *flight->events;
+    const cudaEvent_t events[4] = {ev.start.get(), ev.h2d_done.get(),
+                                   ev.gemm_done.get(), ev.end.get()};
+    for (int i = 0; i < 4 && status.ok(); ++i) {
+      absl::StatusOr<double> t = d->clock->DeviceMs(events[i]);
+      if (t.ok()) {
+        ms[i] = *t;
+      } else {
+        status = t.status();
+      }
+    }
+  }
+  const JobLayout& l = flight->layout;
+  if (!status.ok() && flight->kept != nullptr) {
+    // The job fails with `status`; a failed free can only be logged.
+    CUDA_LOG_IF_ERROR_AT(CudaSite{d->index},
+                         cudaFreeAsync(flight->kept, d->idle_stream.get()));
+    flight->kept = nullptr;
+  }
+  // Kept memory stays reserved: the resident tensor releases it.
+  d->memory->Release(flight->device_bytes -
+                     (flight->kept != nullptr ? l.kept_bytes : 0));
+  d->events.Return(std::move(flight->events));
+  AtomicAddDouble(lane->outstanding, -flight->estimate);
+  flight->resident_a.reset();
+  flight->resident_b.reset();
+  flight->upload_target.reset();
+  if (!status.ok()) {
+    job->Done(status);
+    return;
+  }
+
+  SetDeviceStages(ms, flight->timings);
+  lane->jobs.fetch_add(1, std::memory_order_relaxed);
+  AtomicAddDouble(lane->busy_seconds, (ms[3] - ms[0]) * 1e-3);
+  d->h2d_bytes.fetch_add(
+      (l.stage_a ? spec.a_bytes() : 0) + (l.stage_b ? spec.b_bytes() : 0),
+      std::memory_order_relaxed);
+  d->d2h_bytes.fetch_add(l.return_c ? spec.c_bytes() : 0,
+                         std::memory_order_relaxed);
+  if (l.kind == JobKind::kMultiply) {
+    AtomicAddDouble(d->flops[static_cast<int>(spec.dtype)], spec.flops());
+  }
+  d->busy.Add(ms);
+  const StreamSpan::Kind kinds[3] = {StreamSpan::Kind::kH2D,
+                                     StreamSpan::Kind::kCompute,
+                                     StreamSpan::Kind::kD2H};
+  for (int i = 0; i < 3; ++i) {
+    StreamSpan span;
+    span.device = d->index;
+    span.stream = lane->index;
+    span.kind = kinds[i];
+    span.job = flight->job_id;
+    span.start = d->clock->WallTime(ms[i]);
+    span.end = d->clock->WallTime(ms[i + 1]);
+    spans_.Add(span);
+  }
+
+  JobResult result(
+      absl::MakeConstSpan(flight->host_c,
+                          l.return_c ? static_cast<size_t>(spec.c_bytes()) : 0),
+      Placement{d->index, lane->index}, flight->timings,
+      [lease = std::move(flight->lease)]() mutable { lease.Release(); });
+  if (flight->kept != nullptr) {
+    const bool upload =
+        l.kind == JobKind::kUpload || l.kind == JobKind::kAllocate;
+    result.set_resident(std::make_shared<CudaResidentTensor>(
+        d, spec.dtype, upload ? spec.a_batch : spec.batch, spec.m,
+        upload ? spec.k : spec.n, flight->kept, l.kept_bytes));
+  }
+  job->Done(std::move(result));
+}
+
+void CudaEngine::FailDevice(Device* d, const absl::Status& cause) {
+  const absl::Status status = absl::InternalError(
+      absl::StrCat("GPU ", d->index, " failed: ", cause.message()));
+  std::set<InFlight*> victims;
+  {
+    absl::MutexLock lock(&d->done_mu);
+    if (!d->healthy.load()) return;
+    d->healthy.store(false);
+    d->failure = status;
+    // Jobs the poller has already claimed are its to finish.
+    for (InFlight* flight : d->in_flight) {
+      if (Claim(flight)) victims.insert(flight);
+    }
+    d->in_flight.clear();
+  }
+  LogLine(absl::StrCat("error: ", status.message(), "; failing ",
+                       victims.size(), " requests in flight on it"));
+  // A failed context never runs the jobs' host functions, so each job is
+  // finished here. The InFlight records are left allocated on purpose: the
+  // stream could in principle still reference them.
+  for (InFlight* flight : victims) {
+    flight->job->Done(status);
+    d->memory->Release(flight->device_bytes);
+    AtomicAddDouble(flight->lane->outstanding, -flight->estimate);
+    flight->lease.Release();
+  }
+}
+
+}  // namespace matmul

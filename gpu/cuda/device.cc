@@ -1,0 +1,75 @@
+#include "gpu/cuda/device.h"
+
+#include <algorithm>
+#include <limits>
+#include <utility>
+
+#include "common/status_macros.h"
+#include "gpu/cuda/cuda_status.h"
+#include "gpu/cuda/in_flight.h"
+#include "gpu/cuda/lane.h"
+
+namespace matmul {
+
+absl::StatusOr<std::unique_ptr<CudaEngine::Device>> CudaEngine::Device::Create(
+    int index, const CudaEngineOptions& options) {
+  ScopedDevice scoped(index);
+  RETURN_IF_ERROR(scoped.status());
+  const CudaSite site{index};
+  auto device = std::make_unique<Device>();
+  device->index = index;
+  ASSIGN_OR_RETURN(device->streams,
+                   StreamPool::Create(index, options.streams_per_device,
+                                      options.cublas_workspace_bytes));
+  ASSIGN_OR_RETURN(PinnedBuffer pinned,
+                   PinnedBuffer::Allocate(options.pinned_bytes_per_device));
+  // The pool owns the region through a HostBuffer that frees it.
+  auto* region = new PinnedBuffer(std::move(pinned));
+  device->pinned = std::make_unique<PinnedPool>(
+      HostBuffer(region->data(), static_cast<int64_t>(region->size()),
+                 [region] { delete region; }));
+
+  // Stream-ordered allocations from the device's default pool, which keeps
+  // freed memory for reuse instead of returning it to the driver.
+  CUDA_RETURN_IF_ERROR_AT(
+      site, cudaDeviceGetDefaultMemPool(&device->memory_pool, index));
+  uint64_t keep = std::numeric_limits<uint64_t>::max();
+  CUDA_RETURN_IF_ERROR_AT(
+      site, cudaMemPoolSetAttribute(device->memory_pool,
+                                    cudaMemPoolAttrReleaseThreshold, &keep));
+  size_t free_bytes = 0;
+  size_t total_bytes = 0;
+  CUDA_RETURN_IF_ERROR_AT(site, cudaMemGetInfo(&free_bytes, &total_bytes));
+  device->memory = std::make_unique<DeviceMemoryBudget>(
+      index, std::max<int64_t>(0, static_cast<int64_t>(free_bytes) -
+                                      options.device_memory_reserve_bytes));
+
+  ASSIGN_OR_RETURN(device->idle_stream, CreateStream());
+  device->clock =
+      std::make_unique<DeviceClock>(index, device->idle_stream.get());
+  RETURN_IF_ERROR(device->clock->Refresh());
+
+  for (int s = 0; s < options.streams_per_device; ++s) {
+    auto lane = std::make_unique<Lane>();
+    lane->device = device.get();
+    lane->index = s;
+    lane->stream = &device->streams->at(s);
+    device->lanes.push_back(std::move(lane));
+  }
+  return device;
+}
+
+CudaEngine::Device::~Device() {
+  // Resources go in a fixed order, with the device current: streams
+  // (synchronized first) and handles, then events, then the pinned region.
+  ScopedDevice scoped(index);
+  CUDA_LOG_IF_ERROR_STATUS(scoped.status());
+  lanes.clear();
+  streams.reset();
+  events.Clear();
+  if (clock != nullptr) clock->Reset();
+  idle_stream.Reset();
+  pinned.reset();
+}
+
+}  // namespace matmul

@@ -1,0 +1,89 @@
+// CudaEngine::Device: one GPU as the engine drives it. It owns the device's
+// parts (stream pool, pinned pool, memory budget over the device's memory
+// pool, clock, spare events, busy accounting), its lanes (one per stream),
+// the record of jobs in flight with the completion queue, and its health.
+// Create opens it (with the device current); the destructor tears the parts
+// down in a fixed order, before the CUDA context goes.
+//
+// Thread safety: the parts are thread-safe; the fields under done_mu are
+// guarded by it; the threads (lanes, completion, poller) are started and
+// joined by the engine.
+#ifndef MATMUL_GPU_CUDA_DEVICE_H_
+#define MATMUL_GPU_CUDA_DEVICE_H_
+
+#include <cuda_runtime.h>
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "gpu/cuda/cuda_engine.h"
+#include "gpu/cuda/cuda_resources.h"
+#include "gpu/cuda/device_memory.h"
+#include "gpu/cuda/pinned_pool.h"
+#include "gpu/cuda/stream_pool.h"
+#include "gpu/cuda/timing.h"
+
+namespace matmul {
+
+struct CudaEngine::Device {
+  // Opens GPU `index` as `options` say, lanes included (their threads not
+  // yet started).
+  static absl::StatusOr<std::unique_ptr<Device>> Create(
+      int index, const CudaEngineOptions& options);
+  ~Device();
+
+  int index = 0;
+  std::unique_ptr<StreamPool> streams;
+  std::unique_ptr<PinnedPool> pinned;
+  // Stream-ordered allocations come from the device's default pool.
+  cudaMemPool_t memory_pool = nullptr;
+  std::unique_ptr<DeviceMemoryBudget> memory;
+  std::vector<std::unique_ptr<Lane>> lanes;
+
+  // An idle stream: clock anchors (they complete at once) and stream-ordered
+  // frees that belong to no job.
+  CudaStream idle_stream;
+  std::unique_ptr<DeviceClock> clock;
+  EventPool events;
+  BusyAccounting busy;
+
+  // Jobs enqueued and not completed; the completion queue.
+  absl::Mutex done_mu;
+  absl::CondVar done_cv;
+  std::set<InFlight*> in_flight ABSL_GUARDED_BY(done_mu);
+  std::deque<InFlight*> done ABSL_GUARDED_BY(done_mu);
+  bool stopping ABSL_GUARDED_BY(done_mu) = false;
+  std::vector<std::thread> completion_threads;
+  // The poller sleeps on poll_cv until the next enqueue counts up.
+  absl::CondVar poll_cv;
+  int64_t enqueued ABSL_GUARDED_BY(done_mu) = 0;
+  std::thread poller;
+
+  // False once the device's context has failed (sticky CUDA error).
+  std::atomic<bool> healthy{true};
+  absl::Status failure ABSL_GUARDED_BY(done_mu);
+
+  absl::Status Failure() {
+    absl::MutexLock lock(&done_mu);
+    return failure;
+  }
+
+  // Counters for stats().
+  std::atomic<int64_t> h2d_bytes{0};
+  std::atomic<int64_t> d2h_bytes{0};
+  std::array<std::atomic<double>, kNumDTypes> flops{};
+  std::atomic<int64_t> queued{0};
+};
+
+}  // namespace matmul
+
+#endif  // MATMUL_GPU_CUDA_DEVICE_H_

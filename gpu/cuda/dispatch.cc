@@ -1,0 +1,242 @@
+// CudaEngine's dispatch: Submit picks a lane (PickLane: least outstanding
+// work on a healthy device that can hold the job) and queues the job there,
+// or dispatches a small one itself; LaneLoop is each lane's thread; Dispatch
+// leases the job's device memory and pinned staging, has it write its
+// operands into the slot and hands it to Enqueue (enqueue.cc).
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "gpu/cuda/cuda_engine.h"
+#include "gpu/cuda/cuda_resources.h"
+#include "gpu/cuda/cuda_status.h"
+#include "gpu/cuda/device.h"
+#include "gpu/cuda/in_flight.h"
+#include "gpu/cuda/job_layout.h"
+#include "gpu/cuda/lane.h"
+
+namespace matmul {
+
+CudaEngine::Lane* CudaEngine::PickLane(const JobLayout& layout) const {
+  const int64_t device_bytes = layout.transient_bytes + layout.kept_bytes;
+  Lane* best = nullptr;
+  double best_work = std::numeric_limits<double>::infinity();
+  for (Lane* lane : lanes_) {
+    Device* d = lane->device;
+    if (!d->healthy.load(std::memory_order_relaxed) ||
+        (layout.required_device >= 0 && d->index != layout.required_device) ||
+        device_bytes > d->memory->budget() ||
+        layout.pinned_bytes > d->pinned->capacity()) {
+      continue;
+    }
+    const double work = lane->outstanding.load(std::memory_order_relaxed);
+    if (work < best_work) {
+      best_work = work;
+      best = lane;
+    }
+  }
+  return best;
+}
+
+void CudaEngine::Submit(std::unique_ptr<MatmulJob> job) {
+  absl::Status refused;
+  Lane* inline_lane = nullptr;  // dispatch here, on the submitting thread
+  JobLayout inline_layout;
+  absl::Time submitted;
+  double estimate = 0;
+  {
+    absl::ReaderMutexLock shutdown_lock(&shutdown_mu_);
+    absl::StatusOr<JobLayout> layout = LayoutOf(*job);
+    Lane* lane = layout.ok() ? PickLane(*layout) : nullptr;
+    if (shut_down_) {
+      refused = absl::UnavailableError("the CUDA engine is shut down");
+    } else if (!layout.ok()) {
+      refused = layout.status();
+    } else if (lane == nullptr) {
+      refused = absl::UnavailableError(
+          layout->required_device >= 0
+              ? absl::StrCat("GPU ", layout->required_device,
+                             " cannot take the request (unhealthy, or not "
+                             "enough memory; see the server log)")
+              : "no healthy GPU can take the request (see the server log)");
+    } else {
+      estimate = EstimatedSeconds(job->spec(), *layout);
+      AtomicAddDouble(lane->outstanding, estimate);
+      lane->device->queued.fetch_add(1, std::memory_order_relaxed);
+      submitted = absl::Now();
+      absl::MutexLock lock(&lane->mu);
+      // 0 turns this off even for jobs that stage nothing.
+      if (options_.inline_dispatch_max_bytes > 0 && lane->queue.empty() &&
+          !lane->busy &&
+          layout->pinned_bytes <= options_.inline_dispatch_max_bytes) {
+        lane->busy = true;
+        inline_lane = lane;
+        inline_layout = *layout;
+      } else {
+        lane->queue.push_back({std::move(job), *layout, submitted, estimate});
+        lane->cv.Signal();
+        return;
+      }
+    }
+  }
+  if (inline_lane == nullptr) {
+    job->Done(refused);
+    return;
+  }
+  // The lane thread waits while `busy`, and Shutdown joins it, so the
+  // engine stays up until this dispatch ends.
+  std::unique_ptr<MatmulJob> left;
+  {
+    ScopedDevice scoped(inline_lane->device->index);
+    if (scoped.status().ok()) {
+      left = Dispatch(inline_lane, std::move(job), inline_layout, submitted,
+                      estimate, /*may_wait=*/false);
+    } else {
+      // This thread cannot make the device current: the lane's thread,
+      // which has it current, takes the job.
+      CUDA_LOG_IF_ERROR_STATUS(scoped.status());
+      left = std::move(job);
+    }
+  }
+  absl::MutexLock lock(&inline_lane->mu);
+  inline_lane->busy = false;
+  if (left != nullptr) {
+    // Memory or staging was not free at once: the lane thread waits for it.
+    inline_lane->queue.push_front(
+        {std::move(left), inline_layout, submitted, estimate});
+  }
+  inline_lane->cv.Signal();
+}
+
+void CudaEngine::LaneLoop(Lane* lane) {
+  const int index = lane->device->index;
+  if (absl::Status set = CudaStatus(cudaSetDevice(index), "cudaSetDevice",
+                                    {index, lane->index});
+      !set.ok()) {
+    // A lane that cannot reach its device fails it: Dispatch then fails the
+    // lane's jobs with the cause instead of running them elsewhere.
+    FailDevice(lane->device, set);
+  }
+  while (true) {
+    Lane::Queued next;
+    {
+      absl::MutexLock lock(&lane->mu);
+      while (lane->busy || (lane->queue.empty() && !lane->stopping)) {
+        lane->cv.Wait(&lane->mu);
+      }
+      if (lane->queue.empty()) return;  // stopping, and nothing is left
+      next = std::move(lane->queue.front());
+      lane->queue.pop_front();
+      lane->busy = true;
+    }
+    Dispatch(lane, std::move(next.job), next.layout, next.submitted,
+             next.estimate, /*may_wait=*/true);
+    absl::MutexLock lock(&lane->mu);
+    lane->busy = false;
+  }
+}
+
+std::unique_ptr<MatmulJob> CudaEngine::Dispatch(
+    Lane* lane, std::unique_ptr<MatmulJob> job, const JobLayout& layout,
+    absl::Time submitted, double estimate, bool may_wait) {
+  Device* d = lane->device;
+  bool started = false;
+  auto fail = [&](const absl::Status& status) {
+    if (!started) d->queued.fetch_sub(1, std::memory_order_relaxed);
+    AtomicAddDouble(lane->outstanding, -estimate);
+    job->Done(status);
+  };
+  if (absl::Status abandoned = job->Abandoned(); !abandoned.ok()) {
+    fail(abandoned);
+    return nullptr;
+  }
+  if (!d->healthy.load(std::memory_order_relaxed)) {
+    fail(d->Failure());
+    return nullptr;
+  }
+  const MatmulSpec spec = job->spec();
+  const int64_t device_bytes = layout.transient_bytes + layout.kept_bytes;
+  std::optional<PinnedPool::Lease> lease;
+  if (may_wait) {
+    if (absl::Status reserved = d->memory->Reserve(device_bytes, *job);
+        !reserved.ok()) {
+      fail(reserved);
+      return nullptr;
+    }
+    absl::StatusOr<PinnedPool::Lease> acquired = d->pinned->Acquire(
+        layout.pinned_bytes, [&job] { return job->Abandoned(); });
+    if (!acquired.ok()) {
+      d->memory->Release(device_bytes);
+      fail(acquired.status());
+      return nullptr;
+    }
+    lease = std::move(*acquired);
+  } else {
+    if (!d->memory->TryReserve(device_bytes)) return job;
+    lease = d->pinned->TryAcquire(layout.pinned_bytes);
+    if (!lease.has_value()) {
+      d->memory->Release(device_bytes);
+      return job;
+    }
+  }
+  const std::optional<PrestagedOperands> prestaged = job->prestaged();
+  d->queued.fetch_sub(1, std::memory_order_relaxed);
+  started = true;
+
+  auto flight = std::make_unique<InFlight>();
+  flight->device = d;
+  flight->lane = lane;
+  flight->job_id = next_job_.fetch_add(1, std::memory_order_relaxed);
+  flight->spec = spec;
+  flight->layout = layout;
+  flight->estimate = estimate;
+  flight->device_bytes = device_bytes;
+  flight->resident_a = job->resident_a();
+  flight->resident_b = job->resident_b();
+  if (layout.kind == JobKind::kUpload)
+    flight->upload_target = job->upload_target();
+  const absl::Time start = absl::Now();
+  flight->timings.queue = absl::ToDoubleSeconds(start - submitted);
+
+  // Staging slot: [staged A][staged B][returned C], each part present only
+  // when the layout needs it.
+  std::byte* slot = lease->data();
+  const int64_t a_staged = layout.stage_a && !prestaged ? spec.a_bytes() : 0;
+  const int64_t b_staged = layout.stage_b && !prestaged ? spec.b_bytes() : 0;
+  const std::byte* host_a = prestaged ? prestaged->a : slot;
+  const std::byte* host_b = prestaged ? prestaged->b : slot + a_staged;
+  flight->host_c = layout.return_c ? slot + a_staged + b_staged : nullptr;
+  flight->lease = std::move(*lease);
+  if (a_staged + b_staged > 0) {
+    absl::Status written = job->WriteOperands(
+        absl::MakeSpan(slot, static_cast<size_t>(a_staged)),
+        absl::MakeSpan(slot + a_staged, static_cast<size_t>(b_staged)));
+    flight->timings.stage_in = absl::ToDoubleSeconds(absl::Now() - start);
+    if (!written.ok()) {
+      d->memory->Release(device_bytes);
+      flight.reset();  // returns the lease
+      fail(written);
+      return nullptr;
+    }
+  }
+  if (options_.poison_outputs && flight->host_c != nullptr) {
+    std::memset(flight->host_c, 0xff, static_cast<size_t>(spec.c_bytes()));
+  }
+  absl::StatusOr<std::unique_ptr<EventSet>> events = d->events.Take();
+  if (!events.ok()) {
+    d->memory->Release(device_bytes);
+    flight.reset();
+    fail(events.status());
+    return nullptr;
+  }
+  flight->events = std::move(*events);
+  flight->job = std::move(job);
+  Enqueue(flight.release(), host_a, host_b);
+  return nullptr;
+}
+
+}  // namespace matmul

@@ -1,0 +1,153 @@
+// CudaEngine::Enqueue: one job's work on its stream, in order: the start
+// event, stream-ordered device allocations, H2D copies of the staged
+// operands, the GEMM (or nothing, for transfers), the D2H copy of the result
+// into staging, the end event, then the host function that completes the
+// job. Nothing here waits on the device.
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <utility>
+
+#include "absl/synchronization/mutex.h"
+#include "common/status_macros.h"
+#include "gpu/cuda/cublas_gemm.h"
+#include "gpu/cuda/cuda_engine.h"
+#include "gpu/cuda/cuda_status.h"
+#include "gpu/cuda/device.h"
+#include "gpu/cuda/in_flight.h"
+#include "gpu/cuda/job_layout.h"
+#include "gpu/cuda/lane.h"
+
+namespace matmul {
+
+void CudaEngine::Enqueue(InFlight* flight, const std::byte* host_a,
+                         const std::byte* host_b) {
+  Device* d = flight->device;
+  const MatmulSpec& spec = flight->spec;
+  cudaStream_t stream = flight->lane->stream->stream.get();
+  EventSet& ev = *flight->events;
+  // Every check below names the device and the stream.
+  const CudaSite site{d->index, flight->lane->index};
+  {
+    absl::MutexLock lock(&d->done_mu);
+    d->in_flight.insert(flight);
+  }
+  const JobLayout& l = flight->layout;
+  const bool upload = l.kind == JobKind::kUpload;
+  void* memory = nullptr;  // transient: staged operands, returned C
+  flight->status = [&]() -> absl::Status {
+    CUDA_RETURN_IF_ERROR_AT(site, cudaEventRecord(ev.start.get(), stream));
+    RETURN_IF_ERROR(Inject(FaultInjector::Point::kDeviceAlloc, flight->job_id));
+    if (l.transient_bytes > 0) {
+      CUDA_RETURN_IF_ERROR_AT(
+          site, cudaMallocFromPoolAsync(&memory,
+                                        static_cast<size_t>(l.transient_bytes),
+                                        d->memory_pool, stream));
+    }
+    if (l.kept_bytes > 0) {
+      CUDA_RETURN_IF_ERROR_AT(
+          site, cudaMallocFromPoolAsync(&flight->kept,
+                                        static_cast<size_t>(l.kept_bytes),
+                                        d->memory_pool, stream));
+    }
+    auto* next = static_cast<std::byte*>(memory);
+    auto carve = [&next](int64_t bytes) {
+      std::byte* p = next;
+      next += AlignUp(bytes, kDeviceAlignment);
+      return p;
+    };
+    const std::byte* device_a =
+        flight->resident_a
+            ? static_cast<const std::byte*>(flight->resident_a->data()) +
+                  (l.kind == JobKind::kDownload ? l.byte_offset : 0)
+        : flight->upload_target
+            ? static_cast<const std::byte*>(flight->upload_target->data()) +
+                  l.byte_offset
+        : upload || l.kind == JobKind::kAllocate
+            ? static_cast<std::byte*>(flight->kept)
+            : carve(spec.a_bytes());
+    const std::byte* device_b =
+        flight->resident_b
+            ? static_cast<const std::byte*>(flight->resident_b->data())
+        : l.stage_b ? carve(spec.b_bytes())
+                    : nullptr;
+    if (l.stage_a) {
+      CUDA_RETURN_IF_ERROR_AT(
+          site,
+          cudaMemcpyAsync(const_cast<std::byte*>(device_a), host_a,
+                          spec.a_bytes(), cudaMemcpyHostToDevice, stream));
+    }
+    if (l.stage_b) {
+      CUDA_RETURN_IF_ERROR_AT(
+          site,
+          cudaMemcpyAsync(const_cast<std::byte*>(device_b), host_b,
+                          spec.b_bytes(), cudaMemcpyHostToDevice, stream));
+    }
+    if (l.kind == JobKind::kAllocate && options_.poison_outputs) {
+      CUDA_RETURN_IF_ERROR_AT(
+          site, cudaMemsetAsync(flight->kept, 0xff, spec.a_bytes(), stream));
+    }
+    CUDA_RETURN_IF_ERROR_AT(site, cudaEventRecord(ev.h2d_done.get(), stream));
+    const std::byte* device_c = device_a;  // download: C is A itself
+    if (l.kind == JobKind::kMultiply) {
+      std::byte* c = l.keep ? static_cast<std::byte*>(flight->kept)
+                            : carve(spec.c_bytes());
+      device_c = c;
+      if (options_.poison_outputs) {
+        CUDA_RETURN_IF_ERROR_AT(
+            site, cudaMemsetAsync(c, 0xff, spec.c_bytes(), stream));
+      }
+      RETURN_IF_ERROR(Inject(FaultInjector::Point::kGemm, flight->job_id));
+      RETURN_IF_ERROR(EnqueueGemm(flight->lane->stream->cublas.get(), spec,
+                                  device_a, device_b, c, site));
+    }
+    CUDA_RETURN_IF_ERROR_AT(site, cudaEventRecord(ev.gemm_done.get(), stream));
+    if (l.return_c) {
+      CUDA_RETURN_IF_ERROR_AT(
+          site, cudaMemcpyAsync(flight->host_c, device_c, spec.c_bytes(),
+                                cudaMemcpyDeviceToHost, stream));
+    }
+    CUDA_RETURN_IF_ERROR_AT(site, cudaEventRecord(ev.end.get(), stream));
+    return absl::OkStatus();
+  }();
+  // Freed in stream order: later work on any stream can reuse it. A free
+  // that fails fails the job (its memory is then lost to the budget's
+  // accounting, which only a broken context or a bug can cause).
+  if (memory != nullptr) {
+    absl::Status freed = CudaStatus(cudaFreeAsync(memory, stream),
+                                    "cudaFreeAsync(memory, stream)", site);
+    if (flight->status.ok()) flight->status = std::move(freed);
+  }
+  if (!flight->status.ok() && flight->kept != nullptr) {
+    // The job has failed already; a second failure can only be logged.
+    CUDA_LOG_IF_ERROR_AT(site, cudaFreeAsync(flight->kept, stream));
+    flight->kept = nullptr;
+  }
+  // Only a job whose every event was recorded may be polled: an event that
+  // was not recorded (or still holds an earlier job's record) reads as done.
+  if (flight->status.ok() && options_.completion_poll > absl::ZeroDuration()) {
+    absl::MutexLock lock(&d->done_mu);
+    flight->lane->unclaimed.push_back(flight);
+    ++d->enqueued;
+    d->poll_cv.Signal();
+  }
+  absl::Status launched =
+      CudaStatus(cudaLaunchHostFunc(stream, OnStreamDone, flight),
+                 "cudaLaunchHostFunc(stream, OnStreamDone, flight)", site);
+  if (!launched.ok()) {
+    // Error path only: wait for what was enqueued before handing back the
+    // memory it reads, then complete here (unless the poller already has).
+    // The job fails with the launch's error; a failed wait can only be
+    // logged.
+    CUDA_LOG_IF_ERROR_AT(site, cudaStreamSynchronize(stream));
+    {
+      absl::MutexLock lock(&d->done_mu);
+      if (!flight->claimed && flight->status.ok()) {
+        flight->status = std::move(launched);
+      }
+    }
+    OnStreamDone(flight);
+  }
+}
+
+}  // namespace matmul

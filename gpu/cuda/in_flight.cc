@@ -1,0 +1,33 @@
+#include "gpu/cuda/in_flight.h"
+
+#include <algorithm>
+#include <deque>
+
+#include "absl/synchronization/mutex.h"
+#include "gpu/cuda/device.h"
+#include "gpu/cuda/lane.h"
+
+namespace matmul {
+
+void CUDART_CB OnStreamDone(void* user_data) {
+  auto* flight = static_cast<CudaEngine::InFlight*>(user_data);
+  CudaEngine::Device* device = flight->device;
+  absl::MutexLock lock(&device->done_mu);
+  device->done.push_back(flight);
+  device->done_cv.Signal();
+}
+
+bool Claim(CudaEngine::InFlight* flight) {
+  if (flight->claimed) return false;
+  flight->claimed = true;
+  std::deque<CudaEngine::InFlight*>& unclaimed = flight->lane->unclaimed;
+  auto it = std::find(unclaimed.begin(), unclaimed.end(), flight);
+  if (it != unclaimed.end()) unclaimed.erase(it);
+  return true;
+}
+
+void Release(CudaEngine::InFlight* flight) {
+  if (flight->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) delete flight;
+}
+
+}  // namespace matmul

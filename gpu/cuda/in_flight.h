@@ -1,0 +1,67 @@
+// CudaEngine::InFlight: one job between its enqueue on a stream and its
+// completion, and the rules for finishing it exactly once. The host function
+// at the end of its stream work (OnStreamDone) queues it for the completion
+// threads; the poller, a completion thread or FailDevice then Claims it
+// under the device's done_mu, and whoever does completes it. References
+// (Release) keep the record alive for every path that may still touch it.
+#ifndef MATMUL_GPU_CUDA_IN_FLIGHT_H_
+#define MATMUL_GPU_CUDA_IN_FLIGHT_H_
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "gpu/cuda/cuda_engine.h"
+#include "gpu/cuda/job_layout.h"
+#include "gpu/cuda/pinned_pool.h"
+#include "gpu/cuda/timing.h"
+#include "gpu/matmul_spec.h"
+
+namespace matmul {
+
+struct CudaEngine::InFlight {
+  std::unique_ptr<MatmulJob> job;
+  Device* device = nullptr;
+  Lane* lane = nullptr;
+  int64_t job_id = 0;
+  MatmulSpec spec;
+  double estimate = 0;  // seconds, as added to the lane's outstanding work
+  JobLayout layout;
+  int64_t device_bytes = 0;  // reserved against the device budget
+  // Resident operands, held until the job's stream work is done.
+  std::shared_ptr<ResidentTensor> resident_a;
+  std::shared_ptr<ResidentTensor> resident_b;
+  std::shared_ptr<ResidentTensor> upload_target;
+  void* kept = nullptr;  // device memory that becomes the resident result
+  PinnedPool::Lease lease;
+  std::byte* host_c = nullptr;
+  std::unique_ptr<EventSet> events;
+  StageTimings timings;
+  absl::Status status;  // an error met while enqueueing
+  // Set by whoever completes the job: the poller, a completion thread or
+  // FailDevice (under the device's done_mu; see Claim).
+  bool claimed = false;
+  // One reference for the host function's path, one for the completer's,
+  // and one more while the poller queries the job's end event; the last to
+  // let go frees the record (Release).
+  std::atomic<int> refs{2};
+};
+
+// Host function at the end of a job's stream work: hands the job to the
+// completion threads. Must not call CUDA. `user_data` is the InFlight.
+void CUDART_CB OnStreamDone(void* user_data);
+
+// Makes the caller the one that completes `flight`; false if another
+// already is. The caller holds the device's done_mu.
+bool Claim(CudaEngine::InFlight* flight);
+
+// Drops one reference; the last frees the record.
+void Release(CudaEngine::InFlight* flight);
+
+}  // namespace matmul
+
+#endif  // MATMUL_GPU_CUDA_IN_FLIGHT_H_

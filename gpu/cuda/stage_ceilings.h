@@ -1,0 +1,34 @@
+// MeasureStageCeilings: each stage of a multiply alone, with raw CUDA and
+// cuBLAS on one stream of one device: the H2D copy of A and B from pinned
+// memory, the GEMM, the D2H copy of C. The pipeline can at best finish
+// 1/max(h2d, gemm, d2h) jobs a second, and one stream serializes to
+// 1/(h2d + gemm + d2h). For matmul-pipeline-bench (tools/pipeline-bench/),
+// which so needs no CUDA header of its own.
+//
+// Blocks the calling thread while it measures (about a second per stage).
+#ifndef MATMUL_GPU_CUDA_STAGE_CEILINGS_H_
+#define MATMUL_GPU_CUDA_STAGE_CEILINGS_H_
+
+#include <cstddef>
+
+#include "absl/functional/function_ref.h"
+#include "absl/status/statusor.h"
+#include "gpu/matmul_spec.h"
+
+namespace matmul {
+
+struct StageCeilings {
+  double h2d = 0;   // seconds for A and B
+  double gemm = 0;  // seconds
+  double d2h = 0;   // seconds for C
+};
+
+// `fill` writes A then B (a_bytes() + b_bytes()) into the pinned buffer the
+// copies read.
+absl::StatusOr<StageCeilings> MeasureStageCeilings(
+    const MatmulSpec& spec, int device,
+    absl::FunctionRef<void(std::byte* operands)> fill);
+
+}  // namespace matmul
+
+#endif  // MATMUL_GPU_CUDA_STAGE_CEILINGS_H_

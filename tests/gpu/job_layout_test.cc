@@ -1,0 +1,195 @@
+// JobLayout: where each kind of job's operands and result live on the CUDA
+// engine, and the device memory, staging and bus bytes that follow. Pins
+// today's layout (CPU only, no GPU needed), so that the one layout planner
+// the engines will share can be checked against it.
+#include "gpu/cuda/job_layout.h"
+
+#include <future>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/engine_job.h"
+
+namespace matmul {
+namespace {
+
+using ::matmul::testing::DownloadSpec;
+using ::matmul::testing::EngineJob;
+using ::matmul::testing::JobOutcome;
+using ::matmul::testing::UploadSpec;
+
+// A stored tensor that only describes itself (no memory behind it).
+class FakeResident final : public ResidentTensor {
+ public:
+  FakeResident(int device, DType dtype, int64_t batch, int64_t rows,
+               int64_t cols)
+      : ResidentTensor(device, dtype, batch, rows, cols, nullptr) {}
+};
+
+MatmulSpec Product(int64_t m, int64_t k, int64_t n) {
+  MatmulSpec s;
+  s.m = m;
+  s.k = k;
+  s.n = n;
+  return s;
+}
+
+absl::StatusOr<JobLayout> Layout(const MatmulSpec& spec,
+                                 EngineJob::Options options) {
+  EngineJob job(spec, std::move(options), std::promise<JobOutcome>());
+  return LayoutOf(job);
+}
+
+TEST(JobLayoutTest, AlignmentAndDeviceBytes) {
+  EXPECT_EQ(AlignUp(0, 256), 0);
+  EXPECT_EQ(AlignUp(1, 256), 256);
+  EXPECT_EQ(AlignUp(256, 256), 256);
+  // float32 2x3 . 3x4: A 24, B 48, C 32 bytes, each its own aligned block.
+  EXPECT_EQ(DeviceBytes(Product(2, 3, 4)), 3 * 256);
+}
+
+TEST(JobLayoutTest, PlainMultiplyStagesBothAndReturnsC) {
+  absl::StatusOr<JobLayout> l = Layout(Product(2, 3, 4), {});
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(l->kind, JobKind::kMultiply);
+  EXPECT_TRUE(l->stage_a);
+  EXPECT_TRUE(l->stage_b);
+  EXPECT_FALSE(l->keep);
+  EXPECT_TRUE(l->return_c);
+  EXPECT_EQ(l->transient_bytes, 3 * 256);
+  EXPECT_EQ(l->kept_bytes, 0);
+  EXPECT_EQ(l->pinned_bytes, 24 + 48 + 32);
+  EXPECT_EQ(l->moved_bytes, 24 + 48 + 32);
+  EXPECT_EQ(l->required_device, -1);
+}
+
+TEST(JobLayoutTest, KeptProductStaysOnTheDeviceAndIsNotReturned) {
+  EngineJob::Options o;
+  o.keep_result = true;
+  absl::StatusOr<JobLayout> l = Layout(Product(2, 3, 4), o);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_TRUE(l->keep);
+  EXPECT_FALSE(l->return_c);
+  EXPECT_EQ(l->transient_bytes, 2 * 256);  // A and B only
+  EXPECT_EQ(l->kept_bytes, 256);           // C
+  EXPECT_EQ(l->pinned_bytes, 24 + 48);
+  EXPECT_EQ(l->moved_bytes, 24 + 48);
+}
+
+TEST(JobLayoutTest, ResidentOperandIsNotStagedAndPicksTheDevice) {
+  EngineJob::Options o;
+  o.resident_a = std::make_shared<FakeResident>(2, DType::kFloat32, 1, 2, 3);
+  absl::StatusOr<JobLayout> l = Layout(Product(2, 3, 4), o);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_FALSE(l->stage_a);
+  EXPECT_TRUE(l->stage_b);
+  EXPECT_EQ(l->transient_bytes, 2 * 256);  // B and C
+  EXPECT_EQ(l->pinned_bytes, 48 + 32);
+  EXPECT_EQ(l->moved_bytes, 48 + 32);
+  EXPECT_EQ(l->required_device, 2);
+}
+
+TEST(JobLayoutTest, OperandsOnDifferentGpusAreInvalid) {
+  EngineJob::Options o;
+  o.resident_a = std::make_shared<FakeResident>(0, DType::kFloat32, 1, 2, 3);
+  o.resident_b = std::make_shared<FakeResident>(1, DType::kFloat32, 1, 3, 4);
+  absl::StatusOr<JobLayout> l = Layout(Product(2, 3, 4), o);
+  EXPECT_EQ(l.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(l.status().message(), ::testing::HasSubstr("different GPUs"));
+}
+
+TEST(JobLayoutTest, AskedDeviceMustMatchTheResidentOperand) {
+  EngineJob::Options o;
+  o.device = 1;
+  o.resident_b = std::make_shared<FakeResident>(0, DType::kFloat32, 1, 3, 4);
+  EXPECT_EQ(Layout(Product(2, 3, 4), o).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  o.device = 0;
+  absl::StatusOr<JobLayout> l = Layout(Product(2, 3, 4), o);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(l->required_device, 0);
+}
+
+TEST(JobLayoutTest, UploadOfANewTensorKeepsIt) {
+  EngineJob::Options o;
+  o.kind = JobKind::kUpload;
+  absl::StatusOr<JobLayout> l = Layout(UploadSpec(DType::kFloat32, 1, 4, 8), o);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_TRUE(l->stage_a);
+  EXPECT_FALSE(l->stage_b);
+  EXPECT_TRUE(l->keep);
+  EXPECT_FALSE(l->return_c);
+  EXPECT_EQ(l->transient_bytes, 0);
+  EXPECT_EQ(l->kept_bytes, 256);  // 128 bytes, aligned
+  EXPECT_EQ(l->pinned_bytes, 128);
+  EXPECT_EQ(l->moved_bytes, 128);
+}
+
+TEST(JobLayoutTest, PieceUploadIntoATargetKeepsNothingNew) {
+  EngineJob::Options o;
+  o.kind = JobKind::kUpload;
+  o.upload_target =
+      std::make_shared<FakeResident>(3, DType::kFloat32, 1, 8, 8);  // 256 B
+  o.byte_offset = 128;
+  absl::StatusOr<JobLayout> l = Layout(UploadSpec(DType::kFloat32, 1, 4, 8), o);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_FALSE(l->keep);
+  EXPECT_EQ(l->kept_bytes, 0);
+  EXPECT_EQ(l->transient_bytes, 0);
+  EXPECT_EQ(l->pinned_bytes, 128);
+  EXPECT_EQ(l->byte_offset, 128);
+  EXPECT_EQ(l->required_device, 3);
+  o.byte_offset = 192;  // 128 bytes from 192 runs past 256
+  EXPECT_EQ(Layout(UploadSpec(DType::kFloat32, 1, 4, 8), o).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(JobLayoutTest, DownloadReturnsFromTheResidentSource) {
+  EngineJob::Options o;
+  o.kind = JobKind::kDownload;
+  o.resident_a = std::make_shared<FakeResident>(1, DType::kFloat32, 1, 4, 8);
+  absl::StatusOr<JobLayout> l =
+      Layout(DownloadSpec(DType::kFloat32, 1, 4, 8), o);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_FALSE(l->stage_a);
+  EXPECT_FALSE(l->stage_b);
+  EXPECT_FALSE(l->keep);
+  EXPECT_TRUE(l->return_c);
+  EXPECT_EQ(l->transient_bytes, 0);
+  EXPECT_EQ(l->kept_bytes, 0);
+  EXPECT_EQ(l->pinned_bytes, 128);
+  EXPECT_EQ(l->moved_bytes, 128);
+  EXPECT_EQ(l->required_device, 1);
+}
+
+TEST(JobLayoutTest, AllocateKeepsDeviceMemoryAndMovesNothing) {
+  EngineJob::Options o;
+  o.kind = JobKind::kAllocate;
+  absl::StatusOr<JobLayout> l = Layout(UploadSpec(DType::kFloat32, 2, 4, 8), o);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_FALSE(l->stage_a);
+  EXPECT_TRUE(l->keep);
+  EXPECT_EQ(l->kept_bytes, 256);  // 2 x 128 bytes
+  EXPECT_EQ(l->transient_bytes, 0);
+  EXPECT_EQ(l->pinned_bytes, 0);
+  EXPECT_EQ(l->moved_bytes, 0);
+}
+
+TEST(JobLayoutTest, EstimateGrowsWithWorkAndTensorCoresAreFaster) {
+  MatmulSpec strict = Product(1024, 1024, 1024);
+  absl::StatusOr<JobLayout> l = Layout(strict, {});
+  ASSERT_TRUE(l.ok()) << l.status();
+  MatmulSpec tf32 = strict;
+  tf32.compute = ComputeMode::kTf32;
+  EXPECT_LT(EstimatedSeconds(tf32, *l), EstimatedSeconds(strict, *l));
+  absl::StatusOr<JobLayout> small = Layout(Product(64, 64, 64), {});
+  ASSERT_TRUE(small.ok()) << small.status();
+  EXPECT_LT(EstimatedSeconds(Product(64, 64, 64), *small),
+            EstimatedSeconds(strict, *l));
+}
+
+}  // namespace
+}  // namespace matmul
