@@ -163,23 +163,24 @@ void MatmulServer::Shutdown() {
                            " before refusing new requests"));
       absl::SleepFor(options_.drain_grace);
     }
-    // Refuse new Multiplies (UNAVAILABLE) while the admitted ones finish,
-    // then stop the transport; whatever is still running at the deadline
-    // is cancelled by gRPC.
+    // Refuse new work (UNAVAILABLE) while the admitted work finishes;
+    // streams with nothing open end at once. At the deadline, what still
+    // runs is answered UNAVAILABLE (retryable) by the service itself, and
+    // the transport stops.
     service_->StartDraining();
     const absl::Time deadline = absl::Now() + options_.drain_timeout;
     LogLine(absl::StrCat("draining: ", service_->inflight_requests(),
                          " requests in flight, waiting up to ",
                          absl::FormatDuration(options_.drain_timeout)));
-    while (service_->inflight_requests() > 0 && absl::Now() < deadline) {
-      absl::SleepFor(absl::Milliseconds(5));
+    if (!service_->AwaitCallsEnded(deadline)) {
+      LogLine(absl::StrCat("draining: ending ", service_->inflight_requests(),
+                           " requests still in flight with UNAVAILABLE"));
+      service_->CutCallsForDrain();
+      // Their answers go out before the transport stops (briefly: a call
+      // whose client does not read is cancelled by gRPC after it).
+      service_->AwaitCallsEnded(absl::Now() + absl::Seconds(1));
     }
-    if (service_->inflight_requests() > 0) {
-      LogLine(absl::StrCat("draining: cancelling ",
-                           service_->inflight_requests(),
-                           " requests still in flight"));
-    }
-    server_->Shutdown(absl::ToChronoTime(deadline));
+    server_->Shutdown(std::chrono::system_clock::now());
   }
   if (health_server_ != nullptr) health_server_->Shutdown();
   // Stored tensors live in engine memory: free them before the engine goes.

@@ -401,6 +401,75 @@ TEST(MultiplyStreamTest, CancelledStreamLeavesTheServerServing) {
   ExpectProduct(a, a, false, false, *c);
 }
 
+// Waits (bounded) until the server has `n` calls in progress.
+void WaitForCalls(MatmulServer& server, size_t n) {
+  for (int i = 0; i < 500 && server.service().calls_in_progress() < n; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_GE(server.service().calls_in_progress(), n);
+}
+
+// A drain does not wait for a stream with nothing open: it ends at once,
+// UNAVAILABLE, saying why (before, it held the drain for --drain-timeout).
+TEST(MultiplyStreamTest, AnIdleStreamEndsAtOnceWhenTheServerDrains) {
+  std::unique_ptr<MatmulServer> server = StartServer();  // 10 s drain
+  ASSERT_NE(server, nullptr);
+  auto stub = Stub(server->port());
+  grpc::ClientContext context;
+  std::unique_ptr<Stream> stream = stub->MultiplyStream(&context);
+  WaitForCalls(*server, 1);
+  const absl::Time start = absl::Now();
+  std::thread shutdown([&] { server->Shutdown(); });
+  v1::MultiplyStreamResponse r;
+  EXPECT_FALSE(stream->Read(&r));
+  const grpc::Status status = stream->Finish();
+  shutdown.join();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(status.error_message(), HasSubstr("shutting down"));
+}
+
+// A stream with a multiply open when the drain begins gets its answer, whole,
+// then ends UNAVAILABLE; the drain does not wait for the client to close.
+TEST(MultiplyStreamTest,
+     AStreamWithWorkEndsAfterItsLastAnswerWhenTheServerDrains) {
+  std::unique_ptr<MatmulServer> server = StartServer();  // 10 s drain
+  ASSERT_NE(server, nullptr);
+  auto stub = Stub(server->port());
+  absl::BitGen gen;
+  const HostTensor a = Random(DType::kFloat32, {512, 512}, gen);
+  const HostTensor b = Random(DType::kFloat32, {512, 512}, gen);
+  grpc::ClientContext context;
+  std::unique_ptr<Stream> stream = stub->MultiplyStream(&context);
+  ASSERT_TRUE(stream->Write(Start(1, a, b, 64 << 10)));
+  for (const auto& m : Chunks(1, v1::OPERAND_A, a, 256 << 10)) {
+    ASSERT_TRUE(stream->Write(m));
+  }
+  for (const auto& m : Chunks(1, v1::OPERAND_B, b, 256 << 10)) {
+    ASSERT_TRUE(stream->Write(m));
+  }
+  // Admitted, its operands staged: the drain begins with it open.
+  const int64_t operands = static_cast<int64_t>(a.data.size() + b.data.size());
+  for (int i = 0;
+       i < 500 && server->service().copied_operand_bytes() < operands; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_EQ(server->service().copied_operand_bytes(), operands);
+  const absl::Time start = absl::Now();
+  std::thread shutdown([&] { server->Shutdown(); });
+  std::map<uint64_t, Answer> answers = ReadAll(*stream);
+  const grpc::Status status = stream->Finish();
+  shutdown.join();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE)
+      << status.error_message();
+  ASSERT_EQ(answers.size(), 1u);
+  ASSERT_FALSE(answers[1].error.has_value()) << answers[1].error->message();
+  EXPECT_EQ(answers[1].received,
+            static_cast<int64_t>(answers[1].c.data.size()));
+  ExpectProduct(a, b, false, false, answers[1].c);
+}
+
 // A step the engine refuses (device memory busy: streamed steps never wait
 // for it) fails its multiply with the engine's code and message; the stream
 // and the other multiplies on it go on.

@@ -54,8 +54,25 @@ class MatmulServiceImpl final : public MatmulServiceBase {
   // (stop the gRPC server and clear handles() before destroying it).
   void SetEngine(Engine* engine) { state_.admission.SetEngine(engine); }
 
-  // From now on Multiply answers UNAVAILABLE: the server is going away.
-  void StartDraining() { state_.admission.StartDraining(); }
+  // From now on new work is refused UNAVAILABLE: the server is going away.
+  // Streams with nothing open end at once; the others after their answers.
+  void StartDraining() {
+    state_.admission.StartDraining();
+    state_.calls.Draining();
+  }
+
+  // Unary calls and streams that have not ended yet (GetServerInfo and
+  // Delete, answered at once, are not counted).
+  size_t calls_in_progress() const { return state_.calls.size(); }
+
+  // Waits until every call has ended, or `deadline`; true if they have.
+  bool AwaitCallsEnded(absl::Time deadline) const {
+    return state_.calls.AwaitEmpty(deadline);
+  }
+
+  // The drain's deadline: every call still running is answered
+  // UNAVAILABLE (retryable) and its work dropped.
+  void CutCallsForDrain() { state_.calls.CutForDrain(); }
 
   bool draining() const { return state_.admission.draining(); }
 

@@ -35,7 +35,9 @@ grpc::ByteBuffer MultiplyStreamReactor::Serialize(
 
 MultiplyStreamReactor::MultiplyStreamReactor(
     ServiceState& state, grpc::CallbackServerContext* context)
-    : state_(state), context_(context) {}
+    : state_(state), context_(context) {
+  state_.calls.Add(this);
+}
 
 int64_t MultiplyStreamReactor::HeldBytes(const Multiply& m) {
   const int64_t operands = std::min(m.need[0] + m.need[1], kMaxHeldChunkBytes);
@@ -50,6 +52,9 @@ void MultiplyStreamReactor::Start() {
   Actions actions;
   {
     absl::MutexLock lock(&mu_);
+    // A stream opened once the drain began (after StartDraining looked at
+    // the registered calls) ends at once too.
+    draining_ = state_.admission.draining();
     Settle(actions);
   }
   Perform(actions);
@@ -411,7 +416,45 @@ void MultiplyStreamReactor::Settle(Actions& actions) {
     finished_ = true;
     actions.finish = true;
     actions.finish_status = grpc::Status::OK;
+  } else if (!writing_ && draining_ && open_.empty()) {
+    // Every answer is out; the client may still have meant to send more.
+    finished_ = true;
+    actions.finish = true;
+    actions.finish_status = ToGrpcStatus(absl::UnavailableError(
+        "the server is shutting down; open a new stream to go on"));
   }
+}
+
+void MultiplyStreamReactor::Draining() {
+  Actions actions;
+  {
+    absl::MutexLock lock(&mu_);
+    draining_ = true;
+    Settle(actions);
+  }
+  Perform(actions);
+}
+
+void MultiplyStreamReactor::CutForDrain() {
+  Actions actions;
+  {
+    absl::MutexLock lock(&mu_);
+    cancelled_ = true;  // no more reads; queued steps are dropped
+    std::vector<std::shared_ptr<Multiply>> all;
+    for (const auto& [id, m] : open_) all.push_back(m);
+    for (const auto& m : all) Close(m, grpc::StatusCode::UNAVAILABLE);
+    if (!all.empty()) {
+      state_.admission.RecordRejection(RejectReason::kDraining);
+    }
+    if (!finished_) {
+      finished_ = true;
+      actions.finish = true;
+      actions.finish_status = ToGrpcStatus(absl::UnavailableError(
+          "the server is shutting down and its drain ended before this "
+          "stream's multiplies finished; retry them"));
+    }
+  }
+  Perform(actions);
 }
 
 void MultiplyStreamReactor::Perform(Actions& actions) {
@@ -476,7 +519,10 @@ void MultiplyStreamReactor::OnCancel() {
   Perform(actions);
 }
 
-void MultiplyStreamReactor::OnDone() { Unref(); }
+void MultiplyStreamReactor::OnDone() {
+  state_.calls.Remove(this);
+  Unref();
+}
 
 void MultiplyStreamReactor::Unref() {
   if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;

@@ -49,13 +49,15 @@
 #include "grpcpp/grpcpp.h"
 #include "matmul/v1/matmul.pb.h"
 #include "server/admission/admission.h"
+#include "server/rpc/call_registry.h"
 #include "server/rpc/multiply_wire.h"
 #include "server/rpc/service_state.h"
 
 namespace matmul {
 
 class MultiplyStreamReactor final
-    : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+    : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>,
+      public DrainableCall {
  public:
   static constexpr int64_t kMaxHeldChunkBytes = int64_t{256} << 20;
   static constexpr int kMaxResultChunksInFlight = 8;
@@ -72,6 +74,14 @@ class MultiplyStreamReactor final
   void OnWriteDone(bool ok) override;
   void OnCancel() override;
   void OnDone() override;
+
+  // DrainableCall. Once the server drains, a stream with no multiply open
+  // ends at once, UNAVAILABLE, and one with multiplies open after their
+  // last answer; at the drain's deadline, whatever is open is cut.
+  void Ref() override { refs_.fetch_add(1, std::memory_order_relaxed); }
+  void Unref() override;
+  void Draining() override;
+  void CutForDrain() override;
 
   // A received chunk: its bytes (pieces of the message's slices, which it
   // holds) and where they go in the multiply's device tensor.
@@ -182,7 +192,6 @@ class MultiplyStreamReactor final
   void Settle(Actions& actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Carries out `actions` (without the lock).
   void Perform(Actions& actions);
-  void Unref();
 
   ServiceState& state_;
   grpc::CallbackServerContext* const context_;
@@ -195,6 +204,7 @@ class MultiplyStreamReactor final
   bool read_done_ ABSL_GUARDED_BY(mu_) = false;  // the client closed its side
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;  // the server is going away
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   grpc::ByteBuffer write_buffer_;  // the message being written
   // Messages waiting to be written, each marked if it is a result chunk

@@ -13,6 +13,7 @@
 #include "server/admission/admission.h"
 #include "server/handle_registry.h"
 #include "server/request_limits.h"
+#include "server/rpc/call_registry.h"
 #include "server/server_metrics.h"
 
 namespace matmul {
@@ -37,6 +38,8 @@ struct ServiceState {
   HandleRegistry handles;
   // After handles and metrics, which it uses.
   Admission admission;
+  // The calls a drain ends itself.
+  CallRegistry calls;
   // Bytes copied in user space (see MatmulServiceImpl::copied_operand_bytes).
   std::atomic<int64_t> copied_operand_bytes{0};
   std::atomic<int64_t> copied_result_bytes{0};

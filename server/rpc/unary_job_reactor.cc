@@ -49,7 +49,9 @@ UnaryJobReactor::UnaryJobReactor(ServiceState& state,
     : state_(state),
       context_(context),
       method_(method),
-      deadline_(context->deadline()) {}
+      deadline_(context->deadline()) {
+  state_.calls.Add(this);
+}
 
 void UnaryJobReactor::OnCancel() {
   {
@@ -66,8 +68,23 @@ void UnaryJobReactor::OnCancel() {
 }
 
 void UnaryJobReactor::OnDone() {
+  state_.calls.Remove(this);
   RecordDone();
   Unref();
+}
+
+void UnaryJobReactor::CutForDrain() {
+  {
+    absl::MutexLock lock(&mu_);
+    cancelled_ = true;  // the job, if still queued, is dropped
+    mu_.Await(absl::Condition(this, &UnaryJobReactor::NotWriting));
+    if (finished_) return;
+    finished_ = true;
+  }
+  state_.admission.RecordRejection(RejectReason::kDraining);
+  FinishRpc(ToGrpcStatus(absl::UnavailableError(
+      "the server is shutting down and its drain ended before this request "
+      "finished; retry it")));
 }
 
 absl::Status UnaryJobReactor::Abandoned() const {

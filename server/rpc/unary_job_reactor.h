@@ -28,12 +28,13 @@
 #include "absl/types/span.h"
 #include "gpu/engine.h"
 #include "server/admission/admission.h"
+#include "server/rpc/call_registry.h"
 #include "server/rpc/service_state.h"
 #include "server/server_metrics.h"
 
 namespace matmul {
 
-class UnaryJobReactor : public grpc::ServerUnaryReactor {
+class UnaryJobReactor : public grpc::ServerUnaryReactor, public DrainableCall {
  public:
   // What the engine is asked to do (its MatmulJob is built from it).
   struct Plan {
@@ -50,6 +51,13 @@ class UnaryJobReactor : public grpc::ServerUnaryReactor {
 
   void OnCancel() override;
   void OnDone() override;
+
+  // DrainableCall. A unary call ends with its answer; at the drain's
+  // deadline it is answered UNAVAILABLE and its job, if any, dropped.
+  void Ref() override { refs_.fetch_add(1, std::memory_order_relaxed); }
+  void Unref() override;
+  void Draining() override {}
+  void CutForDrain() override;
 
   // Engine side, through the job.
   absl::Status Abandoned() const;
@@ -96,7 +104,6 @@ class UnaryJobReactor : public grpc::ServerUnaryReactor {
   Lease lease_;
 
  private:
-  void Unref();
   // Every Finish goes through here, so that OnDone knows the code. The
   // release store publishes what was recorded before it to OnDone, which
   // runs on another thread (gRPC's own ordering is invisible to TSan).

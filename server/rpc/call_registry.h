@@ -1,0 +1,89 @@
+// CallRegistry: the calls in progress that a drain must end itself, so
+// that an idle MultiplyStream ends as soon as the drain begins (instead of
+// holding it for the whole --drain-timeout), and a call still running at
+// the drain's deadline ends UNAVAILABLE, which clients retry, rather than
+// with the CANCELLED gRPC gives what it cuts.
+#ifndef MATMUL_SERVER_RPC_CALL_REGISTRY_H_
+#define MATMUL_SERVER_RPC_CALL_REGISTRY_H_
+
+#include <cstddef>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace matmul {
+
+// A reactor the registry can reach. Reference counted by the reactor
+// itself: it stays registered until gRPC is done with it (OnDone), so a
+// registered call always holds gRPC's reference and Ref is safe.
+class DrainableCall {
+ public:
+  virtual void Ref() = 0;
+  virtual void Unref() = 0;
+  // The server has begun to drain: end now if there is nothing left to
+  // answer, else after the last answer.
+  virtual void Draining() = 0;
+  // The drain's deadline has passed: end now, UNAVAILABLE.
+  virtual void CutForDrain() = 0;
+
+ protected:
+  ~DrainableCall() = default;
+};
+
+// Thread-safe.
+class CallRegistry {
+ public:
+  void Add(DrainableCall* call) {
+    absl::MutexLock lock(&mu_);
+    calls_.insert(call);
+  }
+  void Remove(DrainableCall* call) {
+    absl::MutexLock lock(&mu_);
+    calls_.erase(call);
+  }
+  size_t size() const {
+    absl::MutexLock lock(&mu_);
+    return calls_.size();
+  }
+  // Waits until no call is registered or `deadline`; true if none is.
+  bool AwaitEmpty(absl::Time deadline) const {
+    absl::MutexLock lock(&mu_);
+    auto empty = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return calls_.empty();
+    };
+    return mu_.AwaitWithDeadline(absl::Condition(&empty), deadline);
+  }
+  // Calls Draining on every registered call (without the registry's lock).
+  void Draining() {
+    for (DrainableCall* call : Snapshot()) {
+      call->Draining();
+      call->Unref();
+    }
+  }
+  // Calls CutForDrain on every registered call.
+  void CutForDrain() {
+    for (DrainableCall* call : Snapshot()) {
+      call->CutForDrain();
+      call->Unref();
+    }
+  }
+
+ private:
+  // The registered calls, each with a reference the caller releases.
+  std::vector<DrainableCall*> Snapshot() {
+    absl::MutexLock lock(&mu_);
+    std::vector<DrainableCall*> calls(calls_.begin(), calls_.end());
+    for (DrainableCall* call : calls) call->Ref();
+    return calls;
+  }
+
+  mutable absl::Mutex mu_;
+  absl::flat_hash_set<DrainableCall*> calls_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace matmul
+
+#endif  // MATMUL_SERVER_RPC_CALL_REGISTRY_H_
