@@ -1,6 +1,6 @@
 // Protobuf's wire format, for the code that reads and writes matmul.v1
 // messages without the protobuf runtime in the data path (the server's
-// server/rpc/multiply_wire.cc, the client's client/multiply_encoding.cc).
+// server/rpc/multiply_wire.cc, the client's client/lib/multiply_encoding.cc).
 #ifndef MATMUL_PROTO_WIRE_FORMAT_H_
 #define MATMUL_PROTO_WIRE_FORMAT_H_
 

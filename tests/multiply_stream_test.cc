@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "absl/random/random.h"
-#include "client/matmul_client.h"
+#include "client/lib/matmul_client.h"
 #include "gmock/gmock.h"
 #include "gpu/engine_factory.h"
 #include "gtest/gtest.h"

@@ -1,6 +1,6 @@
 // Tests of matmul-bench's workload (shape parsing, request building), its
 // response verification, and the figures of its report.
-#include "client/bench_workload.h"
+#include "client/tools/bench_workload.h"
 
 #include <gtest/gtest.h>
 
@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "client/bench_report.h"
-#include "client/tensor_proto.h"
+#include "client/lib/tensor_proto.h"
+#include "client/tools/bench_report.h"
 #include "common/float16.h"
 
 namespace matmul {

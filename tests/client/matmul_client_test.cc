@@ -4,7 +4,7 @@
 // metadata) can be driven and seen precisely; plus the HostTensor <-> proto
 // and dtype conversions. The real server is exercised by
 // stored_tensor_client_test.cc and end to end by cli_e2e_test.py.
-#include "client/matmul_client.h"
+#include "client/lib/matmul_client.h"
 
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server.h>
@@ -28,9 +28,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
-#include "client/dtype_conversion.h"
-#include "client/host_tensor.h"
-#include "client/tensor_proto.h"
+#include "client/lib/dtype_conversion.h"
+#include "client/lib/host_tensor.h"
+#include "client/lib/tensor_proto.h"
 #include "common/float16.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

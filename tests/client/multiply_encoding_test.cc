@@ -1,7 +1,7 @@
 // EncodeMultiplyRequest: the bytes are a MultiplyRequest that protobuf and
 // the server's own decoder both read back as the original, and the operands
 // go out from the request's memory without a copy.
-#include "client/multiply_encoding.h"
+#include "client/lib/multiply_encoding.h"
 
 #include <google/protobuf/util/message_differencer.h>
 

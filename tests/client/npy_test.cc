@@ -1,7 +1,8 @@
-// Tests of client/npy.h: round trips, the header formats NumPy writes (and
-// reads), every malformed-file error, and a cross-check against NumPy itself
+// Tests of client/tools/npy.h: round trips, the header formats NumPy writes
+// (and reads), every malformed-file error, and a cross-check against NumPy
+// itself
 // (/usr/bin/python3 holds Debian's numpy; skipped where it does not).
-#include "client/npy.h"
+#include "client/tools/npy.h"
 
 #include <unistd.h>
 

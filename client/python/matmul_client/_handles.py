@@ -1,11 +1,17 @@
-"""Handle: a tensor stored on the server (Upload, or a product kept with keep=True)."""
+"""Handle: a tensor stored on the server (Upload, or a product kept with keep=True).
+
+This module does not import ``_client``: a Handle is bound to whatever it is
+given that has ``download`` and ``delete`` (:class:`HandleOwner`), which is
+a :class:`Client` in practice. ``_client`` imports this module, never the
+other way round.
+"""
 
 from __future__ import annotations
 
 import math
 import numbers
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional, Tuple, Union
+from typing import Any, Optional, Protocol, Tuple, Union
 
 import grpc
 import numpy as np
@@ -14,8 +20,14 @@ from ._errors import MatmulError
 from ._proto.matmul.v1 import matmul_pb2
 from ._tensors import DTYPE_NAMES
 
-if TYPE_CHECKING:
-    from ._client import Client
+
+class HandleOwner(Protocol):
+    """What a bound :class:`Handle` calls: the two methods of
+    :class:`Client` that take a handle."""
+
+    def download(self, handle: "HandleOrId", *, timeout: Optional[float] = None) -> np.ndarray: ...
+
+    def delete(self, handle: "HandleOrId", *, timeout: Optional[float] = None) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -50,10 +62,10 @@ class Handle:
     device: int
     bytes: int
     expires: float
-    _client: Optional["Client"] = field(default=None, repr=False, compare=False)
+    _client: Optional[HandleOwner] = field(default=None, repr=False, compare=False)
 
     @classmethod
-    def from_proto(cls, message: matmul_pb2.TensorHandle, client: Optional["Client"] = None) -> "Handle":
+    def from_proto(cls, message: matmul_pb2.TensorHandle, client: Optional[HandleOwner] = None) -> "Handle":
         """Converts a ``matmul.v1.TensorHandle``; ``client`` is what
         :meth:`download` and :meth:`delete` call."""
         return cls(
@@ -96,7 +108,7 @@ class Handle:
                 return  # Do not mask the block's own exception.
             raise
 
-    def _bound(self) -> "Client":
+    def _bound(self) -> HandleOwner:
         if self._client is None:
             raise ValueError(
                 f"handle {self.id} is not bound to a client; call client.download(handle) "

@@ -1,4 +1,4 @@
-#include "client/matmul_client.h"
+#include "client/lib/matmul_client.h"
 
 #include <grpcpp/create_channel.h>
 #include <grpcpp/support/channel_arguments.h>
@@ -17,8 +17,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "client/multiply_encoding.h"
-#include "client/tensor_proto.h"
+#include "client/lib/multiply_encoding.h"
+#include "client/lib/tensor_proto.h"
 #include "common/status_macros.h"
 #include "proto/dtype_mapping.h"
 

@@ -9,13 +9,13 @@
 // exact. NaN stays NaN; values beyond the target's range become infinities.
 //
 // Pure functions; thread-safe.
-#ifndef MATMUL_CLIENT_DTYPE_CONVERSION_H_
-#define MATMUL_CLIENT_DTYPE_CONVERSION_H_
+#ifndef MATMUL_CLIENT_LIB_DTYPE_CONVERSION_H_
+#define MATMUL_CLIENT_LIB_DTYPE_CONVERSION_H_
 
 #include <cstdint>
 
 #include "absl/status/statusor.h"
-#include "client/host_tensor.h"
+#include "client/lib/host_tensor.h"
 #include "common/dtype.h"
 
 namespace matmul {
@@ -37,4 +37,4 @@ uint16_t DoubleToBFloat16(double value);
 
 }  // namespace matmul
 
-#endif  // MATMUL_CLIENT_DTYPE_CONVERSION_H_
+#endif  // MATMUL_CLIENT_LIB_DTYPE_CONVERSION_H_

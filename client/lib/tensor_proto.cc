@@ -1,4 +1,4 @@
-#include "client/tensor_proto.h"
+#include "client/lib/tensor_proto.h"
 
 #include <string>
 #include <utility>

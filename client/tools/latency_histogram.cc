@@ -1,4 +1,4 @@
-#include "client/latency_histogram.h"
+#include "client/tools/latency_histogram.h"
 
 #include <algorithm>
 #include <cmath>

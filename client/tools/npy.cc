@@ -1,4 +1,4 @@
-#include "client/npy.h"
+#include "client/tools/npy.h"
 
 #include <sys/stat.h>
 

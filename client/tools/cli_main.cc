@@ -25,11 +25,11 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "client/dtype_conversion.h"
-#include "client/host_tensor.h"
-#include "client/matmul_client.h"
-#include "client/npy.h"
-#include "client/tensor_proto.h"
+#include "client/lib/dtype_conversion.h"
+#include "client/lib/host_tensor.h"
+#include "client/lib/matmul_client.h"
+#include "client/lib/tensor_proto.h"
+#include "client/tools/npy.h"
 #include "common/dtype.h"
 
 namespace matmul {

@@ -1,4 +1,4 @@
-#include "client/bench_report.h"
+#include "client/tools/bench_report.h"
 
 #include <cmath>
 #include <optional>
@@ -9,7 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "client/tensor_proto.h"
+#include "client/lib/tensor_proto.h"
 
 namespace matmul {
 namespace {

@@ -1,4 +1,4 @@
-#include "client/bench_workload.h"
+#include "client/tools/bench_workload.h"
 
 #include <cblas.h>
 
@@ -12,7 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "client/tensor_proto.h"
+#include "client/lib/tensor_proto.h"
 #include "common/float16.h"
 
 namespace matmul {

@@ -1,4 +1,4 @@
-#include "client/load_generator.h"
+#include "client/tools/load_generator.h"
 
 #include <algorithm>
 #include <chrono>
@@ -10,8 +10,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "client/multiply_encoding.h"
-#include "client/tensor_proto.h"
+#include "client/lib/multiply_encoding.h"
+#include "client/lib/tensor_proto.h"
 
 namespace matmul {
 namespace {

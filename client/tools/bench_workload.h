@@ -5,8 +5,8 @@
 // Workload is a plain value (movable; share a const one between threads
 // freely). ResponseVerifier is immutable after Create: Check may run on any
 // number of threads at once.
-#ifndef MATMUL_CLIENT_BENCH_WORKLOAD_H_
-#define MATMUL_CLIENT_BENCH_WORKLOAD_H_
+#ifndef MATMUL_CLIENT_TOOLS_BENCH_WORKLOAD_H_
+#define MATMUL_CLIENT_TOOLS_BENCH_WORKLOAD_H_
 
 #include <cstdint>
 #include <memory>
@@ -130,4 +130,4 @@ class ResponseVerifier {
 
 }  // namespace matmul
 
-#endif  // MATMUL_CLIENT_BENCH_WORKLOAD_H_
+#endif  // MATMUL_CLIENT_TOOLS_BENCH_WORKLOAD_H_

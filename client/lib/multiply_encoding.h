@@ -8,8 +8,8 @@
 // operand's Tensor occurs twice, first with its shape and dtype, then with
 // its data, and protobuf merges the two (any parser, e.g. the server's
 // DecodeMultiplyRequest or ParseFromString, reads the original request).
-#ifndef MATMUL_CLIENT_MULTIPLY_ENCODING_H_
-#define MATMUL_CLIENT_MULTIPLY_ENCODING_H_
+#ifndef MATMUL_CLIENT_LIB_MULTIPLY_ENCODING_H_
+#define MATMUL_CLIENT_LIB_MULTIPLY_ENCODING_H_
 
 #include <grpcpp/support/byte_buffer.h>
 
@@ -25,4 +25,4 @@ grpc::ByteBuffer EncodeMultiplyRequest(v1::MultiplyRequest request);
 
 }  // namespace matmul
 
-#endif  // MATMUL_CLIENT_MULTIPLY_ENCODING_H_
+#endif  // MATMUL_CLIENT_LIB_MULTIPLY_ENCODING_H_

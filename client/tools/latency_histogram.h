@@ -16,8 +16,8 @@
 // exact, the set of them may be a few values apart); read after the writers
 // are done for exact results. Reset, Merge and assignment must not race with
 // anything else on the destination.
-#ifndef MATMUL_CLIENT_LATENCY_HISTOGRAM_H_
-#define MATMUL_CLIENT_LATENCY_HISTOGRAM_H_
+#ifndef MATMUL_CLIENT_TOOLS_LATENCY_HISTOGRAM_H_
+#define MATMUL_CLIENT_TOOLS_LATENCY_HISTOGRAM_H_
 
 #include <atomic>
 #include <cstdint>
@@ -74,4 +74,4 @@ class LatencyHistogram {
 
 }  // namespace matmul
 
-#endif  // MATMUL_CLIENT_LATENCY_HISTOGRAM_H_
+#endif  // MATMUL_CLIENT_TOOLS_LATENCY_HISTOGRAM_H_

@@ -3,14 +3,14 @@
 // Both directions check that the data holds exactly shape x dtype bytes.
 //
 // Pure functions; thread-safe.
-#ifndef MATMUL_CLIENT_TENSOR_PROTO_H_
-#define MATMUL_CLIENT_TENSOR_PROTO_H_
+#ifndef MATMUL_CLIENT_LIB_TENSOR_PROTO_H_
+#define MATMUL_CLIENT_LIB_TENSOR_PROTO_H_
 
 #include <optional>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "client/host_tensor.h"
+#include "client/lib/host_tensor.h"
 #include "common/dtype.h"
 #include "matmul/v1/matmul.pb.h"
 #include "proto/dtype_mapping.h"
@@ -31,4 +31,4 @@ absl::StatusOr<HostTensor> FromProto(v1::Tensor&& tensor);
 
 }  // namespace matmul
 
-#endif  // MATMUL_CLIENT_TENSOR_PROTO_H_
+#endif  // MATMUL_CLIENT_LIB_TENSOR_PROTO_H_

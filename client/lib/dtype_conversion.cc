@@ -1,4 +1,4 @@
-#include "client/dtype_conversion.h"
+#include "client/lib/dtype_conversion.h"
 
 #include <cmath>
 #include <cstring>

@@ -38,8 +38,8 @@
 // Thread safety: a LoadGenerator runs one point at a time (Run is not
 // reentrant); the client, the requests and the checker must outlive it. The
 // checker is called from gRPC threads, concurrently.
-#ifndef MATMUL_CLIENT_LOAD_GENERATOR_H_
-#define MATMUL_CLIENT_LOAD_GENERATOR_H_
+#ifndef MATMUL_CLIENT_TOOLS_LOAD_GENERATOR_H_
+#define MATMUL_CLIENT_TOOLS_LOAD_GENERATOR_H_
 
 #include <atomic>
 #include <cstdint>
@@ -51,8 +51,8 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "client/latency_histogram.h"
-#include "client/matmul_client.h"
+#include "client/lib/matmul_client.h"
+#include "client/tools/latency_histogram.h"
 #include "matmul/v1/matmul.pb.h"
 
 namespace matmul {
@@ -168,4 +168,4 @@ class LoadGenerator {
 
 }  // namespace matmul
 
-#endif  // MATMUL_CLIENT_LOAD_GENERATOR_H_
+#endif  // MATMUL_CLIENT_TOOLS_LOAD_GENERATOR_H_

@@ -1,4 +1,4 @@
-#include "client/host_tensor.h"
+#include "client/lib/host_tensor.h"
 
 #include <limits>
 

@@ -45,15 +45,15 @@
 // the payload GB/s are 0 and TFLOP/s is the figure that matters.
 //
 // Pure functions over plain values; thread-safe.
-#ifndef MATMUL_CLIENT_BENCH_REPORT_H_
-#define MATMUL_CLIENT_BENCH_REPORT_H_
+#ifndef MATMUL_CLIENT_TOOLS_BENCH_REPORT_H_
+#define MATMUL_CLIENT_TOOLS_BENCH_REPORT_H_
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include "client/bench_workload.h"
-#include "client/load_generator.h"
+#include "client/tools/bench_workload.h"
+#include "client/tools/load_generator.h"
 #include "matmul/v1/matmul.pb.h"
 
 namespace matmul {
@@ -129,4 +129,4 @@ std::string ReportJson(const BenchRun& run,
 
 }  // namespace matmul
 
-#endif  // MATMUL_CLIENT_BENCH_REPORT_H_
+#endif  // MATMUL_CLIENT_TOOLS_BENCH_REPORT_H_

@@ -36,11 +36,11 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "client/bench_report.h"
-#include "client/bench_workload.h"
-#include "client/load_generator.h"
-#include "client/matmul_client.h"
-#include "client/tensor_proto.h"
+#include "client/lib/matmul_client.h"
+#include "client/lib/tensor_proto.h"
+#include "client/tools/bench_report.h"
+#include "client/tools/bench_workload.h"
+#include "client/tools/load_generator.h"
 
 namespace matmul {
 namespace {

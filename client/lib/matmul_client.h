@@ -35,8 +35,8 @@
 // Thread-safe: every method may be called from any number of threads at
 // once. Calls rotate over the channels round-robin. The client must outlive
 // its asynchronous calls (until their `done` has returned).
-#ifndef MATMUL_CLIENT_MATMUL_CLIENT_H_
-#define MATMUL_CLIENT_MATMUL_CLIENT_H_
+#ifndef MATMUL_CLIENT_LIB_MATMUL_CLIENT_H_
+#define MATMUL_CLIENT_LIB_MATMUL_CLIENT_H_
 
 #include <grpcpp/channel.h>
 #include <grpcpp/client_context.h>
@@ -56,7 +56,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "client/host_tensor.h"
+#include "client/lib/host_tensor.h"
 #include "common/dtype.h"
 #include "common/grpc_args.h"
 #include "matmul/v1/matmul.grpc.pb.h"
@@ -243,7 +243,7 @@ class MatmulClient {
                         const MultiplyOptions& options, MultiplyRawDone done);
 
   // Multiply on a request encoded by EncodeMultiplyRequest
-  // (client/multiply_encoding.h): its operands go to the socket from their
+  // (client/lib/multiply_encoding.h): its operands go to the socket from their
   // own memory, without the copy that protobuf's serializer makes. One
   // encoding may be sent by any number of calls. Only options.timeout and
   // options.client_id are used. Multiply and MultiplyAsync send this way.
@@ -333,4 +333,4 @@ absl::Status FromGrpcStatus(const grpc::Status& status);
 
 }  // namespace matmul
 
-#endif  // MATMUL_CLIENT_MATMUL_CLIENT_H_
+#endif  // MATMUL_CLIENT_LIB_MATMUL_CLIENT_H_

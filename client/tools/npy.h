@@ -18,14 +18,14 @@
 // message says what was expected and what was found.
 //
 // Pure functions; thread-safe.
-#ifndef MATMUL_CLIENT_NPY_H_
-#define MATMUL_CLIENT_NPY_H_
+#ifndef MATMUL_CLIENT_TOOLS_NPY_H_
+#define MATMUL_CLIENT_TOOLS_NPY_H_
 
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "client/host_tensor.h"
+#include "client/lib/host_tensor.h"
 
 namespace matmul {
 
@@ -63,4 +63,4 @@ absl::Status WriteNpy(const std::string& path, const HostTensor& tensor);
 
 }  // namespace matmul
 
-#endif  // MATMUL_CLIENT_NPY_H_
+#endif  // MATMUL_CLIENT_TOOLS_NPY_H_

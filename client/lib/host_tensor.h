@@ -4,8 +4,8 @@
 //
 // A plain value type: copyable and movable; not synchronized (share a const
 // one between threads freely, guard a mutated one yourself).
-#ifndef MATMUL_CLIENT_HOST_TENSOR_H_
-#define MATMUL_CLIENT_HOST_TENSOR_H_
+#ifndef MATMUL_CLIENT_LIB_HOST_TENSOR_H_
+#define MATMUL_CLIENT_LIB_HOST_TENSOR_H_
 
 #include <cstdint>
 #include <string>
@@ -43,4 +43,4 @@ std::string ShapeString(absl::Span<const int64_t> shape);
 
 }  // namespace matmul
 
-#endif  // MATMUL_CLIENT_HOST_TENSOR_H_
+#endif  // MATMUL_CLIENT_LIB_HOST_TENSOR_H_

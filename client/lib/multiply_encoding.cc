@@ -1,4 +1,4 @@
-#include "client/multiply_encoding.h"
+#include "client/lib/multiply_encoding.h"
 
 #include <grpcpp/support/slice.h>
 
