@@ -5,6 +5,7 @@
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
 
+#include <algorithm>
 #include <climits>
 #include <utility>
 
@@ -176,11 +177,12 @@ void MatmulServer::Shutdown() {
       LogLine(absl::StrCat("draining: ending ", service_->inflight_requests(),
                            " requests still in flight with UNAVAILABLE"));
       service_->CutCallsForDrain();
-      // Their answers go out before the transport stops (briefly: a call
-      // whose client does not read is cancelled by gRPC after it).
-      service_->AwaitCallsEnded(absl::Now() + absl::Seconds(1));
     }
-    server_->Shutdown(std::chrono::system_clock::now());
+    // Calls the service has finished may still have bytes queued in the
+    // transport: gRPC's Shutdown flushes them until its deadline, and only
+    // cancels (losing them) after it. A second, at least, for the cut ones.
+    server_->Shutdown(
+        absl::ToChronoTime(std::max(deadline, absl::Now() + absl::Seconds(1))));
   }
   if (health_server_ != nullptr) health_server_->Shutdown();
   // Stored tensors live in engine memory: free them before the engine goes.
