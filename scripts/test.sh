@@ -141,7 +141,12 @@ lint_failed=0
 (cd proto && ../tools/node_modules/.bin/buf lint) || lint_failed=$((lint_failed + 1))
 # shellcheck disable=SC2086
 clang-format --dry-run --Werror $files || lint_failed=$((lint_failed + 1))
-row lint $((nfiles + nproto)) "$lint_failed" 0 $((SECONDS - t0)) "files: $nproto proto (buf), $nfiles C++ (clang-format)"
+# No include cycles: by unit (a .h with its .cc) in server/, client/,
+# common/ and tools/; by file in gpu/, whose CUDA engine defines its nested
+# types (CudaEngine::Device, ::Lane, ::InFlight) in headers of their own.
+"$py" scripts/check_include_cycles.py --units server client common tools || lint_failed=$((lint_failed + 1))
+"$py" scripts/check_include_cycles.py gpu || lint_failed=$((lint_failed + 1))
+row lint $((nfiles + nproto + 2)) "$lint_failed" 0 $((SECONDS - t0)) "files: $nproto proto (buf), $nfiles C++ (clang-format); 2 include-cycle checks"
 
 step "warnings: clang-14, -Wthread-safety -Werror (scripts/warnings.sh)"
 t0=$SECONDS
