@@ -2,7 +2,6 @@
 // MatmulServer. Flags may be written with dashes or underscores
 // (--max-message-bytes or --max_message_bytes).
 #include <grpcpp/security/server_credentials.h>
-#include <pthread.h>
 #include <signal.h>
 
 #include <algorithm>
@@ -13,6 +12,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -25,6 +25,7 @@
 #include "common/log.h"
 #include "gpu/engine_factory.h"
 #include "server/matmul_server.h"
+#include "server/shutdown_signals.h"
 
 ABSL_FLAG(std::string, host, "0.0.0.0",
           "Address to listen on for gRPC (0.0.0.0, ::, 127.0.0.1, ...)");
@@ -232,13 +233,14 @@ int main(int argc, char** argv) {
   std::vector<char*> args = NormalizeFlagNames(argc, argv, storage);
   absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
 
-  // Signals are taken synchronously by this thread (sigwait below); block
-  // them before any other thread exists so that every thread inherits that.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // SIGTERM and SIGINT are taken in one place (shutdown_signals.h), set up
+  // before the server starts any thread.
+  absl::StatusOr<matmul::ShutdownSignals*> signals =
+      matmul::ShutdownSignals::Install();
+  if (!signals.ok()) {
+    matmul::LogLine(absl::StrCat("error: ", signals.status().message()));
+    return 1;
+  }
 
   absl::StatusOr<matmul::EngineKind> kind =
       matmul::ParseEngineKind(absl::GetFlag(FLAGS_engine));
@@ -347,11 +349,32 @@ int main(int argc, char** argv) {
       "; max message ", options.limits.max_message_bytes,
       " bytes, max in flight ", options.limits.max_inflight_bytes, " bytes"));
 
-  int signal_number = 0;
-  sigwait(&signals, &signal_number);
+  const int first = (*signals)->Next();
   matmul::LogLine(
-      absl::StrCat("received ", strsignal(signal_number), "; shutting down"));
-  (*server)->Shutdown();
+      absl::StrCat("received ", strsignal(first), "; shutting down"));
+  // The drain runs beside this thread, which keeps taking signals: a
+  // repeated SIGTERM (supervisors resend it) never cuts the drain short; a
+  // SIGINT during it (Ctrl-C pressed again) ends the process at once, on
+  // purpose and with a non-zero status.
+  std::thread drain([&server, &signals] {
+    (*server)->Shutdown();
+    (*signals)->Wake();
+  });
+  for (;;) {
+    const int next = (*signals)->Next();
+    if (next == matmul::ShutdownSignals::kWoken) break;
+    if (next == SIGINT) {
+      matmul::LogLine(absl::StrCat(
+          "received ", strsignal(next),
+          " during the drain: exiting now, without waiting for the requests "
+          "in flight (exit status 130)"));
+      std::_Exit(130);
+    }
+    matmul::LogLine(absl::StrCat("received ", strsignal(next),
+                                 " again; the drain goes on (SIGINT ends it "
+                                 "at once)"));
+  }
+  drain.join();
   matmul::LogLine("stopped");
   return 0;
 }

@@ -9,12 +9,13 @@
 //
 //   draining             UNAVAILABLE          reason "draining"
 //   engine not ready     UNAVAILABLE          reason "unavailable"
-//   never fits a device  RESOURCE_EXHAUSTED   reason "invalid"   (the
-//                        (the engine's)       request's fault, not load)
+//   never fits a device  RESOURCE_EXHAUSTED   reason "too_large" (the
+//                        (the engine's code;  request's fault, not load:
+//                        else "invalid")      RequestFault)
 //   deadline passed, or  DEADLINE_EXCEEDED    reason "deadline"
 //   nearer than the
 //   engine's lower bound
-//   stored-tensor quota  RESOURCE_EXHAUSTED   reason "overloaded"
+//   stored-tensor quota  RESOURCE_EXHAUSTED   reason "quota"
 //   in-flight budget     RESOURCE_EXHAUSTED   reason "overloaded", with a
 //                                             retry hint (RetryPushbackMs)
 //

@@ -11,8 +11,11 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import threading
+import time
+import urllib.request
 from pathlib import Path
 from typing import Iterator, List, Optional
 
@@ -31,18 +34,28 @@ _START_TIMEOUT_S = 30
 _STOP_TIMEOUT_S = 30
 
 
+def _free_port() -> int:
+    """A loopback TCP port nobody listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 class ServerProcess:
     """A matmul-server child process on 127.0.0.1; ``target`` is its address."""
 
-    def __init__(self, *flags: str) -> None:
+    def __init__(self, *flags: str, metrics: bool = False) -> None:
+        """``metrics``: serve /metrics on a free loopback port (``gauge``)."""
         binary = Path(os.environ.get("MATMUL_BIN_DIR", _REPO_ROOT / "build" / "bin")) / "matmul-server"
         if not binary.is_file():
             raise FileNotFoundError(f"{binary} not found: build matmul-server or set MATMUL_BIN_DIR")
         self.log: List[str] = []
         self.port: Optional[int] = None
+        self.metrics_port: Optional[int] = None
         self._ready = threading.Event()
         self._process = subprocess.Popen(
-            [str(binary), "--host", "127.0.0.1", "--port", "0", "--metrics-port", "0",
+            [str(binary), "--host", "127.0.0.1", "--port", "0",
+             "--metrics-port", str(_free_port() if metrics else 0),
              "--engine", "host", *flags],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
@@ -63,6 +76,26 @@ class ServerProcess:
     def output(self) -> str:
         return "".join(self.log)
 
+    def gauge(self, name: str) -> float:
+        """The value of an unlabelled gauge on the server's /metrics."""
+        assert self.metrics_port is not None, "the server logged no metrics port"
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        with direct.open(url, timeout=5) as reply:
+            for line in reply.read().decode().splitlines():
+                if line.startswith(name + " "):
+                    return float(line.split()[1])
+        raise KeyError(f"{name} is not on /metrics")
+
+    def wait_for_gauge(self, name: str, value: float, timeout: float = 30) -> None:
+        """Polls /metrics until ``name`` reads at least ``value``."""
+        deadline = time.monotonic() + timeout
+        seen = self.gauge(name)
+        while seen < value:
+            assert time.monotonic() < deadline, f"{name} stayed at {seen}, below {value}"
+            time.sleep(0.02)
+            seen = self.gauge(name)
+
     def stop(self) -> int:
         """Sends SIGTERM and returns the exit status."""
         self._process.send_signal(signal.SIGTERM)
@@ -77,6 +110,9 @@ class ServerProcess:
         assert self._process.stderr is not None
         for line in self._process.stderr:
             self.log.append(line)
+            metrics = re.search(r"metrics on port (\d+)", line)
+            if metrics and self.metrics_port is None:
+                self.metrics_port = int(metrics.group(1))
             match = re.search(r"serving on port (\d+)", line)
             if match and self.port is None:
                 self.port = int(match.group(1))

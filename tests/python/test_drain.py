@@ -17,7 +17,7 @@ from conftest import ServerProcess
 
 def test_sigterm_drains_in_flight_work_and_refuses_new_work():
     server = ServerProcess("--drain-grace", "1.5s", "--drain-timeout", "60s",
-                           "--streams-per-device", "1")
+                           "--streams-per-device", "1", metrics=True)
     client = matmul_client.Client(server.target)
     rng = np.random.default_rng(7)
     # Three long multiplies on one lane run one after another, so admitted
@@ -32,7 +32,7 @@ def test_sigterm_drains_in_flight_work_and_refuses_new_work():
     ha = client.upload(a)
     hb = client.upload(b)
     long_calls = [client.multiply_async(ha, hb) for _ in range(3)]
-    time.sleep(0.3)  # the requests are admitted, the first is computing
+    server.wait_for_gauge("matmul_inflight_requests", 3)  # all admitted
     assert not long_calls[-1].done()
     server._process.send_signal(signal.SIGTERM)
 
@@ -59,3 +59,54 @@ def test_sigterm_drains_in_flight_work_and_refuses_new_work():
         np.testing.assert_allclose(call.result(timeout=120), expected, rtol=1e-9, atol=1e-9)
     assert server._process.wait(60) == 0
     assert "draining" in server.output()
+
+
+def _long_calls(server: ServerProcess, count: int):
+    """``count`` multiplies queued on the server's one lane, each lasting
+    half a second or more on two cores, all admitted when this returns; and
+    the product they will answer with."""
+    client = matmul_client.Client(server.target)
+    rng = np.random.default_rng(11)
+    a = rng.standard_normal((2048, 2048))
+    b = rng.standard_normal((2048, 2048))
+    ha = client.upload(a)
+    hb = client.upload(b)
+    calls = [client.multiply_async(ha, hb) for _ in range(count)]
+    server.wait_for_gauge("matmul_inflight_requests", count)
+    return calls, a @ b
+
+
+def test_repeated_sigterm_never_cuts_a_drain_short():
+    # Supervisors (Kubernetes, systemd) resend SIGTERM. OpenBLAS starts its
+    # threads before main and leaves signals unblocked in them; a signal that
+    # lands there used to take the default action and kill the process.
+    server = ServerProcess("--drain-timeout", "60s", "--streams-per-device", "1", metrics=True)
+    calls, expected = _long_calls(server, 2)
+    process = server._process
+    process.send_signal(signal.SIGTERM)
+    for _ in range(10):
+        time.sleep(0.02)
+        process.send_signal(signal.SIGTERM)
+    assert not calls[-1].done(), "the drain ended before the last SIGTERM: the test proves nothing"
+    for call in calls:
+        np.testing.assert_allclose(call.result(timeout=120), expected, rtol=1e-9, atol=1e-9)
+    assert process.wait(60) == 0, server.output()
+    assert "again; the drain goes on" in server.output()
+    assert "stopped" in server.output()
+
+
+def test_sigint_during_the_drain_exits_at_once_and_says_so():
+    # Ctrl-C pressed twice: the second ends the process without waiting,
+    # deliberately (a log line and status 130), not by the default action.
+    server = ServerProcess("--drain-timeout", "60s", "--streams-per-device", "1", metrics=True)
+    calls, _ = _long_calls(server, 2)
+    process = server._process
+    process.send_signal(signal.SIGINT)
+    deadline = time.monotonic() + 10
+    while "shutting down" not in server.output():
+        assert time.monotonic() < deadline, server.output()
+        time.sleep(0.01)
+    process.send_signal(signal.SIGINT)
+    assert process.wait(10) == 130, server.output()
+    assert not calls[-1].done() or calls[-1].exception() is not None
+    assert "during the drain: exiting now" in server.output()
