@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/build_info.h"
 #include "common/log.h"
 
 namespace matmul {
@@ -33,13 +34,7 @@ void SetHealth(grpc::Server& server, bool ready) {
 
 }  // namespace
 
-std::string ServerVersion() {
-#ifdef MATMUL_VERSION
-  return MATMUL_VERSION;
-#else
-  return "dev";
-#endif
-}
+std::string ServerVersion() { return std::string(ProjectVersion()); }
 
 MatmulServer::MatmulServer(const ServerOptions& options) : options_(options) {}
 
