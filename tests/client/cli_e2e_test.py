@@ -396,13 +396,28 @@ def test_usage_errors_exit_2(args, message):
     r = run_cli(*args)
     assert r.returncode == 2, r.stderr
     assert message in r.stderr
-    assert "usage:" in r.stderr
+    # One line, not the whole help.
+    assert r.stderr.startswith("matmul-cli: "), r.stderr
+    assert r.stderr.endswith("; see --help\n"), r.stderr
+    assert len(r.stderr.splitlines()) == 1, r.stderr
+
+
+def test_flags_take_both_spellings(tmp_path):
+    # --flag=value and --flag value, dashes and underscores: the same usage
+    # error comes from each spelling of --chunk-mib.
+    for args in (["--chunk-mib=0"], ["--chunk-mib", "0"], ["--chunk_mib=0"]):
+        r = run_cli("multiply", "--target", "x:1", "--a", "a", "--b", "b",
+                    "--out", "c", "--stream", *args)
+        assert r.returncode == 2, r.stderr
+        assert "--chunk-mib takes 1 to 1024" in r.stderr
 
 
 def test_help():
-    r = run_cli("--help")
-    assert r.returncode == 0
-    assert "usage:" in r.stdout
+    for args in (["--help"], ["help"], ["multiply", "--help"], ["-h"]):
+        r = run_cli(*args)
+        assert r.returncode == 0, r.stderr
+        assert "usage:" in r.stdout
+        assert "--a-handle=ID" in r.stdout and "--chunk-mib=N" in r.stdout
 
 
 def test_sigterm_stops_the_server_cleanly(tmp_path):
@@ -593,3 +608,12 @@ def test_client_id_quota(tmp_path):
         upload(s, path, "--client-id", "alice")
     finally:
         assert s.stop() == 0, "".join(s.log)
+
+
+def test_info_reports_the_version_of_the_build(server):
+    # GetServerInfo's version is what --version prints (common/build_info).
+    first = run_cli("--version").stdout.splitlines()[0]
+    assert first.startswith("matmul-cli "), first
+    r = ok(run_cli("info", "--target", server.target))
+    assert re.search(r"^version: +%s$" % re.escape(first.split()[1]), r.stdout,
+                     re.M), r.stdout

@@ -1,5 +1,5 @@
-"""End-to-end tests of the executables' command lines: --help, --version and
-usage errors.
+"""End-to-end tests of the three executables' command lines: --help,
+--version and usage errors.
 
 Run with /usr/bin/python3:
 
@@ -18,7 +18,7 @@ import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 BIN_DIR = pathlib.Path(os.environ.get("MATMUL_BIN_DIR", REPO / "build" / "bin"))
-TOOLS = ["matmul-server"]
+TOOLS = ["matmul-server", "matmul-cli", "matmul-bench"]
 
 
 def project_version():
@@ -51,6 +51,8 @@ def test_version(tool):
 
 @pytest.mark.parametrize("tool,flag", [
     ("matmul-server", "--max-message-bytes=INT"),
+    ("matmul-cli", "--a-handle=ID"),
+    ("matmul-bench", "--verify-every"),
 ])
 def test_help_lists_dashed_flags(tool, flag):
     r = run(tool, "--help")
@@ -81,6 +83,9 @@ def test_server_help_lists_every_server_flag_with_dashes():
 @pytest.mark.parametrize("tool,args", [
     ("matmul-server", ["--bogus"]),
     ("matmul-server", ["--port", "abc"]),
+    ("matmul-cli", ["info", "--target", "127.0.0.1:1", "--bogus"]),
+    ("matmul-cli", ["frobnicate"]),
+    ("matmul-bench", ["--target", "127.0.0.1:1", "--bogus"]),
 ])
 def test_bad_flag_is_one_line_and_exit_2(tool, args):
     r = run(tool, *args)
