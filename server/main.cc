@@ -4,8 +4,8 @@
 // parses them.
 //
 // Exit status: 0 after a clean shutdown (SIGTERM, SIGINT), --help or
-// --version; 1 when the server cannot start (a port in use, no engine); 2
-// for a usage error.
+// --version; 1 when the server cannot start (a port in use, no CUDA device
+// for --engine=cuda); 2 for a usage error.
 #include <grpcpp/security/server_credentials.h>
 #include <pthread.h>
 #include <signal.h>
@@ -351,7 +351,15 @@ int main(int argc, char** argv) {
       matmul::MatmulServer::Start(
           options, [&engine_options] { return CreateEngine(engine_options); });
   if (!server.ok()) {
-    matmul::LogLine(absl::StrCat("error: ", server.status().ToString()));
+    if (*kind == matmul::EngineKind::kCuda && matmul::CudaEngineBuilt() &&
+        server.status().code() == absl::StatusCode::kFailedPrecondition) {
+      matmul::LogLine(
+          absl::StrCat("error: --engine=cuda: no CUDA device was found: ",
+                       server.status().message(),
+                       "; --engine=host or auto runs on the CPU"));
+    } else {
+      matmul::LogLine(absl::StrCat("error: ", server.status().ToString()));
+    }
     return 1;
   }
   matmul::LogLine(DescribeEngine((*server)->engine()));

@@ -151,7 +151,12 @@ void MatmulServer::Shutdown() {
     if (shut_down_) return;
     shut_down_ = true;
   }
-  if (server_ != nullptr) {
+  if (server_ != nullptr && engine_ == nullptr) {
+    // Start failed (no engine): nothing was served, nothing to drain.
+    SetHealthEverywhere(/*ready=*/false);
+    service_->StartDraining();
+    server_->Shutdown(absl::ToChronoTime(absl::Now()));
+  } else if (server_ != nullptr) {
     SetHealthEverywhere(/*ready=*/false);
     if (options_.drain_grace > absl::ZeroDuration()) {
       LogLine(absl::StrCat("draining: NOT_SERVING for ",

@@ -1,5 +1,5 @@
 """End-to-end tests of the three executables' command lines: --help,
---version and usage errors.
+--version, usage errors, and matmul-server --engine=cuda without a GPU.
 
 Run with /usr/bin/python3:
 
@@ -12,6 +12,7 @@ matmul-bench (CTest sets it); it defaults to <repo>/build/bin.
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 
 import pytest
@@ -109,3 +110,26 @@ def test_server_takes_underscored_and_environment_flags():
     assert r.returncode == 2, r.stderr
     assert "--metrics-port must be in [0, 65535]" in r.stderr
 
+
+def gpu_visible():
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return False
+    try:
+        return subprocess.run([smi, "-L"], capture_output=True,
+                              timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def test_engine_cuda_without_a_gpu_exits_with_a_message():
+    if gpu_visible():
+        pytest.skip("nvidia-smi -L lists a GPU: --engine=cuda would start")
+    r = run("matmul-server", "--engine=cuda", "--host", "127.0.0.1",
+            "--port", "0", "--metrics-port", "0", timeout=120)
+    assert r.returncode != 0, r.stderr
+    # A build with the CUDA engine looks for a device; one without says so.
+    assert ("no CUDA device was found" in r.stderr
+            or "this build has no CUDA engine" in r.stderr), r.stderr
+    assert "draining" not in r.stderr, r.stderr
+    assert "serving on port" not in r.stderr, r.stderr
