@@ -72,7 +72,7 @@ ABSL_FLAG(std::string, compute, "strict",
           "strict, or tf32 (float32 inputs may be rounded to TF32)");
 ABSL_FLAG(std::string, dtype, "auto",
           "auto (the inputs' dtype), float32, float64, float16 or bfloat16: "
-          "convert the .npy inputs to it");
+          "convert the .npy inputs (floating-point or integer) to it");
 ABSL_FLAG(std::string, bf16_out, "float32",
           "A bfloat16 product written as float32, or as raw uint16 bits");
 ABSL_FLAG(bool, stream, false,
@@ -137,11 +137,12 @@ server's; see info). The server charges stored tensors to --client-id
 --dtype auto (the default) computes in the inputs' dtype (float32, float64
 or float16; both must agree). Any other --dtype converts the .npy inputs to
 it first, rounding to nearest even (a stored operand keeps its dtype, which
-the other operand must have). NumPy has no bfloat16, so with --dtype
-bfloat16 float .npy inputs are rounded to bfloat16, uint16 ('<u2') inputs
-are taken as raw bfloat16 bits, and a bfloat16 result (or download) is
-written as float32 (exact) or, with --bf16-out bits, as raw bits in a
-'<u2' .npy.
+the other operand must have); integer inputs (int8..int64, uint8..uint64,
+what numpy.arange makes) are read only so. bool and complex inputs are
+refused. NumPy has no bfloat16, so with --dtype bfloat16 float and integer
+.npy inputs are rounded to bfloat16, uint16 ('<u2') inputs are taken as raw
+bfloat16 bits, and a bfloat16 result (or download) is written as float32
+(exact) or, with --bf16-out bits, as raw bits in a '<u2' .npy.
 
 --stream sends the multiply over MultiplyStream: operands and product travel
 in chunks of --chunk-mib MiB (default 4), so no message size bounds them
@@ -275,7 +276,9 @@ std::string ProtoDtypeName(int dtype) {
 absl::StatusOr<HostTensor> LoadOperand(const std::string& flag,
                                        const std::string& path,
                                        std::optional<DType> dtype) {
-  absl::StatusOr<NpyArray> array = ReadNpy(path);
+  NpyReadOptions read;
+  read.integers_as = dtype;
+  absl::StatusOr<NpyArray> array = ReadNpy(path, read);
   if (!array.ok()) {
     return absl::Status(
         array.status().code(),
@@ -285,7 +288,8 @@ absl::StatusOr<HostTensor> LoadOperand(const std::string& flag,
     return absl::InvalidArgumentError(absl::StrCat(
         "--", flag, " ", path,
         " holds uint16 values, which matmul-cli takes as raw bfloat16 bits "
-        "only with --dtype bfloat16"));
+        "only with --dtype bfloat16 (and as integers with --dtype float32, "
+        "float64 or float16)"));
   }
   if (!dtype.has_value() || array->tensor.dtype == *dtype) {
     return std::move(array->tensor);
