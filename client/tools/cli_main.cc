@@ -23,6 +23,7 @@
 #include "absl/flags/reflection.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -382,6 +383,32 @@ absl::StatusOr<std::string> WriteResult(const std::string& path,
   return written_as;
 }
 
+// The largest message gRPC (and protobuf) can carry.
+constexpr int64_t kMaxGrpcMessageBytes = 2147483647;
+
+// A unary multiply the server refused for a message's size, with what to do
+// about it: "request is over N bytes; use --stream", N the server's limit
+// (GetServerInfo.limits). Any other error is returned as it is.
+absl::Status WithStreamHint(MatmulClient& client, int64_t request_bytes,
+                            bool keep, const absl::Status& status) {
+  if (status.code() != absl::StatusCode::kResourceExhausted) return status;
+  // The server's own check of the product's size (request_validation.cc).
+  if (absl::StrContains(status.message(), "max message size") && !keep) {
+    return absl::Status(status.code(),
+                        absl::StrCat(status.message(), "; use --stream"));
+  }
+  absl::StatusOr<v1::GetServerInfoResponse> info =
+      client.GetServerInfo(absl::Seconds(10));
+  if (!info.ok()) return status;
+  const int64_t limit = info->limits().max_message_bytes();
+  if (limit <= 0 || request_bytes <= limit) return status;
+  return absl::Status(
+      status.code(),
+      absl::StrCat("request is over ", limit, " bytes; use --stream (it is ",
+                   request_bytes, " bytes; ", limit,
+                   " is the server's message limit)"));
+}
+
 int RunMultiply(const std::vector<std::string>& args) {
   FlagSpec spec;
   spec.valued = {"target", "a",         "b",         "a-handle", "b-handle",
@@ -527,10 +554,20 @@ int RunMultiply(const std::vector<std::string>& args) {
                  absl::ToDoubleMilliseconds(elapsed), chunk_mib);
     return 0;
   }
+  const int64_t request_bytes = static_cast<int64_t>(request.ByteSizeLong());
+  if (request_bytes > kMaxGrpcMessageBytes) {
+    return FailRpc(absl::ResourceExhaustedError(
+        absl::StrCat("request is over ", kMaxGrpcMessageBytes,
+                     " bytes; use --stream (it is ", request_bytes,
+                     " bytes, over gRPC's largest message)")));
+  }
   absl::StatusOr<v1::MultiplyResponse> response =
       (*client)->MultiplyRaw(request, options);
   const absl::Duration elapsed = absl::Now() - start;
-  if (!response.ok()) return FailRpc(response.status());
+  if (!response.ok()) {
+    return FailRpc(
+        WithStreamHint(**client, request_bytes, keep, response.status()));
+  }
 
   const v1::Placement placement = response->placement();
   const std::string where = placement.device() < 0

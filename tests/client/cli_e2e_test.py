@@ -654,6 +654,30 @@ def test_bool_and_complex_npy_are_refused(server, tmp_path, array, kind):
     assert not (tmp_path / "c.npy").exists()
 
 
+def test_unary_request_over_the_message_limit_says_use_stream(tmp_path):
+    s = Server("--max-message-bytes", "100000")
+    try:
+        a = np.ones((200, 200), np.float32)  # 2 x 160 KB operands
+        np.save(tmp_path / "a.npy", a)
+        r = run_cli("multiply", "--target", s.target, "--a", tmp_path / "a.npy",
+                    "--b", tmp_path / "a.npy", "--out", tmp_path / "c.npy")
+        assert r.returncode == 1
+        assert r.stderr.startswith(
+            "error: RESOURCE_EXHAUSTED: request is over 100000 bytes; "
+            "use --stream"), r.stderr
+        # A product over the limit (small operands): the server's message,
+        # and the same advice.
+        np.save(tmp_path / "col.npy", np.ones((200, 1), np.float32))
+        np.save(tmp_path / "row.npy", np.ones((1, 200), np.float32))
+        r = run_cli("multiply", "--target", s.target, "--a", tmp_path / "col.npy",
+                    "--b", tmp_path / "row.npy", "--out", tmp_path / "c.npy")
+        assert r.returncode == 1
+        assert r.stderr.startswith("error: RESOURCE_EXHAUSTED: "), r.stderr
+        assert r.stderr.rstrip().endswith("; use --stream"), r.stderr
+    finally:
+        assert s.stop() == 0, "".join(s.log)
+
+
 def test_info_reports_the_version_of_the_build(server):
     # GetServerInfo's version is what --version prints (common/build_info).
     first = run_cli("--version").stdout.splitlines()[0]
