@@ -1,6 +1,11 @@
 // matmul-server: flags, signals and start-up. Everything else lives in
 // MatmulServer. Flags may be written with dashes or underscores
-// (--max-message-bytes or --max_message_bytes).
+// (--max-message-bytes or --max_message_bytes); common/command_line.h
+// parses them.
+//
+// Exit status: 0 after a clean shutdown (SIGTERM, SIGINT), --help or
+// --version; 1 when the server cannot start (a port in use, no CUDA device
+// for --engine=cuda); 2 for a usage error.
 #include <grpcpp/security/server_credentials.h>
 #include <signal.h>
 
@@ -20,6 +25,8 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/build_info.h"
+#include "common/command_line.h"
 #include "common/dtype.h"
 #include "common/grpc_args.h"
 #include "common/log.h"
@@ -101,38 +108,44 @@ ABSL_FLAG(absl::Duration, keepalive_timeout, absl::Seconds(20),
 
 namespace {
 
-// Every flag can also come from the environment as MATMUL_<NAME> (e.g.
-// MATMUL_ENGINE=cuda, MATMUL_MAX_MESSAGE_BYTES=...); the command line wins.
-constexpr const char* kEnvFlags[] = {"host",
-                                     "port",
-                                     "metrics_port",
-                                     "engine",
-                                     "streams_per_device",
-                                     "pinned_pool_bytes",
-                                     "max_message_bytes",
-                                     "max_inflight_bytes",
-                                     "max_elements_per_operand",
-                                     "drain_grace",
-                                     "drain_timeout",
-                                     "max_connection_age",
-                                     "max_connection_age_grace",
-                                     "keepalive_time",
-                                     "keepalive_timeout",
-                                     "batch_window_us",
-                                     "max_batch",
-                                     "inline_dispatch_max_bytes",
-                                     "completion_poll_us",
-                                     "unix_socket",
-                                     "tls_cert",
-                                     "tls_key",
-                                     "tls_client_ca",
-                                     "health_port",
-                                     "max_concurrent_streams",
-                                     "grpc_arg",
-                                     "max_stored_bytes_per_client",
-                                     "max_handles_per_client",
-                                     "default_handle_ttl",
-                                     "max_handle_ttl"};
+// --help's groups; every flag here can also come from the environment as
+// MATMUL_<NAME> (e.g. MATMUL_ENGINE=cuda, MATMUL_MAX_MESSAGE_BYTES=...); the
+// command line wins.
+const std::vector<matmul::FlagGroup>& ServerFlags() {
+  static const auto* groups = new std::vector<matmul::FlagGroup>{
+      {"Listening",
+       {"host=ADDRESS", "port", "unix_socket=PATH", "metrics_port",
+        "health_port"}},
+      {"TLS", {"tls_cert=FILE", "tls_key=FILE", "tls_client_ca=FILE"}},
+      {"Engine",
+       {"engine=auto|cuda|host", "streams_per_device", "pinned_pool_bytes",
+        "batch_window_us", "max_batch", "inline_dispatch_max_bytes",
+        "completion_poll_us"}},
+      {"Request limits",
+       {"max_message_bytes", "max_inflight_bytes", "max_elements_per_operand"}},
+      {"Stored tensors",
+       {"max_stored_bytes_per_client", "max_handles_per_client",
+        "default_handle_ttl", "max_handle_ttl"}},
+      {"Connections",
+       {"max_concurrent_streams", "max_connection_age",
+        "max_connection_age_grace", "keepalive_time", "keepalive_timeout",
+        "grpc_arg=NAME=INT,..."}},
+      {"Draining (SIGTERM)", {"drain_grace", "drain_timeout"}},
+  };
+  return *groups;
+}
+
+constexpr char kUsage[] =
+    "matmul-server: multiplies matrices for gRPC clients on GPUs (or the "
+    "CPU)\n"
+    "\n"
+    "usage: matmul-server [--flag=VALUE | --flag VALUE]...\n"
+    "\n"
+    "Flags are spelled with dashes (or underscores: --max_message_bytes).\n"
+    "Each can also come from the environment as MATMUL_<NAME>, e.g.\n"
+    "MATMUL_ENGINE=cuda or MATMUL_MAX_MESSAGE_BYTES=65536; the command line\n"
+    "wins. --version prints the version, commit and CUDA versions.\n"
+    "\n";
 
 // The contents of a file named by a flag.
 absl::StatusOr<std::string> ReadFile(const std::string& flag,
@@ -179,28 +192,19 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> TlsCredentials() {
   return grpc::SslServerCredentials(ssl);
 }
 
-// absl flags are spelled with underscores; accept the dashed spelling too.
-std::vector<char*> NormalizeFlagNames(int argc, char** argv,
-                                      std::vector<std::string>& storage) {
-  storage.assign(argv, argv + std::min(argc, 1));
-  for (const char* name : kEnvFlags) {
+// The MATMUL_<NAME> variables as --name=value arguments, then the command
+// line's (argv[1..]), so that the command line wins.
+std::vector<std::string> ArgsWithEnvironment(int argc, char** argv) {
+  std::vector<std::string> args;
+  for (const std::string& name : matmul::FlagsOf(ServerFlags())) {
     std::string env = absl::StrCat("MATMUL_", name);
     for (char& c : env) c = static_cast<char>(std::toupper(c));
     if (const char* value = std::getenv(env.c_str()); value != nullptr) {
-      storage.push_back(absl::StrCat("--", name, "=", value));
+      args.push_back(absl::StrCat("--", name, "=", value));
     }
   }
-  storage.insert(storage.end(), argv + std::min(argc, 1), argv + argc);
-  for (std::string& arg : storage) {
-    if (arg.rfind("--", 0) != 0 || arg == "--") continue;
-    const size_t end = std::min(arg.find('='), arg.size());
-    for (size_t i = 2; i < end; ++i) {
-      if (arg[i] == '-') arg[i] = '_';
-    }
-  }
-  std::vector<char*> out;
-  for (std::string& arg : storage) out.push_back(arg.data());
-  return out;
+  if (argc > 1) args.insert(args.end(), argv + 1, argv + argc);
+  return args;
 }
 
 std::string DescribeEngine(const matmul::Engine& engine) {
@@ -229,9 +233,31 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "matmul-server: multiplies matrices for gRPC clients on GPUs (or the "
       "CPU)");
-  std::vector<std::string> storage;
-  std::vector<char*> args = NormalizeFlagNames(argc, argv, storage);
-  absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
+  const std::vector<std::string> command_line(argv + std::min(argc, 1),
+                                              argv + argc);
+  for (const std::string& arg : command_line) {
+    // Abseil's own listing of every flag linked in, underscores and all.
+    if (arg == "--helpfull") absl::ParseCommandLine(argc, argv);
+  }
+  switch (matmul::FindInfoRequest(command_line)) {
+    case matmul::InfoRequest::kHelp:
+      std::fputs(absl::StrCat(kUsage, matmul::FlagsHelp(ServerFlags())).c_str(),
+                 stdout);
+      return 0;
+    case matmul::InfoRequest::kVersion:
+      std::fputs(matmul::VersionText("matmul-server").c_str(), stdout);
+      return 0;
+    case matmul::InfoRequest::kNone:
+      break;
+  }
+  matmul::FlagParseOptions parse;
+  parse.allowed = matmul::FlagsOf(ServerFlags());
+  parse.allow_repeats = true;  // the environment's, then the command line's
+  if (absl::StatusOr<matmul::ParsedFlags> parsed =
+          matmul::ParseFlags(ArgsWithEnvironment(argc, argv), parse);
+      !parsed.ok()) {
+    return matmul::UsageError("matmul-server", parsed.status().message());
+  }
 
   // SIGTERM and SIGINT are taken in one place (shutdown_signals.h), set up
   // before the server starts any thread.
@@ -321,12 +347,21 @@ int main(int argc, char** argv) {
   }
 
   matmul::LogLine(absl::StrCat("matmul-server ", matmul::ServerVersion(),
+                               " (commit ", matmul::GitCommit(), ")",
                                " starting on ", options.listen_address));
   absl::StatusOr<std::unique_ptr<matmul::MatmulServer>> server =
       matmul::MatmulServer::Start(
           options, [&engine_options] { return CreateEngine(engine_options); });
   if (!server.ok()) {
-    matmul::LogLine(absl::StrCat("error: ", server.status().ToString()));
+    if (*kind == matmul::EngineKind::kCuda && matmul::CudaEngineBuilt() &&
+        server.status().code() == absl::StatusCode::kFailedPrecondition) {
+      matmul::LogLine(
+          absl::StrCat("error: --engine=cuda: no CUDA device was found: ",
+                       server.status().message(),
+                       "; --engine=host or auto runs on the CPU"));
+    } else {
+      matmul::LogLine(absl::StrCat("error: ", server.status().ToString()));
+    }
     return 1;
   }
   matmul::LogLine(DescribeEngine((*server)->engine()));

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/build_info.h"
 #include "common/log.h"
 
 namespace matmul {
@@ -33,13 +34,7 @@ void SetHealth(grpc::Server& server, bool ready) {
 
 }  // namespace
 
-std::string ServerVersion() {
-#ifdef MATMUL_VERSION
-  return MATMUL_VERSION;
-#else
-  return "dev";
-#endif
-}
+std::string ServerVersion() { return std::string(ProjectVersion()); }
 
 MatmulServer::MatmulServer(const ServerOptions& options) : options_(options) {}
 
@@ -156,7 +151,12 @@ void MatmulServer::Shutdown() {
     if (shut_down_) return;
     shut_down_ = true;
   }
-  if (server_ != nullptr) {
+  if (server_ != nullptr && engine_ == nullptr) {
+    // Start failed (no engine): nothing was served, nothing to drain.
+    SetHealthEverywhere(/*ready=*/false);
+    service_->StartDraining();
+    server_->Shutdown(absl::ToChronoTime(absl::Now()));
+  } else if (server_ != nullptr) {
     SetHealthEverywhere(/*ready=*/false);
     if (options_.drain_grace > absl::ZeroDuration()) {
       LogLine(absl::StrCat("draining: NOT_SERVING for ",

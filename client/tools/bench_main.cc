@@ -4,13 +4,15 @@
 // (open loop). Prints a table on stdout, optionally writes JSON (--json) for
 // scripts/plot_bench.py. With --resident the operands (and products) stay on
 // the server, named by handles, so that the GPU rather than the wire is
-// measured. Flags are parsed by hand, as in matmul-cli: each is
-// `--flag value` or `--flag=value` (--resident also stands alone).
+// measured. The flags are Abseil flags, each `--flag value` or
+// `--flag=value` (dashes or underscores; --resident also stands alone),
+// parsed by common/command_line.h.
 //
-// Exit status: 0 when every point ran (errors, if any, are in the report);
-// 1 when the bench could not run (no server, a file it cannot write); 2 for
-// a usage error; 3 when --verify found a wrong answer; 130 when interrupted
-// (the points measured so far are still reported).
+// Exit status: 0 when every point ran (errors, if any, are in the report),
+// and for --help and --version; 1 when the bench could not run (no server,
+// a file it cannot write); 2 for a usage error (one line, `matmul-bench:
+// PROBLEM; see --help`); 3 when --verify found a wrong answer; 130 when
+// interrupted (the points measured so far are still reported).
 #include <signal.h>
 #include <unistd.h>
 
@@ -27,6 +29,9 @@
 #include <utility>
 #include <vector>
 
+#include "absl/flags/commandlineflag.h"
+#include "absl/flags/flag.h"
+#include "absl/flags/reflection.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
@@ -41,6 +46,32 @@
 #include "client/tools/bench_report.h"
 #include "client/tools/bench_workload.h"
 #include "client/tools/load_generator.h"
+#include "common/build_info.h"
+#include "common/command_line.h"
+
+// The values are checked by MakeConfig; the help texts are kUsage's.
+ABSL_FLAG(std::string, target, "", "");
+ABSL_FLAG(std::string, shape, "1024", "");
+ABSL_FLAG(std::string, dtype, "float32", "");
+ABSL_FLAG(std::string, compute, "strict", "");
+ABSL_FLAG(std::string, concurrency, "", "");
+ABSL_FLAG(std::string, rate, "", "");
+ABSL_FLAG(std::string, duration, "", "");
+ABSL_FLAG(std::string, requests, "", "");
+ABSL_FLAG(std::string, warmup, "", "");
+ABSL_FLAG(std::string, channels, "", "");
+ABSL_FLAG(std::string, timeout, "", "");
+ABSL_FLAG(std::string, distinct, "", "");
+ABSL_FLAG(std::string, seed, "", "");
+ABSL_FLAG(std::string, verify_every, "", "");
+ABSL_FLAG(std::string, json, "", "");
+ABSL_FLAG(std::string, label, "", "");
+ABSL_FLAG(std::string, client_id, "", "");
+ABSL_FLAG(std::string, grpc_arg, "", "");
+ABSL_FLAG(std::string, resident, "none", "");
+ABSL_FLAG(bool, verify, false, "");
+ABSL_FLAG(bool, progress, false, "");
+ABSL_FLAG(bool, protobuf_requests, false, "");
 
 namespace matmul {
 namespace {
@@ -111,6 +142,7 @@ p50/p90/p99/p99.9 of the successful requests, and errors by gRPC status code.
 
 Exit status: 0 all points ran; 1 could not run; 2 usage; 3 --verify found a
 wrong answer; 130 interrupted (Ctrl-C; a second one exits at once).
+--version prints the version, commit and CUDA versions of the build.
 )";
 
 constexpr int64_t kDistinctBytesBudget = int64_t{1} << 30;
@@ -135,14 +167,23 @@ void InstallSignalHandlers() {
   sigaction(SIGTERM, &action, nullptr);
 }
 
+// The flags a command line gave (with dashes): the values of those that
+// take one, and the switches that are on.
 struct Flags {
   std::map<std::string, std::string> values;
   std::set<std::string> switches;
 
   bool Has(const std::string& name) const { return values.count(name) > 0; }
-  std::string Get(const std::string& name, const std::string& fallback) const {
+  // The flag's value, or its default when it was not given.
+  std::string Get(const std::string& name) const {
     auto it = values.find(name);
-    return it == values.end() ? fallback : it->second;
+    if (it != values.end()) return it->second;
+    std::string flag = name;
+    for (char& c : flag) {
+      if (c == '-') c = '_';
+    }
+    const absl::CommandLineFlag* f = absl::FindCommandLineFlag(flag);
+    return f == nullptr ? "" : f->DefaultValue();
   }
 };
 
@@ -151,57 +192,51 @@ absl::StatusOr<Flags> ParseFlags(const std::vector<std::string>& args) {
       "target",  "shape",     "dtype",    "compute",      "concurrency",
       "rate",    "duration",  "requests", "warmup",       "channels",
       "timeout", "distinct",  "seed",     "verify-every", "json",
-      "label",   "client-id", "grpc-arg"};
+      "label",   "client-id", "grpc-arg", "resident"};
   static const std::set<std::string> kSwitches = {"verify", "progress",
                                                   "protobuf-requests"};
   // A switch that may take a value: --resident, --resident=operands, or
-  // --resident operands.
+  // --resident operands; given alone it is --resident=all.
   static const std::set<std::string> kResidentValues = {"none", "operands",
                                                         "all"};
-  Flags flags;
+  std::vector<std::string> normalized;
   for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& arg = args[i];
-    if (arg.size() < 3 || arg.compare(0, 2, "--") != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("unexpected argument \"", arg, "\""));
+    if (args[i] == "--") {
+      normalized.insert(normalized.end(), args.begin() + i, args.end());
+      break;
     }
-    std::string name = arg.substr(2);
-    std::optional<std::string> value;
-    if (const size_t eq = name.find('='); eq != std::string::npos) {
-      value = name.substr(eq + 1);
-      name.resize(eq);
-    }
-    if (flags.values.count(name) > 0 || flags.switches.count(name) > 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--", name, " is given more than once"));
-    }
-    if (name == "resident") {
-      if (!value.has_value()) {
-        value = "all";
-        if (i + 1 < args.size() && kResidentValues.count(args[i + 1]) > 0) {
-          value = args[++i];
-        }
-      }
-      flags.values[name] = *value;
-    } else if (kSwitches.count(name) > 0) {
-      if (value.has_value() && *value != "true" && *value != "1") {
-        if (*value == "false" || *value == "0") continue;
-        return absl::InvalidArgumentError(
-            absl::StrCat("--", name, " takes no value, or true/false; got \"",
-                         *value, "\""));
-      }
-      flags.switches.insert(name);
-    } else if (kValued.count(name) > 0) {
-      if (!value.has_value()) {
-        if (i + 1 == args.size()) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("--", name, " needs a value"));
-        }
-        value = args[++i];
-      }
-      flags.values[name] = *value;
+    if (args[i] != "--resident") {
+      normalized.push_back(args[i]);
+    } else if (i + 1 < args.size() && kResidentValues.count(args[i + 1]) > 0) {
+      normalized.push_back("--resident=" + args[++i]);
     } else {
-      return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name));
+      normalized.push_back("--resident=all");
+    }
+  }
+  auto underscored = [](std::string name) {
+    for (char& c : name) {
+      if (c == '-') c = '_';
+    }
+    return name;
+  };
+  FlagParseOptions options;
+  for (const auto* names : {&kValued, &kSwitches}) {
+    for (const std::string& name : *names) {
+      options.allowed.insert(underscored(name));
+    }
+  }
+  absl::StatusOr<ParsedFlags> parsed = matmul::ParseFlags(normalized, options);
+  if (!parsed.ok()) return parsed.status();
+  Flags flags;
+  for (const std::string& name : kValued) {
+    const std::string flag = underscored(name);
+    if (!parsed->Given(flag)) continue;
+    flags.values[name] = absl::FindCommandLineFlag(flag)->CurrentValue();
+  }
+  for (const std::string& name : kSwitches) {
+    if (absl::FindCommandLineFlag(underscored(name))->CurrentValue() ==
+        "true") {
+      flags.switches.insert(name);
     }
   }
   if (!flags.Has("target")) {
@@ -279,8 +314,7 @@ std::string HostName() {
 }
 
 int Usage(absl::string_view problem) {
-  absl::FPrintF(stderr, "matmul-bench: %s\n\n%s", problem, kUsage);
-  return 2;
+  return UsageError("matmul-bench", problem);
 }
 
 int Fail(absl::string_view message) {
@@ -318,14 +352,13 @@ absl::StatusOr<Config> MakeConfig(const Flags& flags) {
   Config c;
   c.target = flags.values.at("target");
   if (c.target.empty()) return absl::InvalidArgumentError("--target is empty");
-  absl::StatusOr<BenchShape> shape = ParseShape(flags.Get("shape", "1024"));
+  absl::StatusOr<BenchShape> shape = ParseShape(flags.Get("shape"));
   if (!shape.ok()) return shape.status();
   c.shape = *shape;
-  absl::StatusOr<DType> dtype = ParseDType(flags.Get("dtype", "float32"));
+  absl::StatusOr<DType> dtype = ParseDType(flags.Get("dtype"));
   if (!dtype.ok()) return dtype.status();
   c.dtype = *dtype;
-  absl::StatusOr<ComputeMode> compute =
-      ParseComputeMode(flags.Get("compute", "strict"));
+  absl::StatusOr<ComputeMode> compute = ParseComputeMode(flags.Get("compute"));
   if (!compute.ok()) return compute.status();
   c.compute = *compute;
   if (flags.Has("rate")) {
@@ -335,8 +368,9 @@ absl::StatusOr<Config> MakeConfig(const Flags& flags) {
     c.rates = *rates;
   }
   absl::StatusOr<std::vector<int>> concurrency = ParseIntList(
-      "concurrency",
-      flags.Get("concurrency", c.rates.empty() ? "1,4,16,64" : "64"));
+      "concurrency", flags.Has("concurrency") ? flags.values.at("concurrency")
+                     : c.rates.empty()        ? "1,4,16,64"
+                                              : "64");
   if (!concurrency.ok()) return concurrency.status();
   c.concurrency = *concurrency;
   if (flags.Has("duration") && flags.Has("requests")) {
@@ -379,11 +413,10 @@ absl::StatusOr<Config> MakeConfig(const Flags& flags) {
     }
     c.seed = seed;
   }
-  c.json_path = flags.Get("json", "");
-  c.label = flags.Get("label", "");
+  c.json_path = flags.Get("json");
+  c.label = flags.Get("label");
   c.progress = flags.switches.count("progress") > 0;
-  absl::StatusOr<Resident> resident =
-      ParseResident(flags.Get("resident", "none"));
+  absl::StatusOr<Resident> resident = ParseResident(flags.Get("resident"));
   if (!resident.ok()) return resident.status();
   c.resident = *resident;
   c.client_id = flags.Has("client-id")
@@ -393,7 +426,7 @@ absl::StatusOr<Config> MakeConfig(const Flags& flags) {
     return absl::InvalidArgumentError(
         absl::StrCat("--client-id: ", s.message()));
   }
-  absl::StatusOr<GrpcArgs> grpc_args = ParseGrpcArgs(flags.Get("grpc-arg", ""));
+  absl::StatusOr<GrpcArgs> grpc_args = ParseGrpcArgs(flags.Get("grpc-arg"));
   if (!grpc_args.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("--grpc-arg: ", grpc_args.status().message()));
@@ -480,12 +513,20 @@ void PrintProgress(int concurrency, double rate, const LoadProgress& p) {
 }
 
 int Main(int argc, char** argv) {
-  std::vector<std::string> args(argv + 1, argv + argc);
-  for (const std::string& arg : args) {
-    if (arg == "--help" || arg == "-h" || arg == "help") {
+  std::vector<std::string> args(argv + std::min(argc, 1), argv + argc);
+  switch (FindInfoRequest(args)) {
+    case InfoRequest::kHelp:
       std::fputs(kUsage, stdout);
       return 0;
-    }
+    case InfoRequest::kVersion:
+      std::fputs(VersionText("matmul-bench").c_str(), stdout);
+      return 0;
+    case InfoRequest::kNone:
+      break;
+  }
+  if (args.size() == 1 && args[0] == "help") {
+    std::fputs(kUsage, stdout);
+    return 0;
   }
   absl::StatusOr<Flags> flags = ParseFlags(args);
   if (!flags.ok()) return Usage(flags.status().message());

@@ -1,11 +1,13 @@
 // matmul-cli: multiplies two .npy files (or stored tensors) on a matmul
 // server, stores, fetches and frees tensors there, or describes the server.
-// Arguments are parsed by hand (no flag library) so that the tool has
-// exactly the flags below, each as `--flag value` or `--flag=value`.
+// The flags are Abseil flags, each written `--flag value` or `--flag=value`
+// (dashes or underscores); each command takes the ones its usage line shows
+// (common/command_line.h parses them).
 //
-// Exit status: 0 on success; 1 when a file, the data or the RPC fails (the
-// RPC's error is printed as `error: CODE_NAME: message`); 2 for a usage
-// error.
+// Exit status: 0 on success (and for --help, --version); 1 when a file, the
+// data or the RPC fails (the RPC's error is printed as `error: CODE_NAME:
+// message`); 2 for a usage error (one line: `matmul-cli: PROBLEM; see
+// --help`).
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -16,8 +18,12 @@
 #include <utility>
 #include <vector>
 
+#include "absl/flags/commandlineflag.h"
+#include "absl/flags/flag.h"
+#include "absl/flags/reflection.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -30,10 +36,70 @@
 #include "client/lib/matmul_client.h"
 #include "client/lib/tensor_proto.h"
 #include "client/tools/npy.h"
+#include "common/build_info.h"
+#include "common/command_line.h"
 #include "common/dtype.h"
+
+// Every command's flags; each command takes those of its usage line.
+ABSL_FLAG(std::string, target, "",
+          "The server: any gRPC target (127.0.0.1:50051, "
+          "dns:///matmul.example:50051, unix:/run/matmul.sock)");
+ABSL_FLAG(std::string, timeout, "",
+          "Deadline of the call, seconds (default: none)");
+ABSL_FLAG(std::string, client_id, "",
+          "Name the server charges stored tensors to, sent as x-matmul-client "
+          "metadata (default: this machine's address)");
+ABSL_FLAG(std::string, grpc_arg, "",
+          "Extra gRPC channel arguments, NAME=INT[,NAME=INT...]");
+ABSL_FLAG(std::string, a, "", "Operand A: a .npy file");
+ABSL_FLAG(std::string, b, "", "Operand B: a .npy file");
+ABSL_FLAG(std::string, a_handle, "", "Operand A: a stored tensor's id");
+ABSL_FLAG(std::string, b_handle, "", "Operand B: a stored tensor's id");
+ABSL_FLAG(std::string, out, "", "Where to write the product (.npy)");
+ABSL_FLAG(bool, keep, false,
+          "Keep the product on the server and print its line (not with "
+          "--out)");
+ABSL_FLAG(std::string, ttl, "",
+          "Lifetime of a stored tensor, whole seconds (default: the "
+          "server's)");
+ABSL_FLAG(std::string, handle, "", "A stored tensor's id");
+ABSL_FLAG(std::string, device, "",
+          "Device to store on (see info; default: the least loaded)");
+ABSL_FLAG(bool, transpose_a, false,
+          "Multiply by A with its last two axes swapped");
+ABSL_FLAG(bool, transpose_b, false,
+          "Multiply by B with its last two axes swapped");
+ABSL_FLAG(std::string, compute, "strict",
+          "strict, or tf32 (float32 inputs may be rounded to TF32)");
+ABSL_FLAG(std::string, dtype, "auto",
+          "auto (the inputs' dtype), float32, float64, float16 or bfloat16: "
+          "convert the .npy inputs (floating-point or integer) to it");
+ABSL_FLAG(std::string, bf16_out, "float32",
+          "A bfloat16 product written as float32, or as raw uint16 bits");
+ABSL_FLAG(bool, stream, false,
+          "Send the multiply over MultiplyStream, in chunks: no message size "
+          "bounds the operands or the product");
+ABSL_FLAG(std::string, chunk_mib, "4",
+          "--stream's chunk size, MiB (1 to 1024)");
 
 namespace matmul {
 namespace {
+
+const std::vector<FlagGroup>& CliFlags() {
+  static const auto* groups = new std::vector<FlagGroup>{
+      {"Server",
+       {"target=HOST:PORT", "timeout=SECONDS", "client_id=NAME",
+        "grpc_arg=NAME=INT,..."}},
+      {"Operands and product",
+       {"a=A.npy", "b=B.npy", "a_handle=ID", "b_handle=ID", "out=C.npy", "keep",
+        "ttl=SECONDS", "handle=ID", "device=N"}},
+      {"Computation",
+       {"transpose_a", "transpose_b", "compute=strict|tf32", "dtype=DTYPE",
+        "bf16_out=float32|bits"}},
+      {"Streaming", {"stream", "chunk_mib=N"}},
+  };
+  return *groups;
+}
 
 constexpr char kUsage[] =
     R"(usage:
@@ -51,7 +117,7 @@ constexpr char kUsage[] =
              [--bf16-out float32|bits] [--timeout SECONDS]
   matmul-cli delete --target HOST:PORT --handle ID [--timeout SECONDS]
   matmul-cli info --target HOST:PORT [--timeout SECONDS]
-  matmul-cli help
+  matmul-cli help | --help | --version
 
 multiply computes C = op(A) . op(B) as numpy.matmul does, for 2-D
 [rows, cols] and 3-D [batch, rows, cols] operands (a 2-D operand, or a 3-D
@@ -72,11 +138,12 @@ server's; see info). The server charges stored tensors to --client-id
 --dtype auto (the default) computes in the inputs' dtype (float32, float64
 or float16; both must agree). Any other --dtype converts the .npy inputs to
 it first, rounding to nearest even (a stored operand keeps its dtype, which
-the other operand must have). NumPy has no bfloat16, so with --dtype
-bfloat16 float .npy inputs are rounded to bfloat16, uint16 ('<u2') inputs
-are taken as raw bfloat16 bits, and a bfloat16 result (or download) is
-written as float32 (exact) or, with --bf16-out bits, as raw bits in a
-'<u2' .npy.
+the other operand must have); integer inputs (int8..int64, uint8..uint64,
+what numpy.arange makes) are read only so. bool and complex inputs are
+refused. NumPy has no bfloat16, so with --dtype bfloat16 float and integer
+.npy inputs are rounded to bfloat16, uint16 ('<u2') inputs are taken as raw
+bfloat16 bits, and a bfloat16 result (or download) is written as float32
+(exact) or, with --bf16-out bits, as raw bits in a '<u2' .npy.
 
 --stream sends the multiply over MultiplyStream: operands and product travel
 in chunks of --chunk-mib MiB (default 4), so no message size bounds them
@@ -84,74 +151,63 @@ in chunks of --chunk-mib MiB (default 4), so no message size bounds them
 chunk to the GPU while the next one is on the wire.
 )";
 
-// A command's flags: those that take a value and the boolean switches.
+// A command's flags (with dashes): those that take a value and the boolean
+// switches.
 struct FlagSpec {
   std::set<std::string> valued;
   std::set<std::string> switches;
   std::set<std::string> required;
 };
 
-struct ParsedFlags {
+// The flags a command line gave (with dashes): the values of those that
+// take one, and the switches that are on.
+struct Args {
   std::map<std::string, std::string> values;
   std::set<std::string> switches_on;
 
-  std::string Get(const std::string& name, const std::string& fallback) const {
-    auto it = values.find(name);
-    return it == values.end() ? fallback : it->second;
+  // The flag's value, or its default when it was not given.
+  std::string Get(const std::string& name) const {
+    if (auto it = values.find(name); it != values.end()) return it->second;
+    std::string flag = name;
+    for (char& c : flag) {
+      if (c == '-') c = '_';
+    }
+    const absl::CommandLineFlag* f = absl::FindCommandLineFlag(flag);
+    return f == nullptr ? "" : f->DefaultValue();
   }
 };
 
 std::string Name(DType dtype) { return std::string(DTypeName(dtype)); }
 
-absl::StatusOr<bool> ParseBool(const std::string& flag,
-                               const std::string& text) {
-  if (text == "true" || text == "1" || text == "yes") return true;
-  if (text == "false" || text == "0" || text == "no") return false;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "--", flag, " takes no value, or true/false; got \"", text, "\""));
+std::string Underscored(std::string name) {
+  for (char& c : name) {
+    if (c == '-') c = '_';
+  }
+  return name;
 }
 
-// Parses argv[first..] against `spec`; the error message names the problem.
-absl::StatusOr<ParsedFlags> ParseFlags(const std::vector<std::string>& args,
-                                       const FlagSpec& spec) {
-  ParsedFlags flags;
-  std::set<std::string> seen;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& arg = args[i];
-    if (arg.size() < 3 || arg.compare(0, 2, "--") != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("unexpected argument \"", arg, "\""));
+// Parses a command's arguments (after the command) against `spec`; the
+// error message names the problem.
+absl::StatusOr<Args> ParseArgs(const std::vector<std::string>& args,
+                               const FlagSpec& spec) {
+  FlagParseOptions options;
+  for (const auto* names : {&spec.valued, &spec.switches}) {
+    for (const std::string& name : *names) {
+      options.allowed.insert(Underscored(name));
     }
-    std::string name = arg.substr(2);
-    std::optional<std::string> value;
-    if (const size_t eq = name.find('='); eq != std::string::npos) {
-      value = name.substr(eq + 1);
-      name.resize(eq);
-    }
-    if (!seen.insert(name).second) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--", name, " is given more than once"));
-    }
-    if (spec.switches.count(name) > 0) {
-      bool on = true;
-      if (value.has_value()) {
-        absl::StatusOr<bool> parsed = ParseBool(name, *value);
-        if (!parsed.ok()) return parsed.status();
-        on = *parsed;
-      }
-      if (on) flags.switches_on.insert(name);
-    } else if (spec.valued.count(name) > 0) {
-      if (!value.has_value()) {
-        if (i + 1 == args.size()) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("--", name, " needs a value"));
-        }
-        value = args[++i];
-      }
-      flags.values[name] = *value;
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name));
-    }
+  }
+  absl::StatusOr<ParsedFlags> parsed = ParseFlags(args, options);
+  if (!parsed.ok()) return parsed.status();
+  Args flags;
+  for (const std::string& name : spec.valued) {
+    const std::string flag = Underscored(name);
+    if (!parsed->Given(flag)) continue;
+    flags.values[name] = absl::FindCommandLineFlag(flag)->CurrentValue();
+  }
+  for (const std::string& name : spec.switches) {
+    const absl::CommandLineFlag* flag =
+        absl::FindCommandLineFlag(Underscored(name));
+    if (flag->CurrentValue() == "true") flags.switches_on.insert(name);
   }
   for (const std::string& name : spec.required) {
     if (flags.values.count(name) == 0) {
@@ -169,8 +225,7 @@ absl::StatusOr<ParsedFlags> ParseFlags(const std::vector<std::string>& args,
 }
 
 int Usage(absl::string_view problem) {
-  absl::FPrintF(stderr, "matmul-cli: %s\n\n%s", problem, kUsage);
-  return 2;
+  return UsageError("matmul-cli", problem);
 }
 
 // An error that is not about the command line.
@@ -186,7 +241,7 @@ int FailRpc(const absl::Status& status) {
   return 1;
 }
 
-absl::StatusOr<absl::Duration> ParseTimeout(const ParsedFlags& flags) {
+absl::StatusOr<absl::Duration> ParseTimeout(const Args& flags) {
   auto it = flags.values.find("timeout");
   if (it == flags.values.end()) return absl::InfiniteDuration();
   double seconds = 0;
@@ -222,7 +277,9 @@ std::string ProtoDtypeName(int dtype) {
 absl::StatusOr<HostTensor> LoadOperand(const std::string& flag,
                                        const std::string& path,
                                        std::optional<DType> dtype) {
-  absl::StatusOr<NpyArray> array = ReadNpy(path);
+  NpyReadOptions read;
+  read.integers_as = dtype;
+  absl::StatusOr<NpyArray> array = ReadNpy(path, read);
   if (!array.ok()) {
     return absl::Status(
         array.status().code(),
@@ -232,7 +289,8 @@ absl::StatusOr<HostTensor> LoadOperand(const std::string& flag,
     return absl::InvalidArgumentError(absl::StrCat(
         "--", flag, " ", path,
         " holds uint16 values, which matmul-cli takes as raw bfloat16 bits "
-        "only with --dtype bfloat16"));
+        "only with --dtype bfloat16 (and as integers with --dtype float32, "
+        "float64 or float16)"));
   }
   if (!dtype.has_value() || array->tensor.dtype == *dtype) {
     return std::move(array->tensor);
@@ -241,8 +299,8 @@ absl::StatusOr<HostTensor> LoadOperand(const std::string& flag,
 }
 
 // --dtype: nullopt for auto.
-absl::StatusOr<std::optional<DType>> ParseDtypeFlag(const ParsedFlags& flags) {
-  const std::string text = flags.Get("dtype", "auto");
+absl::StatusOr<std::optional<DType>> ParseDtypeFlag(const Args& flags) {
+  const std::string text = flags.Get("dtype");
   if (text == "auto") return std::nullopt;
   if (text == "float32") return DType::kFloat32;
   if (text == "float64") return DType::kFloat64;
@@ -254,8 +312,8 @@ absl::StatusOr<std::optional<DType>> ParseDtypeFlag(const ParsedFlags& flags) {
 }
 
 // --bf16-out: true for raw bits.
-absl::StatusOr<bool> ParseBf16Out(const ParsedFlags& flags) {
-  const std::string text = flags.Get("bf16-out", "float32");
+absl::StatusOr<bool> ParseBf16Out(const Args& flags) {
+  const std::string text = flags.Get("bf16-out");
   if (text != "float32" && text != "bits") {
     return absl::InvalidArgumentError(
         absl::StrCat("--bf16-out takes float32 or bits, got \"", text, "\""));
@@ -264,7 +322,7 @@ absl::StatusOr<bool> ParseBf16Out(const ParsedFlags& flags) {
 }
 
 // --ttl: zero (the server's default) when absent.
-absl::StatusOr<absl::Duration> ParseTtl(const ParsedFlags& flags) {
+absl::StatusOr<absl::Duration> ParseTtl(const Args& flags) {
   auto it = flags.values.find("ttl");
   if (it == flags.values.end()) return absl::ZeroDuration();
   int64_t seconds = 0;
@@ -277,11 +335,10 @@ absl::StatusOr<absl::Duration> ParseTtl(const ParsedFlags& flags) {
 }
 
 // The client for --target (and --client-id), or the error to print.
-absl::StatusOr<std::unique_ptr<MatmulClient>> ClientFor(
-    const ParsedFlags& flags) {
+absl::StatusOr<std::unique_ptr<MatmulClient>> ClientFor(const Args& flags) {
   ClientOptions options;
-  options.client_id = flags.Get("client-id", "");
-  absl::StatusOr<GrpcArgs> grpc_args = ParseGrpcArgs(flags.Get("grpc-arg", ""));
+  options.client_id = flags.Get("client-id");
+  absl::StatusOr<GrpcArgs> grpc_args = ParseGrpcArgs(flags.Get("grpc-arg"));
   if (!grpc_args.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("--grpc-arg: ", grpc_args.status().message()));
@@ -326,6 +383,32 @@ absl::StatusOr<std::string> WriteResult(const std::string& path,
   return written_as;
 }
 
+// The largest message gRPC (and protobuf) can carry.
+constexpr int64_t kMaxGrpcMessageBytes = 2147483647;
+
+// A unary multiply the server refused for a message's size, with what to do
+// about it: "request is over N bytes; use --stream", N the server's limit
+// (GetServerInfo.limits). Any other error is returned as it is.
+absl::Status WithStreamHint(MatmulClient& client, int64_t request_bytes,
+                            bool keep, const absl::Status& status) {
+  if (status.code() != absl::StatusCode::kResourceExhausted) return status;
+  // The server's own check of the product's size (request_validation.cc).
+  if (absl::StrContains(status.message(), "max message size") && !keep) {
+    return absl::Status(status.code(),
+                        absl::StrCat(status.message(), "; use --stream"));
+  }
+  absl::StatusOr<v1::GetServerInfoResponse> info =
+      client.GetServerInfo(absl::Seconds(10));
+  if (!info.ok()) return status;
+  const int64_t limit = info->limits().max_message_bytes();
+  if (limit <= 0 || request_bytes <= limit) return status;
+  return absl::Status(
+      status.code(),
+      absl::StrCat("request is over ", limit, " bytes; use --stream (it is ",
+                   request_bytes, " bytes; ", limit,
+                   " is the server's message limit)"));
+}
+
 int RunMultiply(const std::vector<std::string>& args) {
   FlagSpec spec;
   spec.valued = {"target", "a",         "b",         "a-handle", "b-handle",
@@ -333,7 +416,7 @@ int RunMultiply(const std::vector<std::string>& args) {
                  "ttl",    "client-id", "chunk-mib", "grpc-arg"};
   spec.switches = {"transpose-a", "transpose-b", "keep", "stream"};
   spec.required = {"target"};
-  absl::StatusOr<ParsedFlags> flags = ParseFlags(args, spec);
+  absl::StatusOr<Args> flags = ParseArgs(args, spec);
   if (!flags.ok()) return Usage(flags.status().message());
   const auto has = [&](const char* name) {
     return flags->values.count(name) > 0;
@@ -357,18 +440,17 @@ int RunMultiply(const std::vector<std::string>& args) {
   if (!stream && has("chunk-mib")) {
     return Usage("--chunk-mib applies only with --stream");
   }
-  int64_t chunk_mib = 4;
-  if (has("chunk-mib") &&
-      (!absl::SimpleAtoi(flags->values.at("chunk-mib"), &chunk_mib) ||
-       chunk_mib < 1 || chunk_mib > 1024)) {
+  int64_t chunk_mib = 0;
+  if (!absl::SimpleAtoi(flags->Get("chunk-mib"), &chunk_mib) || chunk_mib < 1 ||
+      chunk_mib > 1024) {
     return Usage(absl::StrCat("--chunk-mib takes 1 to 1024, got \"",
-                              flags->values.at("chunk-mib"), "\""));
+                              flags->Get("chunk-mib"), "\""));
   }
 
   MultiplyOptions options;
   options.transpose_a = flags->switches_on.count("transpose-a") > 0;
   options.transpose_b = flags->switches_on.count("transpose-b") > 0;
-  const std::string compute = flags->Get("compute", "strict");
+  const std::string compute = flags->Get("compute");
   if (compute == "strict") {
     options.compute = ComputeMode::kStrict;
   } else if (compute == "tf32") {
@@ -472,10 +554,20 @@ int RunMultiply(const std::vector<std::string>& args) {
                  absl::ToDoubleMilliseconds(elapsed), chunk_mib);
     return 0;
   }
+  const int64_t request_bytes = static_cast<int64_t>(request.ByteSizeLong());
+  if (request_bytes > kMaxGrpcMessageBytes) {
+    return FailRpc(absl::ResourceExhaustedError(
+        absl::StrCat("request is over ", kMaxGrpcMessageBytes,
+                     " bytes; use --stream (it is ", request_bytes,
+                     " bytes, over gRPC's largest message)")));
+  }
   absl::StatusOr<v1::MultiplyResponse> response =
       (*client)->MultiplyRaw(request, options);
   const absl::Duration elapsed = absl::Now() - start;
-  if (!response.ok()) return FailRpc(response.status());
+  if (!response.ok()) {
+    return FailRpc(
+        WithStreamHint(**client, request_bytes, keep, response.status()));
+  }
 
   const v1::Placement placement = response->placement();
   const std::string where = placement.device() < 0
@@ -521,7 +613,7 @@ int RunUpload(const std::vector<std::string>& args) {
   spec.valued = {"target", "a",       "device",   "ttl",
                  "dtype",  "timeout", "client-id"};
   spec.required = {"target", "a"};
-  absl::StatusOr<ParsedFlags> flags = ParseFlags(args, spec);
+  absl::StatusOr<Args> flags = ParseArgs(args, spec);
   if (!flags.ok()) return Usage(flags.status().message());
   UploadOptions options;
   absl::StatusOr<absl::Duration> timeout = ParseTimeout(*flags);
@@ -562,7 +654,7 @@ int RunDownload(const std::vector<std::string>& args) {
   FlagSpec spec;
   spec.valued = {"target", "handle", "out", "bf16-out", "timeout"};
   spec.required = {"target", "handle", "out"};
-  absl::StatusOr<ParsedFlags> flags = ParseFlags(args, spec);
+  absl::StatusOr<Args> flags = ParseArgs(args, spec);
   if (!flags.ok()) return Usage(flags.status().message());
   absl::StatusOr<absl::Duration> timeout = ParseTimeout(*flags);
   if (!timeout.ok()) return Usage(timeout.status().message());
@@ -587,7 +679,7 @@ int RunDelete(const std::vector<std::string>& args) {
   FlagSpec spec;
   spec.valued = {"target", "handle", "timeout"};
   spec.required = {"target", "handle"};
-  absl::StatusOr<ParsedFlags> flags = ParseFlags(args, spec);
+  absl::StatusOr<Args> flags = ParseArgs(args, spec);
   if (!flags.ok()) return Usage(flags.status().message());
   absl::StatusOr<absl::Duration> timeout = ParseTimeout(*flags);
   if (!timeout.ok()) return Usage(timeout.status().message());
@@ -606,7 +698,7 @@ int RunInfo(const std::vector<std::string>& args) {
   FlagSpec spec;
   spec.valued = {"target", "timeout"};
   spec.required = {"target"};
-  absl::StatusOr<ParsedFlags> flags = ParseFlags(args, spec);
+  absl::StatusOr<Args> flags = ParseArgs(args, spec);
   if (!flags.ok()) return Usage(flags.status().message());
   absl::StatusOr<absl::Duration> timeout = ParseTimeout(*flags);
   if (!timeout.ok()) return Usage(timeout.status().message());
@@ -669,22 +761,35 @@ int RunInfo(const std::vector<std::string>& args) {
 }
 
 int Main(int argc, char** argv) {
-  if (argc < 2) return Usage("no command given");
-  const std::string command = argv[1];
-  std::vector<std::string> args(argv + 2, argv + argc);
-  for (const std::string& arg : args) {
-    if (arg == "--help" || arg == "-h") {
-      std::fputs(kUsage, stdout);
+  const std::vector<std::string> all(argv + std::min(argc, 1), argv + argc);
+  switch (FindInfoRequest(all)) {
+    case InfoRequest::kHelp:
+      std::fputs(
+          absl::StrCat(kUsage, "\nflags (--flag VALUE or --flag=VALUE):\n\n",
+                       FlagsHelp(CliFlags()))
+              .c_str(),
+          stdout);
       return 0;
-    }
+    case InfoRequest::kVersion:
+      std::fputs(VersionText("matmul-cli").c_str(), stdout);
+      return 0;
+    case InfoRequest::kNone:
+      break;
   }
+  if (all.empty()) return Usage("no command given");
+  const std::string& command = all[0];
+  const std::vector<std::string> args(all.begin() + 1, all.end());
   if (command == "multiply") return RunMultiply(args);
   if (command == "upload") return RunUpload(args);
   if (command == "download") return RunDownload(args);
   if (command == "delete") return RunDelete(args);
   if (command == "info") return RunInfo(args);
-  if (command == "help" || command == "--help" || command == "-h") {
-    std::fputs(kUsage, stdout);
+  if (command == "help") {
+    std::fputs(
+        absl::StrCat(kUsage, "\nflags (--flag VALUE or --flag=VALUE):\n\n",
+                     FlagsHelp(CliFlags()))
+            .c_str(),
+        stdout);
     return 0;
   }
   return Usage(absl::StrCat("unknown command \"", command, "\""));

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "client/lib/dtype_conversion.h"
 #include "common/status_macros.h"
 
 // Elements are kept little-endian in memory and parsed with memcpy; the
@@ -237,14 +238,23 @@ struct Descr {
   DType dtype = DType::kFloat32;
   bool raw_uint16 = false;
   bool byte_swap = false;  // stored big-endian
+  // Integers ('i1'..'i8', 'u1'..'u8'; 'u2' also sets raw_uint16): their
+  // size in bytes, else 0.
+  size_t int_size = 0;
+  bool int_signed = false;
 };
+
+// NumPy's name of an integer descr: "int64", "uint8".
+std::string IntegerName(const Descr& d) {
+  return absl::StrCat(d.int_signed ? "int" : "uint", 8 * d.int_size);
+}
 
 absl::StatusOr<Descr> ParseDescr(const PyValue& value) {
   if (value.kind != PyValue::Kind::kString) {
     return absl::InvalidArgumentError(absl::StrCat(
         "unsupported dtype ", value.source,
-        ": only plain float32, float64, float16 and uint16 arrays are "
-        "supported, not structured ones"));
+        ": only plain floating-point and integer arrays are supported, not "
+        "structured ones"));
   }
   absl::string_view s = value.text;
   Descr descr;
@@ -262,15 +272,29 @@ absl::StatusOr<Descr> ParseDescr(const PyValue& value) {
     descr.dtype = DType::kFloat64;
   } else if (s == "f2") {
     descr.dtype = DType::kFloat16;
-  } else if (s == "u2") {
+  } else if (s.size() == 2 && (s[0] == 'i' || s[0] == 'u') &&
+             (s[1] == '1' || s[1] == '2' || s[1] == '4' || s[1] == '8')) {
+    descr.int_size = static_cast<size_t>(s[1] - '0');
+    descr.int_signed = s[0] == 'i';
+    // uint16: raw bfloat16 bits, unless the caller converts integers.
+    descr.raw_uint16 = s == "u2";
     descr.dtype = DType::kBFloat16;
-    descr.raw_uint16 = true;
+  } else if (s == "b1" || s == "?") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unsupported dtype '", absl::CHexEscape(value.text),
+        "' (bool): matmul multiplies numbers; convert the array first, e.g. "
+        "a.astype(numpy.float32)"));
+  } else if (!s.empty() && s[0] == 'c') {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unsupported dtype '", absl::CHexEscape(value.text),
+                     "' (complex): matmul multiplies real matrices only"));
   } else {
     return absl::InvalidArgumentError(absl::StrCat(
         "unsupported dtype '", absl::CHexEscape(value.text),
-        "': supported are '<f4' (float32), '<f8' (float64), '<f2' (float16) "
-        "and '<u2' (uint16, taken as raw bfloat16 bits), in either byte "
-        "order"));
+        "': supported are '<f4' (float32), '<f8' (float64), '<f2' (float16), "
+        "'<u2' (uint16, taken as raw bfloat16 bits) and, converted to a "
+        "float dtype, the integers '<i1'..'<i8' and '<u1'..'<u8', in either "
+        "byte order"));
   }
   return descr;
 }
@@ -415,6 +439,8 @@ std::string FortranToCTyped(const std::string& src,
 std::string FortranToC(const std::string& src,
                        const std::vector<int64_t>& shape, size_t item_size) {
   switch (item_size) {
+    case 1:
+      return FortranToCTyped<1>(src, shape);
     case 2:
       return FortranToCTyped<2>(src, shape);
     case 4:
@@ -459,9 +485,70 @@ struct FileCloser {
 };
 using FilePtr = std::unique_ptr<std::FILE, FileCloser>;
 
+// `n` little-endian integers of type I at `in` as `to`, rounded to nearest
+// even as NumPy's astype does (through float64 for float16 and bfloat16:
+// exact for magnitudes below 2^53).
+template <typename I>
+void IntegersTo(const char* in, size_t n, DType to, char* out) {
+  for (size_t i = 0; i < n; ++i) {
+    I v;
+    std::memcpy(&v, in + i * sizeof(I), sizeof(I));
+    switch (to) {
+      case DType::kFloat32: {
+        const float f = static_cast<float>(v);
+        std::memcpy(out + 4 * i, &f, 4);
+        break;
+      }
+      case DType::kFloat64: {
+        const double d = static_cast<double>(v);
+        std::memcpy(out + 8 * i, &d, 8);
+        break;
+      }
+      case DType::kFloat16: {
+        const uint16_t h = DoubleToHalf(static_cast<double>(v));
+        std::memcpy(out + 2 * i, &h, 2);
+        break;
+      }
+      case DType::kBFloat16: {
+        const uint16_t h = DoubleToBFloat16(static_cast<double>(v));
+        std::memcpy(out + 2 * i, &h, 2);
+        break;
+      }
+    }
+  }
+}
+
+std::string ConvertIntegers(const std::string& data, const Descr& descr,
+                            DType to) {
+  const size_t n = data.size() / descr.int_size;
+  std::string out(n * DTypeSize(to), '\0');
+  const char* in = data.data();
+  char* dst = out.data();
+  switch (descr.int_size) {
+    case 1:
+      descr.int_signed ? IntegersTo<int8_t>(in, n, to, dst)
+                       : IntegersTo<uint8_t>(in, n, to, dst);
+      break;
+    case 2:
+      descr.int_signed ? IntegersTo<int16_t>(in, n, to, dst)
+                       : IntegersTo<uint16_t>(in, n, to, dst);
+      break;
+    case 4:
+      descr.int_signed ? IntegersTo<int32_t>(in, n, to, dst)
+                       : IntegersTo<uint32_t>(in, n, to, dst);
+      break;
+    default:
+      descr.int_signed ? IntegersTo<int64_t>(in, n, to, dst)
+                       : IntegersTo<uint64_t>(in, n, to, dst);
+      break;
+  }
+  return out;
+}
+
 }  // namespace
 
-absl::StatusOr<NpyArray> ParseNpy(std::string bytes) {
+absl::StatusOr<NpyArray> ParseNpy(std::string bytes,
+                                  const NpyReadOptions& options) {
   const absl::string_view view(bytes);
   if (view.substr(0, kMagic.size()) != kMagic.substr(0, view.size()) ||
       view.empty()) {
@@ -501,12 +588,33 @@ absl::StatusOr<NpyArray> ParseNpy(std::string bytes) {
   ASSIGN_OR_RETURN(Header header,
                    ParseHeader(view.substr(prefix, header_length)));
 
+  Descr& descr = header.descr;
+  // Integers other than uint16 (raw bfloat16 bits by convention) are read
+  // only to be converted; uint16 too when a dtype other than bfloat16 is
+  // asked for.
+  const bool convert_integers =
+      descr.int_size > 0 &&
+      (!descr.raw_uint16 || (options.integers_as.has_value() &&
+                             *options.integers_as != DType::kBFloat16));
+  if (convert_integers && !options.integers_as.has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dtype '", absl::CHexEscape(descr.text), "' (", IntegerName(descr),
+        ") is read only when converted to a float dtype (matmul-cli: "
+        "--dtype float32, float64, float16 or bfloat16)"));
+  }
   NpyArray array;
-  array.raw_uint16 = header.descr.raw_uint16;
+  array.raw_uint16 = descr.raw_uint16 && !convert_integers;
   HostTensor& t = array.tensor;
-  t.dtype = header.descr.dtype;
+  t.dtype = descr.dtype;
   t.shape = std::move(header.shape);
-  ASSIGN_OR_RETURN(const int64_t expected, NumBytes(t.shape, t.dtype));
+  // Integers: counted as float64 (8 bytes, the widest) for the overflow
+  // check, then at their own size.
+  ASSIGN_OR_RETURN(
+      int64_t expected,
+      NumBytes(t.shape, convert_integers ? DType::kFloat64 : t.dtype));
+  if (convert_integers) {
+    expected = expected / 8 * static_cast<int64_t>(descr.int_size);
+  }
   const size_t found = view.size() - prefix - header_length;
   if (static_cast<uint64_t>(expected) != found) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -516,15 +624,21 @@ absl::StatusOr<NpyArray> ParseNpy(std::string bytes) {
   }
   bytes.erase(0, prefix + header_length);
   t.data = std::move(bytes);
-  const size_t item_size = DTypeSize(t.dtype);
-  if (header.descr.byte_swap) ByteSwap(t.data, item_size);
+  const size_t item_size =
+      convert_integers ? descr.int_size : DTypeSize(t.dtype);
+  if (descr.byte_swap) ByteSwap(t.data, item_size);
   if (header.fortran_order && t.shape.size() > 1) {
     t.data = FortranToC(t.data, t.shape, item_size);
+  }
+  if (convert_integers) {
+    t.dtype = *options.integers_as;
+    t.data = ConvertIntegers(t.data, descr, t.dtype);
   }
   return array;
 }
 
-absl::StatusOr<NpyArray> ReadNpy(const std::string& path) {
+absl::StatusOr<NpyArray> ReadNpy(const std::string& path,
+                                 const NpyReadOptions& options) {
   FilePtr file(std::fopen(path.c_str(), "rb"));
   if (file == nullptr) return absl::ErrnoToStatus(errno, path);
   struct stat info;
@@ -549,7 +663,7 @@ absl::StatusOr<NpyArray> ReadNpy(const std::string& path) {
   if (std::ferror(file.get())) {
     return absl::ErrnoToStatus(errno, absl::StrCat(path, ": read failed"));
   }
-  absl::StatusOr<NpyArray> array = ParseNpy(std::move(bytes));
+  absl::StatusOr<NpyArray> array = ParseNpy(std::move(bytes), options);
   if (!array.ok()) return WithPath(path, array.status());
   return array;
 }

@@ -8,6 +8,9 @@
 // raw bfloat16 bits, NumPy having no bfloat16), in either byte order ('<',
 // '>', and '=' or '|' for the host's); any rank; fortran_order True is
 // converted to C order. The result is always little-endian, row-major.
+// Integer arrays (int8..int64 'i1'..'i8', uint8..uint64 'u1'..'u8', what
+// numpy.arange makes) are read only when NpyReadOptions::integers_as names
+// a float dtype to convert them to; bool and complex ones never.
 //
 // Write: always '<' and C order; version 1.0, or 2.0 when the header does
 // not fit 1.0's 16-bit length. The bytes match what numpy.save writes for the
@@ -21,11 +24,13 @@
 #ifndef MATMUL_CLIENT_TOOLS_NPY_H_
 #define MATMUL_CLIENT_TOOLS_NPY_H_
 
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "client/lib/host_tensor.h"
+#include "common/dtype.h"
 
 namespace matmul {
 
@@ -41,12 +46,23 @@ struct NpyArray {
   bool raw_uint16 = false;
 };
 
+struct NpyReadOptions {
+  // Integer arrays are converted to this dtype, each element rounded to
+  // nearest even as numpy's astype does (exact below 2^24 for float32, 2^53
+  // for float64; beyond float16's range, infinity). uint16 arrays stay raw
+  // bfloat16 bits (raw_uint16) when this is unset or kBFloat16. Unset: other
+  // integer arrays are INVALID_ARGUMENT.
+  std::optional<DType> integers_as;
+};
+
 // Parses a whole .npy file held in memory. Takes the bytes by value so that
 // a caller who moves them in has the payload reused in place, not copied.
-absl::StatusOr<NpyArray> ParseNpy(std::string bytes);
+absl::StatusOr<NpyArray> ParseNpy(std::string bytes,
+                                  const NpyReadOptions& options = {});
 
 // Reads and parses the file at `path`; errors are prefixed with the path.
-absl::StatusOr<NpyArray> ReadNpy(const std::string& path);
+absl::StatusOr<NpyArray> ReadNpy(const std::string& path,
+                                 const NpyReadOptions& options = {});
 
 // The .npy bytes for `tensor`: dtype float32/float64/float16 as '<f4',
 // '<f8', '<f2'; bfloat16 as its raw bits, '<u2'. INVALID_ARGUMENT if the

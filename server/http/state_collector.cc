@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/build_info.h"
 #include "common/dtype.h"
 #include "server/rpc/matmul_service.h"
 
@@ -41,13 +42,7 @@ void AddGauge(MetricFamily& family, std::vector<ClientMetric::Label> labels,
 
 }  // namespace
 
-std::string BuildCudaVersion() {
-#ifdef MATMUL_CUDA_VERSION
-  return MATMUL_CUDA_VERSION;
-#else
-  return "none";
-#endif
-}
+std::string BuildCudaVersion() { return std::string(CudaVersion()); }
 
 std::vector<MetricFamily> EngineFamilies(const EngineStats& stats) {
   MetricFamily queued =

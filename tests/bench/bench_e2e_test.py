@@ -243,7 +243,10 @@ def test_usage_errors(server):
                  ["--target", server.target, "--bogus"]):
         r = bench(*args)
         assert r.returncode == 2, (args, r.stdout, r.stderr)
-        assert "usage:" in r.stderr
+        # One line, not the whole help.
+        assert r.stderr.startswith("matmul-bench: "), r.stderr
+        assert r.stderr.endswith("; see --help\n"), r.stderr
+        assert len(r.stderr.splitlines()) == 1, r.stderr
     r = bench("--help")
     assert r.returncode == 0 and "--concurrency" in r.stdout
 
@@ -463,6 +466,7 @@ def test_resident_usage_errors(server):
                  ["--client-id", "caf\u00e9"]):
         r = bench("--target", server.target, *args)
         assert r.returncode == 2, (args, r.stdout, r.stderr)
-        assert "usage:" in r.stderr
+        assert r.stderr.endswith("; see --help\n"), r.stderr
+        assert len(r.stderr.splitlines()) == 1, r.stderr
     r = bench("--help")
     assert "--resident" in r.stdout and "--client-id" in r.stdout

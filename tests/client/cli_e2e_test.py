@@ -294,10 +294,16 @@ def test_uint16_needs_dtype_bfloat16(server, tmp_path):
 
 
 def test_unsupported_npy_dtype(server, tmp_path):
+    # Integers only with a float --dtype to convert them to
+    # (test_integer_npy_multiplies_with_a_float_dtype).
     r = run_multiply_files(server, tmp_path, np.ones((2, 2), np.int32),
                            np.ones((2, 2), np.float32))
     assert r.returncode == 1
-    assert "unsupported dtype '<i4'" in r.stderr
+    assert "dtype '<i4' (int32) is read only when converted" in r.stderr
+    r = run_multiply_files(server, tmp_path, np.full((2, 2), "x"),
+                           np.ones((2, 2), np.float32))
+    assert r.returncode == 1
+    assert "unsupported dtype '<U1'" in r.stderr
 
 
 def test_missing_file(server, tmp_path):
@@ -396,13 +402,28 @@ def test_usage_errors_exit_2(args, message):
     r = run_cli(*args)
     assert r.returncode == 2, r.stderr
     assert message in r.stderr
-    assert "usage:" in r.stderr
+    # One line, not the whole help.
+    assert r.stderr.startswith("matmul-cli: "), r.stderr
+    assert r.stderr.endswith("; see --help\n"), r.stderr
+    assert len(r.stderr.splitlines()) == 1, r.stderr
+
+
+def test_flags_take_both_spellings(tmp_path):
+    # --flag=value and --flag value, dashes and underscores: the same usage
+    # error comes from each spelling of --chunk-mib.
+    for args in (["--chunk-mib=0"], ["--chunk-mib", "0"], ["--chunk_mib=0"]):
+        r = run_cli("multiply", "--target", "x:1", "--a", "a", "--b", "b",
+                    "--out", "c", "--stream", *args)
+        assert r.returncode == 2, r.stderr
+        assert "--chunk-mib takes 1 to 1024" in r.stderr
 
 
 def test_help():
-    r = run_cli("--help")
-    assert r.returncode == 0
-    assert "usage:" in r.stdout
+    for args in (["--help"], ["help"], ["multiply", "--help"], ["-h"]):
+        r = run_cli(*args)
+        assert r.returncode == 0, r.stderr
+        assert "usage:" in r.stdout
+        assert "--a-handle=ID" in r.stdout and "--chunk-mib=N" in r.stdout
 
 
 def test_sigterm_stops_the_server_cleanly(tmp_path):
@@ -593,3 +614,74 @@ def test_client_id_quota(tmp_path):
         upload(s, path, "--client-id", "alice")
     finally:
         assert s.stop() == 0, "".join(s.log)
+
+
+# --- integer and other .npy dtypes ----------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_integer_npy_multiplies_with_a_float_dtype(server, tmp_path, dtype):
+    a = np.arange(12).reshape(3, 4)  # int64, what np.arange makes
+    b = (np.arange(20).reshape(4, 5) % 7).astype(np.uint8)
+    assert a.dtype == np.int64
+    c, _ = multiply(server, tmp_path, a, b, "--dtype", dtype)
+    assert c.dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(c, np.matmul(a.astype(dtype), b.astype(dtype)))
+
+
+def test_integer_npy_needs_a_dtype(server, tmp_path):
+    np.save(tmp_path / "a.npy", np.arange(6).reshape(2, 3))
+    np.save(tmp_path / "b.npy", np.ones((3, 2), np.float32))
+    r = run_cli("multiply", "--target", server.target, "--a", tmp_path / "a.npy",
+                "--b", tmp_path / "b.npy", "--out", tmp_path / "c.npy")
+    assert r.returncode == 1
+    assert "int64" in r.stderr and "--dtype float32" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("array,kind", [
+    (np.ones((3, 2), bool), "(bool)"),
+    (np.ones((3, 2), np.complex64), "(complex)"),
+])
+def test_bool_and_complex_npy_are_refused(server, tmp_path, array, kind):
+    np.save(tmp_path / "a.npy", np.ones((2, 3), np.float32))
+    np.save(tmp_path / "b.npy", array)
+    r = run_cli("multiply", "--target", server.target, "--a", tmp_path / "a.npy",
+                "--b", tmp_path / "b.npy", "--out", tmp_path / "c.npy",
+                "--dtype", "float32")
+    assert r.returncode == 1
+    assert r.stderr.startswith("error: reading --b "), r.stderr
+    assert "unsupported dtype" in r.stderr and kind in r.stderr, r.stderr
+    assert not (tmp_path / "c.npy").exists()
+
+
+def test_unary_request_over_the_message_limit_says_use_stream(tmp_path):
+    s = Server("--max-message-bytes", "100000")
+    try:
+        a = np.ones((200, 200), np.float32)  # 2 x 160 KB operands
+        np.save(tmp_path / "a.npy", a)
+        r = run_cli("multiply", "--target", s.target, "--a", tmp_path / "a.npy",
+                    "--b", tmp_path / "a.npy", "--out", tmp_path / "c.npy")
+        assert r.returncode == 1
+        assert r.stderr.startswith(
+            "error: RESOURCE_EXHAUSTED: request is over 100000 bytes; "
+            "use --stream"), r.stderr
+        # A product over the limit (small operands): the server's message,
+        # and the same advice.
+        np.save(tmp_path / "col.npy", np.ones((200, 1), np.float32))
+        np.save(tmp_path / "row.npy", np.ones((1, 200), np.float32))
+        r = run_cli("multiply", "--target", s.target, "--a", tmp_path / "col.npy",
+                    "--b", tmp_path / "row.npy", "--out", tmp_path / "c.npy")
+        assert r.returncode == 1
+        assert r.stderr.startswith("error: RESOURCE_EXHAUSTED: "), r.stderr
+        assert r.stderr.rstrip().endswith("; use --stream"), r.stderr
+    finally:
+        assert s.stop() == 0, "".join(s.log)
+
+
+def test_info_reports_the_version_of_the_build(server):
+    # GetServerInfo's version is what --version prints (common/build_info).
+    first = run_cli("--version").stdout.splitlines()[0]
+    assert first.startswith("matmul-cli "), first
+    r = ok(run_cli("info", "--target", server.target))
+    assert re.search(r"^version: +%s$" % re.escape(first.split()[1]), r.stdout,
+                     re.M), r.stdout

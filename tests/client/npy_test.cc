@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -18,6 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "client/lib/dtype_conversion.h"
 #include "common/float16.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -299,6 +301,119 @@ TEST(NpyTest, Uint16IsRawBfloat16Bits) {
             std::string(reinterpret_cast<const char*>(bits), sizeof bits));
 }
 
+// Little-endian bytes of `values` as type T.
+template <typename T>
+std::string IntBytes(const std::vector<T>& values) {
+  return std::string(reinterpret_cast<const char*>(values.data()),
+                     values.size() * sizeof(T));
+}
+
+template <typename T>
+void ExpectIntegersConverted(const std::string& descr,
+                             const std::vector<T>& values) {
+  for (DType to : kAllDTypes) {
+    // uint16 to bfloat16: raw bits (Uint16StaysRawBitsForBfloat16).
+    if (descr == "<u2" && to == DType::kBFloat16) continue;
+    SCOPED_TRACE(absl::StrCat(descr, " to ", DTypeName(to).data()));
+    NpyReadOptions options;
+    options.integers_as = to;
+    absl::StatusOr<NpyArray> array = ParseNpy(
+        RawNpy(1, Dict(descr, false, absl::StrCat("(", values.size(), ",)")),
+               IntBytes(values)),
+        options);
+    ASSERT_TRUE(array.ok()) << array.status();
+    EXPECT_FALSE(array->raw_uint16);
+    HostTensor want;
+    want.shape = {static_cast<int64_t>(values.size())};
+    want.dtype = DType::kFloat64;
+    for (T v : values) {
+      const double d = static_cast<double>(v);
+      want.data.append(reinterpret_cast<const char*>(&d), 8);
+    }
+    absl::StatusOr<HostTensor> converted = ConvertDType(want, to);
+    ASSERT_TRUE(converted.ok());
+    ExpectSame(array->tensor, *converted);
+  }
+}
+
+TEST(NpyTest, ConvertsEveryIntegerTypeWhenAskedTo) {
+  ExpectIntegersConverted<int8_t>("|i1", {0, 1, -2, 127, -128});
+  ExpectIntegersConverted<uint8_t>("|u1", {0, 1, 200, 255});
+  ExpectIntegersConverted<int16_t>("<i2", {0, -300, 32767});
+  ExpectIntegersConverted<uint16_t>("<u2", {0, 7, 65535});
+  ExpectIntegersConverted<int32_t>("<i4", {0, -70000, 2147483647});
+  ExpectIntegersConverted<uint32_t>("<u4", {0, 4000000000u});
+  ExpectIntegersConverted<int64_t>("<i8", {0, 11, -5, int64_t{1} << 40});
+  ExpectIntegersConverted<uint64_t>("<u8", {0, 3, uint64_t{1} << 50});
+}
+
+TEST(NpyTest, Int64ToFloat32RoundsOnceToNearestEven) {
+  // 2^24 + 1 is a tie (to 2^24, even); 2^24 + 3 rounds up to 2^24 + 4;
+  // 2^62 + 2^38 + 1 is just above a tie: up, as NumPy's astype rounds it.
+  const std::vector<int64_t> values = {
+      (int64_t{1} << 24) + 1, (int64_t{1} << 24) + 3,
+      (int64_t{1} << 62) + (int64_t{1} << 38) + 1};
+  NpyReadOptions options;
+  options.integers_as = DType::kFloat32;
+  absl::StatusOr<NpyArray> array = ParseNpy(
+      RawNpy(1, Dict("<i8", false, "(3,)"), IntBytes(values)), options);
+  ASSERT_TRUE(array.ok()) << array.status();
+  ASSERT_EQ(array->tensor.data.size(), 12u);
+  float got[3];
+  std::memcpy(got, array->tensor.data.data(), 12);
+  EXPECT_EQ(got[0], 16777216.0f);
+  EXPECT_EQ(got[1], 16777220.0f);
+  EXPECT_EQ(got[2], std::ldexp(1.0f, 62) + std::ldexp(1.0f, 39));
+}
+
+TEST(NpyTest, ConvertsBigEndianAndFortranOrderIntegers) {
+  // [[1, 2, 3], [4, 5, 6]] as big-endian int32 in Fortran order.
+  std::string stored;
+  for (int32_t v : {1, 4, 2, 5, 3, 6}) {
+    const uint32_t be = __builtin_bswap32(static_cast<uint32_t>(v));
+    stored.append(reinterpret_cast<const char*>(&be), 4);
+  }
+  NpyReadOptions options;
+  options.integers_as = DType::kFloat64;
+  absl::StatusOr<NpyArray> array =
+      ParseNpy(RawNpy(1, Dict(">i4", true, "(2, 3)"), stored), options);
+  ASSERT_TRUE(array.ok()) << array.status();
+  EXPECT_EQ(array->tensor.shape, (std::vector<int64_t>{2, 3}));
+  ASSERT_EQ(array->tensor.dtype, DType::kFloat64);
+  double got[6];
+  std::memcpy(got, array->tensor.data.data(), sizeof got);
+  EXPECT_THAT(got, ::testing::ElementsAre(1, 2, 3, 4, 5, 6));
+  // int8 in Fortran order: items of one byte.
+  array = ParseNpy(RawNpy(1, Dict("|i1", true, "(2, 2)"),
+                          std::string("\x01\x03\x02\xfc", 4)),
+                   options);
+  ASSERT_TRUE(array.ok()) << array.status();
+  std::memcpy(got, array->tensor.data.data(), 32);
+  EXPECT_THAT(std::vector<double>(got, got + 4),
+              ::testing::ElementsAre(1, 2, 3, -4));
+}
+
+TEST(NpyTest, Uint16StaysRawBitsForBfloat16) {
+  const std::vector<uint16_t> bits = {0x3f80, 0xc000};
+  NpyReadOptions options;
+  options.integers_as = DType::kBFloat16;
+  absl::StatusOr<NpyArray> array =
+      ParseNpy(RawNpy(1, Dict("<u2", false, "(2,)"), IntBytes(bits)), options);
+  ASSERT_TRUE(array.ok()) << array.status();
+  EXPECT_TRUE(array->raw_uint16);
+  EXPECT_EQ(array->tensor.data, IntBytes(bits));
+}
+
+TEST(NpyTest, IntegerDataLengthIsCheckedAtTheirSize) {
+  NpyReadOptions options;
+  options.integers_as = DType::kFloat32;
+  absl::StatusOr<NpyArray> array = ParseNpy(
+      RawNpy(1, Dict("<i8", false, "(3,)"), std::string(20, '\0')), options);
+  ASSERT_FALSE(array.ok());
+  EXPECT_THAT(array.status().message(),
+              HasSubstr("shape [3] of '<i8' needs 24 bytes of data, but 20"));
+}
+
 // Every malformed or unsupported file: INVALID_ARGUMENT with a message that
 // says what is wrong.
 struct BadFile {
@@ -369,10 +484,15 @@ TEST(NpyTest, RejectsMalformedFiles) {
       {"element count overflow",
        RawNpy(1, Dict("<f4", false, "(4294967296, 4294967296)"), f4x6),
        "overflows int64"},
-      {"int32", RawNpy(1, Dict("<i4", false, "(2, 3)"), f4x6),
-       "unsupported dtype '<i4'"},
+      {"int32 with no dtype to convert to",
+       RawNpy(1, Dict("<i4", false, "(2, 3)"), f4x6),
+       "dtype '<i4' (int32) is read only when converted to a float dtype"},
+      {"int128", RawNpy(1, Dict("<i16", false, "(3,)"), f4x6),
+       "unsupported dtype '<i16'"},
       {"complex", RawNpy(1, Dict(">c8", false, "(3,)"), f4x6),
-       "unsupported dtype '>c8'"},
+       "unsupported dtype '>c8' (complex): matmul multiplies real matrices"},
+      {"bool", RawNpy(1, Dict("|b1", false, "(6,)"), f4x6.substr(18)),
+       "unsupported dtype '|b1' (bool)"},
       {"object", RawNpy(1, Dict("|O", false, "(3,)"), f4x6),
        "unsupported dtype '|O'"},
       {"structured",
