@@ -1,5 +1,6 @@
 #include "server/handle_registry.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/random/random.h"
@@ -52,24 +53,55 @@ HandleRegistry::~HandleRegistry() {
   Clear();
 }
 
+HandleLimits HandleRegistry::limits() const {
+  absl::MutexLock lock(&mu_);
+  HandleLimits limits = limits_;
+  if (limits.max_bytes_total > 0) {
+    limits.max_bytes_per_client =
+        std::min(limits.max_bytes_per_client, limits.max_bytes_total);
+  }
+  return limits;
+}
+
+void HandleRegistry::SetDefaultTotalBytes(int64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  if (limits_.max_bytes_total <= 0) {
+    limits_.max_bytes_total = std::max<int64_t>(bytes, 1);
+  }
+}
+
 absl::StatusOr<HandleRegistry::Reservation> HandleRegistry::Reserve(
     const std::string& owner, int64_t bytes) {
   absl::MutexLock lock(&mu_);
-  Usage& usage = usage_[owner];
+  const auto existing = usage_.find(owner);
+  const Usage usage = existing == usage_.end() ? Usage{} : existing->second;
   if (usage.handles + 1 > limits_.max_handles_per_client) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "client ", BoundedForMessage(owner), " already holds ", usage.handles,
-        " stored tensors, the most allowed per client; delete some first"));
+        " stored tensors, the most allowed per client "
+        "(--max-handles-per-client); delete some first"));
   }
   if (bytes > limits_.max_bytes_per_client - usage.bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "client ", BoundedForMessage(owner), " holds ", usage.bytes,
         " bytes in stored tensors; this one needs ", bytes,
         " more, over the limit of ", limits_.max_bytes_per_client,
-        " bytes per client; delete some first"));
+        " bytes per client (--max-stored-bytes-per-client); delete some "
+        "first"));
   }
-  usage.bytes += bytes;
-  usage.handles += 1;
+  if (limits_.max_bytes_total > 0 &&
+      bytes > limits_.max_bytes_total - charged_bytes_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the server holds ", charged_bytes_,
+        " bytes in stored tensors for all clients; this one needs ", bytes,
+        " more, over the server's limit of ", limits_.max_bytes_total,
+        " bytes (--max-stored-bytes); retry after tensors are deleted or "
+        "expire"));
+  }
+  Usage& charged = usage_[owner];
+  charged.bytes += bytes;
+  charged.handles += 1;
+  charged_bytes_ += bytes;
   Reservation r;
   r.registry_ = this;
   r.owner_ = owner;
@@ -83,6 +115,7 @@ void HandleRegistry::Unreserve(const std::string& owner, int64_t bytes) {
   if (it == usage_.end()) return;
   it->second.bytes -= bytes;
   it->second.handles -= 1;
+  charged_bytes_ -= bytes;
   if (it->second.handles == 0) usage_.erase(it);
 }
 
@@ -93,6 +126,7 @@ absl::StatusOr<absl::Duration> HandleRegistry::Ttl(
         "ttl: expected 0 (the default) or a positive number of seconds, got ",
         requested_seconds));
   }
+  absl::MutexLock lock(&mu_);
   if (requested_seconds == 0) return limits_.default_ttl;
   const absl::Duration ttl = absl::Seconds(requested_seconds);
   if (ttl > limits_.max_ttl) {
@@ -145,6 +179,7 @@ std::shared_ptr<ResidentTensor> HandleRegistry::EraseLocked(
   if (usage != usage_.end()) {
     usage->second.bytes -= bytes;
     usage->second.handles -= 1;
+    charged_bytes_ -= bytes;
     if (usage->second.handles == 0) usage_.erase(usage);
   }
   entries_.erase(it);

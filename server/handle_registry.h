@@ -27,6 +27,11 @@ namespace matmul {
 
 struct HandleLimits {
   int64_t max_bytes_per_client = int64_t{64} << 30;
+  // Bytes of stored tensors for all clients together (client ids are
+  // self-declared, so the per-client quota alone bounds nothing). 0: set
+  // when the engine is known (SetDefaultTotalBytes), from its memory. The
+  // per-client quota in effect never exceeds it.
+  int64_t max_bytes_total = 0;
   int64_t max_handles_per_client = 4096;
   absl::Duration default_ttl = absl::Minutes(10);
   absl::Duration max_ttl = absl::Hours(24);
@@ -64,10 +69,17 @@ class HandleRegistry {
   HandleRegistry(const HandleRegistry&) = delete;
   HandleRegistry& operator=(const HandleRegistry&) = delete;
 
-  const HandleLimits& limits() const { return limits_; }
+  // The limits in effect: max_bytes_total as set (or its default), and
+  // max_bytes_per_client no larger than it.
+  HandleLimits limits() const;
+
+  // The total when the limits gave none (0 there): `bytes` (at least 1).
+  // Called once the engine's memory is known, before any Reserve.
+  void SetDefaultTotalBytes(int64_t bytes);
 
   // Charges `bytes` and one handle to `owner`; RESOURCE_EXHAUSTED, with the
-  // numbers, when that would exceed the client's quota.
+  // numbers and the limit's flag, when that would exceed the client's
+  // quota or the server's total.
   absl::StatusOr<Reservation> Reserve(const std::string& owner, int64_t bytes);
 
   // The lifetime a request asked for (0: the default); INVALID_ARGUMENT if
@@ -99,8 +111,10 @@ class HandleRegistry {
   std::shared_ptr<ResidentTensor> EraseLocked(const std::string& id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  const HandleLimits limits_;
   mutable absl::Mutex mu_;
+  HandleLimits limits_ ABSL_GUARDED_BY(mu_);
+  // Reserved or stored, all clients (the sum of usage_'s bytes).
+  int64_t charged_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<std::string, Entry> entries_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, Usage> usage_ ABSL_GUARDED_BY(mu_);
   int64_t stored_bytes_ ABSL_GUARDED_BY(mu_) = 0;

@@ -3,9 +3,11 @@
 // (--max-message-bytes or --max_message_bytes); common/command_line.h
 // parses them.
 //
-// Exit status: 0 after a clean shutdown (SIGTERM, SIGINT), --help or
-// --version; 1 when the server cannot start (a port in use, no CUDA device
-// for --engine=cuda); 2 for a usage error.
+// Exit status: 0 after a clean shutdown (SIGTERM, SIGINT; repeated
+// SIGTERMs during the drain change nothing), --help or --version; 1 when
+// the server cannot start (a port in use, no CUDA device for
+// --engine=cuda); 2 for a usage error; 130 when a SIGINT during the drain
+// cut it short.
 #include <grpcpp/security/server_credentials.h>
 #include <signal.h>
 
@@ -91,6 +93,10 @@ ABSL_FLAG(std::string, grpc_arg, "",
           "NAME=INTEGER[,NAME=INTEGER...] (docs/PERFORMANCE.md)");
 ABSL_FLAG(int64_t, max_stored_bytes_per_client, int64_t{64} << 30,
           "Engine memory one client may hold in stored tensors, bytes");
+ABSL_FLAG(int64_t, max_stored_bytes, 0,
+          "Bytes of stored tensors for all clients together (0: half of the "
+          "GPUs' memory, or a quarter of host memory on the host engine); "
+          "the per-client limit never exceeds it");
 ABSL_FLAG(int64_t, max_handles_per_client, 4096,
           "Stored tensors one client may hold");
 ABSL_FLAG(absl::Duration, default_handle_ttl, absl::Minutes(10),
@@ -124,8 +130,8 @@ const std::vector<matmul::FlagGroup>& ServerFlags() {
       {"Request limits",
        {"max_message_bytes", "max_inflight_bytes", "max_elements_per_operand"}},
       {"Stored tensors",
-       {"max_stored_bytes_per_client", "max_handles_per_client",
-        "default_handle_ttl", "max_handle_ttl"}},
+       {"max_stored_bytes", "max_stored_bytes_per_client",
+        "max_handles_per_client", "default_handle_ttl", "max_handle_ttl"}},
       {"Connections",
        {"max_concurrent_streams", "max_connection_age",
         "max_connection_age_grace", "keepalive_time", "keepalive_timeout",
@@ -334,6 +340,13 @@ int main(int argc, char** argv) {
   options.credentials = *tls;
   options.handle_limits.max_bytes_per_client =
       absl::GetFlag(FLAGS_max_stored_bytes_per_client);
+  options.handle_limits.max_bytes_total = absl::GetFlag(FLAGS_max_stored_bytes);
+  if (options.handle_limits.max_bytes_total < 0) {
+    matmul::LogLine(
+        "error: --max-stored-bytes must be 0 (the default) or more; see "
+        "--help");
+    return 2;
+  }
   options.handle_limits.max_handles_per_client =
       absl::GetFlag(FLAGS_max_handles_per_client);
   options.handle_limits.default_ttl = absl::GetFlag(FLAGS_default_handle_ttl);

@@ -4,9 +4,11 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <climits>
+#include <fstream>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -32,7 +34,26 @@ void SetHealth(grpc::Server& server, bool ready) {
   health->SetServingStatus(kLivenessService, true);
 }
 
+// Host memory this process may use: physical RAM, or the cgroup's limit
+// when it has a smaller one (a container).
+int64_t HostMemoryBytes() {
+  int64_t bytes = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) *
+                  static_cast<int64_t>(sysconf(_SC_PAGESIZE));
+  std::ifstream cgroup("/sys/fs/cgroup/memory.max");
+  int64_t limit = 0;
+  if (cgroup >> limit && limit > 0) bytes = std::min(bytes, limit);
+  return bytes;
+}
+
 }  // namespace
+
+int64_t DefaultStoredBytes(const EngineInfo& info) {
+  int64_t device_bytes = 0;
+  for (const DeviceInfo& d : info.devices) device_bytes += d.memory_bytes;
+  // Half of the GPUs' memory (the rest for the multiplies themselves); on
+  // the host engine a quarter of what the process may use.
+  return device_bytes > 0 ? device_bytes / 2 : HostMemoryBytes() / 4;
+}
 
 std::string ServerVersion() { return std::string(ProjectVersion()); }
 
@@ -140,6 +161,8 @@ absl::StatusOr<std::unique_ptr<MatmulServer>> MatmulServer::Start(
     return engine.status();
   }
   self->engine_ = std::move(*engine);
+  self->service_->handles().SetDefaultTotalBytes(
+      DefaultStoredBytes(self->engine_->info()));
   self->service_->SetEngine(self->engine_.get());
   self->SetHealthEverywhere(/*ready=*/true);
   return self;

@@ -125,6 +125,11 @@ class MatmulServer {
 // The version string reported by GetServerInfo and metrics.
 std::string ServerVersion();
 
+// The server-wide stored-tensor limit when --max-stored-bytes gives none:
+// half of the GPUs' memory on the CUDA engine, a quarter of the host memory
+// the process may use (RAM, or its cgroup's limit) on the host engine.
+int64_t DefaultStoredBytes(const EngineInfo& info);
+
 }  // namespace matmul
 
 #endif  // MATMUL_SERVER_MATMUL_SERVER_H_

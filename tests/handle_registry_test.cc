@@ -2,7 +2,10 @@
 
 #include <atomic>
 #include <memory>
+#include <string>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -93,6 +96,71 @@ TEST(HandleRegistryTest, QuotasPerClient) {
             absl::StatusCode::kResourceExhausted);
   EXPECT_TRUE(registry.Delete(ids[0]).ok());
   EXPECT_TRUE(registry.Reserve("bob", 1).ok());
+}
+
+TEST(HandleRegistryTest, TheServerTotalBoundsAllClientsTogether) {
+  HandleLimits limits = SmallLimits();
+  limits.max_bytes_total = 1000;
+  limits.max_handles_per_client = 100;
+  HandleRegistry registry(limits);
+  std::atomic<int> alive{0};
+  absl::StatusOr<HandleRegistry::Reservation> alice =
+      registry.Reserve("alice", 400);
+  ASSERT_TRUE(alice.ok());
+  const std::string stored =
+      registry
+          .Add(std::move(*alice), std::make_shared<FakeTensor>(10, 10, &alive),
+               {10, 10}, absl::Seconds(60))
+          .id;
+  absl::StatusOr<HandleRegistry::Reservation> bob =
+      registry.Reserve("bob", 400);
+  ASSERT_TRUE(bob.ok());
+  // Carol is well inside her own quota, but not inside the server's.
+  absl::StatusOr<HandleRegistry::Reservation> carol =
+      registry.Reserve("carol", 400);
+  EXPECT_EQ(carol.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(carol.status().message()),
+              HasSubstr("the server holds 800 bytes in stored tensors for all "
+                        "clients; this one needs 400 more, over the server's "
+                        "limit of 1000 bytes (--max-stored-bytes)"));
+  // Fresh client ids do not make room: 201 clients of 1 byte are too many.
+  int admitted = 0;
+  std::vector<HandleRegistry::Reservation> many;
+  for (int i = 0; i < 201; ++i) {
+    absl::StatusOr<HandleRegistry::Reservation> r =
+        registry.Reserve(absl::StrCat("client-", i), 1);
+    if (r.ok()) {
+      ++admitted;
+      many.push_back(std::move(*r));
+    }
+  }
+  EXPECT_EQ(admitted, 200);
+  many.clear();
+  // A reservation given back and a tensor deleted both make room.
+  bob = absl::CancelledError("bob's upload failed");
+  EXPECT_TRUE(registry.Reserve("carol", 400).ok());
+  EXPECT_FALSE(registry.Reserve("carol", 700).ok());
+  EXPECT_TRUE(registry.Delete(stored).ok());
+  EXPECT_TRUE(registry.Reserve("carol", 700).ok());
+}
+
+TEST(HandleRegistryTest, TheDefaultTotalAppliesWhenNoneWasGiven) {
+  HandleRegistry unset(SmallLimits());  // per client 1000, no total
+  EXPECT_EQ(unset.limits().max_bytes_total, 0);
+  EXPECT_EQ(unset.limits().max_bytes_per_client, 1000);
+  unset.SetDefaultTotalBytes(600);
+  EXPECT_EQ(unset.limits().max_bytes_total, 600);
+  // The per-client quota in effect never exceeds the total.
+  EXPECT_EQ(unset.limits().max_bytes_per_client, 600);
+  EXPECT_EQ(unset.Reserve("alice", 700).status().code(),
+            absl::StatusCode::kResourceExhausted);
+
+  HandleLimits given = SmallLimits();
+  given.max_bytes_total = 5000;
+  HandleRegistry set(given);
+  set.SetDefaultTotalBytes(600);  // a flag's value wins over the default
+  EXPECT_EQ(set.limits().max_bytes_total, 5000);
+  EXPECT_EQ(set.limits().max_bytes_per_client, 1000);
 }
 
 TEST(HandleRegistryTest, ExpiredEntriesAreFreedBySweeper) {

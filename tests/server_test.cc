@@ -254,6 +254,13 @@ TEST(ServerTest, GetServerInfoDescribesEngineAndLimits) {
   EXPECT_EQ(info.limits().max_elements_per_operand(),
             RequestLimits().max_elements_per_operand);
   EXPECT_EQ(info.limits().max_dimension(), RequestLimits().max_dimension);
+  // No --max-stored-bytes: the default follows the engine's memory, and the
+  // per-client quota in effect (64 GiB asked) is never above it.
+  EXPECT_EQ(info.limits().max_stored_bytes(),
+            DefaultStoredBytes(server->engine().info()));
+  EXPECT_GT(info.limits().max_stored_bytes(), 0);
+  EXPECT_LE(info.limits().max_stored_bytes_per_client(),
+            info.limits().max_stored_bytes());
 }
 
 TEST(ServerTest, HealthIsNotServingUntilTheEngineIsReady) {

@@ -752,6 +752,8 @@ int RunInfo(const std::vector<std::string>& args) {
                     limits.max_stored_bytes_per_client(), " bytes (",
                     HumanBytes(limits.max_stored_bytes_per_client()), "), ",
                     limits.max_handles_per_client(), " tensors\n",
+                    "  stored, all clients:      ", limits.max_stored_bytes(),
+                    " bytes (", HumanBytes(limits.max_stored_bytes()), ")\n",
                     "  stored tensor TTL:        default ",
                     limits.default_handle_ttl_seconds(), " s, max ",
                     limits.max_handle_ttl_seconds(), " s\n");

@@ -47,7 +47,8 @@ grpc::ServerUnaryReactor* GetServerInfo(ServiceState& state,
   limits->set_max_elements_per_operand(state.limits.max_elements_per_operand);
   limits->set_max_inflight_bytes(state.limits.max_inflight_bytes);
   limits->set_max_dimension(state.limits.max_dimension);
-  const HandleLimits& handle_limits = state.handles.limits();
+  const HandleLimits handle_limits = state.handles.limits();
+  limits->set_max_stored_bytes(handle_limits.max_bytes_total);
   limits->set_max_stored_bytes_per_client(handle_limits.max_bytes_per_client);
   limits->set_max_handles_per_client(handle_limits.max_handles_per_client);
   limits->set_default_handle_ttl_seconds(

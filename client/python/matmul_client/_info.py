@@ -44,6 +44,7 @@ class Limits:
     max_handles_per_client: int  #: Stored tensors one client may hold.
     default_handle_ttl_seconds: int  #: Lifetime of a stored tensor given no ttl.
     max_handle_ttl_seconds: int  #: Longest ttl a call may ask for.
+    max_stored_bytes: int = 0  #: Bytes of stored tensors all clients together may hold.
 
 
 @dataclass(frozen=True)
