@@ -19,7 +19,6 @@
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/dtype.h"
@@ -298,34 +297,6 @@ class MatmulJob {
   // Must be cheap and thread-safe.
   virtual absl::Status Abandoned() const { return absl::OkStatus(); }
 };
-
-// OK unless an upload into upload_target() or a download at byte_offset()
-// would reach outside its tensor (INVALID_ARGUMENT, with the numbers).
-// Engines call it before doing such a job.
-inline absl::Status CheckTransferBounds(const MatmulJob& job) {
-  const int64_t offset = job.byte_offset();
-  std::shared_ptr<ResidentTensor> tensor;
-  int64_t bytes = 0;
-  const char* what = "";
-  if (job.kind() == JobKind::kUpload && job.upload_target() != nullptr) {
-    tensor = job.upload_target();
-    bytes = job.spec().a_bytes();
-    what = "upload";
-  } else if (job.kind() == JobKind::kDownload) {
-    tensor = job.resident_a();
-    bytes = job.spec().c_bytes();
-    what = "download";
-  } else {
-    return absl::OkStatus();
-  }
-  const int64_t size = tensor == nullptr ? 0 : tensor->bytes();
-  if (offset < 0 || offset > size || bytes > size - offset) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, " of ", bytes, " bytes at offset ", offset,
-                     " runs outside its ", size, "-byte tensor"));
-  }
-  return absl::OkStatus();
-}
 
 // A compute device as the engine sees it.
 struct DeviceInfo {

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <future>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -33,6 +34,7 @@ class EngineJob final : public MatmulJob {
     int device = -1;
     std::shared_ptr<ResidentTensor> upload_target;
     int64_t byte_offset = 0;
+    std::optional<PrestagedOperands> prestaged;
   };
 
   EngineJob(const MatmulSpec& spec, Options options,
@@ -55,6 +57,9 @@ class EngineJob final : public MatmulJob {
     return options_.upload_target;
   }
   int64_t byte_offset() const override { return options_.byte_offset; }
+  std::optional<PrestagedOperands> prestaged() const override {
+    return options_.prestaged;
+  }
 
   absl::Status WriteOperands(absl::Span<std::byte> a,
                              absl::Span<std::byte> b) override {

@@ -61,7 +61,7 @@ TEST(JobLayoutTest, PlainMultiplyStagesBothAndReturnsC) {
   EXPECT_TRUE(l->return_c);
   EXPECT_EQ(l->transient_bytes, 3 * 256);
   EXPECT_EQ(l->kept_bytes, 0);
-  EXPECT_EQ(l->pinned_bytes, 24 + 48 + 32);
+  EXPECT_EQ(l->staging_bytes, 24 + 48 + 32);
   EXPECT_EQ(l->moved_bytes, 24 + 48 + 32);
   EXPECT_EQ(l->required_device, -1);
 }
@@ -75,7 +75,7 @@ TEST(JobLayoutTest, KeptProductStaysOnTheDeviceAndIsNotReturned) {
   EXPECT_FALSE(l->return_c);
   EXPECT_EQ(l->transient_bytes, 2 * 256);  // A and B only
   EXPECT_EQ(l->kept_bytes, 256);           // C
-  EXPECT_EQ(l->pinned_bytes, 24 + 48);
+  EXPECT_EQ(l->staging_bytes, 24 + 48);
   EXPECT_EQ(l->moved_bytes, 24 + 48);
 }
 
@@ -87,7 +87,7 @@ TEST(JobLayoutTest, ResidentOperandIsNotStagedAndPicksTheDevice) {
   EXPECT_FALSE(l->stage_a);
   EXPECT_TRUE(l->stage_b);
   EXPECT_EQ(l->transient_bytes, 2 * 256);  // B and C
-  EXPECT_EQ(l->pinned_bytes, 48 + 32);
+  EXPECT_EQ(l->staging_bytes, 48 + 32);
   EXPECT_EQ(l->moved_bytes, 48 + 32);
   EXPECT_EQ(l->required_device, 2);
 }
@@ -124,7 +124,7 @@ TEST(JobLayoutTest, UploadOfANewTensorKeepsIt) {
   EXPECT_FALSE(l->return_c);
   EXPECT_EQ(l->transient_bytes, 0);
   EXPECT_EQ(l->kept_bytes, 256);  // 128 bytes, aligned
-  EXPECT_EQ(l->pinned_bytes, 128);
+  EXPECT_EQ(l->staging_bytes, 128);
   EXPECT_EQ(l->moved_bytes, 128);
 }
 
@@ -139,7 +139,7 @@ TEST(JobLayoutTest, PieceUploadIntoATargetKeepsNothingNew) {
   EXPECT_FALSE(l->keep);
   EXPECT_EQ(l->kept_bytes, 0);
   EXPECT_EQ(l->transient_bytes, 0);
-  EXPECT_EQ(l->pinned_bytes, 128);
+  EXPECT_EQ(l->staging_bytes, 128);
   EXPECT_EQ(l->byte_offset, 128);
   EXPECT_EQ(l->required_device, 3);
   o.byte_offset = 192;  // 128 bytes from 192 runs past 256
@@ -160,7 +160,7 @@ TEST(JobLayoutTest, DownloadReturnsFromTheResidentSource) {
   EXPECT_TRUE(l->return_c);
   EXPECT_EQ(l->transient_bytes, 0);
   EXPECT_EQ(l->kept_bytes, 0);
-  EXPECT_EQ(l->pinned_bytes, 128);
+  EXPECT_EQ(l->staging_bytes, 128);
   EXPECT_EQ(l->moved_bytes, 128);
   EXPECT_EQ(l->required_device, 1);
 }
@@ -174,7 +174,7 @@ TEST(JobLayoutTest, AllocateKeepsDeviceMemoryAndMovesNothing) {
   EXPECT_TRUE(l->keep);
   EXPECT_EQ(l->kept_bytes, 256);  // 2 x 128 bytes
   EXPECT_EQ(l->transient_bytes, 0);
-  EXPECT_EQ(l->pinned_bytes, 0);
+  EXPECT_EQ(l->staging_bytes, 0);
   EXPECT_EQ(l->moved_bytes, 0);
 }
 
