@@ -14,6 +14,8 @@
 #define MATMUL_GPU_LAYOUT_PLANNER_H_
 
 #include <cstdint>
+#include <memory>
+#include <optional>
 
 #include "absl/status/statusor.h"
 #include "gpu/engine.h"
@@ -43,8 +45,26 @@ struct TensorShape {
   int64_t cols = 0;
 };
 
+// The engine memory a job reads or writes in place, taken from its
+// operation: `a` is a multiply's resident A or a download's source, `b` a
+// multiply's resident B, `target` an upload's target. Null where none.
+struct ResidentOperands {
+  std::shared_ptr<ResidentTensor> a;
+  std::shared_ptr<ResidentTensor> b;
+  std::shared_ptr<ResidentTensor> target;
+};
+
+ResidentOperands ResidentOperandsOf(const JobDescription& job);
+
+// A multiply's prestaged operands, if it has them.
+std::optional<PrestagedOperands> PrestagedOf(const JobDescription& job);
+
 struct LayoutPlan {
-  JobKind kind = JobKind::kMultiply;
+  // Which operation (exactly one is set).
+  bool gemm = false;  // multiply: the job runs a GEMM
+  bool upload = false;
+  bool download = false;
+  bool allocate = false;
   // A (B) is copied into engine memory by this job, from staging or from
   // the caller's prestaged memory; otherwise it is resident or absent.
   bool stage_a = false;
@@ -52,10 +72,8 @@ struct LayoutPlan {
   // The staged operands are in the caller's prestaged host memory:
   // WriteOperands is not called and staging holds no operands.
   bool prestaged = false;
-  // The job runs a GEMM (multiply); transfers and allocations do not.
-  bool gemm = false;
   // The job makes a new resident tensor: A itself (upload of a new tensor,
-  // allocate: keeps_a) or the product C (multiply with keep_result()).
+  // allocate: keeps_a) or the product C (multiply with keep_result).
   bool keep = false;
   bool keeps_a = false;
   TensorShape kept;               // the new resident tensor (keep only)
@@ -78,8 +96,8 @@ struct LayoutPlan {
   // Over the bus (host to engine memory and back): staged operands, whether
   // prestaged or not, and the returned C.
   int64_t moved_bytes = 0;
-  // Upload into upload_target(): where A goes in it. Download: where C
-  // begins in resident_a(). 0 for every other job.
+  // Upload into a target: where A goes in it. Download: where C begins in
+  // its source. 0 for every other job.
   int64_t byte_offset = 0;
   // Where resident operands (or the upload target) are, or the device the
   // job asked for; -1: any.
@@ -87,11 +105,11 @@ struct LayoutPlan {
   GemmStrides strides;  // multiply only
 };
 
-// The plan for `job`. INVALID_ARGUMENT when an upload into upload_target()
-// or a download at byte_offset() would reach outside its tensor (with the
-// numbers), or when the job's resident operands, upload target and asked
-// device name different devices.
-absl::StatusOr<LayoutPlan> PlanLayout(const MatmulJob& job);
+// The plan for `job`. INVALID_ARGUMENT when an upload into a target or a
+// download would reach outside its tensor (with the numbers), or when the
+// job's resident operands, upload target and asked device name different
+// devices.
+absl::StatusOr<LayoutPlan> PlanLayout(const JobDescription& job);
 
 }  // namespace matmul
 

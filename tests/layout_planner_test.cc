@@ -4,9 +4,10 @@
 // of bounds, devices, batch broadcast and transposes.
 #include "gpu/layout_planner.h"
 
-#include <future>
 #include <memory>
 #include <string>
+#include <utility>
+#include <variant>
 
 #include "absl/status/status.h"
 #include "gmock/gmock.h"
@@ -17,8 +18,6 @@ namespace matmul {
 namespace {
 
 using ::matmul::testing::DownloadSpec;
-using ::matmul::testing::EngineJob;
-using ::matmul::testing::JobOutcome;
 using ::matmul::testing::UploadSpec;
 using ::testing::HasSubstr;
 
@@ -45,18 +44,29 @@ MatmulSpec Product(int64_t m, int64_t k, int64_t n) {
   return s;
 }
 
-absl::StatusOr<LayoutPlan> Plan(const MatmulSpec& spec,
-                                EngineJob::Options options) {
-  EngineJob job(spec, std::move(options), std::promise<JobOutcome>());
+absl::StatusOr<LayoutPlan> Plan(const MatmulSpec& spec, JobDescription job) {
+  job.spec = spec;
   return PlanLayout(job);
+}
+
+MultiplyOp Multiply(std::shared_ptr<ResidentTensor> a,
+                    std::shared_ptr<ResidentTensor> b,
+                    bool keep_result = false) {
+  MultiplyOp op;
+  op.resident_a = std::move(a);
+  op.resident_b = std::move(b);
+  op.keep_result = keep_result;
+  return op;
 }
 
 TEST(LayoutPlannerTest, StagedOperandsAndReturnedProduct) {
   // A 24, B 48, C 32 bytes.
   absl::StatusOr<LayoutPlan> p = Plan(Product(2, 3, 4), {});
   ASSERT_TRUE(p.ok()) << p.status();
-  EXPECT_EQ(p->kind, JobKind::kMultiply);
   EXPECT_TRUE(p->gemm);
+  EXPECT_FALSE(p->upload);
+  EXPECT_FALSE(p->download);
+  EXPECT_FALSE(p->allocate);
   EXPECT_TRUE(p->stage_a);
   EXPECT_TRUE(p->stage_b);
   EXPECT_FALSE(p->prestaged);
@@ -78,8 +88,8 @@ TEST(LayoutPlannerTest, StagedOperandsAndReturnedProduct) {
 }
 
 TEST(LayoutPlannerTest, ResidentAIsNeitherStagedNorMovedAndPicksTheDevice) {
-  EngineJob::Options o;
-  o.resident_a = Resident(2, 1, 2, 3);
+  JobDescription o;
+  o.op = Multiply(Resident(2, 1, 2, 3), nullptr);
   absl::StatusOr<LayoutPlan> p = Plan(Product(2, 3, 4), o);
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_FALSE(p->stage_a);
@@ -95,8 +105,8 @@ TEST(LayoutPlannerTest, ResidentAIsNeitherStagedNorMovedAndPicksTheDevice) {
 }
 
 TEST(LayoutPlannerTest, ResidentBIsNeitherStagedNorMoved) {
-  EngineJob::Options o;
-  o.resident_b = Resident(1, 1, 3, 4);
+  JobDescription o;
+  o.op = Multiply(nullptr, Resident(1, 1, 3, 4));
   absl::StatusOr<LayoutPlan> p = Plan(Product(2, 3, 4), o);
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_TRUE(p->stage_a);
@@ -109,9 +119,8 @@ TEST(LayoutPlannerTest, ResidentBIsNeitherStagedNorMoved) {
 }
 
 TEST(LayoutPlannerTest, BothResidentOnOneDeviceStageNothing) {
-  EngineJob::Options o;
-  o.resident_a = Resident(1, 1, 2, 3);
-  o.resident_b = Resident(1, 1, 3, 4);
+  JobDescription o;
+  o.op = Multiply(Resident(1, 1, 2, 3), Resident(1, 1, 3, 4));
   absl::StatusOr<LayoutPlan> p = Plan(Product(2, 3, 4), o);
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_FALSE(p->stage_a);
@@ -123,8 +132,8 @@ TEST(LayoutPlannerTest, BothResidentOnOneDeviceStageNothing) {
 }
 
 TEST(LayoutPlannerTest, KeptProductIsANewResidentTensorNotReturned) {
-  EngineJob::Options o;
-  o.keep_result = true;
+  JobDescription o;
+  o.op = Multiply(nullptr, nullptr, /*keep_result=*/true);
   MatmulSpec spec = Product(2, 3, 4);
   spec.batch = spec.a_batch = spec.b_batch = 5;
   absl::StatusOr<LayoutPlan> p = Plan(spec, o);
@@ -143,8 +152,10 @@ TEST(LayoutPlannerTest, KeptProductIsANewResidentTensorNotReturned) {
 }
 
 TEST(LayoutPlannerTest, PrestagedOperandsAreMovedButNotStaged) {
-  EngineJob::Options o;
-  o.prestaged = PrestagedOperands{};
+  JobDescription o;
+  MultiplyOp prestaged;
+  prestaged.prestaged = PrestagedOperands{};
+  o.op = prestaged;
   absl::StatusOr<LayoutPlan> p = Plan(Product(2, 3, 4), o);
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_TRUE(p->prestaged);
@@ -158,12 +169,12 @@ TEST(LayoutPlannerTest, PrestagedOperandsAreMovedButNotStaged) {
 }
 
 TEST(LayoutPlannerTest, UploadOfANewTensorKeepsA) {
-  EngineJob::Options o;
-  o.kind = JobKind::kUpload;
-  o.byte_offset = 64;  // ignored without a target
+  JobDescription o;
+  o.op = UploadOp{nullptr, 64};  // the offset is ignored without a target
   absl::StatusOr<LayoutPlan> p = Plan(UploadSpec(DType::kFloat32, 3, 4, 8), o);
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_FALSE(p->gemm);
+  EXPECT_TRUE(p->upload);
   EXPECT_TRUE(p->stage_a);
   EXPECT_FALSE(p->stage_b);
   EXPECT_FALSE(p->transient_a);  // A goes straight into the kept tensor
@@ -181,10 +192,8 @@ TEST(LayoutPlannerTest, UploadOfANewTensorKeepsA) {
 }
 
 TEST(LayoutPlannerTest, UploadIntoATargetAtAnOffset) {
-  EngineJob::Options o;
-  o.kind = JobKind::kUpload;
-  o.upload_target = Resident(3, 1, 8, 8);  // 256 bytes
-  o.byte_offset = 128;
+  JobDescription o;
+  o.op = UploadOp{Resident(3, 1, 8, 8), 128};  // 256 bytes
   absl::StatusOr<LayoutPlan> p = Plan(UploadSpec(DType::kFloat32, 1, 4, 8), o);
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_TRUE(p->stage_a);
@@ -197,31 +206,29 @@ TEST(LayoutPlannerTest, UploadIntoATargetAtAnOffset) {
 }
 
 TEST(LayoutPlannerTest, UploadOutsideItsTargetIsInvalid) {
-  EngineJob::Options o;
-  o.kind = JobKind::kUpload;
-  o.upload_target = Resident(0, 1, 8, 8);  // 256 bytes
-  o.byte_offset = 192;                     // 128 bytes from 192 run past 256
+  JobDescription o;
+  // 256 bytes; 128 bytes from 192 run past them.
+  o.op = UploadOp{Resident(0, 1, 8, 8), 192};
   absl::StatusOr<LayoutPlan> p = Plan(UploadSpec(DType::kFloat32, 1, 4, 8), o);
   EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(p.status().message(),
             "upload of 128 bytes at offset 192 runs outside its 256-byte "
             "tensor");
-  o.byte_offset = -1;
+  std::get<UploadOp>(o.op).byte_offset = -1;
   EXPECT_EQ(Plan(UploadSpec(DType::kFloat32, 1, 4, 8), o).status().code(),
             absl::StatusCode::kInvalidArgument);
-  o.byte_offset = 128;  // exactly to the end
+  std::get<UploadOp>(o.op).byte_offset = 128;  // exactly to the end
   EXPECT_TRUE(Plan(UploadSpec(DType::kFloat32, 1, 4, 8), o).ok());
 }
 
 TEST(LayoutPlannerTest, DownloadAtAnOffsetReturnsC) {
-  EngineJob::Options o;
-  o.kind = JobKind::kDownload;
-  o.resident_a = Resident(1, 2, 4, 8);  // 256 bytes
-  o.byte_offset = 128;
+  JobDescription o;
+  o.op = DownloadOp{Resident(1, 2, 4, 8), 128};  // 256 bytes
   absl::StatusOr<LayoutPlan> p =
       Plan(DownloadSpec(DType::kFloat32, 1, 4, 8), o);
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_FALSE(p->gemm);
+  EXPECT_TRUE(p->download);
   EXPECT_FALSE(p->stage_a);
   EXPECT_FALSE(p->stage_b);
   EXPECT_FALSE(p->keep);
@@ -236,10 +243,8 @@ TEST(LayoutPlannerTest, DownloadAtAnOffsetReturnsC) {
 }
 
 TEST(LayoutPlannerTest, DownloadOutsideItsSourceIsInvalid) {
-  EngineJob::Options o;
-  o.kind = JobKind::kDownload;
-  o.resident_a = Resident(0, 1, 4, 8);  // 128 bytes
-  o.byte_offset = 64;
+  JobDescription o;
+  o.op = DownloadOp{Resident(0, 1, 4, 8), 64};  // 128 bytes
   absl::StatusOr<LayoutPlan> p =
       Plan(DownloadSpec(DType::kFloat32, 1, 4, 8), o);
   EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
@@ -247,19 +252,20 @@ TEST(LayoutPlannerTest, DownloadOutsideItsSourceIsInvalid) {
             "download of 128 bytes at offset 64 runs outside its 128-byte "
             "tensor");
   // No source at all: a zero-byte tensor.
-  o.resident_a = nullptr;
-  o.byte_offset = 0;
+  o.op = DownloadOp{nullptr, 0};
   EXPECT_THAT(
       Plan(DownloadSpec(DType::kFloat32, 1, 4, 8), o).status().message(),
       HasSubstr("outside its 0-byte tensor"));
 }
 
 TEST(LayoutPlannerTest, AllocateKeepsAAndMovesNothing) {
-  EngineJob::Options o;
-  o.kind = JobKind::kAllocate;
+  JobDescription o;
+  o.op = AllocateOp{};
   o.device = 1;
   absl::StatusOr<LayoutPlan> p = Plan(UploadSpec(DType::kFloat32, 2, 4, 8), o);
   ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_TRUE(p->allocate);
+  EXPECT_FALSE(p->gemm);
   EXPECT_FALSE(p->stage_a);
   EXPECT_FALSE(p->return_c);
   EXPECT_TRUE(p->keep);
@@ -272,9 +278,8 @@ TEST(LayoutPlannerTest, AllocateKeepsAAndMovesNothing) {
 }
 
 TEST(LayoutPlannerTest, OperandsOnDifferentDevicesAreInvalid) {
-  EngineJob::Options o;
-  o.resident_a = Resident(0, 1, 2, 3);
-  o.resident_b = Resident(1, 1, 3, 4);
+  JobDescription o;
+  o.op = Multiply(Resident(0, 1, 2, 3), Resident(1, 1, 3, 4));
   absl::StatusOr<LayoutPlan> p = Plan(Product(2, 3, 4), o);
   EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(p.status().message(),
@@ -283,9 +288,9 @@ TEST(LayoutPlannerTest, OperandsOnDifferentDevicesAreInvalid) {
 }
 
 TEST(LayoutPlannerTest, AskedDeviceMustMatchResidentOperandsAndTarget) {
-  EngineJob::Options o;
+  JobDescription o;
   o.device = 1;
-  o.resident_b = Resident(0, 1, 3, 4);
+  o.op = Multiply(nullptr, Resident(0, 1, 3, 4));
   EXPECT_EQ(Plan(Product(2, 3, 4), o).status().code(),
             absl::StatusCode::kInvalidArgument);
   o.device = 0;
@@ -293,22 +298,55 @@ TEST(LayoutPlannerTest, AskedDeviceMustMatchResidentOperandsAndTarget) {
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ(p->required_device, 0);
 
-  EngineJob::Options upload;
-  upload.kind = JobKind::kUpload;
+  JobDescription upload;
+  upload.op = UploadOp{Resident(3, 1, 4, 8), 0};
   upload.device = 2;
-  upload.upload_target = Resident(3, 1, 4, 8);
   EXPECT_EQ(Plan(UploadSpec(DType::kFloat32, 1, 4, 8), upload).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
 
 TEST(LayoutPlannerTest, HostTensorsNeedNoDevice) {
   // The host engine's tensors are on device -1, which names no device.
-  EngineJob::Options o;
-  o.resident_a = Resident(-1, 1, 2, 3);
-  o.resident_b = Resident(-1, 1, 3, 4);
+  JobDescription o;
+  o.op = Multiply(Resident(-1, 1, 2, 3), Resident(-1, 1, 3, 4));
   absl::StatusOr<LayoutPlan> p = Plan(Product(2, 3, 4), o);
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ(p->required_device, -1);
+}
+
+TEST(LayoutPlannerTest, ResidentOperandsAndPrestagingComeFromTheOperation) {
+  const std::shared_ptr<ResidentTensor> a = Resident(0, 1, 2, 3);
+  const std::shared_ptr<ResidentTensor> b = Resident(0, 1, 3, 4);
+  JobDescription job;
+  job.op = Multiply(a, b);
+  ResidentOperands r = ResidentOperandsOf(job);
+  EXPECT_EQ(r.a, a);
+  EXPECT_EQ(r.b, b);
+  EXPECT_EQ(r.target, nullptr);
+  EXPECT_FALSE(PrestagedOf(job).has_value());
+
+  job.op = UploadOp{a, 0};
+  r = ResidentOperandsOf(job);
+  EXPECT_EQ(r.a, nullptr);
+  EXPECT_EQ(r.target, a);
+
+  job.op = DownloadOp{b, 0};
+  r = ResidentOperandsOf(job);
+  EXPECT_EQ(r.a, b);  // the source is read as A
+  EXPECT_EQ(r.b, nullptr);
+
+  job.op = AllocateOp{};
+  r = ResidentOperandsOf(job);
+  EXPECT_EQ(r.a, nullptr);
+  EXPECT_EQ(r.b, nullptr);
+  EXPECT_EQ(r.target, nullptr);
+
+  std::byte bytes[2];
+  MultiplyOp prestaged;
+  prestaged.prestaged = PrestagedOperands{&bytes[0], &bytes[1]};
+  job.op = prestaged;
+  ASSERT_TRUE(PrestagedOf(job).has_value());
+  EXPECT_EQ(PrestagedOf(job)->b, &bytes[1]);
 }
 
 TEST(LayoutPlannerTest, StridesOfAPlainProduct) {

@@ -18,6 +18,7 @@
 #include "gpu/cuda/in_flight.h"
 #include "gpu/cuda/job_layout.h"
 #include "gpu/cuda/lane.h"
+#include "gpu/layout_planner.h"
 
 namespace matmul {
 
@@ -50,7 +51,7 @@ void CudaEngine::Submit(std::unique_ptr<MatmulJob> job) {
   double estimate = 0;
   {
     absl::ReaderMutexLock shutdown_lock(&shutdown_mu_);
-    absl::StatusOr<JobLayout> layout = LayoutOf(*job);
+    absl::StatusOr<JobLayout> layout = LayoutOf(job->description());
     Lane* lane = layout.ok() ? PickLane(*layout) : nullptr;
     if (shut_down_) {
       refused = absl::UnavailableError("the CUDA engine is shut down");
@@ -183,7 +184,8 @@ std::unique_ptr<MatmulJob> CudaEngine::Dispatch(
       return job;
     }
   }
-  const std::optional<PrestagedOperands> prestaged = job->prestaged();
+  const std::optional<PrestagedOperands> prestaged =
+      PrestagedOf(job->description());
   d->queued.fetch_sub(1, std::memory_order_relaxed);
   started = true;
 
@@ -195,10 +197,10 @@ std::unique_ptr<MatmulJob> CudaEngine::Dispatch(
   flight->layout = layout;
   flight->estimate = estimate;
   flight->device_bytes = device_bytes;
-  flight->resident_a = job->resident_a();
-  flight->resident_b = job->resident_b();
-  if (layout.kind == JobKind::kUpload)
-    flight->upload_target = job->upload_target();
+  ResidentOperands resident = ResidentOperandsOf(job->description());
+  flight->resident_a = std::move(resident.a);
+  flight->resident_b = std::move(resident.b);
+  flight->upload_target = std::move(resident.target);
   const absl::Time start = absl::Now();
   flight->timings.queue = absl::ToDoubleSeconds(start - submitted);
 

@@ -83,7 +83,7 @@ void CudaEngine::Enqueue(InFlight* flight, const std::byte* host_a,
           cudaMemcpyAsync(const_cast<std::byte*>(device_b), host_b,
                           spec.b_bytes(), cudaMemcpyHostToDevice, stream));
     }
-    if (l.kind == JobKind::kAllocate && options_.poison_outputs) {
+    if (l.allocate && options_.poison_outputs) {
       CUDA_RETURN_IF_ERROR_AT(
           site, cudaMemsetAsync(flight->kept, 0xff, spec.a_bytes(), stream));
     }

@@ -19,10 +19,10 @@ JobLayout DeviceLayoutOf(const LayoutPlan& plan, const MatmulSpec& spec) {
   return l;
 }
 
-absl::StatusOr<JobLayout> LayoutOf(const MatmulJob& job) {
+absl::StatusOr<JobLayout> LayoutOf(const JobDescription& job) {
   absl::StatusOr<LayoutPlan> plan = PlanLayout(job);
   if (!plan.ok()) return plan.status();
-  return DeviceLayoutOf(*plan, job.spec());
+  return DeviceLayoutOf(*plan, job.spec);
 }
 
 double EstimatedSeconds(const MatmulSpec& spec, const JobLayout& layout) {

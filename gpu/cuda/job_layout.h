@@ -39,7 +39,7 @@ JobLayout DeviceLayoutOf(const LayoutPlan& plan, const MatmulSpec& spec);
 
 // PlanLayout, then DeviceLayoutOf: INVALID_ARGUMENT when the job's transfer
 // is out of bounds or its resident operands live on different GPUs.
-absl::StatusOr<JobLayout> LayoutOf(const MatmulJob& job);
+absl::StatusOr<JobLayout> LayoutOf(const JobDescription& job);
 
 // Rough seconds of device work, for least-outstanding-work scheduling only.
 double EstimatedSeconds(const MatmulSpec& spec, const JobLayout& layout);

@@ -179,18 +179,19 @@ void HostEngine::Run(int lane_index, Queued queued) {
   // Where each operand and the result live: staged (copied in by the job,
   // or prestaged by the caller), resident (engine memory kept between
   // requests), or, for the result, returned in staging.
-  absl::StatusOr<LayoutPlan> planned = PlanLayout(job);
+  absl::StatusOr<LayoutPlan> planned = PlanLayout(job.description());
   if (!planned.ok()) {
     job.Done(planned.status());
     return;
   }
   const LayoutPlan& plan = *planned;
-  const bool upload = plan.kind == JobKind::kUpload;
-  const std::shared_ptr<ResidentTensor> resident_a = job.resident_a();
-  const std::shared_ptr<ResidentTensor> resident_b = job.resident_b();
-  const std::shared_ptr<ResidentTensor> target =
-      upload ? job.upload_target() : nullptr;
-  const std::optional<PrestagedOperands> prestaged = job.prestaged();
+  const bool upload = plan.upload;
+  const ResidentOperands resident = ResidentOperandsOf(job.description());
+  const std::shared_ptr<ResidentTensor>& resident_a = resident.a;
+  const std::shared_ptr<ResidentTensor>& resident_b = resident.b;
+  const std::shared_ptr<ResidentTensor>& target = resident.target;
+  const std::optional<PrestagedOperands> prestaged =
+      PrestagedOf(job.description());
   // Host memory is the engine's memory: an upload's A is written straight
   // into its final place, so its staging holds nothing.
   const int64_t bytes = upload ? 0 : plan.staging_bytes;
@@ -246,7 +247,7 @@ void HostEngine::Run(int lane_index, Queued queued) {
   BeginBusy();
   if (plan.gemm) {
     HostGemm(spec, a, b, c);
-  } else if (plan.kind == JobKind::kDownload) {
+  } else if (plan.download) {
     std::memcpy(c, a, static_cast<size_t>(spec.c_bytes()));
   }
   EndBusy();
