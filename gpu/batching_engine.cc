@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <utility>
+#include <variant>
 
 #include "absl/time/clock.h"
 
@@ -12,14 +13,9 @@ namespace {
 class BatchJob final : public MatmulJob {
  public:
   explicit BatchJob(std::vector<std::unique_ptr<MatmulJob>> members)
-      : members_(std::move(members)), failed_(members_.size()) {
-    spec_ = members_.front()->spec();
-    const int64_t n = static_cast<int64_t>(members_.size());
-    spec_.batch = spec_.a_batch = spec_.b_batch = n;
-    spec_.c_is_3d = true;
-  }
-
-  const MatmulSpec& spec() const override { return spec_; }
+      : MatmulJob(Describe(members)),
+        members_(std::move(members)),
+        failed_(members_.size()) {}
 
   absl::Status WriteOperands(absl::Span<std::byte> a,
                              absl::Span<std::byte> b) override {
@@ -70,9 +66,21 @@ class BatchJob final : public MatmulJob {
   }
 
  private:
+  // A plain multiply (staged operands, result returned) of every member's
+  // operands back to back.
+  static JobDescription Describe(
+      const std::vector<std::unique_ptr<MatmulJob>>& members) {
+    JobDescription d;
+    d.spec = members.front()->spec();
+    const int64_t n = static_cast<int64_t>(members.size());
+    d.spec.batch = d.spec.a_batch = d.spec.b_batch = n;
+    d.spec.c_is_3d = true;
+    d.op = MultiplyOp{};
+    return d;
+  }
+
   std::vector<std::unique_ptr<MatmulJob>> members_;
   std::vector<absl::Status> failed_;
-  MatmulSpec spec_;
 };
 
 }  // namespace
@@ -92,10 +100,12 @@ BatchingEngine::Key BatchingEngine::KeyOf(const MatmulSpec& s) {
 
 bool BatchingEngine::Eligible(const MatmulJob& job) const {
   const MatmulSpec& s = job.spec();
-  return job.kind() == JobKind::kMultiply && job.resident_a() == nullptr &&
-         job.resident_b() == nullptr && !job.keep_result() &&
-         !job.prestaged().has_value() && job.device() < 0 && s.batch == 1 &&
-         s.a_batch == 1 && s.b_batch == 1 && s.flops() <= options_.max_flops;
+  const auto* mul = std::get_if<MultiplyOp>(&job.op());
+  return mul != nullptr && mul->resident_a == nullptr &&
+         mul->resident_b == nullptr && !mul->keep_result &&
+         !mul->prestaged.has_value() && job.description().device < 0 &&
+         s.batch == 1 && s.a_batch == 1 && s.b_batch == 1 &&
+         s.flops() <= options_.max_flops;
 }
 
 void BatchingEngine::Submit(std::unique_ptr<MatmulJob> job) {

@@ -14,15 +14,16 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/dtype.h"
+#include "gpu/engine_stats.h"
 #include "gpu/matmul_spec.h"
 
 namespace matmul {
@@ -152,7 +153,8 @@ class JobResult {
   // C, row-major, spec.c_bytes() long (empty when the job kept its result
   // in engine memory: see resident()).
   absl::Span<const std::byte> c() const { return c_; }
-  // The result kept in engine memory (multiply with keep_result(), upload).
+  // The result kept in engine memory (a multiply that keeps its result, an
+  // upload of a new tensor, an allocation).
   const std::shared_ptr<ResidentTensor>& resident() const { return resident_; }
   void set_resident(std::shared_ptr<ResidentTensor> t) {
     resident_ = std::move(t);
@@ -219,75 +221,90 @@ struct PrestagedOperands {
   const std::byte* b = nullptr;
 };
 
-// One activity of one stream, for the pipeline timeline (wall-clock times;
-// on the CUDA engine converted from CUDA event timestamps).
-struct StreamSpan {
-  enum class Kind { kH2D, kCompute, kD2H };
-  int device = -1;
-  int stream = 0;
-  Kind kind = Kind::kCompute;
-  int64_t job = 0;  // sequence number of the job, per engine
-  absl::Time start;
-  absl::Time end;
-};
-
-// What a job does. Upload and download move one tensor, described by the
-// spec as A (upload: a_batch x m x k, staged through WriteOperands) or C
-// (download: batch x m x n, read from resident_a()). Allocate makes a new
-// resident tensor of A's size whose contents are undefined until uploads
-// with upload_target() fill it. Together these let a large operand reach
-// the device in pieces while the rest of it is still arriving.
-enum class JobKind { kMultiply, kUpload, kDownload, kAllocate };
-
-// One multiply, implemented by the caller (the server wraps an RPC in it).
-// The engine owns a submitted job until it has called Done, then destroys it.
-class MatmulJob {
- public:
-  virtual ~MatmulJob() = default;
-
-  virtual const MatmulSpec& spec() const = 0;
-
-  virtual JobKind kind() const { return JobKind::kMultiply; }
-
+// Typed operations: what a job asks the engine to do. A job carries one of
+// them in its JobDescription; each holds only what its operation needs.
+//
+// Multiply: C = op(A)·op(B) as the spec describes. Operands come staged
+// (WriteOperands), prestaged, or resident.
+struct MultiplyOp {
   // Operands already in engine memory, used in place of staged ones (the
   // job then runs on their device; both must be on the same one). A staged
   // operand's span in WriteOperands is empty when the other is resident.
-  virtual std::shared_ptr<ResidentTensor> resident_a() const { return nullptr; }
-  virtual std::shared_ptr<ResidentTensor> resident_b() const { return nullptr; }
+  std::shared_ptr<ResidentTensor> resident_a;
+  std::shared_ptr<ResidentTensor> resident_b;
   // Keep C in engine memory (JobResult::resident()) instead of returning it.
-  virtual bool keep_result() const { return false; }
-  // Device to run on (-1: any). Jobs with resident operands run on theirs.
-  virtual int device() const { return -1; }
+  bool keep_result = false;
+  // If set, the operands are already in engine-allocated host memory and
+  // WriteOperands is not called.
+  std::optional<PrestagedOperands> prestaged;
+};
 
+// Upload: one tensor, described by the spec as A (a_batch x m x k), staged
+// through WriteOperands (`b` empty) into engine memory. Without a target the
+// result's resident() is a new tensor holding it.
+struct UploadOp {
+  // If set, A is written into this existing tensor, byte_offset bytes into
+  // its data, instead of a new one (the result then has no resident()). The
+  // tensor comes from an allocate job; the caller orders the writes before
+  // any job that reads it (by waiting for their Done).
+  std::shared_ptr<ResidentTensor> target;
+  int64_t byte_offset = 0;
+};
+
+// Download: the spec's C (batch x m x n) read from `source`, starting
+// byte_offset bytes into its data, and returned in JobResult::c().
+struct DownloadOp {
+  std::shared_ptr<ResidentTensor> source;
+  int64_t byte_offset = 0;
+};
+
+// Allocate: a new resident tensor of A's size whose contents are undefined
+// until uploads into it fill it. With UploadOp::target this lets a large
+// operand reach the device in pieces while the rest of it is still arriving.
+struct AllocateOp {};
+
+// An upload's target offset or a download's source offset that leaves its
+// bytes outside the tensor fails the job with INVALID_ARGUMENT.
+using EngineOp = std::variant<MultiplyOp, UploadOp, DownloadOp, AllocateOp>;
+
+// One job's description: a value the engine reads and never changes. Both
+// engines work out from it where the job's operands and result live with
+// PlanLayout (gpu/layout_planner.h).
+struct JobDescription {
+  MatmulSpec spec;
+  EngineOp op;
+  // Device to run on (-1: any). Jobs with resident operands (or an upload
+  // target) run on theirs.
+  int device = -1;
   // False: if the device memory this job needs is not free now, fail at
   // once with RESOURCE_EXHAUSTED instead of waiting for it. For jobs that
   // belong to a chain whose waiting could hold up the very work that would
   // free the memory (a streamed multiply's steps).
-  virtual bool wait_for_memory() const { return true; }
+  bool wait_for_memory = true;
+};
 
-  // Upload only: write A into this existing tensor, byte_offset() bytes
-  // into its data, instead of allocating a new one (the result then has no
-  // resident()). The tensor comes from an allocate job; the caller orders
-  // the writes before any job that reads it (by waiting for their Done).
-  virtual std::shared_ptr<ResidentTensor> upload_target() const {
-    return nullptr;
-  }
-  // Upload with upload_target(): where A goes. Download: where, in
-  // resident_a()'s data, the spec's C begins. Must leave the bytes inside
-  // the tensor (else the job fails with INVALID_ARGUMENT).
-  virtual int64_t byte_offset() const { return 0; }
+// One piece of engine work, implemented by the caller (the server wraps an
+// RPC in it): its description, given at construction, and the callbacks
+// below. The engine owns a submitted job until it has called Done, then
+// destroys it.
+class MatmulJob {
+ public:
+  explicit MatmulJob(JobDescription description)
+      : description_(std::move(description)) {}
+  virtual ~MatmulJob() = default;
 
-  // If set, the operands are already in engine-allocated host memory and
-  // WriteOperands is not called.
-  virtual std::optional<PrestagedOperands> prestaged() const {
-    return std::nullopt;
-  }
+  const JobDescription& description() const { return description_; }
+  const MatmulSpec& spec() const { return description_.spec; }
+  const EngineOp& op() const { return description_.op; }
 
-  // Copies the operands into staging memory: `a` is spec().a_bytes() long,
-  // `b` spec().b_bytes(). Called at most once, before any device work, on
-  // whichever thread leased the staging; must not block on other jobs.
+  // Multiply and upload: copies the operands into staging memory: `a` is
+  // spec().a_bytes() long, `b` spec().b_bytes() (empty when not staged).
+  // Called at most once, before any device work, on whichever thread
+  // leased the staging; must not block on other jobs. Never called for
+  // download and allocate jobs, nor prestaged multiplies; the default
+  // fails with INTERNAL.
   virtual absl::Status WriteOperands(absl::Span<std::byte> a,
-                                     absl::Span<std::byte> b) = 0;
+                                     absl::Span<std::byte> b);
 
   // Called exactly once, on an engine thread (or inside Submit for jobs that
   // fail at once), with the result or the reason there is none.
@@ -297,81 +314,15 @@ class MatmulJob {
   // DEADLINE_EXCEEDED); the engine then drops the job if it has not started.
   // Must be cheap and thread-safe.
   virtual absl::Status Abandoned() const { return absl::OkStatus(); }
+
+ private:
+  const JobDescription description_;
 };
 
-// OK unless an upload into upload_target() or a download at byte_offset()
-// would reach outside its tensor (INVALID_ARGUMENT, with the numbers).
-// Engines call it before doing such a job.
-inline absl::Status CheckTransferBounds(const MatmulJob& job) {
-  const int64_t offset = job.byte_offset();
-  std::shared_ptr<ResidentTensor> tensor;
-  int64_t bytes = 0;
-  const char* what = "";
-  if (job.kind() == JobKind::kUpload && job.upload_target() != nullptr) {
-    tensor = job.upload_target();
-    bytes = job.spec().a_bytes();
-    what = "upload";
-  } else if (job.kind() == JobKind::kDownload) {
-    tensor = job.resident_a();
-    bytes = job.spec().c_bytes();
-    what = "download";
-  } else {
-    return absl::OkStatus();
-  }
-  const int64_t size = tensor == nullptr ? 0 : tensor->bytes();
-  if (offset < 0 || offset > size || bytes > size - offset) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, " of ", bytes, " bytes at offset ", offset,
-                     " runs outside its ", size, "-byte tensor"));
-  }
-  return absl::OkStatus();
+inline absl::Status MatmulJob::WriteOperands(absl::Span<std::byte>,
+                                             absl::Span<std::byte>) {
+  return absl::InternalError("this job has no operands to stage");
 }
-
-// A compute device as the engine sees it.
-struct DeviceInfo {
-  int index = 0;
-  std::string name;
-  std::string uuid;
-  int64_t memory_bytes = 0;
-  int multiprocessors = 0;
-  int copy_engines = 0;
-  std::string compute_capability;
-  int64_t staging_bytes = 0;
-};
-
-struct EngineInfo {
-  std::string name;  // "cuda" or "host"
-  std::vector<DeviceInfo> devices;
-  int streams_per_device = 0;
-  std::vector<DType> dtypes;
-};
-
-// Cumulative counters of one stream (host: worker lane).
-struct StreamStats {
-  int64_t jobs = 0;         // jobs that ran on it
-  double busy_seconds = 0;  // time it had work (CUDA: from events)
-};
-
-// Cumulative counters and current gauges of one device.
-struct DeviceStats {
-  std::string label;  // metrics label: device index, or "host"
-  std::vector<StreamStats> streams;
-  double busy_seconds = 0;                  // union of its streams' busy time
-  double compute_busy_seconds = 0;          // union of GEMM time
-  double copy_busy_seconds = 0;             // union of H2D and D2H time
-  double copy_compute_overlap_seconds = 0;  // copies running during GEMMs
-  int64_t h2d_bytes = 0;
-  int64_t d2h_bytes = 0;
-  std::array<double, kNumDTypes> flops{};  // indexed by DType
-  int64_t staging_used_bytes = 0;
-  int64_t staging_total_bytes = 0;
-  int64_t device_memory_used_bytes = 0;
-  int64_t queued_jobs = 0;  // submitted, not yet started
-};
-
-struct EngineStats {
-  std::vector<DeviceStats> devices;
-};
 
 // Thread-safe: every method may be called from any thread.
 class Engine {

@@ -47,8 +47,9 @@ std::unique_ptr<Pending> Submit(Engine& engine, const MatmulSpec& spec,
   class Job final : public MatmulJob {
    public:
     Job(std::unique_ptr<EngineJob> inner, absl::Status abandoned)
-        : inner_(std::move(inner)), abandoned_(std::move(abandoned)) {}
-    const MatmulSpec& spec() const override { return inner_->spec(); }
+        : MatmulJob(inner->description()),
+          inner_(std::move(inner)),
+          abandoned_(std::move(abandoned)) {}
     absl::Status WriteOperands(absl::Span<std::byte> a,
                                absl::Span<std::byte> b) override {
       if (!abandoned_.ok()) return abandoned_;

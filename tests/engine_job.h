@@ -1,5 +1,6 @@
-// Test support: a MatmulJob of any kind (multiply, upload, download, allocate)
-// over byte strings and resident tensors, whose outcome lands in a future.
+// Test support: a MatmulJob of any operation (multiply, upload, download,
+// allocate) over byte strings and resident tensors, whose outcome lands in a
+// future.
 #ifndef MATMUL_TESTS_ENGINE_JOB_H_
 #define MATMUL_TESTS_ENGINE_JOB_H_
 
@@ -24,46 +25,27 @@ struct JobOutcome {
 class EngineJob final : public MatmulJob {
  public:
   struct Options {
-    JobKind kind = JobKind::kMultiply;
+    EngineOp op;    // a multiply by default
     std::string a;  // staged A (or the tensor to upload)
     std::string b;  // staged B
-    std::shared_ptr<ResidentTensor> resident_a;
-    std::shared_ptr<ResidentTensor> resident_b;
-    bool keep_result = false;
     int device = -1;
-    std::shared_ptr<ResidentTensor> upload_target;
-    int64_t byte_offset = 0;
   };
 
   EngineJob(const MatmulSpec& spec, Options options,
             std::promise<JobOutcome> promise)
-      : spec_(spec),
-        options_(std::move(options)),
+      : MatmulJob(JobDescription{spec, options.op, options.device}),
+        a_(std::move(options.a)),
+        b_(std::move(options.b)),
         promise_(std::move(promise)) {}
-
-  const MatmulSpec& spec() const override { return spec_; }
-  JobKind kind() const override { return options_.kind; }
-  std::shared_ptr<ResidentTensor> resident_a() const override {
-    return options_.resident_a;
-  }
-  std::shared_ptr<ResidentTensor> resident_b() const override {
-    return options_.resident_b;
-  }
-  bool keep_result() const override { return options_.keep_result; }
-  int device() const override { return options_.device; }
-  std::shared_ptr<ResidentTensor> upload_target() const override {
-    return options_.upload_target;
-  }
-  int64_t byte_offset() const override { return options_.byte_offset; }
 
   absl::Status WriteOperands(absl::Span<std::byte> a,
                              absl::Span<std::byte> b) override {
-    if (a.size() != (a.empty() ? 0 : options_.a.size()) ||
-        b.size() != (b.empty() ? 0 : options_.b.size())) {
+    if (a.size() != (a.empty() ? 0 : a_.size()) ||
+        b.size() != (b.empty() ? 0 : b_.size())) {
       return absl::InternalError("staging size mismatch");
     }
-    if (!a.empty()) std::memcpy(a.data(), options_.a.data(), a.size());
-    if (!b.empty()) std::memcpy(b.data(), options_.b.data(), b.size());
+    if (!a.empty()) std::memcpy(a.data(), a_.data(), a.size());
+    if (!b.empty()) std::memcpy(b.data(), b_.data(), b.size());
     return absl::OkStatus();
   }
 
@@ -82,8 +64,8 @@ class EngineJob final : public MatmulJob {
   }
 
  private:
-  MatmulSpec spec_;
-  Options options_;
+  std::string a_;
+  std::string b_;
   std::promise<JobOutcome> promise_;
 };
 

@@ -34,12 +34,11 @@ class TestJob final : public MatmulJob {
 
   TestJob(const MatmulSpec& spec, std::string a, std::string b,
           std::promise<Outcome> promise)
-      : spec_(spec),
+      : MatmulJob(JobDescription{spec, MultiplyOp{}}),
         a_(std::move(a)),
         b_(std::move(b)),
         promise_(std::move(promise)) {}
 
-  const MatmulSpec& spec() const override { return spec_; }
   absl::Status WriteOperands(absl::Span<std::byte> a,
                              absl::Span<std::byte> b) override {
     wrote_ = true;
@@ -74,7 +73,6 @@ class TestJob final : public MatmulJob {
   static inline std::atomic<bool> outcome_wrote_{false};
 
  private:
-  MatmulSpec spec_;
   std::string a_;
   std::string b_;
   std::promise<Outcome> promise_;

@@ -38,7 +38,7 @@ inline void CheckResidentTensors(Engine& engine, DType dtype) {
       engine.stats().devices[0].device_memory_used_bytes;
 
   EngineJob::Options up_a;
-  up_a.kind = JobKind::kUpload;
+  up_a.op = UploadOp{};
   up_a.a = a;
   JobOutcome ra = Run(engine, UploadSpec(dtype, 1, m, k), up_a);
   ASSERT_TRUE(ra.status.ok()) << ra.status;
@@ -48,7 +48,7 @@ inline void CheckResidentTensors(Engine& engine, DType dtype) {
   EXPECT_EQ(ra.resident->cols(), k);
   EXPECT_EQ(ra.resident->bytes(), static_cast<int64_t>(a.size()));
   EngineJob::Options up_b;
-  up_b.kind = JobKind::kUpload;
+  up_b.op = UploadOp{};
   up_b.a = b;
   JobOutcome rb = Run(engine, UploadSpec(dtype, 1, k, n), up_b);
   ASSERT_TRUE(rb.status.ok()) << rb.status;
@@ -57,9 +57,7 @@ inline void CheckResidentTensors(Engine& engine, DType dtype) {
   // Resident x resident, kept on the engine.
   const MatmulSpec ab = MakeSpec(dtype, 1, 1, m, n, k, false, false, false);
   EngineJob::Options mul;
-  mul.resident_a = ra.resident;
-  mul.resident_b = rb.resident;
-  mul.keep_result = true;
+  mul.op = MultiplyOp{ra.resident, rb.resident, /*keep_result=*/true, {}};
   JobOutcome rc = Run(engine, ab, mul);
   ASSERT_TRUE(rc.status.ok()) << rc.status;
   ASSERT_NE(rc.resident, nullptr);
@@ -69,8 +67,7 @@ inline void CheckResidentTensors(Engine& engine, DType dtype) {
 
   // Download it and compare with A·B.
   EngineJob::Options down;
-  down.kind = JobKind::kDownload;
-  down.resident_a = rc.resident;
+  down.op = DownloadOp{rc.resident, 0};
   JobOutcome c = Run(engine, DownloadSpec(dtype, 1, m, n), down);
   ASSERT_TRUE(c.status.ok()) << c.status;
   const std::vector<double> ref_ab = ReferenceGemm(
@@ -80,7 +77,7 @@ inline void CheckResidentTensors(Engine& engine, DType dtype) {
   // Resident result × staged operand, returned: (A·B)·D.
   const MatmulSpec cd = MakeSpec(dtype, 1, 1, m, p, n, false, false, false);
   EngineJob::Options chain;
-  chain.resident_a = rc.resident;
+  chain.op = MultiplyOp{rc.resident, nullptr, false, {}};
   chain.b = d;
   JobOutcome e = Run(engine, cd, chain);
   ASSERT_TRUE(e.status.ok()) << e.status;
@@ -92,7 +89,7 @@ inline void CheckResidentTensors(Engine& engine, DType dtype) {
   // Staged A × resident B, returned.
   EngineJob::Options mixed;
   mixed.a = a;
-  mixed.resident_b = rb.resident;
+  mixed.op = MultiplyOp{nullptr, rb.resident, false, {}};
   JobOutcome f = Run(engine, ab, mixed);
   ASSERT_TRUE(f.status.ok()) << f.status;
   EXPECT_LT(RelativeError(ToDoubles(dtype, f.c.data(), m * n), ref_ab), tol);
@@ -101,11 +98,10 @@ inline void CheckResidentTensors(Engine& engine, DType dtype) {
   ra.resident.reset();
   rb.resident.reset();
   rc.resident.reset();
-  mul.resident_a.reset();
-  mul.resident_b.reset();
-  down.resident_a.reset();
-  chain.resident_a.reset();
-  mixed.resident_b.reset();
+  mul.op = MultiplyOp{};
+  down.op = MultiplyOp{};
+  chain.op = MultiplyOp{};
+  mixed.op = MultiplyOp{};
   // The engine drops its finished jobs (and their references) just after
   // calling Done.
   ExpectMemoryBackTo(engine, base_memory);
@@ -128,7 +124,7 @@ inline void CheckPiecewiseTransfer(Engine& engine, DType dtype) {
       engine.stats().devices[0].device_memory_used_bytes;
 
   EngineJob::Options alloc;
-  alloc.kind = JobKind::kAllocate;
+  alloc.op = AllocateOp{};
   JobOutcome buffer = Run(engine, UploadSpec(dtype, 1, 1, total / elem), alloc);
   ASSERT_TRUE(buffer.status.ok()) << buffer.status;
   ASSERT_NE(buffer.resident, nullptr);
@@ -144,11 +140,9 @@ inline void CheckPiecewiseTransfer(Engine& engine, DType dtype) {
     for (int64_t e : starts) {
       const int64_t count = std::min(piece, elems - e);
       EngineJob::Options up;
-      up.kind = JobKind::kUpload;
+      up.op = UploadOp{buffer.resident, at + e * elem};
       up.a = bytes.substr(static_cast<size_t>(e * elem),
                           static_cast<size_t>(count * elem));
-      up.upload_target = buffer.resident;
-      up.byte_offset = at + e * elem;
       JobOutcome done = Run(engine, UploadSpec(dtype, 1, 1, count), up);
       ASSERT_TRUE(done.status.ok()) << done.status;
       EXPECT_EQ(done.resident, nullptr);  // nothing new kept
@@ -166,9 +160,7 @@ inline void CheckPiecewiseTransfer(Engine& engine, DType dtype) {
       ResidentView::Create(buffer.resident, b_at + elem, dtype, 1, k, n).ok());
   const MatmulSpec ab = MakeSpec(dtype, 1, 1, m, n, k, false, false, false);
   EngineJob::Options mul;
-  mul.resident_a = *va;
-  mul.resident_b = *vb;
-  mul.keep_result = true;
+  mul.op = MultiplyOp{*va, *vb, /*keep_result=*/true, {}};
   JobOutcome rc = Run(engine, ab, mul);
   ASSERT_TRUE(rc.status.ok()) << rc.status;
   ASSERT_NE(rc.resident, nullptr);
@@ -178,9 +170,7 @@ inline void CheckPiecewiseTransfer(Engine& engine, DType dtype) {
   for (int64_t e = 0; e < m * n; e += piece) {
     const int64_t count = std::min(piece, m * n - e);
     EngineJob::Options down;
-    down.kind = JobKind::kDownload;
-    down.resident_a = rc.resident;
-    down.byte_offset = e * elem;
+    down.op = DownloadOp{rc.resident, e * elem};
     JobOutcome part = Run(engine, DownloadSpec(dtype, 1, 1, count), down);
     ASSERT_TRUE(part.status.ok()) << part.status;
     ASSERT_EQ(part.c.size(), static_cast<size_t>(count * elem));
@@ -193,26 +183,21 @@ inline void CheckPiecewiseTransfer(Engine& engine, DType dtype) {
 
   // Pieces that would reach outside their tensor are refused.
   EngineJob::Options past;
-  past.kind = JobKind::kUpload;
+  past.op = UploadOp{buffer.resident, buffer.resident->bytes() - elem};
   past.a = std::string(static_cast<size_t>(2 * elem), '\0');
-  past.upload_target = buffer.resident;
-  past.byte_offset = buffer.resident->bytes() - elem;
   EXPECT_EQ(Run(engine, UploadSpec(dtype, 1, 1, 2), past).status.code(),
             absl::StatusCode::kInvalidArgument);
   EngineJob::Options bad_down;
-  bad_down.kind = JobKind::kDownload;
-  bad_down.resident_a = rc.resident;
-  bad_down.byte_offset = -elem;
+  bad_down.op = DownloadOp{rc.resident, -elem};
   EXPECT_EQ(Run(engine, DownloadSpec(dtype, 1, 1, 1), bad_down).status.code(),
             absl::StatusCode::kInvalidArgument);
 
   // Views keep their base alive; dropping everything frees the memory.
   buffer.resident.reset();
-  past.upload_target.reset();
+  past.op = MultiplyOp{};
   rc.resident.reset();
-  bad_down.resident_a.reset();
-  mul.resident_a.reset();
-  mul.resident_b.reset();
+  bad_down.op = MultiplyOp{};
+  mul.op = MultiplyOp{};
   va->reset();
   vb->reset();
   ExpectMemoryBackTo(engine, base_memory);

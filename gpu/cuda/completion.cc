@@ -207,12 +207,10 @@ void CudaEngine::Complete(InFlight* flight) {
   SetDeviceStages(ms, flight->timings);
   lane->jobs.fetch_add(1, std::memory_order_relaxed);
   AtomicAddDouble(lane->busy_seconds, (ms[3] - ms[0]) * 1e-3);
-  d->h2d_bytes.fetch_add(
-      (l.stage_a ? spec.a_bytes() : 0) + (l.stage_b ? spec.b_bytes() : 0),
-      std::memory_order_relaxed);
-  d->d2h_bytes.fetch_add(l.return_c ? spec.c_bytes() : 0,
+  d->h2d_bytes.fetch_add(l.moved_bytes - l.returned_c_bytes,
                          std::memory_order_relaxed);
-  if (l.kind == JobKind::kMultiply) {
+  d->d2h_bytes.fetch_add(l.returned_c_bytes, std::memory_order_relaxed);
+  if (l.gemm) {
     AtomicAddDouble(d->flops[static_cast<int>(spec.dtype)], spec.flops());
   }
   d->busy.Add(ms);
@@ -232,15 +230,13 @@ void CudaEngine::Complete(InFlight* flight) {
 
   JobResult result(
       absl::MakeConstSpan(flight->host_c,
-                          l.return_c ? static_cast<size_t>(spec.c_bytes()) : 0),
+                          static_cast<size_t>(l.returned_c_bytes)),
       Placement{d->index, lane->index}, flight->timings,
       [lease = std::move(flight->lease)]() mutable { lease.Release(); });
   if (flight->kept != nullptr) {
-    const bool upload =
-        l.kind == JobKind::kUpload || l.kind == JobKind::kAllocate;
     result.set_resident(std::make_shared<CudaResidentTensor>(
-        d, spec.dtype, upload ? spec.a_batch : spec.batch, spec.m,
-        upload ? spec.k : spec.n, flight->kept, l.kept_bytes));
+        d, spec.dtype, l.kept.batch, l.kept.rows, l.kept.cols, flight->kept,
+        l.kept_bytes));
   }
   job->Done(std::move(result));
 }

@@ -1,6 +1,7 @@
 #include "gpu/cuda/cublas_gemm.h"
 
 #include "gpu/cuda/cuda_status.h"
+#include "gpu/layout_planner.h"
 
 namespace matmul {
 namespace {
@@ -46,9 +47,10 @@ absl::Status EnqueueGemm(cublasHandle_t handle, const MatmulSpec& spec,
   // Column-major view: Cᵀ (n×m) = op(B)ᵀ (n×k) · op(A)ᵀ (k×m).
   const cublasOperation_t op_b = spec.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_a = spec.transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const int ldb = spec.transpose_b ? k : n;
-  const int lda = spec.transpose_a ? m : k;
-  const int ldc = n;
+  const GemmStrides strides = StridesOf(spec);
+  const int ldb = static_cast<int>(strides.ldb);
+  const int lda = static_cast<int>(strides.lda);
+  const int ldc = static_cast<int>(strides.ldc);
 
   if (spec.batch == 1) {
     CUBLAS_RETURN_IF_ERROR_AT(
@@ -57,9 +59,9 @@ absl::Status EnqueueGemm(cublasHandle_t handle, const MatmulSpec& spec,
                            types.compute, CUBLAS_GEMM_DEFAULT));
     return absl::OkStatus();
   }
-  const long long stride_a = spec.a_batch == 1 ? 0 : spec.m * spec.k;
-  const long long stride_b = spec.b_batch == 1 ? 0 : spec.k * spec.n;
-  const long long stride_c = spec.m * spec.n;
+  const long long stride_a = strides.stride_a;
+  const long long stride_b = strides.stride_b;
+  const long long stride_c = strides.stride_c;
   CUBLAS_RETURN_IF_ERROR_AT(
       site, cublasGemmStridedBatchedEx(handle, op_b, op_a, n, m, k, alpha, b,
                                        types.data, ldb, stride_b, a, types.data,

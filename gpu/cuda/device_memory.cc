@@ -14,7 +14,7 @@ absl::Status DeviceMemoryBudget::Reserve(int64_t bytes, MatmulJob& job) {
   absl::MutexLock lock(&mu_);
   while (reserved_ + bytes > budget_) {
     if (absl::Status stop = job.Abandoned(); !stop.ok()) return stop;
-    if (!job.wait_for_memory()) {
+    if (!job.description().wait_for_memory) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "GPU ", device_, " has ", budget_ - reserved_, " of ", budget_,
           " bytes free now and this needs ", bytes, "; retry later"));

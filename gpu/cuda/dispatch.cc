@@ -18,6 +18,7 @@
 #include "gpu/cuda/in_flight.h"
 #include "gpu/cuda/job_layout.h"
 #include "gpu/cuda/lane.h"
+#include "gpu/layout_planner.h"
 
 namespace matmul {
 
@@ -30,7 +31,7 @@ CudaEngine::Lane* CudaEngine::PickLane(const JobLayout& layout) const {
     if (!d->healthy.load(std::memory_order_relaxed) ||
         (layout.required_device >= 0 && d->index != layout.required_device) ||
         device_bytes > d->memory->budget() ||
-        layout.pinned_bytes > d->pinned->capacity()) {
+        layout.staging_bytes > d->pinned->capacity()) {
       continue;
     }
     const double work = lane->outstanding.load(std::memory_order_relaxed);
@@ -50,7 +51,7 @@ void CudaEngine::Submit(std::unique_ptr<MatmulJob> job) {
   double estimate = 0;
   {
     absl::ReaderMutexLock shutdown_lock(&shutdown_mu_);
-    absl::StatusOr<JobLayout> layout = LayoutOf(*job);
+    absl::StatusOr<JobLayout> layout = LayoutOf(job->description());
     Lane* lane = layout.ok() ? PickLane(*layout) : nullptr;
     if (shut_down_) {
       refused = absl::UnavailableError("the CUDA engine is shut down");
@@ -72,7 +73,7 @@ void CudaEngine::Submit(std::unique_ptr<MatmulJob> job) {
       // 0 turns this off even for jobs that stage nothing.
       if (options_.inline_dispatch_max_bytes > 0 && lane->queue.empty() &&
           !lane->busy &&
-          layout->pinned_bytes <= options_.inline_dispatch_max_bytes) {
+          layout->staging_bytes <= options_.inline_dispatch_max_bytes) {
         lane->busy = true;
         inline_lane = lane;
         inline_layout = *layout;
@@ -168,7 +169,7 @@ std::unique_ptr<MatmulJob> CudaEngine::Dispatch(
       return nullptr;
     }
     absl::StatusOr<PinnedPool::Lease> acquired = d->pinned->Acquire(
-        layout.pinned_bytes, [&job] { return job->Abandoned(); });
+        layout.staging_bytes, [&job] { return job->Abandoned(); });
     if (!acquired.ok()) {
       d->memory->Release(device_bytes);
       fail(acquired.status());
@@ -177,13 +178,14 @@ std::unique_ptr<MatmulJob> CudaEngine::Dispatch(
     lease = std::move(*acquired);
   } else {
     if (!d->memory->TryReserve(device_bytes)) return job;
-    lease = d->pinned->TryAcquire(layout.pinned_bytes);
+    lease = d->pinned->TryAcquire(layout.staging_bytes);
     if (!lease.has_value()) {
       d->memory->Release(device_bytes);
       return job;
     }
   }
-  const std::optional<PrestagedOperands> prestaged = job->prestaged();
+  const std::optional<PrestagedOperands> prestaged =
+      PrestagedOf(job->description());
   d->queued.fetch_sub(1, std::memory_order_relaxed);
   started = true;
 
@@ -195,26 +197,28 @@ std::unique_ptr<MatmulJob> CudaEngine::Dispatch(
   flight->layout = layout;
   flight->estimate = estimate;
   flight->device_bytes = device_bytes;
-  flight->resident_a = job->resident_a();
-  flight->resident_b = job->resident_b();
-  if (layout.kind == JobKind::kUpload)
-    flight->upload_target = job->upload_target();
+  ResidentOperands resident = ResidentOperandsOf(job->description());
+  flight->resident_a = std::move(resident.a);
+  flight->resident_b = std::move(resident.b);
+  flight->upload_target = std::move(resident.target);
   const absl::Time start = absl::Now();
   flight->timings.queue = absl::ToDoubleSeconds(start - submitted);
 
   // Staging slot: [staged A][staged B][returned C], each part present only
   // when the layout needs it.
   std::byte* slot = lease->data();
-  const int64_t a_staged = layout.stage_a && !prestaged ? spec.a_bytes() : 0;
-  const int64_t b_staged = layout.stage_b && !prestaged ? spec.b_bytes() : 0;
+  const int64_t a_staged = layout.staged_a_bytes;
+  const int64_t b_staged = layout.staged_b_bytes;
   const std::byte* host_a = prestaged ? prestaged->a : slot;
-  const std::byte* host_b = prestaged ? prestaged->b : slot + a_staged;
-  flight->host_c = layout.return_c ? slot + a_staged + b_staged : nullptr;
+  const std::byte* host_b =
+      prestaged ? prestaged->b : slot + layout.b_staging_offset();
+  flight->host_c = layout.return_c ? slot + layout.c_staging_offset() : nullptr;
   flight->lease = std::move(*lease);
   if (a_staged + b_staged > 0) {
-    absl::Status written = job->WriteOperands(
-        absl::MakeSpan(slot, static_cast<size_t>(a_staged)),
-        absl::MakeSpan(slot + a_staged, static_cast<size_t>(b_staged)));
+    absl::Status written =
+        job->WriteOperands(absl::MakeSpan(slot, static_cast<size_t>(a_staged)),
+                           absl::MakeSpan(slot + layout.b_staging_offset(),
+                                          static_cast<size_t>(b_staged)));
     flight->timings.stage_in = absl::ToDoubleSeconds(absl::Now() - start);
     if (!written.ok()) {
       d->memory->Release(device_bytes);

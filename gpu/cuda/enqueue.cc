@@ -33,7 +33,6 @@ void CudaEngine::Enqueue(InFlight* flight, const std::byte* host_a,
     d->in_flight.insert(flight);
   }
   const JobLayout& l = flight->layout;
-  const bool upload = l.kind == JobKind::kUpload;
   void* memory = nullptr;  // transient: staged operands, returned C
   flight->status = [&]() -> absl::Status {
     CUDA_RETURN_IF_ERROR_AT(site, cudaEventRecord(ev.start.get(), stream));
@@ -56,16 +55,17 @@ void CudaEngine::Enqueue(InFlight* flight, const std::byte* host_a,
       next += AlignUp(bytes, kDeviceAlignment);
       return p;
     };
+    // The plan's byte_offset is 0 except for a download's source and an
+    // upload's target.
     const std::byte* device_a =
         flight->resident_a
             ? static_cast<const std::byte*>(flight->resident_a->data()) +
-                  (l.kind == JobKind::kDownload ? l.byte_offset : 0)
+                  l.byte_offset
         : flight->upload_target
             ? static_cast<const std::byte*>(flight->upload_target->data()) +
                   l.byte_offset
-        : upload || l.kind == JobKind::kAllocate
-            ? static_cast<std::byte*>(flight->kept)
-            : carve(spec.a_bytes());
+        : l.keeps_a ? static_cast<std::byte*>(flight->kept)
+                    : carve(spec.a_bytes());
     const std::byte* device_b =
         flight->resident_b
             ? static_cast<const std::byte*>(flight->resident_b->data())
@@ -83,13 +83,13 @@ void CudaEngine::Enqueue(InFlight* flight, const std::byte* host_a,
           cudaMemcpyAsync(const_cast<std::byte*>(device_b), host_b,
                           spec.b_bytes(), cudaMemcpyHostToDevice, stream));
     }
-    if (l.kind == JobKind::kAllocate && options_.poison_outputs) {
+    if (l.allocate && options_.poison_outputs) {
       CUDA_RETURN_IF_ERROR_AT(
           site, cudaMemsetAsync(flight->kept, 0xff, spec.a_bytes(), stream));
     }
     CUDA_RETURN_IF_ERROR_AT(site, cudaEventRecord(ev.h2d_done.get(), stream));
     const std::byte* device_c = device_a;  // download: C is A itself
-    if (l.kind == JobKind::kMultiply) {
+    if (l.gemm) {
       std::byte* c = l.keep ? static_cast<std::byte*>(flight->kept)
                             : carve(spec.c_bytes());
       device_c = c;

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "gpu/layout_planner.h"
 
 namespace matmul {
 namespace {
@@ -178,31 +179,23 @@ void HostEngine::Run(int lane_index, Queued queued) {
   // Where each operand and the result live: staged (copied in by the job,
   // or prestaged by the caller), resident (engine memory kept between
   // requests), or, for the result, returned in staging.
-  const JobKind kind = job.kind();
-  if (absl::Status bounds = CheckTransferBounds(job); !bounds.ok()) {
-    job.Done(bounds);
+  absl::StatusOr<LayoutPlan> planned = PlanLayout(job.description());
+  if (!planned.ok()) {
+    job.Done(planned.status());
     return;
   }
-  const std::shared_ptr<ResidentTensor> resident_a = job.resident_a();
-  const std::shared_ptr<ResidentTensor> resident_b = job.resident_b();
-  const bool upload = kind == JobKind::kUpload;
-  const bool allocate = kind == JobKind::kAllocate;
-  const std::shared_ptr<ResidentTensor> target =
-      upload ? job.upload_target() : nullptr;
-  const bool keep_a = (upload && target == nullptr) || allocate;
-  const bool keep = keep_a || (kind == JobKind::kMultiply && job.keep_result());
-  const std::optional<PrestagedOperands> prestaged = job.prestaged();
-  const bool stage_a =
-      kind != JobKind::kDownload && !allocate && !resident_a && !prestaged;
-  const bool stage_b = kind == JobKind::kMultiply && !resident_b && !prestaged;
-  const int64_t a_staged = stage_a ? spec.a_bytes() : 0;
-  const int64_t b_staged = stage_b ? spec.b_bytes() : 0;
-  // Upload and allocate keep A itself; a kept product keeps C.
-  const int64_t kept_bytes = keep_a ? spec.a_bytes()
-                             : keep ? spec.c_bytes()
-                                    : 0;
-  const int64_t returned_bytes = keep || upload ? 0 : spec.c_bytes();
-  const int64_t bytes = (upload ? 0 : a_staged) + b_staged + returned_bytes;
+  const LayoutPlan& plan = *planned;
+  const bool upload = plan.upload;
+  const ResidentOperands resident = ResidentOperandsOf(job.description());
+  const std::shared_ptr<ResidentTensor>& resident_a = resident.a;
+  const std::shared_ptr<ResidentTensor>& resident_b = resident.b;
+  const std::shared_ptr<ResidentTensor>& target = resident.target;
+  const std::optional<PrestagedOperands> prestaged =
+      PrestagedOf(job.description());
+  // Host memory is the engine's memory: an upload's A is written straight
+  // into its final place, so its staging holds nothing.
+  const int64_t bytes = upload ? 0 : plan.staging_bytes;
+  const int64_t kept_bytes = plan.kept_tensor_bytes;
   std::unique_ptr<std::byte[]> staging(new (std::nothrow) std::byte[bytes]);
   std::unique_ptr<std::byte[]> kept;
   if (kept_bytes > 0) kept.reset(new (std::nothrow) std::byte[kept_bytes]);
@@ -213,27 +206,32 @@ void HostEngine::Run(int lane_index, Queued queued) {
     return;
   }
   staging_used_.fetch_add(bytes, std::memory_order_relaxed);
-  // Staged A: straight into its final place when uploading.
   std::byte* a_slot =
       target != nullptr
           ? static_cast<std::byte*>(const_cast<void*>(target->data())) +
-                job.byte_offset()
+                plan.byte_offset
       : upload ? kept.get()
                : staging.get();
-  std::byte* b_slot = staging.get() + (upload ? 0 : a_staged);
+  std::byte* b_slot = staging.get() + (upload ? 0 : plan.b_staging_offset());
+  // The plan's byte_offset is 0 except for a download's source (and an
+  // upload's target, above).
   const std::byte* a =
-      resident_a ? static_cast<const std::byte*>(resident_a->data()) +
-                       (kind == JobKind::kDownload ? job.byte_offset() : 0)
+      resident_a
+          ? static_cast<const std::byte*>(resident_a->data()) + plan.byte_offset
       : prestaged ? prestaged->a
                   : a_slot;
   const std::byte* b = resident_b
                            ? static_cast<const std::byte*>(resident_b->data())
                        : prestaged ? prestaged->b
                                    : b_slot;
-  std::byte* c = keep ? kept.get() : b_slot + b_staged;
+  std::byte* c = plan.keep
+                     ? kept.get()
+                     : staging.get() + (upload ? 0 : plan.c_staging_offset());
+  const int64_t a_staged = plan.staged_a_bytes;
+  const int64_t b_staged = plan.staged_b_bytes;
 
   absl::Status written = absl::OkStatus();
-  if (stage_a || stage_b) {
+  if ((plan.stage_a || plan.stage_b) && !plan.prestaged) {
     written = job.WriteOperands(
         absl::MakeSpan(a_slot, static_cast<size_t>(a_staged)),
         absl::MakeSpan(b_slot, static_cast<size_t>(b_staged)));
@@ -247,9 +245,9 @@ void HostEngine::Run(int lane_index, Queued queued) {
   }
 
   BeginBusy();
-  if (kind == JobKind::kMultiply) {
+  if (plan.gemm) {
     HostGemm(spec, a, b, c);
-  } else if (kind == JobKind::kDownload) {
+  } else if (plan.download) {
     std::memcpy(c, a, static_cast<size_t>(spec.c_bytes()));
   }
   EndBusy();
@@ -269,18 +267,17 @@ void HostEngine::Run(int lane_index, Queued queued) {
                          std::memory_order_relaxed);
   AtomicAdd(flops_[static_cast<int>(spec.dtype)], spec.flops());
 
-  JobResult result(absl::MakeConstSpan(c, static_cast<size_t>(returned_bytes)),
-                   Placement{-1, lane_index}, timings,
-                   [this, bytes, staging = std::move(staging)]() mutable {
-                     staging.reset();
-                     staging_used_.fetch_sub(bytes, std::memory_order_relaxed);
-                   });
-  if (keep) {
-    const int64_t rows = spec.m;
-    const int64_t cols = keep_a ? spec.k : spec.n;
-    const int64_t batch = keep_a ? spec.a_batch : spec.batch;
+  JobResult result(
+      absl::MakeConstSpan(c, static_cast<size_t>(plan.returned_c_bytes)),
+      Placement{-1, lane_index}, timings,
+      [this, bytes, staging = std::move(staging)]() mutable {
+        staging.reset();
+        staging_used_.fetch_sub(bytes, std::memory_order_relaxed);
+      });
+  if (plan.keep) {
     result.set_resident(std::make_shared<HostResidentTensor>(
-        this, spec.dtype, batch, rows, cols, std::move(kept)));
+        this, spec.dtype, plan.kept.batch, plan.kept.rows, plan.kept.cols,
+        std::move(kept)));
   }
   job.Done(std::move(result));
 }

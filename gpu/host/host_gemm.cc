@@ -6,38 +6,38 @@
 #include <vector>
 
 #include "common/float16.h"
+#include "gpu/layout_planner.h"
 
 namespace matmul {
 namespace {
 
 // Row-major GEMM of one batch entry in float or double.
 template <typename T>
-void GemmOne(const MatmulSpec& s, const T* a, const T* b, T* c);
+void GemmOne(const MatmulSpec& s, const GemmStrides& g, const T* a, const T* b,
+             T* c);
 
 template <>
-void GemmOne<float>(const MatmulSpec& s, const float* a, const float* b,
-                    float* c) {
+void GemmOne<float>(const MatmulSpec& s, const GemmStrides& g, const float* a,
+                    const float* b, float* c) {
   cblas_sgemm(CblasRowMajor, s.transpose_a ? CblasTrans : CblasNoTrans,
               s.transpose_b ? CblasTrans : CblasNoTrans, s.m, s.n, s.k, 1.0f, a,
-              s.transpose_a ? s.m : s.k, b, s.transpose_b ? s.k : s.n, 0.0f, c,
-              s.n);
+              g.lda, b, g.ldb, 0.0f, c, g.ldc);
 }
 
 template <>
-void GemmOne<double>(const MatmulSpec& s, const double* a, const double* b,
-                     double* c) {
+void GemmOne<double>(const MatmulSpec& s, const GemmStrides& g, const double* a,
+                     const double* b, double* c) {
   cblas_dgemm(CblasRowMajor, s.transpose_a ? CblasTrans : CblasNoTrans,
               s.transpose_b ? CblasTrans : CblasNoTrans, s.m, s.n, s.k, 1.0, a,
-              s.transpose_a ? s.m : s.k, b, s.transpose_b ? s.k : s.n, 0.0, c,
-              s.n);
+              g.lda, b, g.ldb, 0.0, c, g.ldc);
 }
 
 template <typename T>
 void GemmBatched(const MatmulSpec& s, const T* a, const T* b, T* c) {
-  const int64_t a_stride = s.a_batch == 1 ? 0 : s.m * s.k;
-  const int64_t b_stride = s.b_batch == 1 ? 0 : s.k * s.n;
+  const GemmStrides g = StridesOf(s);
   for (int64_t i = 0; i < s.batch; ++i) {
-    GemmOne<T>(s, a + i * a_stride, b + i * b_stride, c + i * s.m * s.n);
+    GemmOne<T>(s, g, a + i * g.stride_a, b + i * g.stride_b,
+               c + i * g.stride_c);
   }
 }
 

@@ -92,11 +92,12 @@ void MultiplyReactor::Start() {
   }
   wire_ = std::move(*wire);
 
-  Plan plan;
+  JobDescription job;
+  MultiplyOp multiply;
   MultiplyHeader header = wire_.header();
   if (!wire_.a_handle.empty()) {
     if (absl::Status s = ResolveHandle(state_.handles, wire_.a_handle, "a",
-                                       header.a, plan.resident_a, a_shape_);
+                                       header.a, multiply.resident_a, a_shape_);
         !s.ok()) {
       RejectRequest(s);
       return;
@@ -104,7 +105,7 @@ void MultiplyReactor::Start() {
   }
   if (!wire_.b_handle.empty()) {
     if (absl::Status s = ResolveHandle(state_.handles, wire_.b_handle, "b",
-                                       header.b, plan.resident_b, b_shape_);
+                                       header.b, multiply.resident_b, b_shape_);
         !s.ok()) {
       RejectRequest(s);
       return;
@@ -116,7 +117,7 @@ void MultiplyReactor::Start() {
     RejectRequest(spec.status());
     return;
   }
-  plan.spec = *spec;
+  job.spec = *spec;
   if (wire_.keep_result) {
     absl::StatusOr<absl::Duration> ttl =
         state_.handles.Ttl(wire_.result_ttl_seconds);
@@ -125,22 +126,23 @@ void MultiplyReactor::Start() {
       return;
     }
     keep_ttl_ = *ttl;
-    keep_result_ = plan.keep_result = true;
+    keep_result_ = multiply.keep_result = true;
   }
   Operation op;
   op.kind = OperationKind::kMultiply;
-  op.spec = &plan.spec;
+  op.spec = &job.spec;
   // Bytes this request holds in server memory: its operands in gRPC's
   // buffers (until it finishes) and its product in staging.
-  op.held_bytes = (plan.resident_a ? 0 : spec->a_bytes()) +
-                  (plan.resident_b ? 0 : spec->b_bytes()) +
-                  (plan.keep_result ? 0 : spec->c_bytes());
-  if (plan.keep_result) {
+  op.held_bytes = (multiply.resident_a ? 0 : spec->a_bytes()) +
+                  (multiply.resident_b ? 0 : spec->b_bytes()) +
+                  (multiply.keep_result ? 0 : spec->c_bytes());
+  if (multiply.keep_result) {
     op.stored_bytes = spec->c_bytes();
     op.client = ClientKey(*context_);
   }
   if (!Admit(std::move(op))) return;
-  Submit(std::move(plan));
+  job.op = std::move(multiply);
+  Submit(std::move(job));
 }
 
 absl::Status MultiplyReactor::Respond(const MatmulSpec& spec,

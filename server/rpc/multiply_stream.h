@@ -141,7 +141,7 @@ class MultiplyStreamReactor final
 
   // Engine side (StepJob).
   absl::Status Abandoned() const;
-  // `offset`: the job's byte_offset() (where a downloaded chunk goes).
+  // `offset`: the step's byte offset (where a downloaded chunk goes).
   void StepDone(const std::shared_ptr<Multiply>& multiply, Step step,
                 int64_t held_bytes, int64_t offset,
                 absl::StatusOr<JobResult> result);

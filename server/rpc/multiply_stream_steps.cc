@@ -43,57 +43,32 @@ MatmulSpec VectorSpec(DType dtype, int64_t elements, bool download) {
 // The engine's view of one step of a multiply.
 class MultiplyStreamReactor::StepJob final : public MatmulJob {
  public:
-  // What the step does, as the engine sees it.
-  struct Work {
-    MatmulSpec spec;
-    JobKind kind = JobKind::kMultiply;
-    std::shared_ptr<ResidentTensor> resident_a;
-    std::shared_ptr<ResidentTensor> resident_b;
-    std::shared_ptr<ResidentTensor> upload_target;
-    int64_t byte_offset = 0;
-    int device = -1;
-    Chunk chunk;  // an upload's bytes
-  };
-
+  // `offset`: an upload's or a download's place in the multiply's tensor;
+  // `chunk`: an upload's bytes.
   StepJob(MultiplyStreamReactor* reactor, std::shared_ptr<Multiply> multiply,
-          Step step, int64_t held_bytes, Work work)
-      : reactor_(reactor),
+          Step step, int64_t held_bytes, JobDescription description,
+          int64_t offset, Chunk chunk)
+      : MatmulJob(std::move(description)),
+        reactor_(reactor),
         multiply_(std::move(multiply)),
         step_(step),
         held_bytes_(held_bytes),
-        work_(std::move(work)) {}
-
-  const MatmulSpec& spec() const override { return work_.spec; }
-  JobKind kind() const override { return work_.kind; }
-  std::shared_ptr<ResidentTensor> resident_a() const override {
-    return work_.resident_a;
-  }
-  std::shared_ptr<ResidentTensor> resident_b() const override {
-    return work_.resident_b;
-  }
-  bool keep_result() const override { return step_ == Step::kMultiply; }
-  // A step never waits for device memory: the memory may be held by other
-  // multiplies whose own steps are queued behind this one.
-  bool wait_for_memory() const override { return false; }
-  int device() const override { return work_.device; }
-  std::shared_ptr<ResidentTensor> upload_target() const override {
-    return work_.upload_target;
-  }
-  int64_t byte_offset() const override { return work_.byte_offset; }
+        offset_(offset),
+        chunk_(std::move(chunk)) {}
 
   absl::Status WriteOperands(absl::Span<std::byte> a,
                              absl::Span<std::byte>) override {
-    if (static_cast<int64_t>(a.size()) != work_.chunk.bytes) {
+    if (static_cast<int64_t>(a.size()) != chunk_.bytes) {
       return absl::InternalError(absl::StrCat(
-          "staging size mismatch: ", a.size(), " vs ", work_.chunk.bytes));
+          "staging size mismatch: ", a.size(), " vs ", chunk_.bytes));
     }
-    CopyPieces(work_.chunk.data, a.data());
-    reactor_->state_.copied_operand_bytes.fetch_add(work_.chunk.bytes,
+    CopyPieces(chunk_.data, a.data());
+    reactor_->state_.copied_operand_bytes.fetch_add(chunk_.bytes,
                                                     std::memory_order_relaxed);
     return absl::OkStatus();
   }
   void Done(absl::StatusOr<JobResult> result) override {
-    reactor_->StepDone(multiply_, step_, held_bytes_, work_.byte_offset,
+    reactor_->StepDone(multiply_, step_, held_bytes_, offset_,
                        std::move(result));
   }
   absl::Status Abandoned() const override { return reactor_->Abandoned(); }
@@ -103,45 +78,53 @@ class MultiplyStreamReactor::StepJob final : public MatmulJob {
   const std::shared_ptr<Multiply> multiply_;
   const Step step_;
   const int64_t held_bytes_;
-  Work work_;
+  const int64_t offset_;
+  Chunk chunk_;
 };
 
 std::unique_ptr<MatmulJob> MultiplyStreamReactor::NewJob(
     const std::shared_ptr<Multiply>& m, Step step, int64_t held_bytes,
     Chunk* chunk) {
-  StepJob::Work work;
+  JobDescription work;
+  int64_t offset = 0;
+  Chunk bytes_in;
   const DType dtype = m->spec.dtype;
   const int64_t elem = m->spec.elem_size();
   work.device = m->device;
+  // A step never waits for device memory: the memory may be held by other
+  // multiplies whose own steps are queued behind this one.
+  work.wait_for_memory = false;
   switch (step) {
     case Step::kAllocate:
-      work.kind = JobKind::kAllocate;
+      work.op = AllocateOp{};
       work.spec = VectorSpec(dtype, m->buffer_bytes / elem, false);
       break;
     case Step::kUpload:
-      work.kind = JobKind::kUpload;
+      offset = chunk->at;
+      work.op = UploadOp{m->buffer, offset};
       work.spec = VectorSpec(dtype, chunk->bytes / elem, false);
-      work.upload_target = m->buffer;
-      work.byte_offset = chunk->at;
-      work.chunk = std::move(*chunk);
+      bytes_in = std::move(*chunk);
       break;
-    case Step::kMultiply:
-      work.kind = JobKind::kMultiply;
+    case Step::kMultiply: {
+      MultiplyOp multiply;
+      multiply.resident_a = m->operand[0];
+      multiply.resident_b = m->operand[1];
+      multiply.keep_result = true;
+      work.op = std::move(multiply);
       work.spec = m->spec;
-      work.resident_a = m->operand[0];
-      work.resident_b = m->operand[1];
       break;
+    }
     case Step::kDownload: {
       const int64_t bytes =
           std::min(m->result_chunk_bytes, m->spec.c_bytes() - m->next_download);
-      work.kind = JobKind::kDownload;
+      offset = m->next_download;
+      work.op = DownloadOp{m->product, offset};
       work.spec = VectorSpec(dtype, bytes / elem, true);
-      work.resident_a = m->product;
-      work.byte_offset = m->next_download;
       break;
     }
   }
-  return std::make_unique<StepJob>(this, m, step, held_bytes, std::move(work));
+  return std::make_unique<StepJob>(this, m, step, held_bytes, std::move(work),
+                                   offset, std::move(bytes_in));
 }
 
 void MultiplyStreamReactor::StepDone(const std::shared_ptr<Multiply>& m,

@@ -71,13 +71,13 @@ void TransferReactor::StartUpload() {
     RejectRequest(dims.status());
     return;
   }
-  Plan plan;
-  plan.kind = JobKind::kUpload;
-  plan.spec.dtype = dims->dtype;
-  plan.spec.a_batch = plan.spec.batch = dims->batch;
-  plan.spec.m = dims->rows;
-  plan.spec.k = dims->cols;
-  plan.spec.n = 0;
+  JobDescription job;
+  job.op = UploadOp{};
+  job.spec.dtype = dims->dtype;
+  job.spec.a_batch = job.spec.batch = dims->batch;
+  job.spec.m = dims->rows;
+  job.spec.k = dims->cols;
+  job.spec.n = 0;
   absl::StatusOr<absl::Duration> ttl =
       state_.handles.Ttl(upload_->ttl_seconds());
   if (!ttl.ok()) {
@@ -88,7 +88,7 @@ void TransferReactor::StartUpload() {
   shape_ = ApiShape(dims->is_3d, dims->batch, dims->rows, dims->cols);
   Operation op;
   op.kind = OperationKind::kUpload;
-  op.spec = &plan.spec;
+  op.spec = &job.spec;
   op.held_bytes = header.data_bytes;  // the request, until it is staged
   op.stored_bytes = header.data_bytes;
   op.client = ClientKey(*context_);
@@ -104,9 +104,9 @@ void TransferReactor::StartUpload() {
                        devices.size(), " on this server; see GetServerInfo)")));
       return;
     }
-    plan.device = upload_->device();
+    job.device = upload_->device();
   }
-  Submit(std::move(plan));
+  Submit(std::move(job));
 }
 
 void TransferReactor::StartDownload() {
@@ -120,28 +120,27 @@ void TransferReactor::StartDownload() {
     return;
   }
   shape_ = entry->shape;
-  Plan plan;
-  plan.kind = JobKind::kDownload;
-  plan.resident_a = entry->tensor;
-  plan.spec.dtype = entry->tensor->dtype();
-  plan.spec.batch = entry->tensor->batch();
-  plan.spec.a_batch = plan.spec.b_batch = 0;
-  plan.spec.m = entry->tensor->rows();
-  plan.spec.n = entry->tensor->cols();
-  plan.spec.k = 0;
-  if (plan.spec.c_bytes() > state_.limits.max_message_bytes - 128) {
+  JobDescription job;
+  job.op = DownloadOp{entry->tensor, 0};
+  job.spec.dtype = entry->tensor->dtype();
+  job.spec.batch = entry->tensor->batch();
+  job.spec.a_batch = job.spec.b_batch = 0;
+  job.spec.m = entry->tensor->rows();
+  job.spec.n = entry->tensor->cols();
+  job.spec.k = 0;
+  if (job.spec.c_bytes() > state_.limits.max_message_bytes - 128) {
     RejectRequest(absl::ResourceExhaustedError(
-        absl::StrCat("the stored tensor is ", plan.spec.c_bytes(),
+        absl::StrCat("the stored tensor is ", job.spec.c_bytes(),
                      " bytes, over the server's max message size of ",
                      state_.limits.max_message_bytes, " bytes")));
     return;
   }
   Operation op;
   op.kind = OperationKind::kDownload;
-  op.spec = &plan.spec;
-  op.held_bytes = plan.spec.c_bytes();  // staging, then the response
+  op.spec = &job.spec;
+  op.held_bytes = job.spec.c_bytes();  // staging, then the response
   if (!Admit(std::move(op))) return;
-  Submit(std::move(plan));
+  Submit(std::move(job));
 }
 
 absl::Status TransferReactor::Respond(const MatmulSpec& spec,

@@ -14,31 +14,20 @@ namespace {
 // The engine's view of a unary RPC's work.
 class UnaryJob final : public MatmulJob {
  public:
-  UnaryJob(UnaryJobReactor* reactor, UnaryJobReactor::Plan plan)
-      : reactor_(reactor), plan_(std::move(plan)) {}
+  UnaryJob(UnaryJobReactor* reactor, JobDescription description)
+      : MatmulJob(std::move(description)), reactor_(reactor) {}
 
-  const MatmulSpec& spec() const override { return plan_.spec; }
-  JobKind kind() const override { return plan_.kind; }
-  std::shared_ptr<ResidentTensor> resident_a() const override {
-    return plan_.resident_a;
-  }
-  std::shared_ptr<ResidentTensor> resident_b() const override {
-    return plan_.resident_b;
-  }
-  bool keep_result() const override { return plan_.keep_result; }
-  int device() const override { return plan_.device; }
   absl::Status WriteOperands(absl::Span<std::byte> a,
                              absl::Span<std::byte> b) override {
     return reactor_->WriteOperands(a, b);
   }
   void Done(absl::StatusOr<JobResult> result) override {
-    reactor_->Complete(plan_.spec, std::move(result));
+    reactor_->Complete(spec(), std::move(result));
   }
   absl::Status Abandoned() const override { return reactor_->Abandoned(); }
 
  private:
   UnaryJobReactor* const reactor_;
-  const UnaryJobReactor::Plan plan_;
 };
 
 }  // namespace
@@ -145,9 +134,10 @@ bool UnaryJobReactor::Admit(Operation op) {
   return true;
 }
 
-void UnaryJobReactor::Submit(Plan plan) {
+void UnaryJobReactor::Submit(JobDescription description) {
   refs_.fetch_add(1, std::memory_order_relaxed);  // the job's reference
-  lease_.engine()->Submit(std::make_unique<UnaryJob>(this, std::move(plan)));
+  lease_.engine()->Submit(
+      std::make_unique<UnaryJob>(this, std::move(description)));
 }
 
 absl::Status UnaryJobReactor::Copy(absl::FunctionRef<void()> copy) {

@@ -1,8 +1,9 @@
 // UnaryJobReactor: the life cycle shared by the unary RPCs whose work is one
 // engine job (Multiply, Upload, Download). An adapter derives from it,
-// translates its request into an Operation and a Plan, admits the one
-// through the admission core (server/admission/admission.h) and submits the
-// other; the engine's completion thread then calls Respond.
+// translates its request into an Operation and a JobDescription (the
+// engine's typed operation, gpu/engine.h), admits the one through the
+// admission core (server/admission/admission.h) and submits the other; the
+// engine's completion thread then calls Respond.
 //
 // The reactor lives until both gRPC is done with it (OnDone) and, if a job
 // was submitted, the engine has finished it: two references. The RPC is
@@ -36,16 +37,6 @@ namespace matmul {
 
 class UnaryJobReactor : public grpc::ServerUnaryReactor, public DrainableCall {
  public:
-  // What the engine is asked to do (its MatmulJob is built from it).
-  struct Plan {
-    MatmulSpec spec;
-    JobKind kind = JobKind::kMultiply;
-    std::shared_ptr<ResidentTensor> resident_a;
-    std::shared_ptr<ResidentTensor> resident_b;
-    bool keep_result = false;
-    int device = -1;
-  };
-
   UnaryJobReactor(ServiceState& state, grpc::CallbackServerContext* context,
                   RpcMethod method);
 
@@ -81,8 +72,8 @@ class UnaryJobReactor : public grpc::ServerUnaryReactor, public DrainableCall {
   // core's refusal, and its retry hint when it has one; true if admitted.
   bool Admit(Operation op);
 
-  // Submits `plan` to the admitted lease's engine.
-  void Submit(Plan plan);
+  // Submits a job of `description` to the admitted lease's engine.
+  void Submit(JobDescription description);
 
   // Runs `copy`, which reads the request, unless the RPC was cancelled;
   // OnCancel waits for it, since finishing lets gRPC free the request.

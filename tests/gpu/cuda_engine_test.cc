@@ -49,9 +49,11 @@ class TestJob final : public MatmulJob {
  public:
   TestJob(const MatmulSpec& spec, const std::string* a, const std::string* b,
           std::promise<Outcome> promise)
-      : spec_(spec), a_(a), b_(b), promise_(std::move(promise)) {}
+      : MatmulJob(JobDescription{spec, MultiplyOp{}}),
+        a_(a),
+        b_(b),
+        promise_(std::move(promise)) {}
 
-  const MatmulSpec& spec() const override { return spec_; }
   absl::Status WriteOperands(absl::Span<std::byte> a,
                              absl::Span<std::byte> b) override {
     if (a.size() != a_->size() || b.size() != b_->size()) {
@@ -75,7 +77,6 @@ class TestJob final : public MatmulJob {
   }
 
  private:
-  MatmulSpec spec_;
   const std::string* a_;
   const std::string* b_;
   std::promise<Outcome> promise_;
@@ -555,10 +556,11 @@ TEST(CudaEngineTest, AbandonedJobIsDroppedAndShutdownIsClean) {
   ASSERT_NE(engine, nullptr);
   class AbandonedJob final : public MatmulJob {
    public:
-    explicit AbandonedJob(std::promise<absl::Status> p) : p_(std::move(p)) {
-      spec_ = MakeSpec(DType::kFloat32, 1, 1, 8, 8, 8, false, false, false);
-    }
-    const MatmulSpec& spec() const override { return spec_; }
+    explicit AbandonedJob(std::promise<absl::Status> p)
+        : MatmulJob(JobDescription{
+              MakeSpec(DType::kFloat32, 1, 1, 8, 8, 8, false, false, false),
+              MultiplyOp{}}),
+          p_(std::move(p)) {}
     absl::Status WriteOperands(absl::Span<std::byte>,
                                absl::Span<std::byte>) override {
       return absl::InternalError("must not be called");
@@ -571,7 +573,6 @@ TEST(CudaEngineTest, AbandonedJobIsDroppedAndShutdownIsClean) {
     }
 
    private:
-    MatmulSpec spec_;
     std::promise<absl::Status> p_;
   };
   std::promise<absl::Status> p;

@@ -21,9 +21,8 @@ using ::testing::HasSubstr;
 // A job that only answers the budget's questions.
 class BudgetJob final : public MatmulJob {
  public:
-  explicit BudgetJob(bool may_wait) : may_wait_(may_wait) {}
-  const MatmulSpec& spec() const override { return spec_; }
-  bool wait_for_memory() const override { return may_wait_; }
+  explicit BudgetJob(bool may_wait)
+      : MatmulJob(JobDescription{MatmulSpec{}, MultiplyOp{}, -1, may_wait}) {}
   absl::Status WriteOperands(absl::Span<std::byte>,
                              absl::Span<std::byte>) override {
     return absl::OkStatus();
@@ -36,8 +35,6 @@ class BudgetJob final : public MatmulJob {
   void Abandon() { abandoned_.store(true); }
 
  private:
-  const bool may_wait_;
-  MatmulSpec spec_;
   std::atomic<bool> abandoned_{false};
 };
 

@@ -4,9 +4,9 @@
 // the engines will share can be checked against it.
 #include "gpu/cuda/job_layout.h"
 
-#include <future>
 #include <memory>
 #include <string>
+#include <variant>
 
 #include "absl/status/status.h"
 #include "gmock/gmock.h"
@@ -17,8 +17,6 @@ namespace matmul {
 namespace {
 
 using ::matmul::testing::DownloadSpec;
-using ::matmul::testing::EngineJob;
-using ::matmul::testing::JobOutcome;
 using ::matmul::testing::UploadSpec;
 
 // A stored tensor that only describes itself (no memory behind it).
@@ -37,9 +35,8 @@ MatmulSpec Product(int64_t m, int64_t k, int64_t n) {
   return s;
 }
 
-absl::StatusOr<JobLayout> Layout(const MatmulSpec& spec,
-                                 EngineJob::Options options) {
-  EngineJob job(spec, std::move(options), std::promise<JobOutcome>());
+absl::StatusOr<JobLayout> Layout(const MatmulSpec& spec, JobDescription job) {
+  job.spec = spec;
   return LayoutOf(job);
 }
 
@@ -54,57 +51,65 @@ TEST(JobLayoutTest, AlignmentAndDeviceBytes) {
 TEST(JobLayoutTest, PlainMultiplyStagesBothAndReturnsC) {
   absl::StatusOr<JobLayout> l = Layout(Product(2, 3, 4), {});
   ASSERT_TRUE(l.ok()) << l.status();
-  EXPECT_EQ(l->kind, JobKind::kMultiply);
+  EXPECT_TRUE(l->gemm);
   EXPECT_TRUE(l->stage_a);
   EXPECT_TRUE(l->stage_b);
   EXPECT_FALSE(l->keep);
   EXPECT_TRUE(l->return_c);
   EXPECT_EQ(l->transient_bytes, 3 * 256);
   EXPECT_EQ(l->kept_bytes, 0);
-  EXPECT_EQ(l->pinned_bytes, 24 + 48 + 32);
+  EXPECT_EQ(l->staging_bytes, 24 + 48 + 32);
   EXPECT_EQ(l->moved_bytes, 24 + 48 + 32);
   EXPECT_EQ(l->required_device, -1);
 }
 
 TEST(JobLayoutTest, KeptProductStaysOnTheDeviceAndIsNotReturned) {
-  EngineJob::Options o;
-  o.keep_result = true;
+  JobDescription o;
+  o.op = MultiplyOp{nullptr, nullptr, /*keep_result=*/true, {}};
   absl::StatusOr<JobLayout> l = Layout(Product(2, 3, 4), o);
   ASSERT_TRUE(l.ok()) << l.status();
   EXPECT_TRUE(l->keep);
   EXPECT_FALSE(l->return_c);
   EXPECT_EQ(l->transient_bytes, 2 * 256);  // A and B only
   EXPECT_EQ(l->kept_bytes, 256);           // C
-  EXPECT_EQ(l->pinned_bytes, 24 + 48);
+  EXPECT_EQ(l->staging_bytes, 24 + 48);
   EXPECT_EQ(l->moved_bytes, 24 + 48);
 }
 
 TEST(JobLayoutTest, ResidentOperandIsNotStagedAndPicksTheDevice) {
-  EngineJob::Options o;
-  o.resident_a = std::make_shared<FakeResident>(2, DType::kFloat32, 1, 2, 3);
+  JobDescription o;
+  o.op = MultiplyOp{std::make_shared<FakeResident>(2, DType::kFloat32, 1, 2, 3),
+                    nullptr,
+                    false,
+                    {}};
   absl::StatusOr<JobLayout> l = Layout(Product(2, 3, 4), o);
   ASSERT_TRUE(l.ok()) << l.status();
   EXPECT_FALSE(l->stage_a);
   EXPECT_TRUE(l->stage_b);
   EXPECT_EQ(l->transient_bytes, 2 * 256);  // B and C
-  EXPECT_EQ(l->pinned_bytes, 48 + 32);
+  EXPECT_EQ(l->staging_bytes, 48 + 32);
   EXPECT_EQ(l->moved_bytes, 48 + 32);
   EXPECT_EQ(l->required_device, 2);
 }
 
 TEST(JobLayoutTest, OperandsOnDifferentGpusAreInvalid) {
-  EngineJob::Options o;
-  o.resident_a = std::make_shared<FakeResident>(0, DType::kFloat32, 1, 2, 3);
-  o.resident_b = std::make_shared<FakeResident>(1, DType::kFloat32, 1, 3, 4);
+  JobDescription o;
+  o.op = MultiplyOp{std::make_shared<FakeResident>(0, DType::kFloat32, 1, 2, 3),
+                    std::make_shared<FakeResident>(1, DType::kFloat32, 1, 3, 4),
+                    false,
+                    {}};
   absl::StatusOr<JobLayout> l = Layout(Product(2, 3, 4), o);
   EXPECT_EQ(l.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(l.status().message(), ::testing::HasSubstr("different GPUs"));
 }
 
 TEST(JobLayoutTest, AskedDeviceMustMatchTheResidentOperand) {
-  EngineJob::Options o;
+  JobDescription o;
   o.device = 1;
-  o.resident_b = std::make_shared<FakeResident>(0, DType::kFloat32, 1, 3, 4);
+  o.op = MultiplyOp{nullptr,
+                    std::make_shared<FakeResident>(0, DType::kFloat32, 1, 3, 4),
+                    false,
+                    {}};
   EXPECT_EQ(Layout(Product(2, 3, 4), o).status().code(),
             absl::StatusCode::kInvalidArgument);
   o.device = 0;
@@ -114,8 +119,8 @@ TEST(JobLayoutTest, AskedDeviceMustMatchTheResidentOperand) {
 }
 
 TEST(JobLayoutTest, UploadOfANewTensorKeepsIt) {
-  EngineJob::Options o;
-  o.kind = JobKind::kUpload;
+  JobDescription o;
+  o.op = UploadOp{};
   absl::StatusOr<JobLayout> l = Layout(UploadSpec(DType::kFloat32, 1, 4, 8), o);
   ASSERT_TRUE(l.ok()) << l.status();
   EXPECT_TRUE(l->stage_a);
@@ -124,33 +129,32 @@ TEST(JobLayoutTest, UploadOfANewTensorKeepsIt) {
   EXPECT_FALSE(l->return_c);
   EXPECT_EQ(l->transient_bytes, 0);
   EXPECT_EQ(l->kept_bytes, 256);  // 128 bytes, aligned
-  EXPECT_EQ(l->pinned_bytes, 128);
+  EXPECT_EQ(l->staging_bytes, 128);
   EXPECT_EQ(l->moved_bytes, 128);
 }
 
 TEST(JobLayoutTest, PieceUploadIntoATargetKeepsNothingNew) {
-  EngineJob::Options o;
-  o.kind = JobKind::kUpload;
-  o.upload_target =
-      std::make_shared<FakeResident>(3, DType::kFloat32, 1, 8, 8);  // 256 B
-  o.byte_offset = 128;
+  JobDescription o;
+  o.op = UploadOp{
+      std::make_shared<FakeResident>(3, DType::kFloat32, 1, 8, 8),  // 256 B
+      128};
   absl::StatusOr<JobLayout> l = Layout(UploadSpec(DType::kFloat32, 1, 4, 8), o);
   ASSERT_TRUE(l.ok()) << l.status();
   EXPECT_FALSE(l->keep);
   EXPECT_EQ(l->kept_bytes, 0);
   EXPECT_EQ(l->transient_bytes, 0);
-  EXPECT_EQ(l->pinned_bytes, 128);
+  EXPECT_EQ(l->staging_bytes, 128);
   EXPECT_EQ(l->byte_offset, 128);
   EXPECT_EQ(l->required_device, 3);
-  o.byte_offset = 192;  // 128 bytes from 192 runs past 256
+  std::get<UploadOp>(o.op).byte_offset = 192;  // 128 from 192 runs past 256
   EXPECT_EQ(Layout(UploadSpec(DType::kFloat32, 1, 4, 8), o).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
 
 TEST(JobLayoutTest, DownloadReturnsFromTheResidentSource) {
-  EngineJob::Options o;
-  o.kind = JobKind::kDownload;
-  o.resident_a = std::make_shared<FakeResident>(1, DType::kFloat32, 1, 4, 8);
+  JobDescription o;
+  o.op = DownloadOp{std::make_shared<FakeResident>(1, DType::kFloat32, 1, 4, 8),
+                    0};
   absl::StatusOr<JobLayout> l =
       Layout(DownloadSpec(DType::kFloat32, 1, 4, 8), o);
   ASSERT_TRUE(l.ok()) << l.status();
@@ -160,21 +164,21 @@ TEST(JobLayoutTest, DownloadReturnsFromTheResidentSource) {
   EXPECT_TRUE(l->return_c);
   EXPECT_EQ(l->transient_bytes, 0);
   EXPECT_EQ(l->kept_bytes, 0);
-  EXPECT_EQ(l->pinned_bytes, 128);
+  EXPECT_EQ(l->staging_bytes, 128);
   EXPECT_EQ(l->moved_bytes, 128);
   EXPECT_EQ(l->required_device, 1);
 }
 
 TEST(JobLayoutTest, AllocateKeepsDeviceMemoryAndMovesNothing) {
-  EngineJob::Options o;
-  o.kind = JobKind::kAllocate;
+  JobDescription o;
+  o.op = AllocateOp{};
   absl::StatusOr<JobLayout> l = Layout(UploadSpec(DType::kFloat32, 2, 4, 8), o);
   ASSERT_TRUE(l.ok()) << l.status();
   EXPECT_FALSE(l->stage_a);
   EXPECT_TRUE(l->keep);
   EXPECT_EQ(l->kept_bytes, 256);  // 2 x 128 bytes
   EXPECT_EQ(l->transient_bytes, 0);
-  EXPECT_EQ(l->pinned_bytes, 0);
+  EXPECT_EQ(l->staging_bytes, 0);
   EXPECT_EQ(l->moved_bytes, 0);
 }
 

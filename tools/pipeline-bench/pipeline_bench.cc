@@ -121,11 +121,10 @@ class ClosedLoop {
  private:
   class Job final : public MatmulJob {
    public:
-    explicit Job(ClosedLoop* loop) : loop_(loop) {}
-    const MatmulSpec& spec() const override { return loop_->spec_; }
-    std::optional<PrestagedOperands> prestaged() const override {
-      return loop_->ops_;
-    }
+    explicit Job(ClosedLoop* loop)
+        : MatmulJob(JobDescription{
+              loop->spec_, MultiplyOp{nullptr, nullptr, false, loop->ops_}}),
+          loop_(loop) {}
     absl::Status WriteOperands(absl::Span<std::byte>,
                                absl::Span<std::byte>) override {
       return absl::InternalError("prestaged job asked to write operands");
