@@ -24,6 +24,7 @@
 #include "matmul/v1/matmul.grpc.pb.h"
 #include "server/matmul_server.h"
 #include "server/request_validation.h"
+#include "server/server_metrics.h"
 #include "tests/fake_engine.h"
 #include "tests/reference_gemm.h"
 
@@ -1104,6 +1105,135 @@ TEST(ServerTest, ReflectionListsTheService) {
   cq.Shutdown();
   while (cq.Next(&tag, &ok)) {
   }
+}
+
+// One unary call through the generic stub: `bytes` go out as they are, and
+// the reply's bytes come back in `reply`.
+grpc::Status CallRaw(grpc::GenericStub& stub, const std::string& method,
+                     const std::string& bytes, std::string* reply = nullptr) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(10));
+  grpc::Slice slice(bytes.data(), bytes.size());
+  grpc::ByteBuffer request(&slice, 1);
+  grpc::ByteBuffer response;
+  std::promise<grpc::Status> done;
+  stub.UnaryCall(&context, "/matmul.v1.MatmulService/" + method,
+                 grpc::StubOptions(), &request, &response,
+                 [&done](grpc::Status status) { done.set_value(status); });
+  // Bounded by the call's deadline.
+  grpc::Status status = done.get_future().get();
+  if (reply != nullptr) {
+    reply->clear();
+    std::vector<grpc::Slice> slices;
+    if (status.ok() && response.Dump(&slices).ok()) {
+      for (const grpc::Slice& s : slices) {
+        reply->append(reinterpret_cast<const char*>(s.begin()), s.size());
+      }
+    }
+  }
+  return status;
+}
+
+// Bytes that are not a protobuf message get INVALID_ARGUMENT naming the
+// message that could not be parsed, on every unary method (gRPC's typed
+// handlers answered UNIMPLEMENTED with an empty message), counted as an
+// invalid request of that method; valid bytes still work.
+TEST(ServerTest, UndecodableBytesGetInvalidArgumentOnEveryUnaryMethod) {
+  std::unique_ptr<MatmulServer> server =
+      StartOrDie(LocalOptions(), HostProvider());
+  ASSERT_NE(server, nullptr);
+  grpc::GenericStub stub(Channel(server->port()));
+  const ServerMetrics& metrics = *server->service().metrics();
+  // A length-delimited field 1 whose length runs past the end, and a key
+  // whose varint never ends.
+  const std::string garbage[] = {std::string("\x0a\xff\xff\xff\xff\x0f", 6),
+                                 std::string("\xff\xff", 2)};
+  struct Method {
+    std::string name;
+    RpcMethod rpc;
+    std::string message;  // what the answer says, before the byte count
+  };
+  const Method methods[] = {
+      {"Upload", RpcMethod::kUpload, "could not parse the UploadRequest"},
+      {"Download", RpcMethod::kDownload, "could not parse the DownloadRequest"},
+      {"Delete", RpcMethod::kDelete, "could not parse the DeleteRequest"},
+      {"GetServerInfo", RpcMethod::kGetServerInfo,
+       "could not parse the GetServerInfoRequest"},
+      {"Multiply", RpcMethod::kMultiply, "malformed request message"},
+  };
+  for (const Method& method : methods) {
+    for (const std::string& bytes : garbage) {
+      SCOPED_TRACE(method.name + " " + std::to_string(bytes.size()));
+      const grpc::Status status = CallRaw(stub, method.name, bytes);
+      EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+      EXPECT_THAT(status.error_message(), HasSubstr(method.message));
+      if (method.rpc != RpcMethod::kMultiply) {
+        EXPECT_THAT(status.error_message(),
+                    HasSubstr(absl::StrCat("(", bytes.size(), " bytes)")));
+        EXPECT_THAT(status.error_message(),
+                    HasSubstr("not a valid protobuf message"));
+      }
+    }
+  }
+  // Counted when each call is done, which may come after its answer.
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  auto counted = [&] {
+    for (const Method& method : methods) {
+      if (metrics.requests(method.rpc, grpc::StatusCode::INVALID_ARGUMENT) !=
+          2) {
+        return false;
+      }
+    }
+    return metrics.rejections(RejectReason::kInvalid) == 10;
+  };
+  while (!counted() && absl::Now() < until)
+    absl::SleepFor(absl::Milliseconds(5));
+  for (const Method& method : methods) {
+    EXPECT_EQ(metrics.requests(method.rpc, grpc::StatusCode::INVALID_ARGUMENT),
+              2u)
+        << method.name;
+    EXPECT_EQ(metrics.requests(method.rpc, grpc::StatusCode::UNIMPLEMENTED), 0u)
+        << method.name;
+  }
+  EXPECT_EQ(metrics.rejections(RejectReason::kInvalid), 10u);
+
+  // Valid bytes, one call of each.
+  std::string reply;
+  ASSERT_TRUE(CallRaw(stub, "GetServerInfo", "", &reply).ok());
+  v1::GetServerInfoResponse info;
+  ASSERT_TRUE(info.ParseFromString(reply));
+  EXPECT_FALSE(info.engine().empty());
+  EXPECT_GT(info.limits().max_message_bytes(), 0);
+
+  absl::BitGen gen;
+  v1::UploadRequest upload;
+  *upload.mutable_tensor() = RandomTensor(DType::kFloat32, {3, 5}, gen);
+  ASSERT_TRUE(CallRaw(stub, "Upload", upload.SerializeAsString(), &reply).ok());
+  v1::UploadResponse uploaded;
+  ASSERT_TRUE(uploaded.ParseFromString(reply));
+  ASSERT_FALSE(uploaded.handle().id().empty());
+  EXPECT_THAT(uploaded.handle().shape(), ::testing::ElementsAre(3, 5));
+
+  v1::DownloadRequest download;
+  download.set_handle(uploaded.handle().id());
+  ASSERT_TRUE(
+      CallRaw(stub, "Download", download.SerializeAsString(), &reply).ok());
+  v1::DownloadResponse downloaded;
+  ASSERT_TRUE(downloaded.ParseFromString(reply));
+  EXPECT_THAT(downloaded.tensor().shape(), ::testing::ElementsAre(3, 5));
+  EXPECT_EQ(downloaded.tensor().dtype(), v1::DTYPE_FLOAT32);
+  EXPECT_EQ(downloaded.tensor().data(), upload.tensor().data());
+
+  v1::DeleteRequest remove;
+  remove.set_handle(uploaded.handle().id());
+  ASSERT_TRUE(CallRaw(stub, "Delete", remove.SerializeAsString(), &reply).ok());
+  v1::DeleteResponse deleted;
+  EXPECT_TRUE(deleted.ParseFromString(reply));
+  const grpc::Status gone =
+      CallRaw(stub, "Download", download.SerializeAsString());
+  EXPECT_EQ(gone.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(gone.error_message(), HasSubstr("handle: "));
 }
 
 }  // namespace

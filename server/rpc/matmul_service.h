@@ -32,14 +32,15 @@
 namespace matmul {
 
 // Thread-safe. Must outlive the grpc::Server it is registered with.
-// Multiply and MultiplyStream are raw methods (their bytes are decoded by
-// hand); the generated CallbackService cannot be the base, since its typed
-// MultiplyStream clashes with the raw one.
+// Every method is raw. Multiply and MultiplyStream decode their bytes by
+// hand; the others parse them into their request message
+// (server/rpc/raw_messages.h), so that bytes which are not one get
+// INVALID_ARGUMENT saying so rather than gRPC's bare UNIMPLEMENTED.
 using MatmulServiceBase = v1::MatmulService::WithRawCallbackMethod_Multiply<
-    v1::MatmulService::WithCallbackMethod_GetServerInfo<
-        v1::MatmulService::WithCallbackMethod_Upload<
-            v1::MatmulService::WithCallbackMethod_Download<
-                v1::MatmulService::WithCallbackMethod_Delete<
+    v1::MatmulService::WithRawCallbackMethod_GetServerInfo<
+        v1::MatmulService::WithRawCallbackMethod_Upload<
+            v1::MatmulService::WithRawCallbackMethod_Download<
+                v1::MatmulService::WithRawCallbackMethod_Delete<
                     v1::MatmulService::WithRawCallbackMethod_MultiplyStream<
                         v1::MatmulService::Service>>>>>>;
 
@@ -121,26 +122,25 @@ class MatmulServiceImpl final : public MatmulServiceBase {
       grpc::CallbackServerContext* context) override {
     return StartMultiplyStream(state_, context);
   }
-  grpc::ServerUnaryReactor* GetServerInfo(
-      grpc::CallbackServerContext* context,
-      const v1::GetServerInfoRequest* /*request*/,
-      v1::GetServerInfoResponse* response) override {
-    return matmul::GetServerInfo(state_, context, response);
+  grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* context,
+                                          const grpc::ByteBuffer* request,
+                                          grpc::ByteBuffer* response) override {
+    return matmul::GetServerInfo(state_, context, request, response);
   }
   grpc::ServerUnaryReactor* Upload(grpc::CallbackServerContext* context,
-                                   const v1::UploadRequest* request,
-                                   v1::UploadResponse* response) override {
+                                   const grpc::ByteBuffer* request,
+                                   grpc::ByteBuffer* response) override {
     return StartUpload(state_, context, request, response);
   }
   grpc::ServerUnaryReactor* Download(grpc::CallbackServerContext* context,
-                                     const v1::DownloadRequest* request,
-                                     v1::DownloadResponse* response) override {
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override {
     return StartDownload(state_, context, request, response);
   }
   grpc::ServerUnaryReactor* Delete(grpc::CallbackServerContext* context,
-                                   const v1::DeleteRequest* request,
-                                   v1::DeleteResponse* /*response*/) override {
-    return DeleteHandle(state_, context, request);
+                                   const grpc::ByteBuffer* request,
+                                   grpc::ByteBuffer* response) override {
+    return DeleteHandle(state_, context, request, response);
   }
 
  private:

@@ -10,6 +10,7 @@
 #include "server/request_validation.h"
 #include "server/rpc/call_helpers.h"
 #include "server/rpc/multiply_wire.h"
+#include "server/rpc/raw_messages.h"
 #include "server/rpc/stored_tensors.h"
 #include "server/rpc/unary_job_reactor.h"
 
@@ -64,16 +65,11 @@ class MultiplyReactor final : public UnaryJobReactor {
 
 void MultiplyReactor::Start() {
   if (!Open()) return;
-  // gRPC still calls a raw handler whose request never fully arrived (the
-  // client cancelled, or its deadline passed mid-upload), with an empty
-  // buffer: that is the client's cancellation, not a malformed request.
-  if (!request_->Valid() || context_->IsCancelled()) {
-    const bool late = DeadlinePassed(context_->deadline());
-    Reject(late ? RejectReason::kDeadline : RejectReason::kCancelled,
-           late ? absl::DeadlineExceededError(
-                      "the deadline passed before the request arrived")
-                : absl::CancelledError(
-                      "the request was cancelled before it arrived"));
+  // A request that never fully arrived is the client's cancellation, not
+  // a malformed request.
+  if (absl::Status arrived = RequestArrived(*request_, *context_);
+      !arrived.ok()) {
+    Reject(RequestRejection(arrived), arrived);
     return;
   }
   if (grpc::Status dumped = request_->Dump(&slices_); !dumped.ok()) {

@@ -7,26 +7,15 @@
 #include "proto/dtype_mapping.h"
 #include "server/rpc/call_helpers.h"
 #include "server/rpc/grpc_status.h"
+#include "server/rpc/raw_messages.h"
 
 namespace matmul {
 
-grpc::ServerUnaryReactor* GetServerInfo(ServiceState& state,
-                                        grpc::CallbackServerContext* context,
-                                        v1::GetServerInfoResponse* response) {
-  const auto started = std::chrono::steady_clock::now();
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  auto finish = [&](const grpc::Status& status) {
-    state.metrics->RecordRequest(RpcMethod::kGetServerInfo, status.error_code(),
-                                 SecondsSince(started));
-    reactor->Finish(status);
-  };
-  Engine* engine = state.admission.engine();
-  if (engine == nullptr) {
-    finish(
-        ToGrpcStatus(absl::UnavailableError("the engine is still starting")));
-    return reactor;
-  }
-  const EngineInfo& info = engine->info();
+namespace {
+
+// The response, from the engine's description and the server's limits.
+void Describe(const ServiceState& state, const EngineInfo& info,
+              v1::GetServerInfoResponse* response) {
   response->set_engine(info.name);
   response->set_version(state.version);
   response->set_streams_per_device(info.streams_per_device);
@@ -55,7 +44,36 @@ grpc::ServerUnaryReactor* GetServerInfo(ServiceState& state,
       absl::ToInt64Seconds(handle_limits.default_ttl));
   limits->set_max_handle_ttl_seconds(
       absl::ToInt64Seconds(handle_limits.max_ttl));
-  finish(grpc::Status::OK);
+}
+
+}  // namespace
+
+grpc::ServerUnaryReactor* GetServerInfo(ServiceState& state,
+                                        grpc::CallbackServerContext* context,
+                                        const grpc::ByteBuffer* request,
+                                        grpc::ByteBuffer* response) {
+  const auto started = std::chrono::steady_clock::now();
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  auto finish = [&](const grpc::Status& status) {
+    state.metrics->RecordRequest(RpcMethod::kGetServerInfo, status.error_code(),
+                                 SecondsSince(started));
+    reactor->Finish(status);
+  };
+  v1::GetServerInfoRequest parsed;
+  if (absl::Status s = ParseRequest(*context, request, parsed); !s.ok()) {
+    state.admission.RecordRejection(RequestRejection(s));
+    finish(ToGrpcStatus(s));
+    return reactor;
+  }
+  Engine* engine = state.admission.engine();
+  if (engine == nullptr) {
+    finish(
+        ToGrpcStatus(absl::UnavailableError("the engine is still starting")));
+    return reactor;
+  }
+  v1::GetServerInfoResponse info;
+  Describe(state, engine->info(), &info);
+  finish(ToGrpcStatus(SerializeResponse(info, response)));
   return reactor;
 }
 

@@ -10,9 +10,12 @@
 
 namespace matmul {
 
+// The request and response are raw: a GetServerInfoRequest in (bytes that
+// are not one get INVALID_ARGUMENT), a GetServerInfoResponse out.
 grpc::ServerUnaryReactor* GetServerInfo(ServiceState& state,
                                         grpc::CallbackServerContext* context,
-                                        v1::GetServerInfoResponse* response);
+                                        const grpc::ByteBuffer* request,
+                                        grpc::ByteBuffer* response);
 
 }  // namespace matmul
 

@@ -11,30 +11,25 @@
 #include "server/request_validation.h"
 #include "server/rpc/call_helpers.h"
 #include "server/rpc/grpc_status.h"
+#include "server/rpc/raw_messages.h"
 #include "server/rpc/stored_tensors.h"
 #include "server/rpc/unary_job_reactor.h"
 
 namespace matmul {
 namespace {
 
-// Upload and Download: one tensor into or out of engine memory.
+// Upload and Download: one tensor into or out of engine memory. The
+// reactor owns the parsed request and the response message; the raw
+// response is serialized from it.
 class TransferReactor final : public UnaryJobReactor {
  public:
   TransferReactor(ServiceState& state, grpc::CallbackServerContext* context,
-                  const v1::UploadRequest* upload,
-                  v1::UploadResponse* upload_response)
-      : UnaryJobReactor(state, context, RpcMethod::kUpload),
-        upload_(upload),
-        upload_response_(upload_response) {}
-  TransferReactor(ServiceState& state, grpc::CallbackServerContext* context,
-                  const v1::DownloadRequest* download,
-                  v1::DownloadResponse* download_response)
-      : UnaryJobReactor(state, context, RpcMethod::kDownload),
-        download_(download),
-        download_response_(download_response) {}
+                  RpcMethod method, grpc::ByteBuffer* response)
+      : UnaryJobReactor(state, context, method), response_(response) {}
 
-  void StartUpload();
-  void StartDownload();
+  // Each parses `request`, then starts the transfer.
+  void StartUpload(const grpc::ByteBuffer* request);
+  void StartDownload(const grpc::ByteBuffer* request);
 
   absl::Status WriteOperands(absl::Span<std::byte> a,
                              absl::Span<std::byte>) override {
@@ -48,16 +43,20 @@ class TransferReactor final : public UnaryJobReactor {
  private:
   absl::Status Respond(const MatmulSpec& spec, JobResult& result) override;
 
-  const v1::UploadRequest* const upload_ = nullptr;
-  v1::UploadResponse* const upload_response_ = nullptr;
-  const v1::DownloadRequest* const download_ = nullptr;
-  v1::DownloadResponse* const download_response_ = nullptr;
+  grpc::ByteBuffer* const response_;
+  // Set by StartUpload or StartDownload (the other stays null).
+  const v1::UploadRequest* upload_ = nullptr;
+  const v1::DownloadRequest* download_ = nullptr;
+  v1::UploadRequest upload_request_;
+  v1::DownloadRequest download_request_;
   std::vector<int64_t> shape_;
   absl::Duration ttl_;
   std::shared_ptr<ResidentTensor> downloading_;
 };
 
-void TransferReactor::StartUpload() {
+void TransferReactor::StartUpload(const grpc::ByteBuffer* request) {
+  if (!Parse(request, upload_request_)) return;
+  upload_ = &upload_request_;
   if (!Open()) return;
   OperandHeader header;
   header.present = upload_->has_tensor();
@@ -109,7 +108,9 @@ void TransferReactor::StartUpload() {
   Submit(std::move(job));
 }
 
-void TransferReactor::StartDownload() {
+void TransferReactor::StartDownload(const grpc::ByteBuffer* request) {
+  if (!Parse(request, download_request_)) return;
+  download_ = &download_request_;
   if (!Open()) return;
   absl::StatusOr<HandleRegistry::Entry> entry =
       state_.handles.Get(download_->handle());
@@ -154,10 +155,12 @@ absl::Status TransferReactor::Respond(const MatmulSpec& spec,
     }
     const HandleRegistry::Entry entry = state_.handles.Add(
         lease_.TakeReservation(), result.resident(), shape_, ttl_);
-    FillHandle(entry, upload_response_->mutable_handle());
-    return absl::OkStatus();
+    v1::UploadResponse response;
+    FillHandle(entry, response.mutable_handle());
+    return SerializeResponse(response, response_);
   }
-  v1::Tensor* tensor = download_response_->mutable_tensor();
+  v1::DownloadResponse response;
+  v1::Tensor* tensor = response.mutable_tensor();
   for (int64_t d : shape_) tensor->add_shape(d);
   tensor->set_dtype(DTypeToProto(spec.dtype));
   tensor->set_data(reinterpret_cast<const char*>(result.c().data()),
@@ -166,38 +169,49 @@ absl::Status TransferReactor::Respond(const MatmulSpec& spec,
   // MultiplyStream send their products from staging).
   state_.copied_result_bytes.fetch_add(static_cast<int64_t>(result.c().size()),
                                        std::memory_order_relaxed);
-  return absl::OkStatus();
+  return SerializeResponse(response, response_);
 }
 
 }  // namespace
 
 grpc::ServerUnaryReactor* StartUpload(ServiceState& state,
                                       grpc::CallbackServerContext* context,
-                                      const v1::UploadRequest* request,
-                                      v1::UploadResponse* response) {
-  auto* reactor = new TransferReactor(state, context, request, response);
-  reactor->StartUpload();
+                                      const grpc::ByteBuffer* request,
+                                      grpc::ByteBuffer* response) {
+  auto* reactor =
+      new TransferReactor(state, context, RpcMethod::kUpload, response);
+  reactor->StartUpload(request);
   return reactor;
 }
 
 grpc::ServerUnaryReactor* StartDownload(ServiceState& state,
                                         grpc::CallbackServerContext* context,
-                                        const v1::DownloadRequest* request,
-                                        v1::DownloadResponse* response) {
-  auto* reactor = new TransferReactor(state, context, request, response);
-  reactor->StartDownload();
+                                        const grpc::ByteBuffer* request,
+                                        grpc::ByteBuffer* response) {
+  auto* reactor =
+      new TransferReactor(state, context, RpcMethod::kDownload, response);
+  reactor->StartDownload(request);
   return reactor;
 }
 
 grpc::ServerUnaryReactor* DeleteHandle(ServiceState& state,
                                        grpc::CallbackServerContext* context,
-                                       const v1::DeleteRequest* request) {
+                                       const grpc::ByteBuffer* request,
+                                       grpc::ByteBuffer* response) {
   const auto started = std::chrono::steady_clock::now();
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  absl::Status status = state.handles.Delete(request->handle());
+  v1::DeleteRequest parsed;
+  absl::Status status = ParseRequest(*context, request, parsed);
   if (!status.ok()) {
-    status =
-        absl::Status(status.code(), absl::StrCat("handle: ", status.message()));
+    state.admission.RecordRejection(RequestRejection(status));
+  } else {
+    status = state.handles.Delete(parsed.handle());
+    if (!status.ok()) {
+      status = absl::Status(status.code(),
+                            absl::StrCat("handle: ", status.message()));
+    } else {
+      status = SerializeResponse(v1::DeleteResponse(), response);
+    }
   }
   const grpc::Status reply = ToGrpcStatus(status);
   state.metrics->RecordRequest(RpcMethod::kDelete, reply.error_code(),

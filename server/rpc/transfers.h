@@ -11,18 +11,22 @@
 
 namespace matmul {
 
-// Each starts one call; gRPC owns the returned reactor.
+// Each starts one call; gRPC owns the returned reactor. The request and the
+// response are raw: an UploadRequest, DownloadRequest or DeleteRequest in,
+// parsed here (server/rpc/raw_messages.h: bytes that are not one get
+// INVALID_ARGUMENT), and its response out.
 grpc::ServerUnaryReactor* StartUpload(ServiceState& state,
                                       grpc::CallbackServerContext* context,
-                                      const v1::UploadRequest* request,
-                                      v1::UploadResponse* response);
+                                      const grpc::ByteBuffer* request,
+                                      grpc::ByteBuffer* response);
 grpc::ServerUnaryReactor* StartDownload(ServiceState& state,
                                         grpc::CallbackServerContext* context,
-                                        const v1::DownloadRequest* request,
-                                        v1::DownloadResponse* response);
+                                        const grpc::ByteBuffer* request,
+                                        grpc::ByteBuffer* response);
 grpc::ServerUnaryReactor* DeleteHandle(ServiceState& state,
                                        grpc::CallbackServerContext* context,
-                                       const v1::DeleteRequest* request);
+                                       const grpc::ByteBuffer* request,
+                                       grpc::ByteBuffer* response);
 
 }  // namespace matmul
 

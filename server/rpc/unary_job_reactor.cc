@@ -7,6 +7,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "server/rpc/call_helpers.h"
 #include "server/rpc/grpc_status.h"
+#include "server/rpc/raw_messages.h"
 
 namespace matmul {
 namespace {
@@ -166,6 +167,14 @@ bool UnaryJobReactor::FinishWith(const absl::Status& status) {
 
 void UnaryJobReactor::Reject(RejectReason reason, const absl::Status& status) {
   if (FinishWith(status)) state_.admission.RecordRejection(reason);
+}
+
+bool UnaryJobReactor::Parse(const grpc::ByteBuffer* request,
+                            google::protobuf::MessageLite& message) {
+  const absl::Status parsed = ParseRequest(*context_, request, message);
+  if (parsed.ok()) return true;
+  Reject(RequestRejection(parsed), parsed);
+  return false;
 }
 
 void UnaryJobReactor::Unref() {

@@ -14,6 +14,7 @@
 #ifndef MATMUL_SERVER_RPC_UNARY_JOB_REACTOR_H_
 #define MATMUL_SERVER_RPC_UNARY_JOB_REACTOR_H_
 
+#include <google/protobuf/message_lite.h>
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
@@ -88,6 +89,13 @@ class UnaryJobReactor : public grpc::ServerUnaryReactor, public DrainableCall {
   void RejectRequest(const absl::Status& status) {
     Reject(RequestFault(status), status);
   }
+
+  // Parses the raw `request` into `message` (ParseRequest,
+  // server/rpc/raw_messages.h), or finishes the RPC: CANCELLED or
+  // DEADLINE_EXCEEDED when its bytes never arrived, INVALID_ARGUMENT when
+  // they are not a `message`; true if parsed.
+  bool Parse(const grpc::ByteBuffer* request,
+             google::protobuf::MessageLite& message);
 
   ServiceState& state_;
   grpc::CallbackServerContext* const context_;
