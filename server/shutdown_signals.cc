@@ -18,6 +18,10 @@ namespace {
 // The pipe's write end, for the handler; -1 until Install.
 std::atomic<int> write_fd{-1};
 
+// The one instance. It lives as long as the process (the handler may run
+// until exit); held here so that leak checkers see it reachable.
+ShutdownSignals* installed = nullptr;
+
 // Runs on whichever thread the kernel picked: only async-signal-safe calls.
 extern "C" void OnShutdownSignal(int signal_number) {
   const int saved_errno = errno;
@@ -64,8 +68,8 @@ absl::StatusOr<ShutdownSignals*> ShutdownSignals::Install() {
       sigaction(SIGINT, &action, nullptr) != 0) {
     return ErrnoError("sigaction");
   }
-  // Lives as long as the process: the handler may run until exit.
-  return new ShutdownSignals(fds[0], fds[1]);
+  installed = new ShutdownSignals(fds[0], fds[1]);
+  return installed;
 }
 
 int ShutdownSignals::Next() {
