@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
-# Installs what is missing, builds, starts matmul-server on the default engine
-# (CUDA where there is a GPU, the host engine elsewhere), multiplies two random
-# matrices through matmul-cli and checks the answer against NumPy.
+# Installs what is missing (no Node tools: those are the deploy checks'),
+# builds the server, matmul-cli, matmul-bench and the Python package (what
+# README.md then uses), starts matmul-server on the default engine (CUDA where
+# there is a GPU, the host engine elsewhere), multiplies two random matrices
+# through matmul-cli and checks the answer against NumPy.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 build=${BUILD_DIR:-build}
-scripts/install-deps.sh
+scripts/install-deps.sh --build
 # The same configuration as scripts/test.sh's main build, so that either may
-# run first in a clone and the other reuses build/ (only two targets here).
+# run first in a clone and the other reuses build/ (only the user-facing
+# targets here).
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DBUILD_TESTING=ON -DMATMUL_SANITIZE= -DMATMUL_FUZZ=OFF >/dev/null
-cmake --build "$build" --target matmul-server matmul-cli
+cmake --build "$build" --target matmul-server matmul-cli matmul-bench matmul_python
 
 work=$(mktemp -d)
 log="$work/server.log"

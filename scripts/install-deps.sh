@@ -3,7 +3,11 @@
 # Idempotent: packages already present are skipped, and apt is not touched
 # when nothing is missing. README.md, .ci/run and the Dockerfile all use it.
 #
-#   scripts/install-deps.sh            build + test dependencies (default)
+#   scripts/install-deps.sh            build + test dependencies (default),
+#                                      the Node tools of the checks included
+#   scripts/install-deps.sh --build    the same without Node and its tools
+#                                      (buf, manifest validation): what
+#                                      scripts/demo.sh needs
 #   scripts/install-deps.sh --runtime  only what the server needs to run
 set -euo pipefail
 
@@ -28,7 +32,8 @@ case "$mode" in
          # Node may come from elsewhere (e.g. NodeSource, which bundles npm);
          # only ask Debian for it when there is none.
          command -v npm >/dev/null 2>&1 || wanted+=(nodejs npm) ;;
-  *) echo "usage: $0 [--runtime|--all]" >&2; exit 2 ;;
+  --build) wanted=("${build_pkgs[@]}") ;;
+  *) echo "usage: $0 [--runtime|--build|--all]" >&2; exit 2 ;;
 esac
 
 # Ubuntu 24.04 (noble) renamed the libraries caught by the 64-bit time_t
