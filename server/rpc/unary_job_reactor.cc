@@ -47,14 +47,29 @@ void UnaryJobReactor::OnCancel() {
   {
     absl::MutexLock lock(&mu_);
     cancelled_ = true;
-    // An operand copy in progress reads the request: let it end first.
-    mu_.Await(absl::Condition(this, &UnaryJobReactor::NotWriting));
     if (finished_) return;
+    if (writing_) {
+      // An operand copy in progress reads the request: it ends the RPC.
+      if (end_after_copy_ == Ending::kNone)
+        end_after_copy_ = Ending::kCancelled;
+      return;
+    }
     finished_ = true;
   }
-  RecordCancel();
-  FinishRpc(grpc::Status(grpc::StatusCode::CANCELLED,
-                         "the request was cancelled or its deadline passed"));
+  End(Ending::kCancelled);
+}
+
+void UnaryJobReactor::End(Ending ending) {
+  if (ending == Ending::kCancelled) {
+    RecordCancel();
+    FinishRpc(grpc::Status(grpc::StatusCode::CANCELLED,
+                           "the request was cancelled or its deadline passed"));
+  } else if (ending == Ending::kDrained) {
+    state_.admission.RecordRejection(RejectReason::kDraining);
+    FinishRpc(ToGrpcStatus(absl::UnavailableError(
+        "the server is shutting down and its drain ended before this request "
+        "finished; retry it")));
+  }
 }
 
 void UnaryJobReactor::OnDone() {
@@ -67,14 +82,15 @@ void UnaryJobReactor::CutForDrain() {
   {
     absl::MutexLock lock(&mu_);
     cancelled_ = true;  // the job, if still queued, is dropped
-    mu_.Await(absl::Condition(this, &UnaryJobReactor::NotWriting));
     if (finished_) return;
+    if (writing_) {
+      // An operand copy in progress reads the request: it ends the RPC.
+      if (end_after_copy_ == Ending::kNone) end_after_copy_ = Ending::kDrained;
+      return;
+    }
     finished_ = true;
   }
-  state_.admission.RecordRejection(RejectReason::kDraining);
-  FinishRpc(ToGrpcStatus(absl::UnavailableError(
-      "the server is shutting down and its drain ended before this request "
-      "finished; retry it")));
+  End(Ending::kDrained);
 }
 
 absl::Status UnaryJobReactor::Abandoned() const {
@@ -150,9 +166,22 @@ absl::Status UnaryJobReactor::Copy(absl::FunctionRef<void()> copy) {
     writing_ = true;
   }
   copy();
-  absl::MutexLock lock(&mu_);
-  writing_ = false;
-  return absl::OkStatus();
+  Ending ending = Ending::kNone;
+  {
+    absl::MutexLock lock(&mu_);
+    writing_ = false;
+    ending = std::exchange(end_after_copy_, Ending::kNone);
+    if (ending != Ending::kNone) {
+      if (finished_) {
+        ending = Ending::kNone;
+      } else {
+        finished_ = true;
+      }
+    }
+  }
+  if (ending == Ending::kNone) return absl::OkStatus();
+  End(ending);
+  return absl::CancelledError("the request was cancelled during its copy");
 }
 
 bool UnaryJobReactor::FinishWith(const absl::Status& status) {

@@ -76,8 +76,11 @@ class UnaryJobReactor : public grpc::ServerUnaryReactor, public DrainableCall {
   // Submits a job of `description` to the admitted lease's engine.
   void Submit(JobDescription description);
 
-  // Runs `copy`, which reads the request, unless the RPC was cancelled;
-  // OnCancel waits for it, since finishing lets gRPC free the request.
+  // Runs `copy`, which reads the request, unless the RPC was cancelled.
+  // Finishing lets gRPC free the request, so a cancel or a drain's cut that
+  // comes during the copy does not finish the RPC: it leaves that to the
+  // copy, which ends it when it is done (CANCELLED is then returned). No
+  // gRPC thread waits for a copy.
   absl::Status Copy(absl::FunctionRef<void()> copy);
 
   // Finishes the RPC unless a cancellation already did; true if it did.
@@ -109,9 +112,10 @@ class UnaryJobReactor : public grpc::ServerUnaryReactor, public DrainableCall {
   void FinishRpc(const grpc::Status& status);
   void RecordCancel();
   void RecordDone();
-  bool NotWriting() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return !writing_;
-  }
+  // How a cancel or a drain's cut ends the RPC (on whichever thread gets to
+  // end it: the one that saw it, or the copy it came during).
+  enum class Ending { kNone, kCancelled, kDrained };
+  void End(Ending ending);
 
   const RpcMethod method_;
   const std::chrono::system_clock::time_point deadline_;
@@ -127,6 +131,8 @@ class UnaryJobReactor : public grpc::ServerUnaryReactor, public DrainableCall {
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  // Set by a cancel or a drain's cut during a copy; the copy ends the RPC.
+  Ending end_after_copy_ ABSL_GUARDED_BY(mu_) = Ending::kNone;
 };
 
 }  // namespace matmul
