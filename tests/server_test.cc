@@ -1005,6 +1005,7 @@ TEST(ServerTest, MutualTlsAndAPlaintextHealthPort) {
   ServerOptions options = LocalOptions();
   options.credentials = grpc::SslServerCredentials(ssl);
   options.health_address = "127.0.0.1:0";
+  options.handle_limits.max_handles_per_client = 1;
   std::unique_ptr<MatmulServer> server = StartOrDie(options, HostProvider());
   ASSERT_NE(server, nullptr);
   ASSERT_GT(server->health_port(), 0);
@@ -1018,6 +1019,15 @@ TEST(ServerTest, MutualTlsAndAPlaintextHealthPort) {
   grpc::Status ok = Multiply(*trusted, request, &response);
   ASSERT_TRUE(ok.ok()) << ok.error_message();
   ExpectCorrect(request, response);
+
+  // Stored tensors are charged to the certificate's identity (CN=client),
+  // whatever client id the caller writes: a second id gets no new quota.
+  v1::TensorHandle first;
+  ASSERT_TRUE(Upload(*trusted, request.a(), &first, 0, "alice").ok());
+  v1::TensorHandle second;
+  const grpc::Status over = Upload(*trusted, request.a(), &second, 0, "bob");
+  EXPECT_EQ(over.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(over.error_message(), HasSubstr("client cert:client "));
 
   for (const auto& [cert, key] : {std::pair{std::string(), std::string()},
                                   std::pair{pki->rogue_cert, pki->rogue_key}}) {

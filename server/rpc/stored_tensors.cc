@@ -7,6 +7,15 @@
 namespace matmul {
 
 std::string ClientKey(const grpc::CallbackServerContext& context) {
+  const std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
+  if (auth != nullptr && auth->IsPeerAuthenticated()) {
+    // The SAN when the certificate has one, else its CN (gRPC's choice).
+    const std::vector<grpc::string_ref> identity = auth->GetPeerIdentity();
+    if (!identity.empty()) {
+      return absl::StrCat("cert:", absl::string_view(identity.front().data(),
+                                                     identity.front().size()));
+    }
+  }
   const auto& metadata = context.client_metadata();
   if (auto it = metadata.find("x-matmul-client"); it != metadata.end()) {
     return std::string(it->second.data(), it->second.size());

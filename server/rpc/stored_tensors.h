@@ -18,8 +18,12 @@
 
 namespace matmul {
 
-// The client a stored tensor is charged to: the "x-matmul-client" metadata
-// if the call has it, else the peer's address without its port.
+// The client a stored tensor (and its quota) is charged to. Under mutual
+// TLS, the identity its verified certificate names: "cert:" and the subject
+// alternative name, or the common name when it has none; the
+// "x-matmul-client" metadata is then ignored. Otherwise that metadata if the
+// call has it (advisory: any client may write any id), else the peer's
+// address without its port.
 std::string ClientKey(const grpc::CallbackServerContext& context);
 
 // Replaces `operand`'s header with the stored tensor `handle` names (for
