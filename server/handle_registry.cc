@@ -39,7 +39,7 @@ HandleRegistry::Reservation::~Reservation() {
 
 HandleRegistry::HandleRegistry(const HandleLimits& limits,
                                absl::Duration sweep_period)
-    : limits_(limits) {
+    : limits_(limits), max_bytes_total_(limits.max_bytes_total) {
   sweeper_ = std::thread([this, sweep_period] { SweepLoop(sweep_period); });
 }
 
@@ -54,8 +54,9 @@ HandleRegistry::~HandleRegistry() {
 }
 
 HandleLimits HandleRegistry::limits() const {
-  absl::MutexLock lock(&mu_);
   HandleLimits limits = limits_;
+  absl::MutexLock lock(&mu_);
+  limits.max_bytes_total = max_bytes_total_;
   if (limits.max_bytes_total > 0) {
     limits.max_bytes_per_client =
         std::min(limits.max_bytes_per_client, limits.max_bytes_total);
@@ -65,9 +66,7 @@ HandleLimits HandleRegistry::limits() const {
 
 void HandleRegistry::SetDefaultTotalBytes(int64_t bytes) {
   absl::MutexLock lock(&mu_);
-  if (limits_.max_bytes_total <= 0) {
-    limits_.max_bytes_total = std::max<int64_t>(bytes, 1);
-  }
+  if (max_bytes_total_ <= 0) max_bytes_total_ = std::max<int64_t>(bytes, 1);
 }
 
 absl::StatusOr<HandleRegistry::Reservation> HandleRegistry::Reserve(
@@ -89,12 +88,11 @@ absl::StatusOr<HandleRegistry::Reservation> HandleRegistry::Reserve(
         " bytes per client (--max-stored-bytes-per-client); delete some "
         "first"));
   }
-  if (limits_.max_bytes_total > 0 &&
-      bytes > limits_.max_bytes_total - charged_bytes_) {
+  if (max_bytes_total_ > 0 && bytes > max_bytes_total_ - charged_bytes_) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "the server holds ", charged_bytes_,
         " bytes in stored tensors for all clients; this one needs ", bytes,
-        " more, over the server's limit of ", limits_.max_bytes_total,
+        " more, over the server's limit of ", max_bytes_total_,
         " bytes (--max-stored-bytes); retry after tensors are deleted or "
         "expire"));
   }
@@ -126,7 +124,6 @@ absl::StatusOr<absl::Duration> HandleRegistry::Ttl(
         "ttl: expected 0 (the default) or a positive number of seconds, got ",
         requested_seconds));
   }
-  absl::MutexLock lock(&mu_);
   if (requested_seconds == 0) return limits_.default_ttl;
   const absl::Duration ttl = absl::Seconds(requested_seconds);
   if (ttl > limits_.max_ttl) {

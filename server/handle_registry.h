@@ -111,8 +111,11 @@ class HandleRegistry {
   std::shared_ptr<ResidentTensor> EraseLocked(const std::string& id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // As given; max_bytes_total there may be 0 (see max_bytes_total_).
+  const HandleLimits limits_;
   mutable absl::Mutex mu_;
-  HandleLimits limits_ ABSL_GUARDED_BY(mu_);
+  // The total in effect: the given one, or the default once it is set.
+  int64_t max_bytes_total_ ABSL_GUARDED_BY(mu_);
   // Reserved or stored, all clients (the sum of usage_'s bytes).
   int64_t charged_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<std::string, Entry> entries_ ABSL_GUARDED_BY(mu_);

@@ -43,20 +43,21 @@ UnaryJobReactor::UnaryJobReactor(ServiceState& state,
   state_.calls.Add(this);
 }
 
-void UnaryJobReactor::OnCancel() {
+void UnaryJobReactor::OnCancel() { EndUnlessCopying(Ending::kCancelled); }
+
+void UnaryJobReactor::EndUnlessCopying(Ending ending) {
   {
     absl::MutexLock lock(&mu_);
-    cancelled_ = true;
+    cancelled_ = true;  // the job, if still queued, is dropped
     if (finished_) return;
     if (writing_) {
       // An operand copy in progress reads the request: it ends the RPC.
-      if (end_after_copy_ == Ending::kNone)
-        end_after_copy_ = Ending::kCancelled;
+      if (end_after_copy_ == Ending::kNone) end_after_copy_ = ending;
       return;
     }
     finished_ = true;
   }
-  End(Ending::kCancelled);
+  End(ending);
 }
 
 void UnaryJobReactor::End(Ending ending) {
@@ -78,20 +79,7 @@ void UnaryJobReactor::OnDone() {
   Unref();
 }
 
-void UnaryJobReactor::CutForDrain() {
-  {
-    absl::MutexLock lock(&mu_);
-    cancelled_ = true;  // the job, if still queued, is dropped
-    if (finished_) return;
-    if (writing_) {
-      // An operand copy in progress reads the request: it ends the RPC.
-      if (end_after_copy_ == Ending::kNone) end_after_copy_ = Ending::kDrained;
-      return;
-    }
-    finished_ = true;
-  }
-  End(Ending::kDrained);
-}
+void UnaryJobReactor::CutForDrain() { EndUnlessCopying(Ending::kDrained); }
 
 absl::Status UnaryJobReactor::Abandoned() const {
   {

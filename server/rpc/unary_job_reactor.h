@@ -115,6 +115,9 @@ class UnaryJobReactor : public grpc::ServerUnaryReactor, public DrainableCall {
   // How a cancel or a drain's cut ends the RPC (on whichever thread gets to
   // end it: the one that saw it, or the copy it came during).
   enum class Ending { kNone, kCancelled, kDrained };
+  // Marks the RPC cancelled and ends it, or, while an operand copy reads
+  // the request, leaves the ending to that copy.
+  void EndUnlessCopying(Ending ending);
   void End(Ending ending);
 
   const RpcMethod method_;

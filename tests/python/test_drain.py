@@ -15,6 +15,25 @@ import matmul_client
 from conftest import ServerProcess
 
 
+def _long_calls(server: ServerProcess, count: int, n: int = 2048):
+    """``count`` multiplies of two n x n float64 operands, queued on the
+    server's one lane (2048: half a second or more each on two cores), all
+    admitted when this returns; and their operands (the product is computed
+    by the caller after what it times, since NumPy competes for the cores). The
+    operands are stored first, so that each request is a few bytes and is
+    admitted at once (three 256 MiB requests took longer than a fixed wait
+    to arrive on a busy 2-core machine)."""
+    client = matmul_client.Client(server.target)
+    rng = np.random.default_rng(11)
+    a = rng.standard_normal((n, n))
+    b = rng.standard_normal((n, n))
+    ha = client.upload(a)
+    hb = client.upload(b)
+    calls = [client.multiply_async(ha, hb) for _ in range(count)]
+    server.wait_for_gauge("matmul_inflight_requests", count)
+    return calls, (a, b)
+
+
 def test_sigterm_drains_in_flight_work_and_refuses_new_work():
     server = ServerProcess("--drain-grace", "1.5s", "--drain-timeout", "60s",
                            "--streams-per-device", "1", metrics=True)
@@ -24,15 +43,7 @@ def test_sigterm_drains_in_flight_work_and_refuses_new_work():
     # work outlasts the grace period by seconds whatever the machine's speed
     # (one alone ended right at its end under ASan, and the server had
     # already begun gRPC's shutdown when the new call came).
-    a = rng.standard_normal((4096, 4096))
-    b = rng.standard_normal((4096, 4096))
-    # Stored operands, so that each request is a few bytes and is admitted
-    # at once: three 256 MiB requests took longer than the sleep below to
-    # arrive on a busy 2-core machine, and the last came in after SIGTERM.
-    ha = client.upload(a)
-    hb = client.upload(b)
-    long_calls = [client.multiply_async(ha, hb) for _ in range(3)]
-    server.wait_for_gauge("matmul_inflight_requests", 3)  # all admitted
+    long_calls, (a, b) = _long_calls(server, 3, n=4096)
     assert not long_calls[-1].done()
     server._process.send_signal(signal.SIGTERM)
 
@@ -61,33 +72,19 @@ def test_sigterm_drains_in_flight_work_and_refuses_new_work():
     assert "draining" in server.output()
 
 
-def _long_calls(server: ServerProcess, count: int):
-    """``count`` multiplies queued on the server's one lane, each lasting
-    half a second or more on two cores, all admitted when this returns; and
-    the product they will answer with."""
-    client = matmul_client.Client(server.target)
-    rng = np.random.default_rng(11)
-    a = rng.standard_normal((2048, 2048))
-    b = rng.standard_normal((2048, 2048))
-    ha = client.upload(a)
-    hb = client.upload(b)
-    calls = [client.multiply_async(ha, hb) for _ in range(count)]
-    server.wait_for_gauge("matmul_inflight_requests", count)
-    return calls, a @ b
-
-
 def test_repeated_sigterm_never_cuts_a_drain_short():
     # Supervisors (Kubernetes, systemd) resend SIGTERM. OpenBLAS starts its
     # threads before main and leaves signals unblocked in them; a signal that
     # lands there used to take the default action and kill the process.
     server = ServerProcess("--drain-timeout", "60s", "--streams-per-device", "1", metrics=True)
-    calls, expected = _long_calls(server, 2)
+    calls, (a, b) = _long_calls(server, 2)
     process = server._process
     process.send_signal(signal.SIGTERM)
     for _ in range(10):
         time.sleep(0.02)
         process.send_signal(signal.SIGTERM)
     assert not calls[-1].done(), "the drain ended before the last SIGTERM: the test proves nothing"
+    expected = a @ b
     for call in calls:
         np.testing.assert_allclose(call.result(timeout=120), expected, rtol=1e-9, atol=1e-9)
     assert process.wait(60) == 0, server.output()
