@@ -3,6 +3,8 @@
 #include <grpcpp/create_channel.h>
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <map>
@@ -522,6 +524,77 @@ TEST(MultiplyStreamTest, AStepTheEngineRefusesFailsOnlyItsMultiply) {
 // that stops moving bytes) while a multiply is open on its stream: the
 // server's keepalive ping goes unanswered, the connection is closed, and
 // the multiply and its memory are released. Without keepalive they stay.
+// A client that sends and never reads cannot make the server hold its
+// answers without bound: once the answers it has not taken reach
+// kMaxUnsentReplies, the server stops reading, and flow control stalls the
+// client's writes. Here every message is a chunk for an id that is not open
+// (each earns an error answer); before, the server read all 20,000 and kept
+// queuing their errors (about 400 bytes each, held until the call ended).
+TEST(MultiplyStreamTest, AClientThatNeverReadsIsHeldBackByFlowControl) {
+  std::unique_ptr<MatmulServer> server = StartServer();
+  ASSERT_NE(server, nullptr);
+  // No BDP probing: the client's receive window stays at its initial size,
+  // so the answers it does not read fill it soon.
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  auto stub = v1::MatmulService::NewStub(
+      grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", server->port()),
+                                grpc::InsecureChannelCredentials(), args));
+  constexpr int kMessages = 20000;
+  grpc::ClientContext context;
+  std::unique_ptr<Stream> stream = stub->MultiplyStream(&context);
+  std::atomic<int> written{0};
+  std::atomic<bool> writer_done{false};
+  std::thread writer([&] {
+    v1::MultiplyStreamRequest request;
+    v1::OperandChunk* chunk = request.mutable_chunk();
+    chunk->set_operand(v1::OPERAND_A);
+    chunk->set_offset(0);
+    chunk->mutable_data()->assign(4096, '\1');
+    for (int i = 0; i < kMessages; ++i) {
+      request.set_request_id(1000 + i);
+      if (!stream->Write(request)) break;
+      written.fetch_add(1, std::memory_order_relaxed);
+    }
+    writer_done.store(true);
+  });
+  // Bounded: until the writer is done, or makes no progress for 1 s.
+  bool stalled = false;
+  int last = -1;
+  absl::Time progress = absl::Now();
+  const absl::Time give_up = absl::Now() + absl::Seconds(60);
+  while (!writer_done.load() && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(50));
+    const int now_written = written.load();
+    if (now_written != last) {
+      last = now_written;
+      progress = absl::Now();
+    } else if (absl::Now() - progress > absl::Seconds(1)) {
+      stalled = true;
+      break;
+    }
+  }
+  EXPECT_TRUE(stalled) << written.load() << " of " << kMessages
+                       << " messages written";
+  EXPECT_LT(written.load(), kMessages / 2);
+  std::printf("the client's writes stalled after %d of %d messages\n",
+              written.load(), kMessages);
+  context.TryCancel();
+  writer.join();
+  stream->Finish();
+  for (int i = 0; i < 500 && server->service().calls_in_progress() > 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(server->service().calls_in_progress(), 0u);
+  // The server goes on serving.
+  absl::BitGen gen;
+  const HostTensor a = Random(DType::kFloat32, {32, 32}, gen);
+  std::unique_ptr<MatmulClient> client = Client(server->port());
+  absl::StatusOr<HostTensor> c = client->MultiplyStreamed(a, a, {}, 1024);
+  ASSERT_TRUE(c.ok()) << c.status();
+  ExpectProduct(a, a, false, false, *c);
+}
+
 TEST(MultiplyStreamTest, KeepaliveReleasesTheStreamOfAVanishedClient) {
   for (const bool keepalive : {false, true}) {
     SCOPED_TRACE(keepalive ? "keepalive 200 ms" : "no keepalive");

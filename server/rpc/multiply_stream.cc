@@ -150,7 +150,7 @@ void MultiplyStreamReactor::HandleStart(const WireStreamRequest& request,
         state_.metrics->RecordRequest(RpcMethod::kMultiplyStream,
                                       ToGrpcStatus(status).error_code(), 0);
         SendError(id, status);
-        failed_.insert(id);  // its chunks are dropped quietly
+        RememberFailed(id);  // its chunks are dropped quietly
       };
   auto reject = [&](RejectReason reason, const absl::Status& status)
                     ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -274,7 +274,7 @@ void MultiplyStreamReactor::HandleChunk(const WireStreamRequest& request,
         id, absl::InvalidArgumentError(absl::StrCat(
                 "chunk for request_id ", id,
                 ", which is not open on this stream (send its start first)")));
-    failed_.insert(id);
+    RememberFailed(id);
     return;
   }
   std::shared_ptr<Multiply> m = it->second;
@@ -348,6 +348,19 @@ void MultiplyStreamReactor::SendError(uint64_t id, const absl::Status& status) {
   Queue(Serialize(response), false);
 }
 
+void MultiplyStreamReactor::RememberFailed(uint64_t id) {
+  const uint64_t when = ++failures_;
+  failed_[id] = when;
+  failed_order_.emplace_back(id, when);
+  while (failed_order_.size() > kMaxRememberedFailures) {
+    const auto [old, at] = failed_order_.front();
+    failed_order_.pop_front();
+    if (auto it = failed_.find(old); it != failed_.end() && it->second == at) {
+      failed_.erase(it);
+    }
+  }
+}
+
 void MultiplyStreamReactor::Fail(const std::shared_ptr<Multiply>& m,
                                  const absl::Status& status) {
   if (m->closed) return;
@@ -359,7 +372,7 @@ void MultiplyStreamReactor::Fail(const std::shared_ptr<Multiply>& m,
   SendError(m->id, status);
   // Chunks the client sent before it saw the error are dropped quietly.
   if (m->received[0] < m->need[0] || m->received[1] < m->need[1]) {
-    failed_.insert(m->id);
+    RememberFailed(m->id);
   }
   Close(m, ToGrpcStatus(status).error_code());
 }
@@ -396,13 +409,17 @@ void MultiplyStreamReactor::Close(const std::shared_ptr<Multiply>& m,
 }
 
 void MultiplyStreamReactor::Queue(grpc::ByteBuffer message, bool result_chunk) {
+  if (!result_chunk) ++unsent_replies_;
   writes_.push_back({std::move(message), result_chunk});
 }
 
 void MultiplyStreamReactor::Settle(Actions& actions) {
   if (finished_) return;
+  // Reading stops while the chunks held or the answers the client has not
+  // taken are at their bounds; HTTP/2 flow control then holds the client.
   if (!reading_ && !read_done_ && !cancelled_ &&
-      held_chunk_bytes_ < kMaxHeldChunkBytes) {
+      held_chunk_bytes_ < kMaxHeldChunkBytes &&
+      unsent_replies_ < kMaxUnsentReplies) {
     reading_ = true;
     actions.read = true;
   }
@@ -473,12 +490,20 @@ void MultiplyStreamReactor::OnWriteDone(bool ok) {
     absl::MutexLock lock(&mu_);
     writing_ = false;
     write_buffer_.Clear();
-    if (writing_result_chunk_) --result_chunks_in_flight_;
+    if (writing_result_chunk_) {
+      --result_chunks_in_flight_;
+    } else {
+      --unsent_replies_;
+    }
     writing_result_chunk_ = false;
     if (!ok) {
       // The client is gone: nothing more can be sent.
       for (const PendingWrite& w : writes_) {
-        if (w.result_chunk) --result_chunks_in_flight_;
+        if (w.result_chunk) {
+          --result_chunks_in_flight_;
+        } else {
+          --unsent_replies_;
+        }
       }
       writes_.clear();
       std::vector<std::shared_ptr<Multiply>> all;

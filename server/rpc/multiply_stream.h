@@ -15,7 +15,13 @@
 // Memory bounds: the chunks a stream holds (received, not yet staged) stay
 // under kMaxHeldChunkBytes: beyond it the reactor stops reading, and HTTP/2
 // flow control holds the client back. At most kMaxResultChunksInFlight
-// result chunks per stream sit in staging or in the send queue.
+// result chunks per stream sit in staging or in the send queue. A client
+// that sends but never reads cannot grow the server either: while more than
+// kMaxUnsentReplies other answers (result headers, per-multiply errors) wait
+// to be sent, the reactor stops reading (flow control, not an error), at
+// most kMaxOpenMultiplies multiplies are open, and the ids of failed
+// multiplies whose late chunks are dropped quietly are remembered for the
+// kMaxRememberedFailures most recent only.
 //
 // Admission: each multiply passes the admission core at its start, like a
 // unary Multiply (server/admission/admission.h): draining, engine, device
@@ -37,11 +43,11 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -62,6 +68,8 @@ class MultiplyStreamReactor final
   static constexpr int64_t kMaxHeldChunkBytes = int64_t{256} << 20;
   static constexpr int kMaxResultChunksInFlight = 8;
   static constexpr int kMaxOpenMultiplies = 64;
+  static constexpr int kMaxUnsentReplies = 64;
+  static constexpr size_t kMaxRememberedFailures = 4096;
   static constexpr int64_t kDefaultResultChunkBytes = int64_t{4} << 20;
 
   MultiplyStreamReactor(ServiceState& state,
@@ -178,6 +186,10 @@ class MultiplyStreamReactor final
   // An error for a multiply id that is not open.
   void SendError(uint64_t id, const absl::Status& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Remembers that `id` failed, so that its late chunks are dropped quietly;
+  // forgets the oldest beyond kMaxRememberedFailures (a late chunk for a
+  // forgotten id gets one more "not open" error).
+  void RememberFailed(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends `m` (answered in full or failed): metrics, log, bookkeeping.
   void Close(const std::shared_ptr<Multiply>& m, grpc::StatusCode code)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -216,8 +228,14 @@ class MultiplyStreamReactor final
   std::deque<PendingWrite> writes_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, std::shared_ptr<Multiply>> open_
       ABSL_GUARDED_BY(mu_);
-  // Failed multiplies whose remaining chunks are dropped without a word.
-  absl::flat_hash_set<uint64_t> failed_ ABSL_GUARDED_BY(mu_);
+  // Failed multiplies whose remaining chunks are dropped without a word:
+  // id -> when it was remembered, and the ids in that order (an id started
+  // again and failed again appears twice; only its latest entry counts).
+  absl::flat_hash_map<uint64_t, uint64_t> failed_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::pair<uint64_t, uint64_t>> failed_order_ ABSL_GUARDED_BY(mu_);
+  uint64_t failures_ ABSL_GUARDED_BY(mu_) = 0;
+  // Queued or being written, other than result chunks.
+  int unsent_replies_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t held_chunk_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   int result_chunks_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   bool writing_result_chunk_ ABSL_GUARDED_BY(mu_) = false;
