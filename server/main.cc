@@ -59,6 +59,10 @@ ABSL_FLAG(absl::Duration, drain_grace, absl::ZeroDuration(),
           "requests (let load balancers catch up)");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30),
           "On SIGTERM: how long in-flight requests get to finish");
+ABSL_FLAG(absl::Duration, trim_memory_after, absl::Seconds(2),
+          "Once no call has started and nothing has been in flight for this "
+          "long after work, give freed heap memory back to the system "
+          "(malloc_trim); 0 disables");
 ABSL_FLAG(absl::Duration, max_connection_age, absl::Minutes(5),
           "Close client connections (with GOAWAY) after this long, so that "
           "long-lived clients rebalance across replicas; 0 disables");
@@ -137,6 +141,7 @@ const std::vector<matmul::FlagGroup>& ServerFlags() {
         "max_connection_age_grace", "keepalive_time", "keepalive_timeout",
         "grpc_arg=NAME=INT,..."}},
       {"Draining (SIGTERM)", {"drain_grace", "drain_timeout"}},
+      {"Memory", {"trim_memory_after"}},
   };
   return *groups;
 }
@@ -313,6 +318,7 @@ int main(int argc, char** argv) {
       absl::GetFlag(FLAGS_max_elements_per_operand);
   options.drain_grace = absl::GetFlag(FLAGS_drain_grace);
   options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
+  options.trim_memory_after = absl::GetFlag(FLAGS_trim_memory_after);
   options.max_connection_age = absl::GetFlag(FLAGS_max_connection_age);
   options.keepalive_time = absl::GetFlag(FLAGS_keepalive_time);
   options.keepalive_timeout = absl::GetFlag(FLAGS_keepalive_timeout);

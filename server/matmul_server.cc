@@ -165,6 +165,15 @@ absl::StatusOr<std::unique_ptr<MatmulServer>> MatmulServer::Start(
       DefaultStoredBytes(self->engine_->info()));
   self->service_->SetEngine(self->engine_.get());
   self->SetHealthEverywhere(/*ready=*/true);
+  if (options.trim_memory_after > absl::ZeroDuration()) {
+    MatmulServiceImpl* service = self->service_.get();
+    self->trimmer_ = std::make_unique<IdleMemoryTrimmer>(
+        options.trim_memory_after, [service] {
+          return IdleMemoryTrimmer::Activity{
+              service->calls_started(), service->inflight_requests() > 0};
+        });
+    self->trimmer_->Start();
+  }
   return self;
 }
 
@@ -174,6 +183,7 @@ void MatmulServer::Shutdown() {
     if (shut_down_) return;
     shut_down_ = true;
   }
+  trimmer_.reset();
   if (server_ != nullptr && engine_ == nullptr) {
     // Start failed (no engine): nothing was served, nothing to drain.
     SetHealthEverywhere(/*ready=*/false);

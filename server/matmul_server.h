@@ -18,6 +18,7 @@
 #include "common/grpc_args.h"
 #include "gpu/engine.h"
 #include "server/handle_registry.h"
+#include "server/idle_memory_trimmer.h"
 #include "server/http/metrics_exporter.h"
 #include "server/request_limits.h"
 #include "server/rpc/matmul_service.h"
@@ -64,6 +65,10 @@ struct ServerOptions {
   // Called once the port is bound, before the engine is built (health is
   // NOT_SERVING until then). Optional.
   std::function<void(int port)> on_listening;
+  // Once no call has started and no work has been in flight for this long
+  // after work, free heap memory goes back to the system
+  // (server/idle_memory_trimmer.h); zero: never.
+  absl::Duration trim_memory_after = absl::Seconds(2);
 };
 
 // Health service names. "" and kServiceName follow the gRPC convention;
@@ -120,6 +125,7 @@ class MatmulServer {
   // Last: it reads the service and the engine, so it goes first. It keeps
   // serving through Shutdown, so that a scrape sees the drain.
   std::unique_ptr<MetricsExporter> metrics_;
+  std::unique_ptr<IdleMemoryTrimmer> trimmer_;
 };
 
 // The version string reported by GetServerInfo and metrics.

@@ -6,7 +6,9 @@
 #ifndef MATMUL_SERVER_RPC_CALL_REGISTRY_H_
 #define MATMUL_SERVER_RPC_CALL_REGISTRY_H_
 
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -37,6 +39,7 @@ class DrainableCall {
 class CallRegistry {
  public:
   void Add(DrainableCall* call) {
+    started_.fetch_add(1, std::memory_order_relaxed);
     absl::MutexLock lock(&mu_);
     calls_.insert(call);
   }
@@ -44,6 +47,8 @@ class CallRegistry {
     absl::MutexLock lock(&mu_);
     calls_.erase(call);
   }
+  // Calls registered since the start, ended or not.
+  uint64_t started() const { return started_.load(std::memory_order_relaxed); }
   size_t size() const {
     absl::MutexLock lock(&mu_);
     return calls_.size();
@@ -80,6 +85,7 @@ class CallRegistry {
     return calls;
   }
 
+  std::atomic<uint64_t> started_{0};
   mutable absl::Mutex mu_;
   absl::flat_hash_set<DrainableCall*> calls_ ABSL_GUARDED_BY(mu_);
 };

@@ -65,6 +65,8 @@ class MatmulServiceImpl final : public MatmulServiceBase {
   // Unary calls and streams that have not ended yet (GetServerInfo and
   // Delete, answered at once, are not counted).
   size_t calls_in_progress() const { return state_.calls.size(); }
+  // Such calls started since the server did, ended or not.
+  uint64_t calls_started() const { return state_.calls.started(); }
 
   // Waits until every call has ended, or `deadline`; true if they have.
   bool AwaitCallsEnded(absl::Time deadline) const {
