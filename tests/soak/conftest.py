@@ -120,11 +120,17 @@ class SoakServer:
         assert match, f"no {key} in /proc/{self.pid}/status"
         return int(match.group(1))
 
-    def stop(self) -> int:
-        """Sends SIGTERM and returns the exit status."""
+    def stop(self, sigterms: int = 1) -> int:
+        """Sends SIGTERM (``sigterms`` times, 20 ms apart, as supervisors
+        resend it) and returns the exit status."""
         if self._process.poll() is not None:
             return self._process.returncode
         self._process.send_signal(signal.SIGTERM)
+        for _ in range(sigterms - 1):
+            time.sleep(0.02)
+            if self._process.poll() is not None:
+                break
+            self._process.send_signal(signal.SIGTERM)
         try:
             return self._process.wait(_STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
@@ -153,6 +159,7 @@ def soak_server() -> Iterator[SoakServer]:
     server = SoakServer(engine)
     yield server
     started = time.monotonic()
-    status = server.stop()
-    print(f"matmul-server stopped with status {status} in {time.monotonic() - started:.1f} s")
+    status = server.stop(sigterms=3)
+    print(f"matmul-server stopped with status {status} in {time.monotonic() - started:.1f} s "
+          "(3 SIGTERMs)")
     assert status == 0, f"matmul-server exited with {status} after SIGTERM:\n{server.output()}"

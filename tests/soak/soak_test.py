@@ -13,6 +13,13 @@ spread over CONNECTIONS connections send, at random:
   cancelled  a larger float32 multiply, cancelled by the client after 0-30 ms.
   deadline   a larger float32 multiply with a 1-10 ms deadline.
 
+Beside them, on connections of its own, a silent client opens one
+MultiplyStream after another and sends chunks of 4 KiB for ids it never
+started (each earns an error answer) without ever reading, for
+SILENT_STREAM_SECONDS each, then cancels: the server must stop reading it
+(flow control stalls its writes well before SILENT_STREAM_MESSAGES) and
+forget it when cancelled. The server is stopped with three SIGTERMs.
+
 A warm-up of the same mix comes first; its end is the baseline (RSS, metric
 counters). Afterwards the test asserts:
   - no wrong answer (cancelled or deadline calls that still finished OK are
@@ -63,6 +70,13 @@ SETTLE_TIMEOUT_S = 20.0
 GENEROUS_TIMEOUT_S = 60.0
 # Hard bound on calls per worker, on top of the time bound.
 MAX_CALLS_PER_WORKER = 1_000_000
+# The silent client's streams: how long each is open, the most messages it
+# offers, and how many of them the server may take before its writes stall
+# (the stall comes after about 2,000 on loopback; 20,000 is 80 MiB of
+# chunks, all read and their errors queued before the bound).
+SILENT_STREAM_SECONDS = 2.0
+SILENT_STREAM_MESSAGES = 20_000
+SILENT_STREAM_MAX_TAKEN = 10_000
 
 F32 = matmul_pb2.DTYPE_FLOAT32
 
@@ -370,6 +384,61 @@ class Worker:
         return grpc.StatusCode.OK
 
 
+class SilentStreams:
+    """A client that opens MultiplyStreams and never reads them (see the
+    module's docstring), on a thread of its own until stopped."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+        self.taken: List[int] = []  # messages the server took, per stream
+        self.failures: List[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "SilentStreams":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=GENEROUS_TIMEOUT_S)
+        if self._thread.is_alive():
+            self.failures.append("the silent client did not stop")
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self._one_stream()
+        except Exception:  # noqa: BLE001 - reported by the test.
+            self.failures.append(f"silent client crashed:\n{traceback.format_exc()}")
+
+    def _one_stream(self) -> None:
+        # A channel of its own: what it holds back is only its own.
+        with grpc.insecure_channel(self.target,
+                                   options=[("grpc.use_local_subchannel_pool", 1)]) as channel:
+            stub = matmul_pb2_grpc.MatmulServiceStub(channel)
+            offered = [0]
+
+            def requests():
+                for i in range(SILENT_STREAM_MESSAGES):
+                    offered[0] = i + 1
+                    yield matmul_pb2.MultiplyStreamRequest(
+                        request_id=1_000_000 + i,
+                        chunk=matmul_pb2.OperandChunk(operand=matmul_pb2.OPERAND_A, offset=0,
+                                                      data=b"\1" * 4096))
+
+            call = stub.MultiplyStream(requests(), timeout=GENEROUS_TIMEOUT_S)
+            self._stop.wait(SILENT_STREAM_SECONDS)
+            call.cancel()
+            # gRPC pulls one message ahead of what the transport took.
+            taken = max(0, offered[0] - 1)
+            self.taken.append(taken)
+            if taken >= SILENT_STREAM_MAX_TAKEN:
+                self.failures.append(
+                    f"a MultiplyStream that was never read took {taken} messages of 4 KiB "
+                    f"in {SILENT_STREAM_SECONDS} s (at most {SILENT_STREAM_MAX_TAKEN})")
+
+
 def run_phase(connections: List[Connection], seconds: float, seed: int,
               on_tick: Optional[Callable[[], None]] = None) -> Tuple[Tally, float]:
     """WORKERS workers for ``seconds``; returns the merged tally and wall time."""
@@ -550,7 +619,8 @@ def test_soak(soak_server, soak_seconds: float) -> None:
                 last_sample[0] = now
                 peak_rss[0] = max(peak_rss[0], server.rss_bytes())
 
-        tally, elapsed = run_phase(connections, soak_seconds, seed=2, on_tick=sample_rss)
+        with SilentStreams(server.target) as silent:
+            tally, elapsed = run_phase(connections, soak_seconds, seed=2, on_tick=sample_rss)
         assert server.alive(), f"matmul-server died during the soak:\n{server.output()}"
         samples_after, rss_after = _wait_idle(server, baseline_rss)
 
@@ -584,8 +654,12 @@ def test_soak(soak_server, soak_seconds: float) -> None:
         "rss_after_mib": round(rss_after / 2**20, 1),
         "rss_limit_mib": round((baseline_rss + RSS_SLACK_BYTES) / 2**20, 1),
         "health": health,
+        "silent_streams": len(silent.taken),
+        "silent_stream_messages_taken_max": max(silent.taken, default=0),
     }
-    problems: List[str] = list(tally.failures)
+    problems: List[str] = list(tally.failures) + silent.failures
+    if not silent.taken:
+        problems.append("the silent client opened no stream")
     if final_problem:
         problems.append(f"final multiply: {final_problem}")
     if any(status != "SERVING" for status in health.values()):
