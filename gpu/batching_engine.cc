@@ -1,5 +1,6 @@
 #include "gpu/batching_engine.h"
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 #include <variant>
@@ -12,8 +13,10 @@ namespace {
 // Several requests run as one strided-batched multiply.
 class BatchJob final : public MatmulJob {
  public:
-  explicit BatchJob(std::vector<std::unique_ptr<MatmulJob>> members)
+  BatchJob(BatchingEngine* engine,
+           std::vector<std::unique_ptr<MatmulJob>> members)
       : MatmulJob(Describe(members)),
+        engine_(engine),
         members_(std::move(members)),
         failed_(members_.size()) {}
 
@@ -34,6 +37,8 @@ class BatchJob final : public MatmulJob {
   }
 
   void Done(absl::StatusOr<JobResult> result) override {
+    // The next batch goes out before this one's members are answered.
+    engine_->JobFinished();
     if (!result.ok()) {
       for (auto& member : members_) member->Done(result.status());
       return;
@@ -79,15 +84,48 @@ class BatchJob final : public MatmulJob {
     return d;
   }
 
+  BatchingEngine* const engine_;
   std::vector<std::unique_ptr<MatmulJob>> members_;
   std::vector<absl::Status> failed_;
 };
 
+int SlotsOf(const Engine& engine, int slots) {
+  if (slots > 0) return slots;
+  const EngineInfo& info = engine.info();
+  return std::max(1,
+                  info.streams_per_device *
+                      std::max<int>(1, static_cast<int>(info.devices.size())));
+}
+
 }  // namespace
+
+// A request that goes out alone: itself, with the slot it holds given back
+// when it is done.
+class BatchingEngine::SoloJob final : public MatmulJob {
+ public:
+  SoloJob(BatchingEngine* engine, std::unique_ptr<MatmulJob> job)
+      : MatmulJob(job->description()), engine_(engine), job_(std::move(job)) {}
+
+  absl::Status WriteOperands(absl::Span<std::byte> a,
+                             absl::Span<std::byte> b) override {
+    return job_->WriteOperands(a, b);
+  }
+  void Done(absl::StatusOr<JobResult> result) override {
+    engine_->JobFinished();
+    job_->Done(std::move(result));
+  }
+  absl::Status Abandoned() const override { return job_->Abandoned(); }
+
+ private:
+  BatchingEngine* const engine_;
+  const std::unique_ptr<MatmulJob> job_;
+};
 
 BatchingEngine::BatchingEngine(std::unique_ptr<Engine> inner,
                                const BatchingOptions& options)
-    : inner_(std::move(inner)), options_(options) {
+    : inner_(std::move(inner)),
+      options_(options),
+      slots_(SlotsOf(*inner_, options.slots)) {
   flusher_ = std::thread([this] { FlushLoop(); });
 }
 
@@ -118,13 +156,23 @@ void BatchingEngine::Submit(std::unique_ptr<MatmulJob> job) {
     absl::MutexLock lock(&mu_);
     if (!stopping_) {
       Group& group = groups_[KeyOf(job->spec())];
-      if (group.jobs.empty()) {
-        group.deadline = absl::Now() + options_.window;
-        wake_.Signal();
-      }
-      group.jobs.push_back(std::move(job));
-      if (static_cast<int>(group.jobs.size()) >= options_.max_batch) {
-        full.swap(group.jobs);
+      if (options_.adaptive && group.jobs.empty() && in_flight_ < slots_) {
+        // A free slot and nobody of its kind waiting: at once, alone.
+        ++in_flight_;
+        CountLaunch(1);
+        full.push_back(std::move(job));
+      } else {
+        if (group.jobs.empty()) {
+          group.deadline = absl::Now() + options_.window;
+          wake_.Signal();
+        }
+        group.jobs.push_back(std::move(job));
+        if (static_cast<int>(group.jobs.size()) >= options_.max_batch ||
+            (options_.adaptive && in_flight_ < slots_)) {
+          full.swap(group.jobs);
+          ++in_flight_;
+          CountLaunch(full.size());
+        }
       }
     }
   }
@@ -135,17 +183,62 @@ void BatchingEngine::Submit(std::unique_ptr<MatmulJob> job) {
   if (!full.empty()) Launch(std::move(full));
 }
 
-void BatchingEngine::Launch(std::vector<std::unique_ptr<MatmulJob>> jobs) {
-  if (jobs.size() == 1) {
-    inner_->Submit(std::move(jobs.front()));
-    return;
+void BatchingEngine::CountLaunch(size_t size) {
+  size_t bucket = 0;
+  while (bucket < kBatchSizeBounds.size() &&
+         static_cast<int>(size) > kBatchSizeBounds[bucket]) {
+    ++bucket;
   }
-  {
-    absl::MutexLock lock(&mu_);
-    batched_requests_ += static_cast<int64_t>(jobs.size());
+  ++launches_.counts[bucket];
+  launches_.requests += static_cast<int64_t>(size);
+  ++launches_.launches;
+  if (size > 1) {
+    batched_requests_ += static_cast<int64_t>(size);
     ++batches_;
   }
-  inner_->Submit(std::make_unique<BatchJob>(std::move(jobs)));
+}
+
+std::vector<std::unique_ptr<MatmulJob>> BatchingEngine::TakeOldestGroup() {
+  std::vector<std::unique_ptr<MatmulJob>> jobs;
+  if (in_flight_ >= slots_) return jobs;
+  Group* oldest = nullptr;
+  for (auto& [key, group] : groups_) {
+    if (!group.jobs.empty() &&
+        (oldest == nullptr || group.deadline < oldest->deadline)) {
+      oldest = &group;
+    }
+  }
+  if (oldest == nullptr) return jobs;
+  jobs.swap(oldest->jobs);
+  ++in_flight_;
+  CountLaunch(jobs.size());
+  return jobs;
+}
+
+void BatchingEngine::JobFinished() {
+  std::vector<std::unique_ptr<MatmulJob>> next;
+  {
+    absl::MutexLock lock(&mu_);
+    --in_flight_;
+    if (options_.adaptive && !stopping_) next = TakeOldestGroup();
+  }
+  if (!next.empty()) Launch(std::move(next));
+}
+
+EngineStats BatchingEngine::stats() const {
+  EngineStats stats = inner_->stats();
+  stats.batching = true;
+  absl::MutexLock lock(&mu_);
+  stats.batch_sizes = launches_;
+  return stats;
+}
+
+void BatchingEngine::Launch(std::vector<std::unique_ptr<MatmulJob>> jobs) {
+  if (jobs.size() == 1) {
+    inner_->Submit(std::make_unique<SoloJob>(this, std::move(jobs.front())));
+    return;
+  }
+  inner_->Submit(std::make_unique<BatchJob>(this, std::move(jobs)));
 }
 
 void BatchingEngine::FlushLoop() {
@@ -164,6 +257,9 @@ void BatchingEngine::FlushLoop() {
       const absl::Time now = absl::Now();
       for (auto& [key, group] : groups_) {
         if (!group.jobs.empty() && (stopping_ || group.deadline <= now)) {
+          // Past its window (or shutting down): out, slot or not.
+          ++in_flight_;
+          CountLaunch(group.jobs.size());
           due.push_back(std::move(group.jobs));
           group.jobs.clear();
         }

@@ -1,15 +1,25 @@
 // BatchingEngine: an Engine decorator that merges small multiplies of the
-// same shape, dtype and options that arrive within a short window into one
-// strided-batched job of the wrapped engine. The batch's staging holds every
+// same shape, dtype and options into one strided-batched job of the wrapped
+// engine. The batch's staging holds every
 // member's operands back to back; each member gets its own slice of the
 // product as its JobResult, and the batch's staging is released when the
 // last member's result is. For small requests the per-job cost (thread
 // hand-offs, launches, completion) dominates the GPU work, so paying it once
 // per batch raises the request rate the engine sustains.
 //
+// When (adaptive, the default): a request goes out at once, alone, while the
+// wrapped engine has a free slot (fewer batching-engine jobs in flight than
+// it has streams); while every slot is taken, requests of one kind gather,
+// and when a job finishes, the group that has waited longest goes out as
+// one batch. So one client at a time waits for nothing, and many get
+// batches as large as what accumulated during one job, the way TCP corks
+// while its window is full. `window` bounds how long a request waits for a
+// slot: a group that old goes out anyway. Not adaptive: the first request
+// of a group waits `window` for company, whatever the engine is doing.
+//
 // Eligible: plain 2-D multiplies with staged operands (no stored operands,
 // no kept result, no prestaged memory) of at most `max_flops` each. Others
-// go straight through. Thread-safe.
+// go straight through and do not count against the slots. Thread-safe.
 #ifndef MATMUL_GPU_BATCHING_ENGINE_H_
 #define MATMUL_GPU_BATCHING_ENGINE_H_
 
@@ -27,7 +37,14 @@
 namespace matmul {
 
 struct BatchingOptions {
-  // How long the first request of a group waits for company.
+  // Dispatch at once while the wrapped engine has a free slot, batch while
+  // it has none (see above); false: always wait `window` for company.
+  bool adaptive = true;
+  // Jobs of this engine the wrapped one runs at once (adaptive); 0: its
+  // streams, streams_per_device times its devices.
+  int slots = 0;
+  // Adaptive: the longest a request waits for a free slot. Not adaptive:
+  // how long the first request of a group waits for company.
   absl::Duration window = absl::Microseconds(200);
   // Most requests merged into one job.
   int max_batch = 64;
@@ -48,7 +65,8 @@ class BatchingEngine final : public Engine {
     return inner_->MinimumDuration(spec);
   }
   void Submit(std::unique_ptr<MatmulJob> job) override;
-  EngineStats stats() const override { return inner_->stats(); }
+  // The wrapped engine's, with the sizes of the launches made here.
+  EngineStats stats() const override;
   std::vector<StreamSpan> RecentSpans(absl::Duration window) const override {
     return inner_->RecentSpans(window);
   }
@@ -61,6 +79,10 @@ class BatchingEngine final : public Engine {
   int64_t batched_requests() const;
   int64_t batches() const;
 
+  // A job of this engine in the wrapped one has finished (adaptive: a slot
+  // is free). Called by the jobs it submitted.
+  void JobFinished();
+
  private:
   // Requests that can share a batch.
   using Key = std::tuple<int, int, int64_t, int64_t, int64_t, bool, bool>;
@@ -68,21 +90,32 @@ class BatchingEngine final : public Engine {
     std::vector<std::unique_ptr<MatmulJob>> jobs;
     absl::Time deadline;
   };
+  // A request that goes out alone, counted against the slots.
+  class SoloJob;
 
   static Key KeyOf(const MatmulSpec& spec);
   bool Eligible(const MatmulJob& job) const;
-  // Hands a group to the wrapped engine (as one job if it has several).
+  // Hands a group to the wrapped engine (as one job if it has several),
+  // counted against the slots.
   void Launch(std::vector<std::unique_ptr<MatmulJob>> jobs);
+  // Adaptive: takes the group that has waited longest, if there is one and
+  // a free slot (taking it).
+  std::vector<std::unique_ptr<MatmulJob>> TakeOldestGroup()
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CountLaunch(size_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FlushLoop();
 
   const std::unique_ptr<Engine> inner_;
   const BatchingOptions options_;
+  const int slots_;
   mutable absl::Mutex mu_;
   absl::CondVar wake_;
   absl::flat_hash_map<Key, Group> groups_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   int64_t batched_requests_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t batches_ ABSL_GUARDED_BY(mu_) = 0;
+  int in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // jobs of ours in the wrapped one
+  BatchSizeCounts launches_ ABSL_GUARDED_BY(mu_);
   std::thread flusher_;
 };
 

@@ -41,6 +41,7 @@ absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(
   if (options.batch_window <= absl::ZeroDuration()) return engine;
   BatchingOptions batching;
   batching.window = options.batch_window;
+  batching.adaptive = options.adaptive_batching;
   batching.max_batch = options.max_batch;
   return std::unique_ptr<Engine>(
       std::make_unique<BatchingEngine>(std::move(engine), batching));

@@ -21,9 +21,12 @@ struct EngineOptions {
   int streams_per_device = 4;
   // Pinned staging memory per device, bytes (CUDA engine).
   int64_t staging_bytes_per_device = int64_t{4} << 30;
-  // Merge small same-shape multiplies arriving within this window into one
-  // batched job (BatchingEngine); zero disables.
+  // Merge small same-shape multiplies into one batched job
+  // (BatchingEngine): adaptive, they gather only while every stream is
+  // busy, waiting at most `batch_window`; not adaptive, each group waits
+  // `batch_window` for company. Zero disables batching.
   absl::Duration batch_window = absl::ZeroDuration();
+  bool adaptive_batching = true;
   int max_batch = 64;
   // CUDA engine: small jobs dispatched by the submitting thread when their
   // stream is idle, and how long the completion poller polls

@@ -69,8 +69,21 @@ struct DeviceStats {
   int64_t queued_jobs = 0;  // submitted, not yet started
 };
 
+// Launches of the batching engine by size: counts[i] launches of at most
+// kBatchSizeBounds[i] requests (and more than the bound before it); the
+// last bucket has no bound. Empty without a batching engine.
+inline constexpr std::array<int, 7> kBatchSizeBounds = {1, 2, 4, 8, 16, 32, 64};
+struct BatchSizeCounts {
+  std::array<int64_t, kBatchSizeBounds.size() + 1> counts{};
+  int64_t requests = 0;  // the sum of the sizes
+  int64_t launches = 0;
+};
+
 struct EngineStats {
   std::vector<DeviceStats> devices;
+  // Set by the batching engine (gpu/batching_engine.h) when there is one.
+  bool batching = false;
+  BatchSizeCounts batch_sizes;
 };
 
 }  // namespace matmul

@@ -66,10 +66,14 @@ ABSL_FLAG(absl::Duration, trim_memory_after, absl::Seconds(2),
 ABSL_FLAG(absl::Duration, max_connection_age, absl::Minutes(5),
           "Close client connections (with GOAWAY) after this long, so that "
           "long-lived clients rebalance across replicas; 0 disables");
-ABSL_FLAG(int64_t, batch_window_us, 0,
-          "Merge small multiplies of the same shape, dtype and options that "
-          "arrive within this many microseconds into one batched GEMM "
-          "(0: off)");
+ABSL_FLAG(int64_t, batch_window_us, 1000,
+          "Merge small multiplies of the same shape, dtype and options into "
+          "one batched GEMM: they gather while every stream is busy, for at "
+          "most this many microseconds (0: no batching)");
+ABSL_FLAG(bool, adaptive_batching, true,
+          "Batch only while every stream is busy, and send a request at once "
+          "when one is free; false: every group waits --batch-window-us for "
+          "company");
 ABSL_FLAG(int32_t, max_batch, 64, "Most requests merged into one batch");
 ABSL_FLAG(int64_t, inline_dispatch_max_bytes, int64_t{1} << 20,
           "CUDA engine: a request with at most this many bytes of staging "
@@ -129,8 +133,8 @@ const std::vector<matmul::FlagGroup>& ServerFlags() {
       {"TLS", {"tls_cert=FILE", "tls_key=FILE", "tls_client_ca=FILE"}},
       {"Engine",
        {"engine=auto|cuda|host", "streams_per_device", "pinned_pool_bytes",
-        "batch_window_us", "max_batch", "inline_dispatch_max_bytes",
-        "completion_poll_us"}},
+        "batch_window_us", "adaptive_batching", "max_batch",
+        "inline_dispatch_max_bytes", "completion_poll_us"}},
       {"Request limits",
        {"max_message_bytes", "max_inflight_bytes", "max_elements_per_operand"}},
       {"Stored tensors",
@@ -291,6 +295,7 @@ int main(int argc, char** argv) {
   engine_options.batch_window =
       absl::Microseconds(absl::GetFlag(FLAGS_batch_window_us));
   engine_options.max_batch = absl::GetFlag(FLAGS_max_batch);
+  engine_options.adaptive_batching = absl::GetFlag(FLAGS_adaptive_batching);
   engine_options.inline_dispatch_max_bytes =
       std::max<int64_t>(0, absl::GetFlag(FLAGS_inline_dispatch_max_bytes));
   engine_options.completion_poll = absl::Microseconds(

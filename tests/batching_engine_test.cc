@@ -1,9 +1,11 @@
 #include "gpu/batching_engine.h"
 
+#include <chrono>
 #include <future>
 #include <memory>
 #include <vector>
 
+#include "absl/synchronization/notification.h"
 #include "gpu/host/host_engine.h"
 #include "gtest/gtest.h"
 #include "tests/engine_job.h"
@@ -16,11 +18,14 @@ using testing::EngineJob;
 using testing::JobOutcome;
 using testing::MakeSpec;
 
-std::unique_ptr<BatchingEngine> NewEngine(absl::Duration window,
-                                          int max_batch) {
+// Fixed window unless `adaptive`.
+std::unique_ptr<BatchingEngine> NewEngine(absl::Duration window, int max_batch,
+                                          bool adaptive = false,
+                                          int lanes = 2) {
   HostEngineOptions host;
-  host.lanes = 2;
+  host.lanes = lanes;
   BatchingOptions options;
+  options.adaptive = adaptive;
   options.window = window;
   options.max_batch = max_batch;
   return std::make_unique<BatchingEngine>(*HostEngine::Create(host), options);
@@ -32,9 +37,12 @@ struct Pending {
   std::future<JobOutcome> future;
 };
 
+// `gate`: when set, staging the job's operands waits for it (the job holds
+// its lane meanwhile).
 std::unique_ptr<Pending> Submit(Engine& engine, const MatmulSpec& spec,
                                 absl::BitGen& gen,
-                                absl::Status abandoned = absl::OkStatus()) {
+                                absl::Status abandoned = absl::OkStatus(),
+                                absl::Notification* gate = nullptr) {
   auto p = std::make_unique<Pending>();
   p->spec = spec;
   p->a = testing::RandomBytes(spec.dtype, spec.a_elements(), gen);
@@ -46,12 +54,15 @@ std::unique_ptr<Pending> Submit(Engine& engine, const MatmulSpec& spec,
   options.b = p->b;
   class Job final : public MatmulJob {
    public:
-    Job(std::unique_ptr<EngineJob> inner, absl::Status abandoned)
+    Job(std::unique_ptr<EngineJob> inner, absl::Status abandoned,
+        absl::Notification* gate)
         : MatmulJob(inner->description()),
           inner_(std::move(inner)),
-          abandoned_(std::move(abandoned)) {}
+          abandoned_(std::move(abandoned)),
+          gate_(gate) {}
     absl::Status WriteOperands(absl::Span<std::byte> a,
                                absl::Span<std::byte> b) override {
+      if (gate_ != nullptr) gate_->WaitForNotification();
       if (!abandoned_.ok()) return abandoned_;
       return inner_->WriteOperands(a, b);
     }
@@ -62,10 +73,11 @@ std::unique_ptr<Pending> Submit(Engine& engine, const MatmulSpec& spec,
    private:
     std::unique_ptr<EngineJob> inner_;
     absl::Status abandoned_;
+    absl::Notification* gate_;
   };
   engine.Submit(std::make_unique<Job>(
-      std::make_unique<EngineJob>(spec, options, std::move(promise)),
-      abandoned));
+      std::make_unique<EngineJob>(spec, options, std::move(promise)), abandoned,
+      gate));
   return p;
 }
 
@@ -161,6 +173,81 @@ TEST(BatchingEngineTest, ShutdownFlushesWaitingRequests) {
   for (int i = 0; i < 5; ++i) pending.push_back(Submit(*engine, spec, gen));
   engine->Shutdown();
   for (auto& p : pending) ExpectCorrect(*p);
+}
+
+// Adaptive: with a free slot, a request goes out at once, alone, however
+// long the window (a fixed window of 60 s would hold it for 60 s).
+TEST(BatchingEngineTest, AdaptiveSendsARequestAtOnceWhileASlotIsFree) {
+  auto engine = NewEngine(absl::Seconds(60), 64, /*adaptive=*/true);
+  absl::BitGen gen;
+  const MatmulSpec spec =
+      MakeSpec(DType::kFloat32, 1, 1, 16, 16, 16, false, false, false);
+  for (int i = 0; i < 3; ++i) {  // one after another, as one client would
+    auto p = Submit(*engine, spec, gen);
+    ASSERT_EQ(p->future.wait_for(std::chrono::seconds(30)),
+              std::future_status::ready);
+    ExpectCorrect(*p);
+  }
+  EXPECT_EQ(engine->batches(), 0);
+  const EngineStats stats = engine->stats();
+  ASSERT_TRUE(stats.batching);
+  EXPECT_EQ(stats.batch_sizes.launches, 3);
+  EXPECT_EQ(stats.batch_sizes.counts[0], 3);  // three launches of 1
+}
+
+// Adaptive: while every slot is taken, requests gather; when a job
+// finishes, what gathered goes out as one batch.
+TEST(BatchingEngineTest, AdaptiveBatchesWhatArrivesWhileEverySlotIsBusy) {
+  auto engine = NewEngine(absl::Seconds(60), 64, /*adaptive=*/true,
+                          /*lanes=*/1);  // one slot
+  absl::BitGen gen;
+  const MatmulSpec spec =
+      MakeSpec(DType::kFloat32, 1, 1, 12, 20, 8, false, true, false);
+  absl::Notification gate;
+  auto first = Submit(*engine, spec, gen, absl::OkStatus(), &gate);
+  std::vector<std::unique_ptr<Pending>> waiting;
+  for (int i = 0; i < 10; ++i) waiting.push_back(Submit(*engine, spec, gen));
+  // The slot is held by the first: the ten wait (the window is 60 s).
+  EXPECT_EQ(waiting[0]->future.wait_for(std::chrono::milliseconds(50)),
+            std::future_status::timeout);
+  gate.Notify();
+  ExpectCorrect(*first);
+  for (auto& p : waiting) ExpectCorrect(*p);
+  EXPECT_EQ(engine->batches(), 1);
+  EXPECT_EQ(engine->batched_requests(), 10);
+  const EngineStats stats = engine->stats();
+  EXPECT_EQ(stats.batch_sizes.launches, 2);
+  EXPECT_EQ(stats.batch_sizes.requests, 11);
+  EXPECT_EQ(stats.batch_sizes.counts[0], 1);  // the first, alone
+  EXPECT_EQ(stats.batch_sizes.counts[4], 1);  // the ten: in (8, 16]
+}
+
+// Adaptive: the window still bounds the wait when no slot frees up.
+TEST(BatchingEngineTest, AdaptiveWaitsNoLongerThanTheWindow) {
+  auto engine = NewEngine(absl::Milliseconds(20), 64, /*adaptive=*/true,
+                          /*lanes=*/2);
+  absl::BitGen gen;
+  const MatmulSpec spec =
+      MakeSpec(DType::kFloat32, 1, 1, 8, 8, 8, false, false, false);
+  const MatmulSpec other =
+      MakeSpec(DType::kFloat64, 1, 1, 8, 8, 8, false, false, false);
+  absl::Notification gate;
+  // Two slots, both held by gated jobs: the lanes are blocked, so the
+  // group's 20 ms pass with no slot free; it goes to the wrapped engine
+  // then, and runs when the gate opens.
+  auto held1 = Submit(*engine, other, gen, absl::OkStatus(), &gate);
+  auto held2 = Submit(*engine, other, gen, absl::OkStatus(), &gate);
+  std::vector<std::unique_ptr<Pending>> waiting;
+  for (int i = 0; i < 4; ++i) waiting.push_back(Submit(*engine, spec, gen));
+  for (int i = 0; i < 500 && engine->stats().batch_sizes.launches < 3; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(engine->stats().batch_sizes.launches, 3);  // two alone, a batch
+  gate.Notify();
+  ExpectCorrect(*held1);
+  ExpectCorrect(*held2);
+  for (auto& p : waiting) ExpectCorrect(*p);
+  EXPECT_EQ(engine->batches(), 1);
 }
 
 }  // namespace

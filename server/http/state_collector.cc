@@ -1,6 +1,7 @@
 #include "server/http/state_collector.h"
 
 #include <algorithm>
+#include <limits>
 #include <string>
 #include <utility>
 
@@ -43,6 +44,32 @@ void AddGauge(MetricFamily& family, std::vector<ClientMetric::Label> labels,
 }  // namespace
 
 std::string BuildCudaVersion() { return std::string(CudaVersion()); }
+
+// The batching engine's launches by the requests each carried (1: a
+// request that went out alone).
+MetricFamily BatchSizeFamily(const BatchSizeCounts& sizes) {
+  MetricFamily family = Family(
+      "matmul_batch_size",
+      "Requests per job the batching engine handed to the device: 1 when a "
+      "request went out alone (a free slot), more when requests of one shape "
+      "gathered while the device was busy.",
+      MetricType::Histogram);
+  ClientMetric metric;
+  uint64_t cumulative = 0;
+  for (size_t i = 0; i < sizes.counts.size(); ++i) {
+    cumulative += static_cast<uint64_t>(sizes.counts[i]);
+    ClientMetric::Bucket bucket;
+    bucket.cumulative_count = cumulative;
+    bucket.upper_bound = i < kBatchSizeBounds.size()
+                             ? static_cast<double>(kBatchSizeBounds[i])
+                             : std::numeric_limits<double>::infinity();
+    metric.histogram.bucket.push_back(bucket);
+  }
+  metric.histogram.sample_count = static_cast<uint64_t>(sizes.launches);
+  metric.histogram.sample_sum = static_cast<double>(sizes.requests);
+  family.metric.push_back(std::move(metric));
+  return family;
+}
 
 std::vector<MetricFamily> EngineFamilies(const EngineStats& stats) {
   MetricFamily queued =
@@ -135,6 +162,7 @@ std::vector<MetricFamily> EngineFamilies(const EngineStats& stats) {
                           &transfer, &flops, &pinned, &memory}) {
     if (!f->metric.empty()) out.push_back(std::move(*f));
   }
+  if (stats.batching) out.push_back(BatchSizeFamily(stats.batch_sizes));
   return out;
 }
 
