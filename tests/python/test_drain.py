@@ -35,7 +35,7 @@ def _long_calls(server: ServerProcess, count: int, n: int = 2048):
 
 
 def test_sigterm_drains_in_flight_work_and_refuses_new_work():
-    server = ServerProcess("--drain-grace", "1.5s", "--drain-timeout", "60s",
+    server = ServerProcess("--drain-grace", "1.5s", "--drain-timeout", "300s",
                            "--streams-per-device", "1", metrics=True)
     client = matmul_client.Client(server.target)
     rng = np.random.default_rng(7)
