@@ -7,9 +7,9 @@ would: the python_venv fixture of the python_client tests (CMakeLists.txt).
 Removes VENV, creates it with --system-site-packages (Debian's grpcio, numpy,
 protobuf and pytest come from the interpreter running this script), and runs
 ``VENV/bin/python -m pip install --no-build-isolation --no-index PACKAGE_DIR``:
-offline, with the interpreter's setuptools and wheel. Then imports
-matmul_client from VENV, from outside the checkout, and prints where it came
-from and its version.
+offline, with the interpreter's setuptools and wheel, ignoring this machine's
+pip settings. Then imports matmul_client from VENV, from outside the
+checkout, and prints where it came from and its version.
 """
 
 import os
@@ -25,7 +25,10 @@ def main() -> int:
         return 2
     venv, package = Path(sys.argv[1]).resolve(), Path(sys.argv[2]).resolve()
     shutil.rmtree(venv, ignore_errors=True)
-    environment = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    # Nothing of the checkout on sys.path, and pip as a plain machine has it:
+    # no PIP_* settings or pip.conf (find-links, extra indexes) of this one.
+    environment = {k: v for k, v in os.environ.items() if k != "PYTHONPATH" and not k.startswith("PIP_")}
+    environment["PIP_CONFIG_FILE"] = os.devnull
     steps = [
         [sys.executable, "-m", "venv", "--system-site-packages", str(venv)],
         [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-build-isolation",
