@@ -28,6 +28,9 @@ RUN --mount=type=cache,target=/root/.cache/ccache \
     && cmake --build build --target matmul-server matmul-cli
 
 FROM nvidia/cuda:${CUDA_VERSION}-runtime-ubuntu24.04
+# --build-arg IMAGE_VERSION=$(sed -n 's/^project(matmul VERSION \([0-9.]*\).*/\1/p' CMakeLists.txt)
+ARG IMAGE_VERSION=unknown
+LABEL org.opencontainers.image.version=$IMAGE_VERSION
 COPY scripts/install-deps.sh /tmp/install-deps.sh
 RUN /tmp/install-deps.sh --runtime && rm -rf /var/lib/apt/lists/* /tmp/install-deps.sh
 COPY --from=build /src/build/bin/matmul-server /src/build/bin/matmul-cli /usr/local/bin/

@@ -106,11 +106,11 @@ main_build() {
   fi
   # Every test belongs to one suite, or this script would not run it.
   local stray
-  stray=$(ctest --test-dir "$build" -N -LE '^(unit|integration|python|e2e|deploy|gpu)$' |
+  stray=$(ctest --test-dir "$build" -N -LE '^(unit|integration|python|e2e|deploy|gpu|lint)$' |
     sed -n 's/^Total Tests: //p')
   if [[ $stray != 0 ]]; then
     echo "tests with no suite label (tests/CMakeLists.txt lists the labels):"
-    ctest --test-dir "$build" -N -LE '^(unit|integration|python|e2e|deploy|gpu)$'
+    ctest --test-dir "$build" -N -LE '^(unit|integration|python|e2e|deploy|gpu|lint)$'
     row labels 0 "$stray" 0 0 "tests with no suite label"
   fi
 }
@@ -132,11 +132,11 @@ else
   row gpu 0 0 0 0 "CUDA engine not built (no nvcc)"
 fi
 
-step "lint: buf lint (proto/), clang-format"
+step "lint: buf lint (proto/), clang-format, include cycles, proto compatibility"
 t0=$SECONDS
 files=$(git ls-files '*.cc' '*.h' | grep -v '^third_party/')
 nfiles=$(wc -w <<<"$files")
-nproto=$(git ls-files 'proto/*.proto' | wc -l)
+nproto=$(git ls-files 'proto/*.proto' | grep -vc '^proto/released/')
 lint_failed=0
 (cd proto && ../tools/node_modules/.bin/buf lint) || lint_failed=$((lint_failed + 1))
 # shellcheck disable=SC2086
@@ -146,7 +146,12 @@ clang-format --dry-run --Werror $files || lint_failed=$((lint_failed + 1))
 # types (CudaEngine::Device, ::Lane, ::InFlight) in headers of their own.
 "$py" scripts/check_include_cycles.py --units server client common tools || lint_failed=$((lint_failed + 1))
 "$py" scripts/check_include_cycles.py gpu || lint_failed=$((lint_failed + 1))
-row lint $((nfiles + nproto + 2)) "$lint_failed" 0 $((SECONDS - t0)) "files: $nproto proto (buf), $nfiles C++ (clang-format); 2 include-cycle checks"
+# The protobuf API against its last release, and the checker's own cases.
+lint_junit=$results/ctest-lint.xml lint_since=$(date +%s)
+ctest --test-dir "$build" -L '^lint$' --no-tests=error --output-on-failure \
+  --output-junit "$lint_junit" || lint_failed=$((lint_failed + 1))
+read -r nlint _ < <("$py" "$summary_py" count "$lint_junit" --pytest-dir "$results" --since "$lint_since")
+row lint $((nfiles + nproto + 2 + nlint)) "$lint_failed" 0 $((SECONDS - t0)) "files: $nproto proto (buf), $nfiles C++ (clang-format); 2 include-cycle checks; $nlint proto compatibility (ctest -L lint)"
 
 step "warnings: clang-14, -Wthread-safety -Werror (scripts/warnings.sh)"
 t0=$SECONDS

@@ -1,7 +1,9 @@
 """Fixtures for the Python client's tests: real matmul-server processes.
 
 The server binary is $MATMUL_BIN_DIR/matmul-server (default: build/bin of this
-checkout); matmul_client must be importable (PYTHONPATH=build/python). Each
+checkout); matmul_client must be importable: installed in the Python that
+runs pytest (ctest installs it into build/python-venv), or from the build
+tree (PYTHONPATH=build/python, the quick loop). Each
 server runs the host engine on 127.0.0.1 with a port the kernel picks, and is
 stopped with SIGTERM at the end, which must make it exit with status 0.
 """
@@ -25,8 +27,8 @@ try:
     import matmul_client
 except ImportError as error:
     raise pytest.UsageError(
-        f"cannot import matmul_client ({error}): build the matmul_python target and run "
-        f"with PYTHONPATH=<build>/python"
+        f"cannot import matmul_client ({error}): pip install ./client/python, or build the "
+        f"matmul_python target and run with PYTHONPATH=<build>/python"
     ) from error
 
 _REPO_ROOT = Path(__file__).resolve().parents[2]

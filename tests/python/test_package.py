@@ -1,14 +1,25 @@
-"""matmul_client's shape as a package, with no server: what it exports,
-where each public name comes from, and that its modules import one another
-without a cycle."""
+"""matmul_client as a package: what it exports, where each public name comes
+from, that its modules import one another without a cycle, its version, and
+that the package the tests run against is the installed one (ctest runs them
+with the Python of build/python-venv, where pip installed ./client/python)."""
 
 from __future__ import annotations
 
 import ast
+import importlib.metadata
+import os
+import re
+import site
+import sys
 from pathlib import Path
 from typing import Dict, List, Set
 
+import numpy as np
+import pytest
+
 import matmul_client
+
+_REPO_ROOT = Path(__file__).resolve().parents[2]
 
 #: The public API: every name matmul_client exports, and the module that
 #: defines it. Moving code between the private modules must leave the names
@@ -97,3 +108,63 @@ def test_no_import_cycle_in_the_package() -> None:
     graph = _package_imports()
     assert "_client" in graph and "_handles" in graph["_client"]  # the reader reads
     assert _cycles(graph) == []
+
+
+def _project_version() -> str:
+    """The CMake project version: $MATMUL_PROJECT_VERSION (ctest passes
+    PROJECT_VERSION), else project(matmul VERSION ...) read here."""
+    if os.environ.get("MATMUL_PROJECT_VERSION"):
+        return os.environ["MATMUL_PROJECT_VERSION"]
+    text = (_REPO_ROOT / "CMakeLists.txt").read_text()
+    match = re.search(r"^project\(matmul VERSION (\S+)", text, re.MULTILINE)
+    assert match, "no project(matmul VERSION ...) in CMakeLists.txt"
+    return match.group(1)
+
+
+def _inside(path: str, folder: Path) -> bool:
+    return Path(path).resolve().is_relative_to(folder.resolve())
+
+
+def test_version_is_the_project_version() -> None:
+    assert re.fullmatch(r"\d+\.\d+\.\d+", matmul_client.__version__), matmul_client.__version__
+    assert matmul_client.__version__ == _project_version()
+
+
+def _venv() -> Path:
+    venv = os.environ.get("MATMUL_VENV")
+    if not venv:
+        pytest.skip("MATMUL_VENV unset: run from the build tree (PYTHONPATH), not an installed package")
+    return Path(venv)
+
+
+def test_the_installed_package_is_the_one_imported() -> None:
+    venv = _venv()
+    assert Path(sys.prefix).resolve() == venv.resolve(), "pytest does not run on the venv's Python"
+    assert _inside(matmul_client.__file__, venv / "lib"), matmul_client.__file__
+    # In the venv's site-packages, not build/python on a PYTHONPATH.
+    site_packages = {Path(folder).resolve() for folder in site.getsitepackages()}
+    assert Path(matmul_client.__file__).resolve().parent.parent in site_packages, matmul_client.__file__
+    # Every module of the package, the generated stubs included.
+    modules = {name: module for name, module in sys.modules.items() if name.startswith("matmul_client.")}
+    assert "matmul_client._proto.matmul.v1.matmul_pb2_grpc" in modules
+    for name, module in modules.items():
+        if getattr(module, "__file__", None):
+            assert _inside(module.__file__, venv / "lib"), (name, module.__file__)
+    # pip's record of it agrees with the module.
+    assert importlib.metadata.version("matmul-client") == matmul_client.__version__
+
+
+def test_multiply_through_the_package_matches_numpy(client: matmul_client.Client) -> None:
+    """Through whichever package was imported: the installed one under ctest
+    (the test above checks that)."""
+    rng = np.random.default_rng(19)
+    a = rng.standard_normal((37, 53)).astype(np.float32)
+    b = rng.standard_normal((53, 29)).astype(np.float32)
+    c = client.multiply(a, b)
+    assert c.dtype == np.float32 and c.shape == (37, 29)
+    np.testing.assert_allclose(c, a @ b, rtol=1e-4, atol=1e-4)
+
+    a64, b64 = rng.standard_normal((4, 8, 16)), rng.standard_normal((16, 5))
+    np.testing.assert_allclose(client.multiply(a64, b64), a64 @ b64, rtol=1e-12, atol=1e-12)
+    # The server built from this checkout reports the same version.
+    assert client.server_info().version.startswith(matmul_client.__version__)
