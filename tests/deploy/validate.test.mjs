@@ -35,6 +35,8 @@ const ctx = defaultContext();
 const base = render("base");
 const tls = render("overlays/tls");
 const keda = render("overlays/keda");
+const gateway = render("overlays/gateway");
+const kps = render("overlays/kube-prometheus-stack");
 const clone = (docs) => structuredClone(docs);
 const find = (docs, kind) => docs.find((d) => d.kind === kind);
 const server = (docs) =>
@@ -53,11 +55,11 @@ function policyAfter(docs, mutate, context = ctx) {
 }
 
 test("rendered overlays pass every check", () => {
-  for (const docs of [base, tls, keda]) {
+  for (const docs of [base, tls, keda, gateway, kps]) {
     assert.deepEqual(schemaProblems(docs), []);
     assert.deepEqual(policyProblems(docs, ctx), []);
   }
-  assert.deepEqual(unknownFieldProblems([...base, ...tls, ...keda]), []);
+  assert.deepEqual(unknownFieldProblems([...base, ...tls, ...keda, ...gateway, ...kps]), []);
 });
 
 test("schema: wrong types are caught", () => {
@@ -161,6 +163,77 @@ test("policy: services, monitor and autoscalers fit together", () => {
   assert.match(
     policyAfter(base, (d) => (find(d, "HorizontalPodAutoscaler").spec.metrics[0].pods.metric.name = "gpu_busy")),
     /metric gpu_busy is not served by deploy\/prometheus-adapter\/values.yaml/,
+  );
+});
+
+test("gateway component: a GRPCRoute to the matmul Service's gRPC port, over h2c", () => {
+  const route = find(gateway, "GRPCRoute");
+  assert.equal(route.apiVersion, "gateway.networking.k8s.io/v1");
+  assert.equal(route.metadata.namespace, "matmul");
+  assert.deepEqual(route.spec.rules[0].backendRefs.map((b) => `${b.name}:${b.port}`), ["matmul:50051"]);
+  const svc = gateway.find((d) => d.kind === "Service" && d.metadata.name === "matmul");
+  assert.equal(svc.spec.ports.find((p) => p.port === 50051).appProtocol, "kubernetes.io/h2c");
+  assert.equal(find(base, "GRPCRoute"), undefined, "the base has no route: the component is optional");
+});
+
+test("gateway component: schema, fields and policy catch a broken route", () => {
+  const route = (d) => find(d, "GRPCRoute");
+  const docs = clone(gateway);
+  route(docs).spec.rules[0].backendRefs[0].port = "grpc";
+  assert.match(schemaProblems(docs).join("\n"), /GRPCRoute\/matmul: .*port must be integer/);
+  const misspelt = clone(gateway);
+  route(misspelt).spec.rules[0].backendRef = route(misspelt).spec.rules[0].backendRefs;
+  assert.match(unknownFieldProblems(misspelt).join("\n"), /'backendRef' does not exist in type 'IGRPCRouteRule'/);
+  assert.match(
+    policyAfter(gateway, (d) => (route(d).spec.rules[0].backendRefs[0].name = "matmul-grpc")),
+    /backend Service matmul-grpc is not in this overlay/,
+  );
+  assert.match(
+    policyAfter(gateway, (d) => (route(d).spec.rules[0].backendRefs[0].port = 9464)),
+    /backend matmul:9464 reaches container port metrics, not grpc/,
+  );
+  assert.match(
+    policyAfter(gateway, (d) => (route(d).spec.rules[0].backendRefs[0].port = 50052)),
+    /port 50052 is not a port of Service matmul/,
+  );
+  assert.match(policyAfter(gateway, (d) => (route(d).spec.parentRefs = [])), /attaches to no Gateway/);
+  assert.match(
+    policyAfter(gateway, (d) => {
+      d.find((x) => x.kind === "Service" && x.metadata.name === "matmul").spec.ports[0].appProtocol = "http";
+    }),
+    /appProtocol http, not kubernetes.io\/h2c/,
+  );
+});
+
+test("gateway with TLS on the server needs a BackendTLSPolicy", () => {
+  const withTls = [...clone(tls), clone(find(gateway, "GRPCRoute"))];
+  assert.match(policyProblems(withTls, ctx).join("\n"), /the server speaks TLS, but no BackendTLSPolicy targets Service matmul/);
+  const policy = {
+    apiVersion: "gateway.networking.k8s.io/v1",
+    kind: "BackendTLSPolicy",
+    metadata: { name: "matmul", namespace: "matmul" },
+    spec: {
+      targetRefs: [{ group: "", kind: "Service", name: "matmul" }],
+      validation: { caCertificateRefs: [{ group: "", kind: "ConfigMap", name: "matmul-ca" }], hostname: "matmul.matmul.svc" },
+    },
+  };
+  withTls.push(policy);
+  assert.deepEqual(schemaProblems([policy]), []);
+  assert.deepEqual(policyProblems(withTls, ctx), []);
+});
+
+test("kube-prometheus-stack component: one release label on the ServiceMonitor and the PrometheusRule", () => {
+  for (const kind of ["ServiceMonitor", "PrometheusRule"]) {
+    assert.equal(find(kps, kind).metadata.labels.release, "kube-prometheus-stack", kind);
+    assert.equal(find(base, kind).metadata.labels.release, undefined, kind);
+  }
+  assert.match(
+    policyAfter(kps, (d) => delete find(d, "ServiceMonitor").metadata.labels.release),
+    /ServiceMonitor\/matmul: labels \[\] differ from PrometheusRule\/matmul's \[\["release","kube-prometheus-stack"\]\]/,
+  );
+  assert.match(
+    policyAfter(kps, (d) => (find(d, "PrometheusRule").metadata.labels.release = "prometheus")),
+    /differ from PrometheusRule\/matmul.s \[\["release","prometheus"\]\]/,
   );
 });
 
