@@ -305,6 +305,17 @@ function checkServer(dep, problems, ctx) {
   }
   const cw = `${where} container server`;
   const env = envOf(server, problems, cw);
+
+  // The image: a reference scripts/build-image.sh writes,
+  // NAME:<project version>-<commit>[@sha256:...], not a moving tag.
+  if (ctx.projectVersion) {
+    const m = /^[^@]+:(\d+\.\d+\.\d+)-([0-9a-f]{7,40})(@sha256:[0-9a-f]{64})?$/.exec(server.image ?? "");
+    if (!m) {
+      problems.push(`${cw}: image ${server.image} is not NAME:<version>-<commit>[@sha256:<digest>] (scripts/build-image.sh writes it)`);
+    } else if (m[1] !== ctx.projectVersion) {
+      problems.push(`${cw}: image ${server.image} is version ${m[1]}, CMakeLists.txt says ${ctx.projectVersion} (run scripts/build-image.sh)`);
+    }
+  }
   for (const name of env.keys()) {
     if (name.startsWith("MATMUL_") && !ctx.envVars.has(name)) {
       problems.push(`${cw}: ${name} is not a variable matmul-server reads`);
@@ -580,8 +591,14 @@ export function loadDocs(file) {
   return { docs, problems };
 }
 
+// The version in the top-level CMakeLists.txt's project().
+export function projectVersion(file = join(repoRoot, "CMakeLists.txt")) {
+  return /^project\(matmul VERSION (\d+\.\d+\.\d+)/m.exec(readFileSync(file, "utf8"))?.[1] ?? null;
+}
+
 export function defaultContext() {
   return {
+    projectVersion: projectVersion(),
     envVars: knownEnvVars(),
     adapter: adapterRules(),
     canonical: loadCanonicalGroups(join(repoRoot, "deploy/prometheus"), YAML),
