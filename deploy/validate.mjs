@@ -18,8 +18,13 @@
 //             than the drain, memory for the pinned pool, Services and the
 //             ServiceMonitor matching the pods, one autoscaler whose
 //             metrics prometheus-adapter serves, MATMUL_* variables that
-//             the server reads, and the PrometheusRule in sync with
-//             deploy/prometheus/.
+//             the server reads, the PrometheusRule in sync with
+//             deploy/prometheus/, an image tag that scripts/build-image.sh
+//             wrote (NAME:<project version>-<commit>[@digest]), a
+//             GRPCRoute attached to a Gateway and sending to the gRPC port
+//             of a Service here (h2c, or a BackendTLSPolicy with TLS), and
+//             one set of Prometheus-selector labels on the ServiceMonitor
+//             and the PrometheusRule.
 // It writes into DIR the rule groups of each PrometheusRule
 // (rules-NAME.yml) and the autoscaling queries as recording rules
 // (scaling-queries.rules.yml), for promtool. Exit status 1 on any problem.
