@@ -21,8 +21,8 @@
 #   docker build --build-arg CUDA_VERSION=12.9.1 -t matmul-server:0.1.0-cuda12 .
 # The code needs no CUDA 13 API: gpu/ calls only CUDA runtime and cuBLAS
 # functions that CUDA 12.0 has, and nothing tests CUDA_VERSION. The build
-# needs a CUDA release with ubuntu24.04 images and a host compiler it
-# accepts (GCC 13): 12.5 or later.
+# needs a CUDA release with ubuntu24.04 images whose nvcc accepts GCC 13:
+# 12.5 or later; prefer the newest (12.9.1).
 #
 # Every flag of matmul-server can also be set as MATMUL_<FLAG> in the
 # environment (docker run -e MATMUL_STREAMS_PER_DEVICE=8 ..., or the env of
