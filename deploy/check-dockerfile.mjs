@@ -1,13 +1,21 @@
 #!/usr/bin/env node
 // What the repository's Dockerfile must keep, beyond dockerfile-utils' lint
 // (scripts/check-deploy.sh runs both):
-//   - two or more stages, all on nvidia/cuda 13.0.x Ubuntu 24.04 images
-//     pinned to one patch release: devel to build, runtime to run;
-//   - dependencies installed only by scripts/install-deps.sh: the default
-//     mode in the build stage, --runtime in the final one;
-//   - the final stage runs as a numeric non-root USER, exposes 50051 and
-//     9464, and has ENTRYPOINT ["/usr/local/bin/matmul-server"] in exec
+//   - the stages "build" and "cuda" on nvidia/cuda ubuntu24.04 images
+//     (devel to build, runtime to run) whose release is the global ARG
+//     CUDA_VERSION, by default a pinned 13.0.x; "cpu-build" and "cpu" on
+//     debian:${DEBIAN_VERSION}-slim, a pinned Debian 12 point release;
+//     "cuda" last, so that a plain `docker build` makes the CUDA image;
+//   - dependencies installed only by scripts/install-deps.sh: --compile in
+//     the build stages (a mode that lists no test tools, Python,
+//     Prometheus, Node or plotting libraries), --runtime in the final ones;
+//   - the build stages configure with -DMATMUL_CUDA=ON and OFF
+//     respectively and build matmul-server; each final stage copies from its
+//     own build stage and runs `matmul-server --version`;
+//   - both final stages run as a numeric non-root USER, expose 50051 and
+//     9464, and have ENTRYPOINT ["/usr/local/bin/matmul-server"] in exec
 //     form (so that docker run arguments and MATMUL_* variables are flags);
+//     the cpu stage does not ask for the CUDA engine;
 //   - every MATMUL_* ENV is a variable the server reads;
 //   - every file COPY takes from the context exists and is not excluded by
 //     .dockerignore.
@@ -53,8 +61,23 @@ function dockerignore(file) {
   };
 }
 
-export function dockerfileProblems(file = join(repoRoot, "Dockerfile")) {
-  const problems = [];
+// The stages each target needs, in the order they must appear.
+export const STAGES = {
+  build: { image: "cuda-devel", install: "--compile", cuda: "ON" },
+  "cpu-build": { image: "debian", install: "--compile", cuda: "OFF" },
+  cpu: { image: "debian", install: "--runtime", from: "cpu-build", final: true },
+  cuda: { image: "cuda-runtime", install: "--runtime", from: "build", final: true },
+};
+// What the build stages must not install (scripts/install-deps.sh --compile).
+const NOT_FOR_COMPILING = /^(prometheus|python3.*|nodejs|npm|libgtest-dev|libgmock-dev|clang-format|clang-\d+|libclang-rt-.*|openssl|curl|git)$/;
+
+// The packages of one mode of scripts/install-deps.sh (its NAME_pkgs array).
+export function installDepsPackages(name, file = join(repoRoot, "scripts/install-deps.sh")) {
+  const m = new RegExp(`^${name}_pkgs=\\(([^)]*)\\)`, "m").exec(readFileSync(file, "utf8"));
+  return m ? m[1].split(/\s+/).filter(Boolean) : null;
+}
+
+export function parseDockerfile(file = join(repoRoot, "Dockerfile")) {
   const df = DockerfileParser.parse(readFileSync(file, "utf8"));
   const args = new Map();
   const stages = [];
@@ -69,61 +92,124 @@ export function dockerfileProblems(file = join(repoRoot, "Dockerfile")) {
         args.set(k, v);
       }
     } else {
-      const flags = typeof ins.getFlags === "function" ? ins.getFlags().map((f) => f.getName()) : [];
+      const flags = typeof ins.getFlags === "function" ? ins.getFlags().map((f) => ({ name: f.getName(), value: f.getValue() })) : [];
       stages.at(-1).ins.push({ keyword, values, flags, raw: ins.getRawArgumentsContent() ?? "" });
     }
   }
-  if (stages.length < 2) problems.push("want a build stage and a runtime stage");
+  return { args, stages };
+}
+
+export function dockerfileProblems(file = join(repoRoot, "Dockerfile"), installDeps = join(repoRoot, "scripts/install-deps.sh")) {
+  const problems = [];
+  const { args, stages } = parseDockerfile(file);
   const expand = (s) => s.replace(/\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?/g, (_, k) => args.get(k) ?? `<unset ${k}>`);
-  const image = /^nvidia\/cuda:(13\.0\.\d+)-(devel|runtime)-ubuntu24\.04$/;
-  const versions = new Set();
+
+  // Global ARGs: the releases a plain build uses.
+  const cudaVersion = args.get("CUDA_VERSION");
+  if (!/^13\.0\.\d+$/.test(cudaVersion ?? "")) {
+    problems.push(`ARG CUDA_VERSION=${cudaVersion ?? ""}: the default must be a pinned 13.0.x release (other releases: --build-arg)`);
+  }
+  if (!/^12\.\d+$/.test(args.get("DEBIAN_VERSION") ?? "")) {
+    problems.push(`ARG DEBIAN_VERSION=${args.get("DEBIAN_VERSION") ?? ""}: want a pinned Debian 12 point release (12.N)`);
+  }
+
+  // Stages: each one the targets need, in order, on its image.
+  const names = stages.map((s) => s.name);
+  const order = Object.keys(STAGES);
+  for (const name of order) {
+    if (!names.includes(name)) problems.push(`no stage named ${name}`);
+  }
+  const present = order.filter((n) => names.includes(n));
+  const positions = present.map((n) => names.indexOf(n));
+  if (positions.some((p, i) => i > 0 && p < positions[i - 1])) {
+    problems.push(`stages must come in the order ${order.join(", ")}`);
+  }
+  if (stages.length > 0 && stages.at(-1).name !== "cuda") {
+    problems.push(`the last stage (the default target) must be cuda, not ${stages.at(-1).name ?? "unnamed"}`);
+  }
+  const images = {
+    "cuda-devel": { re: /^nvidia\/cuda:\$\{CUDA_VERSION\}-devel-ubuntu24\.04$/, text: "nvidia/cuda:${CUDA_VERSION}-devel-ubuntu24.04" },
+    "cuda-runtime": { re: /^nvidia\/cuda:\$\{CUDA_VERSION\}-runtime-ubuntu24\.04$/, text: "nvidia/cuda:${CUDA_VERSION}-runtime-ubuntu24.04" },
+    debian: { re: /^debian:\$\{DEBIAN_VERSION\}-slim$/, text: "debian:${DEBIAN_VERSION}-slim" },
+  };
   stages.forEach((s, i) => {
-    const m = image.exec(expand(s.from));
-    if (!m) {
-      problems.push(`stage ${i + 1}: ${s.from} is not a pinned nvidia/cuda:13.0.x-{devel,runtime}-ubuntu24.04 image`);
+    const want = STAGES[s.name];
+    const label = `stage ${s.name ?? i + 1}`;
+    if (!want) {
+      problems.push(`${label}: not one of the stages ${order.join(", ")}`);
       return;
     }
-    versions.add(m[1]);
-    const last = i === stages.length - 1;
-    if (last !== (m[2] === "runtime")) {
-      problems.push(`stage ${i + 1}: ${last ? "the final stage must use the runtime image" : "build stages use the devel image"}`);
+    if (!images[want.image].re.test(s.from)) {
+      problems.push(`${label}: FROM ${s.from} (${expand(s.from)}), want ${images[want.image].text}`);
     }
-  });
-  if (versions.size > 1) problems.push(`stages use different CUDA releases: ${[...versions].join(", ")}`);
 
-  stages.forEach((s, i) => {
-    const last = i === stages.length - 1;
-    for (const r of s.ins.filter((x) => x.keyword === "RUN")) {
+    const runs = s.ins.filter((x) => x.keyword === "RUN");
+    for (const r of runs) {
       if (/\bapt(-get)?\s+install\b|\bpip3?\s+install\b|\bnpm\s+(i|install|ci)\b/.test(r.raw)) {
-        problems.push(`stage ${i + 1}: install packages with scripts/install-deps.sh, not: ${r.raw.trim()}`);
+        problems.push(`${label}: install packages with scripts/install-deps.sh, not: ${r.raw.trim()}`);
       }
     }
-    const installs = s.ins.filter((x) => x.keyword === "RUN" && /install-deps\.sh/.test(x.raw));
-    const wantMode = last ? /install-deps\.sh\s+--runtime\b/ : /install-deps\.sh(\s*$|\s*&&|\s+--all\b)/;
-    if (installs.length === 0 || !installs.some((x) => wantMode.test(x.raw))) {
-      problems.push(`stage ${i + 1}: must run scripts/install-deps.sh${last ? " --runtime" : ""}`);
+    const installs = runs.filter((x) => /install-deps\.sh/.test(x.raw));
+    const modeRe = new RegExp(`install-deps\\.sh\\s+${want.install}(\\s|$)`);
+    if (installs.length !== 1 || !modeRe.test(installs[0].raw)) {
+      problems.push(`${label}: must run scripts/install-deps.sh ${want.install} once (found: ${installs.map((x) => x.raw.trim()).join("; ") || "none"})`);
+    }
+
+    if (want.cuda) {
+      const cmake = runs.find((x) => /\bcmake\s+-S\b/.test(x.raw));
+      if (!cmake || !new RegExp(`-DMATMUL_CUDA=${want.cuda}\\b`).test(cmake.raw)) {
+        problems.push(`${label}: must configure with -DMATMUL_CUDA=${want.cuda}`);
+      }
+      if (!cmake || !/--target\s+(\S+\s+)*matmul-server\b/.test(cmake.raw)) {
+        problems.push(`${label}: must build matmul-server`);
+      }
+      if (cmake && !/-DBUILD_TESTING=OFF\b/.test(cmake.raw)) {
+        problems.push(`${label}: build with -DBUILD_TESTING=OFF (the context has no tests/)`);
+      }
+    }
+
+    if (!want.final) return;
+    const fromStages = s.ins.filter((x) => x.keyword === "COPY").flatMap((x) => x.flags.filter((f) => f.name === "from").map((f) => f.value));
+    if (!fromStages.includes(want.from) || fromStages.some((f) => f !== want.from)) {
+      problems.push(`${label}: must copy its binaries from stage ${want.from}, not ${fromStages.join(", ") || "nothing"}`);
+    }
+    if (!runs.some((x) => /^\s*\[\s*"\/usr\/local\/bin\/matmul-server"\s*,\s*"--version"\s*\]/.test(x.raw))) {
+      problems.push(`${label}: must RUN ["/usr/local/bin/matmul-server", "--version"] (a missing library fails the build)`);
+    }
+    const user = s.ins.filter((x) => x.keyword === "USER").at(-1)?.values[0];
+    if (!user || !/^[1-9][0-9]*(:[0-9]+)?$/.test(user)) {
+      problems.push(`${label}: USER must be a numeric non-root uid, not ${user ?? "unset"}`);
+    }
+    const exposed = new Set(s.ins.filter((x) => x.keyword === "EXPOSE").flatMap((x) => x.values.map((v) => v.split("/")[0])));
+    for (const p of ["50051", "9464"]) if (!exposed.has(p)) problems.push(`${label}: EXPOSE ${p} missing`);
+    const entry = s.ins.filter((x) => x.keyword === "ENTRYPOINT").at(-1);
+    let entryJson = null;
+    try {
+      entryJson = entry ? JSON.parse(entry.raw) : null;
+    } catch {
+      entryJson = null;
+    }
+    if (!Array.isArray(entryJson) || entryJson[0] !== "/usr/local/bin/matmul-server") {
+      problems.push(`${label}: ENTRYPOINT must be the exec form ["/usr/local/bin/matmul-server", ...]`);
+    }
+    if (s.ins.some((x) => x.keyword === "CMD" && !/^\s*\[/.test(x.raw))) {
+      problems.push(`${label}: CMD in shell form would not reach matmul-server as flags`);
+    }
+    if (want.image === "debian") {
+      const engine = s.ins.filter((x) => x.keyword === "ENV").flatMap((x) => x.values).find((v) => v.startsWith("MATMUL_ENGINE="));
+      if (engine && engine !== "MATMUL_ENGINE=host" && engine !== "MATMUL_ENGINE=auto") {
+        problems.push(`${label}: ${engine} in an image without the CUDA engine`);
+      }
     }
   });
 
-  const final = stages.at(-1)?.ins ?? [];
-  const user = final.filter((x) => x.keyword === "USER").at(-1)?.values[0];
-  if (!user || !/^[1-9][0-9]*(:[0-9]+)?$/.test(user)) {
-    problems.push(`final stage: USER must be a numeric non-root uid, not ${user ?? "unset"}`);
-  }
-  const exposed = new Set(final.filter((x) => x.keyword === "EXPOSE").flatMap((x) => x.values.map((v) => v.split("/")[0])));
-  for (const p of ["50051", "9464"]) if (!exposed.has(p)) problems.push(`final stage: EXPOSE ${p} missing`);
-  const entry = final.filter((x) => x.keyword === "ENTRYPOINT").at(-1);
-  let entryJson = null;
-  try {
-    entryJson = entry ? JSON.parse(entry.raw) : null;
-  } catch {
-    entryJson = null;
-  }
-  if (!Array.isArray(entryJson) || entryJson[0] !== "/usr/local/bin/matmul-server") {
-    problems.push(`final stage: ENTRYPOINT must be the exec form ["/usr/local/bin/matmul-server", ...]`);
-  }
-  if (final.some((x) => x.keyword === "CMD" && !/^\s*\[/.test(x.raw))) {
-    problems.push("final stage: CMD in shell form would not reach matmul-server as flags");
+  // The build stages' install mode installs only what compiling needs.
+  const compile = installDepsPackages("compile", installDeps);
+  if (!compile) {
+    problems.push("scripts/install-deps.sh has no compile_pkgs (the --compile mode)");
+  } else {
+    const extra = compile.filter((p) => NOT_FOR_COMPILING.test(p));
+    if (extra.length > 0) problems.push(`install-deps.sh --compile installs what the build does not need: ${extra.join(" ")}`);
   }
 
   const envVars = knownEnvVars();
@@ -141,7 +227,7 @@ export function dockerfileProblems(file = join(repoRoot, "Dockerfile")) {
   const ignored = dockerignore(join(repoRoot, ".dockerignore"));
   for (const s of stages) {
     for (const c of s.ins.filter((x) => x.keyword === "COPY" || x.keyword === "ADD")) {
-      if (c.flags.includes("from")) continue;
+      if (c.flags.some((f) => f.name === "from")) continue;
       const sources = c.values.slice(0, -1);
       for (const src of sources) {
         const rel = src.replace(/^\.\/?/, "").replace(/\/$/, "");
@@ -151,7 +237,7 @@ export function dockerfileProblems(file = join(repoRoot, "Dockerfile")) {
       }
     }
   }
-  for (const needed of ["CMakeLists.txt", "scripts/install-deps.sh", "server", "gpu", "proto"]) {
+  for (const needed of ["CMakeLists.txt", "scripts/install-deps.sh", "server", "gpu", "proto", "common", "client"]) {
     if (ignored(needed)) problems.push(`.dockerignore excludes ${needed}, which the build needs`);
   }
   return problems;

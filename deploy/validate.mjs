@@ -18,8 +18,13 @@
 //             than the drain, memory for the pinned pool, Services and the
 //             ServiceMonitor matching the pods, one autoscaler whose
 //             metrics prometheus-adapter serves, MATMUL_* variables that
-//             the server reads, and the PrometheusRule in sync with
-//             deploy/prometheus/.
+//             the server reads, the PrometheusRule in sync with
+//             deploy/prometheus/, an image tag that scripts/build-image.sh
+//             wrote (NAME:<project version>-<commit>[@digest]), a
+//             GRPCRoute attached to a Gateway and sending to the gRPC port
+//             of a Service here (h2c, or a BackendTLSPolicy with TLS), and
+//             one set of Prometheus-selector labels on the ServiceMonitor
+//             and the PrometheusRule.
 // It writes into DIR the rule groups of each PrometheusRule
 // (rules-NAME.yml) and the autoscaling queries as recording rules
 // (scaling-queries.rules.yml), for promtool. Exit status 1 on any problem.
@@ -44,23 +49,45 @@ const MODEL_PACKAGES = [
     path: (g, v, k) => `@kubernetes-models/prometheus-operator/${g}/${v}/${k}`,
   },
   { match: (g) => g === "keda.sh", path: (g, v, k) => `@kubernetes-models/keda/${g}/${v}/${k}` },
+  {
+    match: (g) => g === "gateway.networking.k8s.io",
+    path: (g, v, k) => `@kubernetes-models/gateway-api/${g}/${v}/${k}`,
+  },
   { match: () => true, path: (g, v, k) => `kubernetes-models/${g}/${v}/${k}` },
 ];
+
+// Packages published as ES modules only (their "exports" have no require
+// condition): each group/version's index is imported once, here, by file
+// path, so that the checks below stay synchronous.
+const ESM_MODELS = new Map();
+for (const gv of ["gateway.networking.k8s.io/v1"]) {
+  const index = join(toolsDir, "node_modules/@kubernetes-models/gateway-api", gv, "index.js");
+  if (existsSync(index)) ESM_MODELS.set(gv, await import(pathToFileURL(index).href));
+}
+
+function splitApiVersion(apiVersion) {
+  return apiVersion.includes("/") ? apiVersion.split("/") : ["", apiVersion];
+}
 
 // The module that models apiVersion/kind, or null.
 export function modelModule(apiVersion, kind) {
   if (typeof apiVersion !== "string" || typeof kind !== "string") return null;
-  const [group, version] = apiVersion.includes("/")
-    ? apiVersion.split("/")
-    : ["", apiVersion];
+  const [group, version] = splitApiVersion(apiVersion);
   const entry = MODEL_PACKAGES.find((p) => p.match(group));
   const path = entry.path(group, version, kind);
+  const esm = ESM_MODELS.get(`${group}/${version}`);
+  if (esm) return typeof esm[kind] === "function" ? path : null;
   try {
     require.resolve(path);
     return path;
   } catch {
     return null;
   }
+}
+
+function modelClass(apiVersion, kind) {
+  const [group, version] = splitApiVersion(apiVersion);
+  return ESM_MODELS.get(`${group}/${version}`)?.[kind] ?? require(modelModule(apiVersion, kind))[kind];
 }
 
 function describe(doc) {
@@ -76,7 +103,7 @@ export function schemaProblems(docs) {
       problems.push(`${describe(doc)}: no schema for ${doc?.apiVersion} ${doc?.kind}`);
       continue;
     }
-    const Model = require(path)[doc.kind];
+    const Model = modelClass(doc.apiVersion, doc.kind);
     try {
       new Model(doc).validate();
     } catch (err) {
@@ -283,6 +310,17 @@ function checkServer(dep, problems, ctx) {
   }
   const cw = `${where} container server`;
   const env = envOf(server, problems, cw);
+
+  // The image: a reference scripts/build-image.sh writes,
+  // NAME:<project version>-<commit>[@sha256:...], not a moving tag.
+  if (ctx.projectVersion) {
+    const m = /^[^@]+:(\d+\.\d+\.\d+)-([0-9a-f]{7,40})(@sha256:[0-9a-f]{64})?$/.exec(server.image ?? "");
+    if (!m) {
+      problems.push(`${cw}: image ${server.image} is not NAME:<version>-<commit>[@sha256:<digest>] (scripts/build-image.sh writes it)`);
+    } else if (m[1] !== ctx.projectVersion) {
+      problems.push(`${cw}: image ${server.image} is version ${m[1]}, CMakeLists.txt says ${ctx.projectVersion} (run scripts/build-image.sh)`);
+    }
+  }
   for (const name of env.keys()) {
     if (name.startsWith("MATMUL_") && !ctx.envVars.has(name)) {
       problems.push(`${cw}: ${name} is not a variable matmul-server reads`);
@@ -383,7 +421,7 @@ function checkServer(dep, problems, ctx) {
   if (requests.memory !== undefined && parseQuantity(requests.memory) !== memLimit) {
     problems.push(`${cw}: memory request and limit differ`);
   }
-  return { dep, podLabels, ports };
+  return { dep, podLabels, ports, tls };
 }
 
 // Cross-object checks for one rendered overlay.
@@ -397,7 +435,7 @@ export function policyProblems(docs, ctx) {
   }
   const server = checkServer(deployments[0], problems, ctx);
   if (!server) return problems;
-  const { dep, podLabels, ports } = server;
+  const { dep, podLabels, ports, tls } = server;
   const namespace = dep.metadata?.namespace;
   for (const d of docs) {
     if (d?.kind !== "Namespace" && d?.metadata?.namespace !== namespace) {
@@ -423,6 +461,55 @@ export function policyProblems(docs, ctx) {
     problems.push(`no ClusterIP Service`);
   }
 
+  // GRPCRoute: attached to a Gateway, sending every rule to the gRPC port
+  // of a Service of this overlay, in cleartext HTTP/2 unless a
+  // BackendTLSPolicy says how to reach a TLS server.
+  const tlsPolicies = of("BackendTLSPolicy");
+  for (const r of of("GRPCRoute")) {
+    const where = describe(r);
+    if ((r.spec?.parentRefs ?? []).length === 0) {
+      problems.push(`${where}: no parentRefs, so the route attaches to no Gateway`);
+    }
+    const rules = r.spec?.rules ?? [];
+    if (rules.length === 0) problems.push(`${where}: no rules`);
+    for (const rule of rules) {
+      const backends = rule.backendRefs ?? [];
+      if (backends.length === 0) problems.push(`${where}: a rule has no backendRefs`);
+      for (const b of backends) {
+        if ((b.group ?? "") !== "" || (b.kind ?? "Service") !== "Service") {
+          problems.push(`${where}: backend ${b.kind}/${b.name} is not a core Service`);
+          continue;
+        }
+        if (b.namespace !== undefined && b.namespace !== namespace) {
+          problems.push(`${where}: backend ${b.name} is in namespace ${b.namespace}, not the route's ${namespace}`);
+        }
+        const svc = services.find((s) => s.metadata?.name === b.name);
+        if (!svc) {
+          problems.push(`${where}: backend Service ${b.name} is not in this overlay`);
+          continue;
+        }
+        const port = (svc.spec?.ports ?? []).find((p) => p.port === b.port);
+        if (!port) {
+          problems.push(`${where}: port ${b.port} is not a port of Service ${b.name}`);
+          continue;
+        }
+        const target = port.targetPort ?? port.port;
+        if (target !== "grpc" && target !== ports.get("grpc")) {
+          problems.push(`${where}: backend ${b.name}:${b.port} reaches container port ${target}, not grpc`);
+        }
+        if (tls) {
+          const covered = tlsPolicies.some((t) =>
+            (t.spec?.targetRefs ?? []).some((ref) => (ref.kind ?? "") === "Service" && ref.name === b.name));
+          if (!covered) {
+            problems.push(`${where}: the server speaks TLS, but no BackendTLSPolicy targets Service ${b.name}`);
+          }
+        } else if (port.appProtocol !== undefined && port.appProtocol !== "kubernetes.io/h2c") {
+          problems.push(`${where}: Service ${b.name} port ${b.port} has appProtocol ${port.appProtocol}, not kubernetes.io/h2c (cleartext HTTP/2)`);
+        }
+      }
+    }
+  }
+
   // ServiceMonitor: exactly one Service carries each scraped port.
   for (const sm of of("ServiceMonitor")) {
     const chosen = services.filter((s) => labelsMatch(sm.spec?.selector?.matchLabels, s.metadata?.labels));
@@ -431,6 +518,20 @@ export function policyProblems(docs, ctx) {
       if (carriers.length !== 1) {
         problems.push(`${describe(sm)}: port ${ep.port} is on ${carriers.length} selected Services (want 1: no target, or scraped twice)`);
       }
+    }
+  }
+
+  // One Prometheus selector must pick up the ServiceMonitor and the
+  // PrometheusRule together: the labels such selectors use (release: ...
+  // for kube-prometheus-stack; anything outside app.kubernetes.io/) agree.
+  const monitoring = docs.filter((d) => String(d?.apiVersion).startsWith("monitoring.coreos.com/"));
+  const selectorLabels = (d) =>
+    JSON.stringify(Object.entries(d.metadata?.labels ?? {}).filter(([k]) => !k.startsWith("app.kubernetes.io/")).sort());
+  for (const d of monitoring.slice(1)) {
+    if (selectorLabels(d) !== selectorLabels(monitoring[0])) {
+      problems.push(
+        `${describe(d)}: labels ${selectorLabels(d)} differ from ${describe(monitoring[0])}'s ${selectorLabels(monitoring[0])}; a Prometheus selecting on them would take one and not the other`,
+      );
     }
   }
 
@@ -495,8 +596,14 @@ export function loadDocs(file) {
   return { docs, problems };
 }
 
+// The version in the top-level CMakeLists.txt's project().
+export function projectVersion(file = join(repoRoot, "CMakeLists.txt")) {
+  return /^project\(matmul VERSION (\d+\.\d+\.\d+)/m.exec(readFileSync(file, "utf8"))?.[1] ?? null;
+}
+
 export function defaultContext() {
   return {
+    projectVersion: projectVersion(),
     envVars: knownEnvVars(),
     adapter: adapterRules(),
     canonical: loadCanonicalGroups(join(repoRoot, "deploy/prometheus"), YAML),

@@ -5,7 +5,8 @@
 #   1. Dockerfile     dockerfile-utils lint (any finding fails), then
 #                     deploy/check-dockerfile.mjs (pinned CUDA images,
 #                     install-deps.sh, numeric USER, ENTRYPOINT, ports,
-#                     COPY sources vs .dockerignore)
+#                     COPY sources vs .dockerignore), and
+#                     scripts/build-image.sh --dry-run for both targets
 #   2. render         kustomize: deploy/base and every deploy/overlays/*
 #   3. manifests      deploy/validate.mjs: kubernetes-models schemas,
 #                     unknown fields, deployment policy, adapter rules,
@@ -65,6 +66,13 @@ lint_dockerfile() {
 }
 step "Dockerfile lint (dockerfile-utils)" lint_dockerfile
 step "Dockerfile policy" node deploy/check-dockerfile.mjs
+# The build commands and the manifest edit, printed, not run (no container
+# engine here); a tree with local changes gets a -dirty tag.
+dry_build() {
+  scripts/build-image.sh --dry-run --allow-dirty &&
+    scripts/build-image.sh --dry-run --allow-dirty --target cpu
+}
+step "build-image.sh --dry-run (cuda, cpu)" dry_build
 
 # 2. Render.
 overlays=(deploy/base deploy/overlays/*/)

@@ -8,6 +8,10 @@
 #   scripts/install-deps.sh --build    the same without Node and its tools
 #                                      (buf, manifest validation): what
 #                                      scripts/demo.sh needs
+#   scripts/install-deps.sh --compile  only what compiling matmul-server and
+#                                      matmul-cli needs (the image's build
+#                                      stages): no test tools, Python,
+#                                      Prometheus or Node
 #   scripts/install-deps.sh --runtime  only what the server needs to run
 set -euo pipefail
 
@@ -15,6 +19,11 @@ mode=${1:---all}
 
 runtime_pkgs=(
   libgrpc++1.51 libprotobuf32 libprometheus-cpp-pull1.0 libopenblas0-pthread
+)
+compile_pkgs=(
+  build-essential cmake ninja-build ccache pkg-config
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libabsl-dev prometheus-cpp-dev libopenblas-dev
 )
 build_pkgs=(
   build-essential cmake ninja-build ccache pkg-config git
@@ -29,12 +38,13 @@ build_pkgs=(
 
 case "$mode" in
   --runtime) wanted=("${runtime_pkgs[@]}") ;;
+  --compile) wanted=("${compile_pkgs[@]}") ;;
   --all) wanted=("${build_pkgs[@]}")
          # Node may come from elsewhere (e.g. NodeSource, which bundles npm);
          # only ask Debian for it when there is none.
          command -v npm >/dev/null 2>&1 || wanted+=(nodejs npm) ;;
   --build) wanted=("${build_pkgs[@]}") ;;
-  *) echo "usage: $0 [--runtime|--build|--all]" >&2; exit 2 ;;
+  *) echo "usage: $0 [--runtime|--compile|--build|--all]" >&2; exit 2 ;;
 esac
 
 # Ubuntu 24.04 (noble) renamed the libraries caught by the 64-bit time_t

@@ -35,6 +35,8 @@ const ctx = defaultContext();
 const base = render("base");
 const tls = render("overlays/tls");
 const keda = render("overlays/keda");
+const gateway = render("overlays/gateway");
+const kps = render("overlays/kube-prometheus-stack");
 const clone = (docs) => structuredClone(docs);
 const find = (docs, kind) => docs.find((d) => d.kind === kind);
 const server = (docs) =>
@@ -53,11 +55,11 @@ function policyAfter(docs, mutate, context = ctx) {
 }
 
 test("rendered overlays pass every check", () => {
-  for (const docs of [base, tls, keda]) {
+  for (const docs of [base, tls, keda, gateway, kps]) {
     assert.deepEqual(schemaProblems(docs), []);
     assert.deepEqual(policyProblems(docs, ctx), []);
   }
-  assert.deepEqual(unknownFieldProblems([...base, ...tls, ...keda]), []);
+  assert.deepEqual(unknownFieldProblems([...base, ...tls, ...keda, ...gateway, ...kps]), []);
 });
 
 test("schema: wrong types are caught", () => {
@@ -164,6 +166,77 @@ test("policy: services, monitor and autoscalers fit together", () => {
   );
 });
 
+test("gateway component: a GRPCRoute to the matmul Service's gRPC port, over h2c", () => {
+  const route = find(gateway, "GRPCRoute");
+  assert.equal(route.apiVersion, "gateway.networking.k8s.io/v1");
+  assert.equal(route.metadata.namespace, "matmul");
+  assert.deepEqual(route.spec.rules[0].backendRefs.map((b) => `${b.name}:${b.port}`), ["matmul:50051"]);
+  const svc = gateway.find((d) => d.kind === "Service" && d.metadata.name === "matmul");
+  assert.equal(svc.spec.ports.find((p) => p.port === 50051).appProtocol, "kubernetes.io/h2c");
+  assert.equal(find(base, "GRPCRoute"), undefined, "the base has no route: the component is optional");
+});
+
+test("gateway component: schema, fields and policy catch a broken route", () => {
+  const route = (d) => find(d, "GRPCRoute");
+  const docs = clone(gateway);
+  route(docs).spec.rules[0].backendRefs[0].port = "grpc";
+  assert.match(schemaProblems(docs).join("\n"), /GRPCRoute\/matmul: .*port must be integer/);
+  const misspelt = clone(gateway);
+  route(misspelt).spec.rules[0].backendRef = route(misspelt).spec.rules[0].backendRefs;
+  assert.match(unknownFieldProblems(misspelt).join("\n"), /'backendRef' does not exist in type 'IGRPCRouteRule'/);
+  assert.match(
+    policyAfter(gateway, (d) => (route(d).spec.rules[0].backendRefs[0].name = "matmul-grpc")),
+    /backend Service matmul-grpc is not in this overlay/,
+  );
+  assert.match(
+    policyAfter(gateway, (d) => (route(d).spec.rules[0].backendRefs[0].port = 9464)),
+    /backend matmul:9464 reaches container port metrics, not grpc/,
+  );
+  assert.match(
+    policyAfter(gateway, (d) => (route(d).spec.rules[0].backendRefs[0].port = 50052)),
+    /port 50052 is not a port of Service matmul/,
+  );
+  assert.match(policyAfter(gateway, (d) => (route(d).spec.parentRefs = [])), /attaches to no Gateway/);
+  assert.match(
+    policyAfter(gateway, (d) => {
+      d.find((x) => x.kind === "Service" && x.metadata.name === "matmul").spec.ports[0].appProtocol = "http";
+    }),
+    /appProtocol http, not kubernetes.io\/h2c/,
+  );
+});
+
+test("gateway with TLS on the server needs a BackendTLSPolicy", () => {
+  const withTls = [...clone(tls), clone(find(gateway, "GRPCRoute"))];
+  assert.match(policyProblems(withTls, ctx).join("\n"), /the server speaks TLS, but no BackendTLSPolicy targets Service matmul/);
+  const policy = {
+    apiVersion: "gateway.networking.k8s.io/v1",
+    kind: "BackendTLSPolicy",
+    metadata: { name: "matmul", namespace: "matmul" },
+    spec: {
+      targetRefs: [{ group: "", kind: "Service", name: "matmul" }],
+      validation: { caCertificateRefs: [{ group: "", kind: "ConfigMap", name: "matmul-ca" }], hostname: "matmul.matmul.svc" },
+    },
+  };
+  withTls.push(policy);
+  assert.deepEqual(schemaProblems([policy]), []);
+  assert.deepEqual(policyProblems(withTls, ctx), []);
+});
+
+test("kube-prometheus-stack component: one release label on the ServiceMonitor and the PrometheusRule", () => {
+  for (const kind of ["ServiceMonitor", "PrometheusRule"]) {
+    assert.equal(find(kps, kind).metadata.labels.release, "kube-prometheus-stack", kind);
+    assert.equal(find(base, kind).metadata.labels.release, undefined, kind);
+  }
+  assert.match(
+    policyAfter(kps, (d) => delete find(d, "ServiceMonitor").metadata.labels.release),
+    /ServiceMonitor\/matmul: labels \[\] differ from PrometheusRule\/matmul's \[\["release","kube-prometheus-stack"\]\]/,
+  );
+  assert.match(
+    policyAfter(kps, (d) => (find(d, "PrometheusRule").metadata.labels.release = "prometheus")),
+    /differ from PrometheusRule\/matmul.s \[\["release","prometheus"\]\]/,
+  );
+});
+
 test("policy: PrometheusRule must match deploy/prometheus/", () => {
   const canonical = { files: ["x.yml"], groups: [{ name: "g", rules: [{ record: "a", expr: "1" }] }] };
   assert.match(
@@ -185,22 +258,83 @@ test("durations and quantities", () => {
   assert.equal(parseQuantity("4"), 4);
 });
 
-test("Dockerfile: the repository's passes, a broken one does not", () => {
-  assert.deepEqual(dockerfileProblems(), []);
+// Dockerfile problems of the repository's Dockerfile after `edit` (a
+// function of its text), and of install-deps.sh after `editDeps`.
+function dockerfileAfter(edit, editDeps = (t) => t) {
   const dir = mkdtempSync(join(tmpdir(), "dockerfile-"));
   try {
-    const broken = readFileSync(join(repoRoot, "Dockerfile"), "utf8")
-      .replace(/^USER .*$/m, "USER matmul")
-      .replace(/^ARG CUDA_VERSION=.*$/m, "ARG CUDA_VERSION=12.8.0")
-      .replace(/^ENTRYPOINT .*$/m, "ENTRYPOINT /usr/local/bin/matmul-server")
-      .replace(/^(RUN \S*install-deps\.sh) --runtime/m, "$1");
-    writeFileSync(join(dir, "Dockerfile"), broken);
-    const text = dockerfileProblems(join(dir, "Dockerfile")).join("\n");
-    assert.match(text, /USER must be a numeric non-root uid/);
-    assert.match(text, /not a pinned nvidia\/cuda:13\.0\.x/);
-    assert.match(text, /ENTRYPOINT must be the exec form/);
-    assert.match(text, /must run scripts\/install-deps.sh --runtime/);
+    const text = readFileSync(join(repoRoot, "Dockerfile"), "utf8");
+    const edited = edit(text);
+    assert.notEqual(edited, text, "the edit changed nothing");
+    writeFileSync(join(dir, "Dockerfile"), edited);
+    writeFileSync(join(dir, "install-deps.sh"), editDeps(readFileSync(join(repoRoot, "scripts/install-deps.sh"), "utf8")));
+    return dockerfileProblems(join(dir, "Dockerfile"), join(dir, "install-deps.sh")).join("\n");
   } finally {
     rmSync(dir, { recursive: true });
   }
+}
+
+test("Dockerfile: the repository's passes, a broken one does not", () => {
+  assert.deepEqual(dockerfileProblems(), []);
+  const text = dockerfileAfter((t) =>
+    t
+      .replace(/^USER .*$/m, "USER matmul")
+      .replace(/^ARG CUDA_VERSION=.*$/m, "ARG CUDA_VERSION=12.8.0")
+      .replace(/^ENTRYPOINT .*$/m, "ENTRYPOINT /usr/local/bin/matmul-server")
+      .replace(/^(RUN \S*install-deps\.sh) --runtime/m, "$1"),
+  );
+  assert.match(text, /stage cpu: USER must be a numeric non-root uid/);
+  assert.match(text, /the default must be a pinned 13\.0\.x release/);
+  assert.match(text, /stage cpu: ENTRYPOINT must be the exec form/);
+  assert.match(text, /stage cpu: must run scripts\/install-deps.sh --runtime once/);
+});
+
+test("Dockerfile: both targets, their images and their build stages", () => {
+  assert.match(
+    dockerfileAfter((t) => t.replace("FROM nvidia/cuda:${CUDA_VERSION}-devel", "FROM nvidia/cuda:13.0.2-devel")),
+    /stage build: FROM nvidia\/cuda:13\.0\.2-devel-ubuntu24\.04 .*want nvidia\/cuda:\$\{CUDA_VERSION\}-devel-ubuntu24\.04/,
+  );
+  assert.match(
+    dockerfileAfter((t) => t.replace(/^FROM debian:\$\{DEBIAN_VERSION\}-slim AS cpu$/m, "FROM debian:bookworm-slim AS cpu")),
+    /stage cpu: FROM debian:bookworm-slim .*want debian:\$\{DEBIAN_VERSION\}-slim/,
+  );
+  assert.match(dockerfileAfter((t) => t.replace(/^ARG DEBIAN_VERSION=.*$/m, "ARG DEBIAN_VERSION=bookworm")), /want a pinned Debian 12 point release/);
+  assert.match(
+    dockerfileAfter((t) => t.replace("RUN scripts/install-deps.sh --compile", "RUN scripts/install-deps.sh")),
+    /stage build: must run scripts\/install-deps.sh --compile once/,
+  );
+  assert.match(dockerfileAfter((t) => t.replace("-DMATMUL_CUDA=OFF", "-DMATMUL_CUDA=AUTO")), /stage cpu-build: must configure with -DMATMUL_CUDA=OFF/);
+  assert.match(dockerfileAfter((t) => t.replace("-DMATMUL_CUDA=ON", "")), /stage build: must configure with -DMATMUL_CUDA=ON/);
+  assert.match(
+    dockerfileAfter((t) => t.replace("COPY --from=cpu-build", "COPY --from=build")),
+    /stage cpu: must copy its binaries from stage cpu-build, not build/,
+  );
+  assert.match(
+    dockerfileAfter((t) => t.replace(/^RUN \["\/usr\/local\/bin\/matmul-server", "--version"\]\n/m, "")),
+    /stage cpu: must RUN \["\/usr\/local\/bin\/matmul-server", "--version"\]/,
+  );
+  assert.match(dockerfileAfter((t) => t.replace("MATMUL_ENGINE=host", "MATMUL_ENGINE=cuda")), /stage cpu: MATMUL_ENGINE=cuda in an image without the CUDA engine/);
+  // The cpu target moved to the end: a plain build would make the CPU image.
+  const moved = (t) => {
+    const cpu = /# -+ target: cpu\n[\s\S]*?(?=# -+ target: cuda)/.exec(t)[0];
+    return t.replace(cpu, "") + "\n" + cpu;
+  };
+  const text = dockerfileAfter(moved);
+  assert.match(text, /the last stage \(the default target\) must be cuda, not cpu/);
+  assert.match(text, /stages must come in the order build, cpu-build, cpu, cuda/);
+  assert.match(dockerfileAfter((t) => t.replace(/ AS cpu-build$/m, " AS compile")), /no stage named cpu-build[\s\S]*stage compile: not one of the stages/);
+});
+
+test("Dockerfile: the build stages' install mode has no test tools", () => {
+  assert.match(
+    dockerfileAfter(
+      (t) => t + "\n",
+      (deps) => deps.replace(/^compile_pkgs=\(\n/m, "compile_pkgs=(\n  prometheus python3-pytest libgtest-dev\n"),
+    ),
+    /install-deps.sh --compile installs what the build does not need: prometheus python3-pytest libgtest-dev/,
+  );
+  assert.match(
+    dockerfileAfter((t) => t + "\n", (deps) => deps.replace(/^compile_pkgs=/m, "build_only_pkgs=")),
+    /scripts\/install-deps.sh has no compile_pkgs/,
+  );
 });
