@@ -44,6 +44,7 @@
 #include "client/lib/matmul_client.h"
 #include "client/lib/tensor_proto.h"
 #include "client/tools/bench_report.h"
+#include "client/tools/bench_stability.h"
 #include "client/tools/bench_workload.h"
 #include "client/tools/load_generator.h"
 #include "common/build_info.h"
@@ -72,6 +73,8 @@ ABSL_FLAG(std::string, resident, "none", "");
 ABSL_FLAG(bool, verify, false, "");
 ABSL_FLAG(bool, progress, false, "");
 ABSL_FLAG(bool, protobuf_requests, false, "");
+ABSL_FLAG(bool, stable, false, "");
+ABSL_FLAG(std::string, stable_windows, "", "");
 
 namespace matmul {
 namespace {
@@ -88,6 +91,7 @@ constexpr char kUsage[] = R"(usage:
                [--resident[=operands|all|none]] [--client-id NAME]
                [--grpc-arg NAME=INT,...]
                [--json FILE] [--label TEXT] [--progress]
+               [--stable] [--stable-windows N]
 
 Drives a running matmul server and reports, for each point, successful
 requests/s, payload GB/s on the wire (request = A and B data, response = C
@@ -139,6 +143,11 @@ p50/p90/p99/p99.9 of the successful requests, and errors by gRPC status code.
   --json          write every point to FILE (schema matmul-bench/1)
   --label         free text stored with every point in the JSON
   --progress      a line on stderr every second: elapsed, req/s, errors
+  --stable        measure each point in windows of --duration (the warm-up
+                  before the first only) until the last three windows' req/s
+                  agree within 10%, at most --stable-windows (default 10);
+                  the point's figures are its last window's, and a line
+                  says whether and when it settled
 
 Exit status: 0 all points ran; 1 could not run; 2 usage; 3 --verify found a
 wrong answer; 130 interrupted (Ctrl-C; a second one exits at once).
@@ -146,6 +155,8 @@ wrong answer; 130 interrupted (Ctrl-C; a second one exits at once).
 )";
 
 constexpr int64_t kDistinctBytesBudget = int64_t{1} << 30;
+// --stable: the last three windows' req/s within 10% of each other.
+constexpr double kStableTolerance = 0.10;
 constexpr int kDefaultMaxChannels = 16;
 
 std::atomic<bool> stop_requested{false};
@@ -192,9 +203,9 @@ absl::StatusOr<Flags> ParseFlags(const std::vector<std::string>& args) {
       "target",  "shape",     "dtype",    "compute",      "concurrency",
       "rate",    "duration",  "requests", "warmup",       "channels",
       "timeout", "distinct",  "seed",     "verify-every", "json",
-      "label",   "client-id", "grpc-arg", "resident"};
-  static const std::set<std::string> kSwitches = {"verify", "progress",
-                                                  "protobuf-requests"};
+      "label",   "client-id", "grpc-arg", "resident",     "stable-windows"};
+  static const std::set<std::string> kSwitches = {
+      "verify", "progress", "protobuf-requests", "stable"};
   // A switch that may take a value: --resident, --resident=operands, or
   // --resident operands; given alone it is --resident=all.
   static const std::set<std::string> kResidentValues = {"none", "operands",
@@ -343,6 +354,8 @@ struct Config {
   std::string json_path;
   std::string label;
   bool progress = false;
+  // --stable: windows per point at most (0: one window, no judgement).
+  int stable_windows = 0;
   Resident resident = Resident::kNone;
   std::string client_id;
   GrpcArgs grpc_args;
@@ -416,6 +429,21 @@ absl::StatusOr<Config> MakeConfig(const Flags& flags) {
   c.json_path = flags.Get("json");
   c.label = flags.Get("label");
   c.progress = flags.switches.count("progress") > 0;
+  if (flags.switches.count("stable") > 0 || flags.Has("stable-windows")) {
+    if (flags.Has("requests")) {
+      return absl::InvalidArgumentError(
+          "--stable measures windows of --duration; not with --requests");
+    }
+    absl::StatusOr<int64_t> windows =
+        ParsePositive(flags, "stable-windows", 10);
+    if (!windows.ok()) return windows.status();
+    if (*windows < Stability::kWindows || *windows > 100) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--stable-windows: expected ", Stability::kWindows,
+                       " to 100, got ", *windows));
+    }
+    c.stable_windows = static_cast<int>(*windows);
+  }
   absl::StatusOr<Resident> resident = ParseResident(flags.Get("resident"));
   if (!resident.ok()) return resident.status();
   c.resident = *resident;
@@ -715,14 +743,30 @@ int Main(int argc, char** argv) {
           c.protobuf_requests ? LoadGenerator::Encoding::kProtobuf
                               : LoadGenerator::Encoding::kZeroCopy);
       bp.timestamp = Rfc3339Now();
-      absl::StatusOr<LoadResult> result = generator->Run(
-          bp.point, stop_requested,
-          [&](const LoadProgress& p) { PrintProgress(concurrency, rate, p); });
-      if (!result.ok()) {
-        DeleteAll(**client, bp.resident_operands, rpc_timeout);
-        return Fail(result.status().message());
+      // One window, or (--stable) windows until the last three agree.
+      std::vector<double> window_rates;
+      Stability stability;
+      LoadPoint window = bp.point;
+      for (int w = 0; w < std::max(1, c.stable_windows); ++w) {
+        absl::StatusOr<LoadResult> result =
+            generator->Run(window, stop_requested, [&](const LoadProgress& p) {
+              PrintProgress(concurrency, rate, p);
+            });
+        if (!result.ok()) {
+          DeleteAll(**client, bp.resident_operands, rpc_timeout);
+          return Fail(result.status().message());
+        }
+        bp.result = *std::move(result);
+        window.warmup = absl::ZeroDuration();
+        const double seconds = absl::ToDoubleSeconds(bp.result.elapsed);
+        window_rates.push_back(
+            seconds > 0 ? static_cast<double>(bp.result.ok_in_window) / seconds
+                        : 0);
+        if (c.stable_windows == 0 || bp.result.interrupted) break;
+        stability = JudgeStability(window_rates, kStableTolerance);
+        if (stability.stable) break;
+        if (bp.result.abandoned > 0 || bp.result.abandoned_deletes > 0) break;
       }
-      bp.result = *std::move(result);
       if (!bp.resident_operands.empty()) {
         bp.operand_delete_errors =
             DeleteAll(**client, bp.resident_operands, rpc_timeout);
@@ -734,7 +778,19 @@ int Main(int argc, char** argv) {
         (void)verifier.release();
         for (auto& r : resident_requests) (void)r.release();
       }
+      if (c.stable_windows > 0) {
+        bp.window_rates = window_rates;
+        bp.stable = stability.stable;
+      }
       std::fputs(TableRow(run, bp).c_str(), stdout);
+      if (c.stable_windows > 0) {
+        std::fputs(
+            absl::StrCat(
+                "  ", StabilityLine(window_rates, stability, kStableTolerance),
+                "\n")
+                .c_str(),
+            stdout);
+      }
       std::fputs(ErrorLines(bp).c_str(), stdout);
       std::fflush(stdout);
       mismatches += bp.result.mismatches;

@@ -93,6 +93,10 @@ struct BenchPoint {
   std::vector<std::string> resident_operands;
   double upload_s = 0;
   int64_t operand_delete_errors = 0;
+  // --stable: each window's successful requests per second (the point's
+  // figures are the last window's), and whether the last three agreed.
+  std::vector<double> window_rates;
+  bool stable = false;
 };
 
 struct PointMetrics {
