@@ -16,7 +16,9 @@
 //
 // GPU seconds of a job are its device stages (h2d + compute + d2h; CUDA
 // events on the CUDA engine, host clocks on the host engine); bytes are
-// what it moved between host and device memory.
+// what it moved between host and device memory. A request merged into a
+// batch (BatchingEngine) carries the batch's stage times, so it is charged
+// the whole batch's device time.
 //
 // Thread-safe: Record and Collect may run on any threads at once.
 #ifndef MATMUL_SERVER_CLIENT_USAGE_H_
