@@ -45,7 +45,8 @@ class BatchJob final : public MatmulJob {
     }
     const MatmulSpec& one = members_.front()->spec();
     const Placement placement = result->placement();
-    const StageTimings timings = result->timings();
+    StageTimings timings = result->timings();
+    timings.share /= static_cast<double>(members_.size());
     const absl::Span<const std::byte> c = result->c();
     // Members share the batch's staging; it goes when the last lets go.
     auto shared = std::make_shared<JobResult>(std::move(*result));

@@ -43,6 +43,10 @@ struct StageTimings {
   double h2d = 0;
   double compute = 0;
   double d2h = 0;
+  // The job's share of the device work these times are of: 1, or 1/n for a
+  // request that ran as one of n in a batch (gpu/batching_engine.h), whose
+  // times are the batch's. For charging device time to clients.
+  double share = 1;
 };
 
 // A tensor kept in engine memory between requests (device memory on the

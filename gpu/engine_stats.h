@@ -55,6 +55,13 @@ struct StreamStats {
 // Cumulative counters and current gauges of one device.
 struct DeviceStats {
   std::string label;  // metrics label: device index, or "host"
+  // Metrics label `uuid`: the GPU's UUID as nvidia-smi and the DCGM
+  // exporter spell it (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx); "host" on
+  // the host engine.
+  std::string uuid;
+  // False once the device has failed (CUDA: a sticky error broke its
+  // context); the engine sends it no more jobs.
+  bool healthy = true;
   std::vector<StreamStats> streams;
   double busy_seconds = 0;                  // union of its streams' busy time
   double compute_busy_seconds = 0;          // union of GEMM time

@@ -63,6 +63,13 @@ ABSL_FLAG(absl::Duration, trim_memory_after, absl::Seconds(2),
           "Once no call has started and nothing has been in flight for this "
           "long after work, give freed heap memory back to the system "
           "(malloc_trim); 0 disables");
+ABSL_FLAG(absl::Duration, unhealthy_restart_after, absl::Seconds(60),
+          "With no healthy device left (a failed GPU), readiness turns "
+          "NOT_SERVING at once; after this long liveness does too, so that "
+          "the pod is restarted; 0 never fails liveness for it");
+ABSL_FLAG(int32_t, metrics_top_clients, 20,
+          "Clients with their own label in matmul_client_* metrics (the "
+          "first to use the server); the rest count as client=\"other\"");
 ABSL_FLAG(absl::Duration, max_connection_age, absl::Minutes(5),
           "Close client connections (with GOAWAY) after this long, so that "
           "long-lived clients rebalance across replicas; 0 disables");
@@ -146,6 +153,8 @@ const std::vector<matmul::FlagGroup>& ServerFlags() {
         "grpc_arg=NAME=INT,..."}},
       {"Draining (SIGTERM)", {"drain_grace", "drain_timeout"}},
       {"Memory", {"trim_memory_after"}},
+      {"Health and metrics",
+       {"unhealthy_restart_after", "metrics_top_clients"}},
   };
   return *groups;
 }
@@ -324,6 +333,13 @@ int main(int argc, char** argv) {
   options.drain_grace = absl::GetFlag(FLAGS_drain_grace);
   options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
   options.trim_memory_after = absl::GetFlag(FLAGS_trim_memory_after);
+  options.unhealthy_restart_after =
+      absl::GetFlag(FLAGS_unhealthy_restart_after);
+  options.metrics_top_clients = absl::GetFlag(FLAGS_metrics_top_clients);
+  if (options.metrics_top_clients < 0) {
+    matmul::LogLine("error: --metrics-top-clients must be at least 0");
+    return 2;
+  }
   options.max_connection_age = absl::GetFlag(FLAGS_max_connection_age);
   options.keepalive_time = absl::GetFlag(FLAGS_keepalive_time);
   options.keepalive_timeout = absl::GetFlag(FLAGS_keepalive_timeout);

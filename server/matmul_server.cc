@@ -24,14 +24,15 @@ int Milliseconds(absl::Duration d) {
       std::min<int64_t>(absl::ToInt64Milliseconds(d), INT_MAX));
 }
 
-void SetHealth(grpc::Server& server, bool ready) {
+void SetHealth(grpc::Server& server, bool ready, bool live) {
   grpc::HealthCheckServiceInterface* health = server.GetHealthCheckService();
   if (health == nullptr) return;
   health->SetServingStatus("", ready);
   health->SetServingStatus(kServiceName, ready);
   health->SetServingStatus(kReadinessService, ready);
-  // Liveness: the process is up and its event loop answers.
-  health->SetServingStatus(kLivenessService, true);
+  // Liveness: the process is up and its event loop answers, and it has
+  // not been without a healthy device for too long (DeviceHealthMonitor).
+  health->SetServingStatus(kLivenessService, live);
 }
 
 // Host memory this process may use: physical RAM, or the cgroup's limit
@@ -59,9 +60,9 @@ std::string ServerVersion() { return std::string(ProjectVersion()); }
 
 MatmulServer::MatmulServer(const ServerOptions& options) : options_(options) {}
 
-void MatmulServer::SetHealthEverywhere(bool ready) {
-  if (server_ != nullptr) SetHealth(*server_, ready);
-  if (health_server_ != nullptr) SetHealth(*health_server_, ready);
+void MatmulServer::SetHealthEverywhere(bool ready, bool live) {
+  if (server_ != nullptr) SetHealth(*server_, ready, live);
+  if (health_server_ != nullptr) SetHealth(*health_server_, ready, live);
 }
 
 MatmulServer::~MatmulServer() { Shutdown(); }
@@ -71,6 +72,8 @@ absl::StatusOr<std::unique_ptr<MatmulServer>> MatmulServer::Start(
   std::unique_ptr<MatmulServer> self(new MatmulServer(options));
   self->service_ = std::make_unique<MatmulServiceImpl>(
       options.limits, options.handle_limits, ServerVersion());
+  self->service_->metrics()->client_usage().SetMaxClients(
+      options.metrics_top_clients);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -174,6 +177,12 @@ absl::StatusOr<std::unique_ptr<MatmulServer>> MatmulServer::Start(
         });
     self->trimmer_->Start();
   }
+  MatmulServer* server = self.get();
+  self->health_monitor_ = std::make_unique<DeviceHealthMonitor>(
+      self->engine_.get(), options.health_check_interval,
+      options.unhealthy_restart_after, [server](HealthVerdict verdict) {
+        server->SetHealthEverywhere(verdict.serving, verdict.live);
+      });
   return self;
 }
 
@@ -184,6 +193,8 @@ void MatmulServer::Shutdown() {
     shut_down_ = true;
   }
   trimmer_.reset();
+  // No health change from the devices after this: the drain's own follows.
+  health_monitor_.reset();
   if (server_ != nullptr && engine_ == nullptr) {
     // Start failed (no engine): nothing was served, nothing to drain.
     SetHealthEverywhere(/*ready=*/false);

@@ -17,6 +17,7 @@
 #include "absl/time/time.h"
 #include "common/grpc_args.h"
 #include "gpu/engine.h"
+#include "server/device_health_monitor.h"
 #include "server/handle_registry.h"
 #include "server/idle_memory_trimmer.h"
 #include "server/http/metrics_exporter.h"
@@ -62,6 +63,15 @@ struct ServerOptions {
   // does not hold its RPCs and their memory. Zero: gRPC's default (2 h).
   absl::Duration keepalive_time = absl::Seconds(60);
   absl::Duration keepalive_timeout = absl::Seconds(20);
+  // How often the engine's device health is looked at, and how long no
+  // device may be healthy before the liveness health service turns
+  // NOT_SERVING so that the pod is restarted (zero: never); see
+  // server/device_health_monitor.h.
+  absl::Duration health_check_interval = absl::Seconds(1);
+  absl::Duration unhealthy_restart_after = absl::Seconds(60);
+  // Clients with a label of their own in the per-client usage metrics
+  // (server/client_usage.h); the rest count as client="other".
+  int metrics_top_clients = 20;
   // Called once the port is bound, before the engine is built (health is
   // NOT_SERVING until then). Optional.
   std::function<void(int port)> on_listening;
@@ -73,7 +83,9 @@ struct ServerOptions {
 
 // Health service names. "" and kServiceName follow the gRPC convention;
 // the probes use the two named ones: liveness stays SERVING while the
-// process drains, readiness does not.
+// process drains, readiness does not. With no healthy device left, all but
+// liveness go NOT_SERVING, and liveness too once that has lasted
+// ServerOptions::unhealthy_restart_after.
 inline constexpr char kLivenessService[] = "liveness";
 inline constexpr char kReadinessService[] = "readiness";
 inline constexpr char kServiceName[] = "matmul.v1.MatmulService";
@@ -111,7 +123,7 @@ class MatmulServer {
  private:
   explicit MatmulServer(const ServerOptions& options);
   // Serving statuses on the main server and the health-only one.
-  void SetHealthEverywhere(bool ready);
+  void SetHealthEverywhere(bool ready, bool live = true);
 
   const ServerOptions options_;
   std::unique_ptr<MatmulServiceImpl> service_;
@@ -122,6 +134,9 @@ class MatmulServer {
   int health_port_ = 0;
   absl::Mutex shutdown_mu_;
   bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;
+  // Sets health from the devices' health while serving; Shutdown stops it
+  // before it sets NOT_SERVING for the drain.
+  std::unique_ptr<DeviceHealthMonitor> health_monitor_;
   // Last: it reads the service and the engine, so it goes first. It keeps
   // serving through Shutdown, so that a scrape sees the drain.
   std::unique_ptr<MetricsExporter> metrics_;

@@ -78,6 +78,8 @@ absl::string_view RejectReasonName(RejectReason reason) {
       return "unavailable";
     case RejectReason::kCancelled:
       return "cancelled";
+    case RejectReason::kNoDevice:
+      return "no_device";
   }
   return "unknown";
 }
@@ -228,6 +230,9 @@ std::vector<prometheus::MetricFamily> ServerMetrics::Collect() const {
     rejected.metric.push_back(std::move(metric));
   }
   out.push_back(std::move(rejected));
+  for (prometheus::MetricFamily& f : client_usage_.Collect()) {
+    out.push_back(std::move(f));
+  }
   return out;
 }
 

@@ -5,6 +5,8 @@
 //   matmul_request_duration_seconds{method}       histogram
 //   matmul_stage_duration_seconds{stage}          histogram
 //   matmul_rejected_requests_total{reason}        counter
+//   matmul_client_gpu_seconds_total{client},
+//   matmul_client_bytes_total{client,direction}   counters (ClientUsage)
 //
 // Every label combination (each method with each of the 17 gRPC codes, each
 // stage, each reason) exists from construction on, as an array slot indexed
@@ -30,6 +32,7 @@
 #include "prometheus/collectable.h"
 #include "prometheus/metric_family.h"
 #include "server/atomic_histogram.h"
+#include "server/client_usage.h"
 
 namespace matmul {
 
@@ -61,10 +64,14 @@ enum class RejectReason {
   kOverloaded,   // in-flight byte budget or engine queue/pool full
   kDeadline,     // deadline passed before the job ran
   kDraining,     // the server is shutting down
-  kUnavailable,  // the engine is not ready (or already stopped)
+  kUnavailable,  // the engine is not ready yet
   kCancelled,    // the client cancelled before the result was ready
+  // The engine answered UNAVAILABLE: no healthy device could take the job
+  // (failed GPUs), or the engine had stopped. A server fault, apart from
+  // the drain's "draining".
+  kNoDevice,
 };
-inline constexpr int kNumRejectReasons = 8;
+inline constexpr int kNumRejectReasons = 9;
 absl::string_view RejectReasonName(RejectReason reason);
 
 // A request refused for what it is rather than for the server's state:
@@ -77,7 +84,8 @@ inline RejectReason RequestFault(const absl::Status& status) {
 }
 
 // The rejection an engine's error amounts to, if any (INTERNAL is a fault,
-// not a rejection).
+// not a rejection). Only for errors of the engine: the admission core's own
+// UNAVAILABLE refusals are counted as draining or unavailable.
 inline std::optional<RejectReason> RejectionOf(const absl::Status& status) {
   switch (status.code()) {
     case absl::StatusCode::kResourceExhausted:
@@ -87,7 +95,7 @@ inline std::optional<RejectReason> RejectionOf(const absl::Status& status) {
     case absl::StatusCode::kCancelled:
       return RejectReason::kCancelled;
     case absl::StatusCode::kUnavailable:
-      return RejectReason::kUnavailable;
+      return RejectReason::kNoDevice;
     default:
       return std::nullopt;
   }
@@ -104,7 +112,7 @@ const std::vector<double>& RequestDurationBuckets();
 const std::vector<double>& StageDurationBuckets();
 
 // Thread-safe. Record* are lock-free; Collect takes no lock either and may
-// run concurrently with them.
+// run concurrently with them (client_usage() has a lock of its own).
 class ServerMetrics final : public prometheus::Collectable {
  public:
   ServerMetrics();
@@ -119,7 +127,10 @@ class ServerMetrics final : public prometheus::Collectable {
 
   void RecordRejection(RejectReason reason);
 
-  // The four families above, with every label combination.
+  // Per-client usage (its own lock; see server/client_usage.h).
+  ClientUsage& client_usage() { return client_usage_; }
+
+  // The families above, with every label combination.
   std::vector<prometheus::MetricFamily> Collect() const override;
 
   // For tests: current values.
@@ -134,6 +145,7 @@ class ServerMetrics final : public prometheus::Collectable {
   std::array<std::unique_ptr<AtomicHistogram>, kNumRpcMethods> durations_;
   std::array<std::unique_ptr<AtomicHistogram>, kNumStages> stages_;
   std::array<std::atomic<uint64_t>, kNumRejectReasons> rejections_{};
+  ClientUsage client_usage_;
 };
 
 }  // namespace matmul

@@ -35,6 +35,7 @@ struct Pending {
   MatmulSpec spec;
   std::string a, b;
   std::future<JobOutcome> future;
+  JobOutcome outcome;  // set by ExpectCorrect
 };
 
 // `gate`: when set, staging the job's operands waits for it (the job holds
@@ -82,7 +83,8 @@ std::unique_ptr<Pending> Submit(Engine& engine, const MatmulSpec& spec,
 }
 
 void ExpectCorrect(Pending& p) {
-  JobOutcome out = p.future.get();
+  p.outcome = p.future.get();
+  const JobOutcome& out = p.outcome;
   ASSERT_TRUE(out.status.ok()) << out.status;
   const std::vector<double> ref = testing::ReferenceGemm(
       p.spec, testing::ToDoubles(p.spec.dtype, p.a.data(), p.spec.a_elements()),
@@ -104,6 +106,9 @@ TEST(BatchingEngineTest, SameShapeRequestsShareBatchesAndStayCorrect) {
   for (auto& p : pending) ExpectCorrect(*p);
   EXPECT_EQ(engine->batched_requests(), 48);
   EXPECT_EQ(engine->batches(), 3);
+  // Each member carries the batch's times and a sixteenth of them as its
+  // share (what its client is charged).
+  for (auto& p : pending) EXPECT_DOUBLE_EQ(p->outcome.timings.share, 1.0 / 16);
   // The wrapped engine ran three jobs, not 48.
   const EngineStats stats = engine->stats();
   int64_t jobs = 0;

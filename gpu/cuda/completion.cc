@@ -170,6 +170,16 @@ void CudaEngine::Complete(InFlight* flight) {
   if (status.ok()) {
     status = Inject(FaultInjector::Point::kCompletion, flight->job_id);
   }
+  if (status.ok()) {
+    if (absl::Status lost =
+            Inject(FaultInjector::Point::kContext, flight->job_id);
+        !lost.ok()) {
+      // This job is claimed (it is no longer in flight), so FailDevice
+      // fails the others and this one fails here with the same status.
+      FailDevice(d, lost);
+      status = d->Failure();
+    }
+  }
   EventTimes ms{};  // start, h2d_done, gemm_done, end
   if (status.ok()) {
     const EventSet& ev = *flight->events;

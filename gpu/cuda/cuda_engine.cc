@@ -139,10 +139,12 @@ absl::Duration CudaEngine::MinimumDuration(const MatmulSpec& spec) const {
 
 EngineStats CudaEngine::stats() const {
   EngineStats stats;
-  for (const auto& device : devices_) {
-    Device* d = device.get();
+  for (size_t i = 0; i < devices_.size(); ++i) {
+    Device* d = devices_[i].get();
     DeviceStats out;
     out.label = absl::StrCat(d->index);
+    out.uuid = info_.devices[i].uuid;
+    out.healthy = d->healthy.load();
     for (const auto& lane : d->lanes) {
       StreamStats s;
       s.jobs = lane->jobs.load(std::memory_order_relaxed);

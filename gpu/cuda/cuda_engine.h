@@ -59,6 +59,12 @@ class FaultInjector {
     kDeviceAlloc,  // the job's stream-ordered device allocation
     kGemm,         // the cuBLAS GEMM launch
     kCompletion,   // reading the job's events once its stream is done
+    // The device's context, checked as each job's stream work is done: a
+    // non-OK answer is a sticky error (the context is broken), so the
+    // device fails: this job and every other in flight there fail with
+    // INTERNAL, later jobs go to the other devices (UNAVAILABLE when none
+    // is left), and stats() reports the device unhealthy.
+    kContext,
   };
   virtual ~FaultInjector() = default;
   virtual absl::Status Inject(Point point, int64_t job_id) = 0;

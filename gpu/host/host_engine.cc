@@ -79,6 +79,7 @@ HostEngine::HostEngine(const HostEngineOptions& options) {
   DeviceInfo device;
   device.index = -1;
   device.name = CpuName();
+  device.uuid = "host";
   device.multiprocessors =
       static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   info_.devices.push_back(device);
@@ -295,6 +296,7 @@ void HostEngine::EndBusy() {
 EngineStats HostEngine::stats() const {
   DeviceStats device;
   device.label = "host";
+  device.uuid = "host";
   for (const auto& lane : lanes_) {
     StreamStats s;
     s.jobs = lane->jobs.load(std::memory_order_relaxed);

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "prometheus/metric_family.h"
 #include "prometheus/text_serializer.h"
+#include "server/http/process_collector.h"
 #include "server/http/state_collector.h"
 #include "server/http/timeline.h"
 #include "server/rpc/matmul_service.h"
@@ -30,6 +31,7 @@ absl::StatusOr<std::unique_ptr<MetricsExporter>> MetricsExporter::Start(
   self->collectables_.push_back(service->metrics());
   self->collectables_.push_back(
       std::make_shared<StateCollector>(service, version, BuildCudaVersion()));
+  self->collectables_.push_back(std::make_shared<ProcessCollector>());
   absl::StatusOr<std::unique_ptr<HttpServer>> http = HttpServer::Start(
       address, [exporter = self.get()](const HttpRequest& request) {
         return exporter->Handle(request);

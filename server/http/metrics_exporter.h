@@ -1,7 +1,8 @@
 // MetricsExporter: the server's HTTP side port (--metrics-port):
 //   GET /metrics            Prometheus text format 0.0.4: ServerMetrics
 //                           (recorded per request) and StateCollector
-//                           (engine stats, read at scrape time)
+//                           (engine stats, read at scrape time) and
+//                           ProcessCollector (process_*, from /proc)
 //   GET /timeline?seconds=N the last N seconds (default 2, at most 60) of
 //                           stream activity as Chrome trace JSON (timeline.h)
 // The metric families are prometheus-cpp Collectables, serialized with its

@@ -123,43 +123,56 @@ std::vector<MetricFamily> EngineFamilies(const EngineStats& stats) {
       Family("matmul_device_memory_used_bytes",
              "Device memory reserved by jobs in flight (host engine: 0).",
              MetricType::Gauge);
+  MetricFamily healthy =
+      Family("matmul_device_healthy",
+             "1 while the device takes jobs, 0 once it has failed (a sticky "
+             "CUDA error broke its context; the pod needs a restart).",
+             MetricType::Gauge);
 
   for (const DeviceStats& d : stats.devices) {
+    // Every per-device series carries the device's UUID beside its index
+    // (last, so that labels stay in name order), for joins with the DCGM
+    // exporter's series.
     const ClientMetric::Label device{"device", d.label};
-    AddGauge(queued, {device}, static_cast<double>(d.queued_jobs));
-    AddGauge(streams, {device}, static_cast<double>(d.streams.size()));
+    const ClientMetric::Label uuid{"uuid", d.uuid};
+    AddGauge(queued, {device, uuid}, static_cast<double>(d.queued_jobs));
+    AddGauge(streams, {device, uuid}, static_cast<double>(d.streams.size()));
     for (size_t s = 0; s < d.streams.size(); ++s) {
       const ClientMetric::Label stream{"stream", absl::StrCat(s)};
-      AddCounter(stream_busy, {device, stream}, d.streams[s].busy_seconds);
-      AddCounter(stream_jobs, {device, stream},
+      AddCounter(stream_busy, {device, stream, uuid},
+                 d.streams[s].busy_seconds);
+      AddCounter(stream_jobs, {device, stream, uuid},
                  static_cast<double>(d.streams[s].jobs));
     }
-    AddCounter(device_busy, {device}, d.busy_seconds);
-    AddCounter(compute_busy, {device}, d.compute_busy_seconds);
-    AddCounter(copy_busy, {device}, d.copy_busy_seconds);
-    AddCounter(overlap, {device}, d.copy_compute_overlap_seconds);
-    AddCounter(transfer, {device, {"direction", "h2d"}},
+    AddCounter(device_busy, {device, uuid}, d.busy_seconds);
+    AddCounter(compute_busy, {device, uuid}, d.compute_busy_seconds);
+    AddCounter(copy_busy, {device, uuid}, d.copy_busy_seconds);
+    AddCounter(overlap, {device, uuid}, d.copy_compute_overlap_seconds);
+    AddCounter(transfer, {device, {"direction", "h2d"}, uuid},
                static_cast<double>(d.h2d_bytes));
-    AddCounter(transfer, {device, {"direction", "d2h"}},
+    AddCounter(transfer, {device, {"direction", "d2h"}, uuid},
                static_cast<double>(d.d2h_bytes));
     for (int t = 0; t < kNumDTypes; ++t) {
-      AddCounter(
-          flops,
-          {device, {"dtype", std::string(DTypeName(static_cast<DType>(t)))}},
-          d.flops[t]);
+      AddCounter(flops,
+                 {device,
+                  {"dtype", std::string(DTypeName(static_cast<DType>(t)))},
+                  uuid},
+                 d.flops[t]);
     }
-    AddGauge(pinned, {device, {"state", "used"}},
+    AddGauge(pinned, {device, {"state", "used"}, uuid},
              static_cast<double>(d.staging_used_bytes));
-    AddGauge(pinned, {device, {"state", "free"}},
+    AddGauge(pinned, {device, {"state", "free"}, uuid},
              static_cast<double>(std::max<int64_t>(
                  0, d.staging_total_bytes - d.staging_used_bytes)));
-    AddGauge(memory, {device}, static_cast<double>(d.device_memory_used_bytes));
+    AddGauge(memory, {device, uuid},
+             static_cast<double>(d.device_memory_used_bytes));
+    AddGauge(healthy, {device, uuid}, d.healthy ? 1 : 0);
   }
 
   std::vector<MetricFamily> out;
   for (MetricFamily* f : {&queued, &streams, &stream_busy, &stream_jobs,
                           &device_busy, &compute_busy, &copy_busy, &overlap,
-                          &transfer, &flops, &pinned, &memory}) {
+                          &transfer, &flops, &pinned, &memory, &healthy}) {
     if (!f->metric.empty()) out.push_back(std::move(*f));
   }
   if (stats.batching) out.push_back(BatchSizeFamily(stats.batch_sizes));

@@ -8,6 +8,7 @@
 #include "server/rpc/call_helpers.h"
 #include "server/rpc/grpc_status.h"
 #include "server/rpc/raw_messages.h"
+#include "server/rpc/stored_tensors.h"
 
 namespace matmul {
 namespace {
@@ -15,20 +16,30 @@ namespace {
 // The engine's view of a unary RPC's work.
 class UnaryJob final : public MatmulJob {
  public:
-  UnaryJob(UnaryJobReactor* reactor, JobDescription description)
-      : MatmulJob(std::move(description)), reactor_(reactor) {}
+  UnaryJob(UnaryJobReactor* reactor, JobDescription description,
+           ClientUsage* usage, std::string client)
+      : MatmulJob(std::move(description)),
+        reactor_(reactor),
+        usage_(usage),
+        client_(std::move(client)) {}
 
   absl::Status WriteOperands(absl::Span<std::byte> a,
                              absl::Span<std::byte> b) override {
     return reactor_->WriteOperands(a, b);
   }
   void Done(absl::StatusOr<JobResult> result) override {
+    // Charged whether or not the RPC still wants the result: the work is done.
+    if (result.ok()) {
+      usage_->Record(client_, result->timings(), JobBusBytes(description()));
+    }
     reactor_->Complete(spec(), std::move(result));
   }
   absl::Status Abandoned() const override { return reactor_->Abandoned(); }
 
  private:
   UnaryJobReactor* const reactor_;
+  ClientUsage* const usage_;
+  const std::string client_;
 };
 
 }  // namespace
@@ -141,8 +152,9 @@ bool UnaryJobReactor::Admit(Operation op) {
 
 void UnaryJobReactor::Submit(JobDescription description) {
   refs_.fetch_add(1, std::memory_order_relaxed);  // the job's reference
-  lease_.engine()->Submit(
-      std::make_unique<UnaryJob>(this, std::move(description)));
+  lease_.engine()->Submit(std::make_unique<UnaryJob>(
+      this, std::move(description), &state_.metrics->client_usage(),
+      ClientKey(*context_)));
 }
 
 absl::Status UnaryJobReactor::Copy(absl::FunctionRef<void()> copy) {

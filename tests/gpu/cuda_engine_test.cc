@@ -695,9 +695,75 @@ INSTANTIATE_TEST_SUITE_P(
           return std::string("Gemm");
         case FaultInjector::Point::kCompletion:
           return std::string("Completion");
+        case FaultInjector::Point::kContext:
+          return std::string("Context");
       }
       return std::string("Unknown");
     });
+
+// A device whose context breaks (a sticky error, injected at the 3rd job's
+// completion) is failed for good: that job fails INTERNAL naming the GPU,
+// stats() reports the device unhealthy under its UUID, and with no other
+// device the next jobs are refused UNAVAILABLE. The server's health turns
+// NOT_SERVING on exactly this (tests/metrics: DeviceHealth*).
+TEST(CudaEngineTest, BrokenContextFailsTheDeviceAndStatsSayUnhealthy) {
+  SKIP_WITHOUT_GPU();
+  ListFaults faults(FaultInjector::Point::kContext, {3},
+                    absl::InternalError("injected: cudaErrorIllegalAddress"));
+  CudaEngineOptions options;
+  options.devices = {0};
+  options.streams_per_device = 2;
+  options.pinned_bytes_per_device = int64_t{256} << 20;
+  options.fault_injector = &faults;
+  absl::StatusOr<std::unique_ptr<CudaEngine>> engine =
+      CudaEngine::Create(options);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  ASSERT_EQ((*engine)->stats().devices.size(), 1u);
+  const DeviceStats before = (*engine)->stats().devices[0];
+  EXPECT_TRUE(before.healthy);
+  EXPECT_EQ(before.uuid, (*engine)->info().devices[0].uuid);
+  // nvidia-smi's spelling: GPU- and 8-4-4-4-12 lower-case hex digits.
+  ASSERT_EQ(before.uuid.size(), 40u) << before.uuid;
+  EXPECT_EQ(before.uuid.rfind("GPU-", 0), 0u) << before.uuid;
+  for (size_t i = 4; i < before.uuid.size(); ++i) {
+    const char c = before.uuid[i];
+    if (i == 12 || i == 17 || i == 22 || i == 27) {
+      EXPECT_EQ(c, '-') << before.uuid;
+    } else {
+      EXPECT_TRUE((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))
+          << before.uuid;
+    }
+  }
+
+  const MatmulSpec spec =
+      MakeSpec(DType::kFloat32, 1, 1, 128, 128, 128, false, false, false);
+  absl::BitGen gen;
+  const std::string a = RandomBytes(DType::kFloat32, spec.a_elements(), gen);
+  const std::string b = RandomBytes(DType::kFloat32, spec.b_elements(), gen);
+  // One after another, so job ids are 1..5 in this order.
+  std::vector<Outcome> outcomes;
+  for (int i = 0; i < 5; ++i) {
+    outcomes.push_back(SubmitJob(**engine, spec, &a, &b).get());
+  }
+  EXPECT_TRUE(outcomes[0].status.ok()) << outcomes[0].status;
+  EXPECT_TRUE(outcomes[1].status.ok()) << outcomes[1].status;
+  EXPECT_EQ(outcomes[2].status.code(), absl::StatusCode::kInternal)
+      << outcomes[2].status;
+  EXPECT_NE(outcomes[2].status.message().find("GPU 0 failed"),
+            absl::string_view::npos)
+      << outcomes[2].status;
+  EXPECT_NE(outcomes[2].status.message().find("cudaErrorIllegalAddress"),
+            absl::string_view::npos)
+      << outcomes[2].status;
+  for (int i = 3; i < 5; ++i) {
+    EXPECT_EQ(outcomes[i].status.code(), absl::StatusCode::kUnavailable)
+        << outcomes[i].status;
+  }
+  const DeviceStats after = (*engine)->stats().devices[0];
+  EXPECT_FALSE(after.healthy);
+  EXPECT_EQ(after.uuid, before.uuid);
+  EXPECT_EQ(after.label, "0");
+}
 
 // A real fault, no injection: another user of the GPU takes almost all of
 // its memory after the engine started, so the job's device allocation

@@ -25,18 +25,27 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "client/lib/matmul_client.h"
 #include "gmock/gmock.h"
 #include "gpu/host/host_engine.h"
 #include "gtest/gtest.h"
 #include "matmul/v1/matmul.grpc.pb.h"
 #include "server/matmul_server.h"
 #include "tests/fake_engine.h"
+#include "tests/metrics/scrape_client.h"
 
 namespace matmul {
 namespace {
 
 using testing::FakeEngine;
 using ::testing::HasSubstr;
+using testing::HttpGet;
+using testing::HttpReply;
+using testing::HttpRequestRaw;
+using testing::ParseScrape;
+using testing::Promtool;
+using testing::ScrapeUntil;
+using testing::Sum;
 
 constexpr int kLanes = 4;
 
@@ -99,118 +108,6 @@ grpc::Status Multiply(
   return stub.Multiply(&context, request, &response);
 }
 
-struct HttpReply {
-  int status = 0;
-  std::string headers;
-  std::string body;
-};
-
-// One HTTP/1.1 request over a plain socket; the server closes after it.
-HttpReply HttpRequestRaw(int port, const std::string& request) {
-  HttpReply reply;
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    close(fd);
-    return reply;
-  }
-  timeval timeout{10, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
-  send(fd, request.data(), request.size(), MSG_NOSIGNAL);
-  std::string raw;
-  char buffer[65536];
-  ssize_t n;
-  while ((n = recv(fd, buffer, sizeof buffer, 0)) > 0) raw.append(buffer, n);
-  close(fd);
-  const size_t end = raw.find("\r\n\r\n");
-  if (end == std::string::npos) return reply;
-  reply.headers = raw.substr(0, end);
-  reply.body = raw.substr(end + 4);
-  const std::vector<std::string> first =
-      absl::StrSplit(raw.substr(0, raw.find("\r\n")), ' ');
-  if (first.size() >= 2) (void)absl::SimpleAtoi(first[1], &reply.status);
-  return reply;
-}
-
-HttpReply HttpGet(int port, const std::string& target) {
-  return HttpRequestRaw(
-      port,
-      absl::StrCat("GET ", target, " HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"));
-}
-
-// Sample key ("name{labels}") -> value of a text-format scrape.
-std::map<std::string, double> ParseScrape(const std::string& text) {
-  std::map<std::string, double> out;
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
-    if (line.empty() || line[0] == '#') continue;
-    const size_t space = line.rfind(' ');
-    double value = 0;
-    if (space == absl::string_view::npos ||
-        !absl::SimpleAtod(line.substr(space + 1), &value)) {
-      ADD_FAILURE() << "unparsable sample line: " << line;
-      continue;
-    }
-    out[std::string(line.substr(0, space))] = value;
-  }
-  return out;
-}
-
-// Sum of every sample of `name` whose key contains all of `parts`.
-double Sum(const std::map<std::string, double>& samples,
-           const std::string& name,
-           const std::vector<std::string>& parts = {}) {
-  double sum = 0;
-  for (const auto& [key, value] : samples) {
-    if (key.substr(0, key.find('{')) != name) continue;
-    bool all = true;
-    for (const std::string& p : parts) all = all && absl::StrContains(key, p);
-    if (all) sum += value;
-  }
-  return sum;
-}
-
-// Scrapes until `done` holds for the samples (metrics of an RPC are
-// recorded in OnDone, just after the client has its reply), at most 5 s.
-std::map<std::string, double> ScrapeUntil(
-    int port,
-    const std::function<bool(const std::map<std::string, double>&)>& done) {
-  std::map<std::string, double> samples;
-  for (int i = 0; i < 100; ++i) {
-    HttpReply reply = HttpGet(port, "/metrics");
-    samples = ParseScrape(reply.body);
-    if (reply.status == 200 && done(samples)) break;
-    absl::SleepFor(absl::Milliseconds(50));
-  }
-  return samples;
-}
-
-// `promtool check metrics` on `text`: its exit status and output.
-std::pair<int, std::string> Promtool(const std::string& text) {
-  const std::string dir =
-      std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp";
-  const std::string input =
-      absl::StrCat(dir, "/matmul_scrape_", getpid(), ".txt");
-  std::ofstream(input) << text;
-  const char* promtool = std::getenv("PROMTOOL");
-  const std::string command =
-      absl::StrCat(promtool != nullptr ? promtool : "promtool",
-                   " check metrics < ", input, " 2>&1");
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return {-1, "popen failed"};
-  std::string output;
-  char buffer[4096];
-  size_t n;
-  while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0) {
-    output.append(buffer, n);
-  }
-  const int status = pclose(pipe);
-  std::remove(input.c_str());
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
-}
-
 TEST(MetricsEndpointTest, ScrapeAfterMultipliesHasTheExpectedSeries) {
   absl::StatusOr<std::unique_ptr<MatmulServer>> server =
       MatmulServer::Start(LocalOptions(), HostProvider());
@@ -268,27 +165,35 @@ TEST(MetricsEndpointTest, ScrapeAfterMultipliesHasTheExpectedSeries) {
   EXPECT_GT(s.at(R"(matmul_stage_duration_seconds_sum{stage="reply"})"), 0);
 
   // Engine counters, pulled from HostEngine::stats() at scrape time.
-  EXPECT_EQ(s.at(R"(matmul_streams{device="host"})"), kLanes);
+  EXPECT_EQ(s.at(R"(matmul_streams{device="host",uuid="host"})"), kLanes);
   EXPECT_EQ(Sum(s, "matmul_stream_jobs_total", {"device=\"host\""}), 5);
   EXPECT_GT(Sum(s, "matmul_stream_busy_seconds_total", {"device=\"host\""}), 0);
   for (int lane = 0; lane < kLanes; ++lane) {
     EXPECT_EQ(s.count(absl::StrCat(
                   R"(matmul_stream_busy_seconds_total{device="host",stream=")",
-                  lane, "\"}")),
+                  lane, R"(",uuid="host"})")),
               1u);
   }
-  EXPECT_GT(s.at(R"(matmul_device_busy_seconds_total{device="host"})"), 0);
-  EXPECT_EQ(s.at(R"(matmul_flops_total{device="host",dtype="float32"})"),
-            5 * 2.0 * 64 * 64 * 64);
-  EXPECT_EQ(s.at(R"(matmul_queued_requests{device="host"})"), 0);
+  EXPECT_GT(
+      s.at(R"(matmul_device_busy_seconds_total{device="host",uuid="host"})"),
+      0);
   EXPECT_EQ(
-      s.count(R"(matmul_transfer_bytes_total{device="host",direction="h2d"})"),
-      1u);
-  EXPECT_EQ(s.count(R"(matmul_pinned_bytes{device="host",state="free"})"), 1u);
-  EXPECT_EQ(s.count(R"(matmul_device_memory_used_bytes{device="host"})"), 1u);
+      s.at(R"(matmul_flops_total{device="host",dtype="float32",uuid="host"})"),
+      5 * 2.0 * 64 * 64 * 64);
+  EXPECT_EQ(s.at(R"(matmul_queued_requests{device="host",uuid="host"})"), 0);
   EXPECT_EQ(
       s.count(
-          R"(matmul_device_copy_compute_overlap_seconds_total{device="host"})"),
+          R"(matmul_transfer_bytes_total{device="host",direction="h2d",uuid="host"})"),
+      1u);
+  EXPECT_EQ(
+      s.count(R"(matmul_pinned_bytes{device="host",state="free",uuid="host"})"),
+      1u);
+  EXPECT_EQ(
+      s.count(R"(matmul_device_memory_used_bytes{device="host",uuid="host"})"),
+      1u);
+  EXPECT_EQ(
+      s.count(
+          R"(matmul_device_copy_compute_overlap_seconds_total{device="host",uuid="host"})"),
       1u);
   EXPECT_EQ(s.at("matmul_inflight_requests"), 0);
   EXPECT_EQ(s.at("matmul_inflight_bytes"), 0);
@@ -603,6 +508,103 @@ TEST(MetricsEndpointTest, RequestFaultsAreCountedApartFromLoad) {
       s.at(
           R"(matmul_requests_total{code="RESOURCE_EXHAUSTED",method="Upload"})"),
       1);
+}
+
+// The standard process_* series, read from /proc at scrape time, with
+// values that fit this very process.
+TEST(MetricsEndpointTest, ProcessSeriesDescribeThisProcess) {
+  absl::StatusOr<std::unique_ptr<MatmulServer>> server =
+      MatmulServer::Start(LocalOptions(), HostProvider());
+  ASSERT_TRUE(server.ok()) << server.status();
+  const HttpReply reply = HttpGet((*server)->metrics_port(), "/metrics");
+  ASSERT_EQ(reply.status, 200);
+  const std::map<std::string, double> s = ParseScrape(reply.body);
+  EXPECT_THAT(reply.body,
+              HasSubstr("# TYPE process_cpu_seconds_total counter"));
+  EXPECT_THAT(reply.body,
+              HasSubstr("# TYPE process_resident_memory_bytes gauge"));
+  EXPECT_GT(s.at("process_cpu_seconds_total"), 0);
+  // A gRPC server with a host engine holds more than a few MiB...
+  EXPECT_GT(s.at("process_resident_memory_bytes"), 4 << 20);
+  EXPECT_GE(s.at("process_virtual_memory_bytes"),
+            s.at("process_resident_memory_bytes"));
+  // ...and, at least, its listening sockets and stdio open.
+  EXPECT_GE(s.at("process_open_fds"), 5);
+  EXPECT_LT(s.at("process_open_fds"), s.at("process_max_fds"));
+  // It started before this scrape, and not before this test binary did.
+  const double now = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
+  EXPECT_LE(s.at("process_start_time_seconds"), now + 1);
+  EXPECT_GT(s.at("process_start_time_seconds"), now - 3600);
+  const auto [status, output] = Promtool(reply.body);
+  EXPECT_EQ(status, 0) << "promtool check metrics:\n" << output;
+}
+
+// GPU time and bus bytes are charged to the client that asked (the
+// x-matmul-client id here), for unary calls and streamed multiplies alike;
+// with --metrics-top-clients=2 the third client is counted as "other".
+TEST(MetricsEndpointTest, UsageIsChargedPerClientAndBoundedByOther) {
+  ServerOptions options = LocalOptions();
+  options.metrics_top_clients = 2;
+  absl::StatusOr<std::unique_ptr<MatmulServer>> server =
+      MatmulServer::Start(options, HostProvider());
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string target = absl::StrCat("127.0.0.1:", (*server)->port());
+  auto client_for = [&target](const std::string& id) {
+    ClientOptions o;
+    o.client_id = id;
+    absl::StatusOr<std::unique_ptr<MatmulClient>> c =
+        MatmulClient::Create(target, o);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? std::move(*c) : nullptr;
+  };
+  HostTensor t;  // 64 x 64 float32 ones: 16384 bytes
+  t.shape = {64, 64};
+  t.dtype = DType::kFloat32;
+  const float one = 1.0f;
+  for (int i = 0; i < 64 * 64; ++i) {
+    t.data.append(reinterpret_cast<const char*>(&one), sizeof one);
+  }
+  constexpr double kBytes = 64 * 64 * 4;
+
+  // alice: two products, an upload and its download.
+  auto alice = client_for("alice");
+  ASSERT_NE(alice, nullptr);
+  ASSERT_TRUE(alice->Multiply(t, t).ok());
+  ASSERT_TRUE(alice->Multiply(t, t).ok());
+  absl::StatusOr<StoredTensor> stored = alice->Upload(t);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  ASSERT_TRUE(alice->Download(stored->id).ok());
+  // bob: one streamed product in 4 KiB chunks (operands uploaded into a
+  // device buffer, the product kept there and downloaded).
+  auto bob = client_for("bob");
+  ASSERT_NE(bob, nullptr);
+  absl::StatusOr<HostTensor> streamed = bob->MultiplyStreamed(t, t, {}, 4096);
+  ASSERT_TRUE(streamed.ok()) << streamed.status();
+  // carol: one product, beyond the two labelled clients.
+  auto carol = client_for("carol");
+  ASSERT_NE(carol, nullptr);
+  ASSERT_TRUE(carol->Multiply(t, t).ok());
+
+  // Usage is recorded when the job is done, before the reply goes out.
+  const std::map<std::string, double> s =
+      ParseScrape(HttpGet((*server)->metrics_port(), "/metrics").body);
+  for (const char* client : {"alice", "bob", "other"}) {
+    EXPECT_GT(s.at(absl::StrCat(R"(matmul_client_gpu_seconds_total{client=")",
+                                client, R"("})")),
+              0)
+        << client;
+  }
+  EXPECT_EQ(s.count(R"(matmul_client_gpu_seconds_total{client="carol"})"), 0u);
+  auto bytes = [&s](const char* client, const char* direction) {
+    return s.at(absl::StrCat(R"(matmul_client_bytes_total{client=")", client,
+                             R"(",direction=")", direction, R"("})"));
+  };
+  EXPECT_EQ(bytes("alice", "h2d"), 2 * 2 * kBytes + kBytes);
+  EXPECT_EQ(bytes("alice", "d2h"), 2 * kBytes + kBytes);
+  EXPECT_EQ(bytes("bob", "h2d"), 2 * kBytes);
+  EXPECT_EQ(bytes("bob", "d2h"), kBytes);
+  EXPECT_EQ(bytes("other", "h2d"), 2 * kBytes);
+  EXPECT_EQ(bytes("other", "d2h"), kBytes);
 }
 
 TEST(MetricsEndpointTest, NoAddressNoMetricsPort) {

@@ -162,6 +162,9 @@ EngineStats TwoGpuStats() {
   for (int d = 0; d < 2; ++d) {
     DeviceStats device;
     device.label = absl::StrCat(d);
+    device.uuid =
+        absl::StrCat("GPU-0000000", d, "-1111-2222-3333-444444444444");
+    device.healthy = d == 0;
     device.streams = {{10, 1.5}, {20, 2.5}};
     device.busy_seconds = 3;
     device.compute_busy_seconds = 2;
@@ -181,42 +184,203 @@ EngineStats TwoGpuStats() {
 
 TEST(EngineFamiliesTest, ExportsEveryCounterPerDeviceAndStream) {
   const auto s = Samples(EngineFamilies(TwoGpuStats()));
-  EXPECT_EQ(s.at(R"(matmul_streams{device="1"})"), 2);
-  EXPECT_EQ(s.at(R"(matmul_queued_requests{device="0"})"), 7);
-  EXPECT_EQ(s.at(R"(matmul_stream_busy_seconds_total{device="1",stream="1"})"),
-            2.5);
-  EXPECT_EQ(s.at(R"(matmul_stream_jobs_total{device="0",stream="0"})"), 10);
-  EXPECT_EQ(s.at(R"(matmul_device_busy_seconds_total{device="0"})"), 3);
-  EXPECT_EQ(s.at(R"(matmul_device_compute_busy_seconds_total{device="0"})"), 2);
-  EXPECT_EQ(s.at(R"(matmul_device_copy_busy_seconds_total{device="0"})"), 1.5);
   EXPECT_EQ(
-      s.at(R"(matmul_device_copy_compute_overlap_seconds_total{device="1"})"),
+      s.at(
+          R"(matmul_streams{device="1",uuid="GPU-00000001-1111-2222-3333-444444444444"})"),
+      2);
+  EXPECT_EQ(
+      s.at(
+          R"(matmul_queued_requests{device="0",uuid="GPU-00000000-1111-2222-3333-444444444444"})"),
+      7);
+  EXPECT_EQ(
+      s.at(
+          R"(matmul_stream_busy_seconds_total{device="1",stream="1",uuid="GPU-00000001-1111-2222-3333-444444444444"})"),
+      2.5);
+  EXPECT_EQ(
+      s.at(
+          R"(matmul_stream_jobs_total{device="0",stream="0",uuid="GPU-00000000-1111-2222-3333-444444444444"})"),
+      10);
+  EXPECT_EQ(
+      s.at(
+          R"(matmul_device_busy_seconds_total{device="0",uuid="GPU-00000000-1111-2222-3333-444444444444"})"),
+      3);
+  EXPECT_EQ(
+      s.at(
+          R"(matmul_device_compute_busy_seconds_total{device="0",uuid="GPU-00000000-1111-2222-3333-444444444444"})"),
+      2);
+  EXPECT_EQ(
+      s.at(
+          R"(matmul_device_copy_busy_seconds_total{device="0",uuid="GPU-00000000-1111-2222-3333-444444444444"})"),
+      1.5);
+  EXPECT_EQ(
+      s.at(
+          R"(matmul_device_copy_compute_overlap_seconds_total{device="1",uuid="GPU-00000001-1111-2222-3333-444444444444"})"),
       0.75);
-  EXPECT_EQ(s.at(R"(matmul_transfer_bytes_total{device="0",direction="h2d"})"),
-            1000);
-  EXPECT_EQ(s.at(R"(matmul_transfer_bytes_total{device="0",direction="d2h"})"),
-            500);
-  EXPECT_EQ(s.at(R"(matmul_flops_total{device="0",dtype="bfloat16"})"), 4e12);
-  EXPECT_EQ(s.at(R"(matmul_flops_total{device="0",dtype="float64"})"), 0);
-  EXPECT_EQ(s.at(R"(matmul_pinned_bytes{device="0",state="used"})"), 1 << 20);
-  EXPECT_EQ(s.at(R"(matmul_pinned_bytes{device="0",state="free"})"), 3 << 20);
-  EXPECT_EQ(s.at(R"(matmul_device_memory_used_bytes{device="1"})"), 123456);
+  EXPECT_EQ(
+      s.at(
+          R"(matmul_transfer_bytes_total{device="0",direction="h2d",uuid="GPU-00000000-1111-2222-3333-444444444444"})"),
+      1000);
+  EXPECT_EQ(
+      s.at(
+          R"(matmul_transfer_bytes_total{device="0",direction="d2h",uuid="GPU-00000000-1111-2222-3333-444444444444"})"),
+      500);
+  EXPECT_EQ(
+      s.at(
+          R"(matmul_flops_total{device="0",dtype="bfloat16",uuid="GPU-00000000-1111-2222-3333-444444444444"})"),
+      4e12);
+  EXPECT_EQ(
+      s.at(
+          R"(matmul_flops_total{device="0",dtype="float64",uuid="GPU-00000000-1111-2222-3333-444444444444"})"),
+      0);
+  EXPECT_EQ(
+      s.at(
+          R"(matmul_pinned_bytes{device="0",state="used",uuid="GPU-00000000-1111-2222-3333-444444444444"})"),
+      1 << 20);
+  EXPECT_EQ(
+      s.at(
+          R"(matmul_pinned_bytes{device="0",state="free",uuid="GPU-00000000-1111-2222-3333-444444444444"})"),
+      3 << 20);
+  EXPECT_EQ(
+      s.at(
+          R"(matmul_device_memory_used_bytes{device="1",uuid="GPU-00000001-1111-2222-3333-444444444444"})"),
+      123456);
 }
 
 TEST(EngineFamiliesTest, HostEngineWithoutPoolHasNoNegativeFreeBytes) {
   EngineStats stats;
   DeviceStats host;
   host.label = "host";
+  host.uuid = "host";
   host.streams = {{1, 0.1}};
   host.staging_used_bytes = 4096;  // no pool: total stays 0
   stats.devices.push_back(host);
   const auto s = Samples(EngineFamilies(stats));
-  EXPECT_EQ(s.at(R"(matmul_pinned_bytes{device="host",state="free"})"), 0);
-  EXPECT_EQ(s.at(R"(matmul_pinned_bytes{device="host",state="used"})"), 4096);
+  EXPECT_EQ(
+      s.at(R"(matmul_pinned_bytes{device="host",state="free",uuid="host"})"),
+      0);
+  EXPECT_EQ(
+      s.at(R"(matmul_pinned_bytes{device="host",state="used",uuid="host"})"),
+      4096);
 }
 
 TEST(EngineFamiliesTest, NoDevicesNoFamilies) {
   EXPECT_TRUE(EngineFamilies(EngineStats{}).empty());
+}
+
+StageTimings DeviceSeconds(double h2d, double compute, double d2h) {
+  StageTimings t;
+  t.queue = 100;  // not device time: never charged
+  t.stage_in = 100;
+  t.h2d = h2d;
+  t.compute = compute;
+  t.d2h = d2h;
+  return t;
+}
+
+// The first max_clients clients get a label of their own and keep it; the
+// rest are summed under "other"; no series ever goes down, and the number
+// of clients in a scrape stays at most max_clients + 1.
+TEST(ClientUsageTest, FirstClientsKeepTheirLabelTheRestAreOther) {
+  ClientUsage usage(2);
+  usage.Record("alice", DeviceSeconds(1, 2, 3), {100, 10});
+  usage.Record("bob", DeviceSeconds(0.5, 0, 0), {1, 2});
+  usage.Record("carol", DeviceSeconds(4, 0, 0), {1000, 0});
+  usage.Record("dave", DeviceSeconds(0, 1, 0), {0, 7});
+  usage.Record("alice", DeviceSeconds(0, 1, 0), {0, 5});
+  auto s = Samples(usage.Collect());
+  EXPECT_DOUBLE_EQ(s.at(R"(matmul_client_gpu_seconds_total{client="alice"})"),
+                   7);
+  EXPECT_DOUBLE_EQ(s.at(R"(matmul_client_gpu_seconds_total{client="bob"})"),
+                   0.5);
+  EXPECT_DOUBLE_EQ(s.at(R"(matmul_client_gpu_seconds_total{client="other"})"),
+                   5);
+  EXPECT_EQ(
+      s.at(R"(matmul_client_bytes_total{client="alice",direction="h2d"})"),
+      100);
+  EXPECT_EQ(
+      s.at(R"(matmul_client_bytes_total{client="alice",direction="d2h"})"), 15);
+  EXPECT_EQ(
+      s.at(R"(matmul_client_bytes_total{client="other",direction="h2d"})"),
+      1000);
+  EXPECT_EQ(
+      s.at(R"(matmul_client_bytes_total{client="other",direction="d2h"})"), 7);
+  EXPECT_EQ(s.count(R"(matmul_client_gpu_seconds_total{client="carol"})"), 0u);
+  size_t series = 0;
+  for (const auto& [key, value] : s) {
+    series += key.rfind("matmul_client_gpu_seconds_total", 0) == 0 ? 1 : 0;
+  }
+  EXPECT_EQ(series, 3u);
+
+  // Raising the limit labels new clients from now on; carol's past use
+  // stays in "other" (which never goes down) and only her new use is hers.
+  usage.SetMaxClients(3);
+  usage.Record("carol", DeviceSeconds(0, 2, 0), {0, 0});
+  usage.Record("erin", DeviceSeconds(0, 3, 0), {0, 0});
+  s = Samples(usage.Collect());
+  EXPECT_DOUBLE_EQ(s.at(R"(matmul_client_gpu_seconds_total{client="carol"})"),
+                   2);
+  EXPECT_DOUBLE_EQ(s.at(R"(matmul_client_gpu_seconds_total{client="other"})"),
+                   8);
+}
+
+// A request that ran as one of n in a batch carries the batch's times with
+// share 1/n: the batch's device time is charged once over its members.
+TEST(ClientUsageTest, ABatchMemberIsChargedItsShare) {
+  ClientUsage usage(4);
+  StageTimings batch = DeviceSeconds(0.1, 0.6, 0.2);
+  batch.share = 1.0 / 3;
+  usage.Record("alice", batch, {});
+  usage.Record("alice", batch, {});
+  usage.Record("bob", batch, {});
+  auto s = Samples(usage.Collect());
+  EXPECT_NEAR(s.at(R"(matmul_client_gpu_seconds_total{client="alice"})"), 0.6,
+              1e-12);
+  EXPECT_NEAR(s.at(R"(matmul_client_gpu_seconds_total{client="bob"})"), 0.3,
+              1e-12);
+}
+
+TEST(ClientUsageTest, LongIdsAreCutAndZeroClientsMeansAllOther) {
+  ClientUsage usage(0);
+  usage.Record("alice", DeviceSeconds(1, 0, 0), {});
+  auto s = Samples(usage.Collect());
+  EXPECT_DOUBLE_EQ(s.at(R"(matmul_client_gpu_seconds_total{client="other"})"),
+                   1);
+  EXPECT_EQ(s.count(R"(matmul_client_gpu_seconds_total{client="alice"})"), 0u);
+
+  ClientUsage one(1);
+  const std::string id(1000, 'x');
+  one.Record(id, DeviceSeconds(1, 0, 0), {});
+  one.Record(id + "y", DeviceSeconds(1, 0, 0), {});  // same 128-char label
+  s = Samples(one.Collect());
+  EXPECT_DOUBLE_EQ(
+      s.at(absl::StrCat(R"(matmul_client_gpu_seconds_total{client=")",
+                        std::string(ClientUsage::kMaxClientLength, 'x'),
+                        R"("})")),
+      2);
+}
+
+// Bytes a job moves over the bus follow from its description alone.
+TEST(ClientUsageTest, BusBytesOfEachOperation) {
+  JobDescription multiply;
+  multiply.spec.dtype = DType::kFloat32;
+  multiply.spec.batch = multiply.spec.a_batch = multiply.spec.b_batch = 1;
+  multiply.spec.m = 2;
+  multiply.spec.k = 3;
+  multiply.spec.n = 4;
+  multiply.op = MultiplyOp{};
+  BusBytes b = JobBusBytes(multiply);
+  EXPECT_EQ(b.h2d, (2 * 3 + 3 * 4) * 4);
+  EXPECT_EQ(b.d2h, 2 * 4 * 4);
+  MultiplyOp keep;
+  keep.keep_result = true;
+  multiply.op = keep;
+  b = JobBusBytes(multiply);
+  EXPECT_EQ(b.h2d, (2 * 3 + 3 * 4) * 4);
+  EXPECT_EQ(b.d2h, 0);
+  multiply.op = AllocateOp{};
+  b = JobBusBytes(multiply);
+  EXPECT_EQ(b.h2d, 0);
+  EXPECT_EQ(b.d2h, 0);
 }
 
 TEST(TimelineTest, ParsesTheWindow) {

@@ -15,7 +15,7 @@ def documented():
     """{name: (type, set of labels)} from the table rows of docs/METRICS.md."""
     out = {}
     for line in DOC.read_text().splitlines():
-        m = re.match(r"\|\s*`(matmul_[a-z_]+)`\s*\|\s*(\w+)\s*\|\s*([^|]*)\|", line)
+        m = re.match(r"\|\s*`((?:matmul|process)_[a-z_]+)`\s*\|\s*(\w+)\s*\|\s*([^|]*)\|", line)
         if m:
             labels = set(re.findall(r"`([a-z_]+)`", m.group(3)))
             out[m.group(1)] = (m.group(2), labels)
