@@ -5,12 +5,13 @@
 #
 #   1. configure   a client-only build (-DMATMUL_BUILD_SERVER=OFF) in a fresh
 #                  folder; its cache must show no CUDA compiler and no BLAS
-#   2. build       that build (ccache: mostly hits)
+#   2. build       that build, warnings as errors (ccache: mostly hits)
 #   3. install     cmake --install into a fresh prefix; the package config,
 #                  version file, library and headers must be there
 #   4. consumer    examples/ configured with CMAKE_PREFIX_PATH=<prefix> and
-#                  built, with every installed client/lib header compiled in
-#                  a file of its own (MATMUL_EXAMPLE_CHECK_HEADERS)
+#                  built (-Wall -Wextra -Werror), with every installed
+#                  client/lib header compiled in a file of its own
+#                  (MATMUL_EXAMPLE_CHECK_HEADERS)
 #   5. multiply    the example against a real matmul-server (host engine,
 #                  127.0.0.1, port 0) on random matrices of random shapes;
 #                  each printed product must match numpy.matmul
@@ -69,7 +70,7 @@ consumer=$work/example
 
 configure() {
   cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DMATMUL_BUILD_SERVER=OFF -DBUILD_TESTING=OFF || return 1
+    -DMATMUL_BUILD_SERVER=OFF -DBUILD_TESTING=OFF -DMATMUL_WERROR=ON || return 1
   # What a client-only build must not have looked for.
   if grep -E '^(CMAKE_CUDA_COMPILER|BLAS_[A-Za-z_]*|CBLAS_INCLUDE_DIR|OpenBLAS_DIR):' \
     "$build/CMakeCache.txt"; then
@@ -99,6 +100,7 @@ consumer_build() {
   local launcher=()
   command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
   cmake -S "$root/examples" -B "$consumer" -G Ninja "${launcher[@]}" \
+    -DCMAKE_CXX_FLAGS="-Wall -Wextra -Werror" \
     -DCMAKE_PREFIX_PATH="$prefix" -DMATMUL_EXAMPLE_CHECK_HEADERS=ON || return 1
   # ccache as for the project's own builds (CMakeLists.txt).
   CCACHE_BASEDIR=$root CCACHE_NOHASHDIR=1 cmake --build "$consumer" -j "$(nproc)" || return 1

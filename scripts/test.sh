@@ -92,7 +92,7 @@ main_build() {
   local t0=$SECONDS h0 m0 h1 m1
   read -r h0 m0 < <(ccache_counts)
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DBUILD_TESTING=ON -DMATMUL_SANITIZE= -DMATMUL_FUZZ=OFF >/dev/null &&
+    -DBUILD_TESTING=ON -DMATMUL_WERROR=ON -DMATMUL_SANITIZE= -DMATMUL_FUZZ=OFF >/dev/null &&
     cmake --build "$build" -j "$jobs"
   local rc=$?
   read -r h1 m1 < <(ccache_counts)
