@@ -13,7 +13,7 @@ scripts/install-deps.sh --build
 # run first in a clone and the other reuses build/ (only the user-facing
 # targets here).
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DBUILD_TESTING=ON -DMATMUL_SANITIZE= -DMATMUL_FUZZ=OFF >/dev/null
+  -DBUILD_TESTING=ON -DMATMUL_WERROR=ON -DMATMUL_SANITIZE= -DMATMUL_FUZZ=OFF >/dev/null
 cmake --build "$build" --target matmul-server matmul-cli matmul-bench matmul_python
 
 work=$(mktemp -d)

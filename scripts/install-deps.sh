@@ -29,6 +29,7 @@ build_pkgs=(
   build-essential cmake ninja-build ccache pkg-config git
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev prometheus-cpp-dev libopenblas-dev libgtest-dev libgmock-dev
+  nlohmann-json3-dev
   python3 python3-grpcio python3-protobuf python3-numpy python3-pytest
   python3-venv python3-pip python3-setuptools python3-wheel
   python3-matplotlib

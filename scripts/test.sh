@@ -5,7 +5,7 @@
 #
 #   scripts/test.sh            all of it: dependencies, main build, unit,
 #                              integration, python, e2e, deploy, gpu (skips
-#                              without a GPU), lint, clang warnings and
+#                              without a GPU), C++ install, lint, clang warnings and
 #                              thread-safety analysis, ASan+UBSan, TSan, fuzz
 #   scripts/test.sh --quick    the contributor's loop: incremental main build,
 #                              then unit, integration and python (host
@@ -92,7 +92,7 @@ main_build() {
   local t0=$SECONDS h0 m0 h1 m1
   read -r h0 m0 < <(ccache_counts)
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DBUILD_TESTING=ON -DMATMUL_SANITIZE= -DMATMUL_FUZZ=OFF >/dev/null &&
+    -DBUILD_TESTING=ON -DMATMUL_WERROR=ON -DMATMUL_SANITIZE= -DMATMUL_FUZZ=OFF >/dev/null &&
     cmake --build "$build" -j "$jobs"
   local rc=$?
   read -r h1 m1 < <(ccache_counts)
@@ -131,6 +131,16 @@ if [[ $(ctest --test-dir "$build" -N -L '^gpu$' | sed -n 's/^Total Tests: //p') 
 else
   row gpu 0 0 0 0 "CUDA engine not built (no nvcc)"
 fi
+
+step "install: the C++ client installed and used by examples/ (scripts/check_install.sh)"
+t0=$SECONDS
+install_log=$results/check-install.log
+MATMUL_SERVER=$root/$build/bin/matmul-server scripts/check_install.sh 2>&1 | tee "$install_log"
+install_rc=${PIPESTATUS[0]}
+read -r ipassed ifailed < <(sed -n 's/^check_install: \([0-9]*\) passed, \([0-9]*\) failed/\1 \2/p' "$install_log")
+ipassed=${ipassed:-0} ifailed=${ifailed:-0}
+((install_rc != 0 && ifailed == 0)) && ifailed=1
+row install $((ipassed + ifailed)) "$ifailed" 0 $((SECONDS - t0)) "check_install.sh steps: client-only build, install, consumer, multiply"
 
 step "lint: buf lint (proto/), clang-format, include cycles, proto compatibility"
 t0=$SECONDS

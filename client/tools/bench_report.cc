@@ -10,122 +10,19 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "client/lib/tensor_proto.h"
+#include "nlohmann/json.hpp"
 
 namespace matmul {
 namespace {
 
-// A small streaming JSON writer: pretty-printed, two-space indent. Doubles
-// that are not finite become null.
-class JsonWriter {
- public:
-  JsonWriter& BeginObject() { return Open('{'); }
-  JsonWriter& EndObject() { return Close('}'); }
-  JsonWriter& BeginArray() { return Open('['); }
-  JsonWriter& EndArray() { return Close(']'); }
+// Keys in the order written: the documented order of bench_report.h.
+using Json = nlohmann::ordered_json;
 
-  JsonWriter& Key(absl::string_view key) {
-    Separate();
-    AppendString(key);
-    out_ += ": ";
-    after_key_ = true;
-    return *this;
-  }
-  JsonWriter& String(absl::string_view value) {
-    Separate();
-    AppendString(value);
-    return *this;
-  }
-  JsonWriter& Int(int64_t value) {
-    Separate();
-    absl::StrAppend(&out_, value);
-    return *this;
-  }
-  JsonWriter& Double(double value) {
-    Separate();
-    if (std::isfinite(value)) {
-      absl::StrAppend(&out_, absl::StrFormat("%.10g", value));
-    } else {
-      out_ += "null";
-    }
-    return *this;
-  }
-  JsonWriter& Bool(bool value) {
-    Separate();
-    out_ += value ? "true" : "false";
-    return *this;
-  }
-  JsonWriter& Null() {
-    Separate();
-    out_ += "null";
-    return *this;
-  }
-
-  std::string Finish() { return std::move(out_) + "\n"; }
-
- private:
-  JsonWriter& Open(char c) {
-    Separate();
-    out_ += c;
-    first_.push_back(true);
-    return *this;
-  }
-  JsonWriter& Close(char c) {
-    const bool empty = first_.back();
-    first_.pop_back();
-    if (!empty) Newline();
-    out_ += c;
-    return *this;
-  }
-  // Before a value or key: the comma and the line break, unless the value
-  // follows its key.
-  void Separate() {
-    if (after_key_) {
-      after_key_ = false;
-      return;
-    }
-    if (first_.empty()) return;
-    if (!first_.back()) out_ += ',';
-    first_.back() = false;
-    Newline();
-  }
-  void Newline() {
-    out_ += '\n';
-    out_.append(2 * first_.size(), ' ');
-  }
-  void AppendString(absl::string_view s) {
-    out_ += '"';
-    for (unsigned char c : s) {
-      switch (c) {
-        case '"':
-          out_ += "\\\"";
-          break;
-        case '\\':
-          out_ += "\\\\";
-          break;
-        case '\n':
-          out_ += "\\n";
-          break;
-        case '\r':
-          out_ += "\\r";
-          break;
-        case '\t':
-          out_ += "\\t";
-          break;
-        default:
-          if (c < 0x20) {
-            absl::StrAppend(&out_, absl::StrFormat("\\u%04x", c));
-          } else {
-            out_ += static_cast<char>(c);
-          }
-      }
-    }
-    out_ += '"';
-  }
-
-  std::string out_;
-  std::vector<bool> first_;  // per open container: nothing written yet
-  bool after_key_ = false;
-};
+// A double as the report writes it: null if not finite (JSON has no NaN),
+// as nlohmann's dump does too; said here so that it does not depend on it.
+Json Number(double value) {
+  return std::isfinite(value) ? Json(value) : Json(nullptr);
+}
 
 std::string DTypeText(int proto_dtype) {
   std::optional<DType> d = DTypeFromProto(static_cast<v1::Dtype>(proto_dtype));
@@ -133,150 +30,123 @@ std::string DTypeText(int proto_dtype) {
                        : absl::StrCat("dtype(", proto_dtype, ")");
 }
 
-void WriteServer(const v1::GetServerInfoResponse& info, JsonWriter& w) {
-  w.BeginObject();
-  w.Key("engine").String(info.engine());
-  w.Key("version").String(info.version());
-  w.Key("streams_per_device").Int(info.streams_per_device());
-  w.Key("device_names").BeginArray();
-  for (const v1::Device& d : info.devices()) w.String(d.name());
-  w.EndArray();
-  w.Key("devices").BeginArray();
+Json ServerJson(const v1::GetServerInfoResponse& info) {
+  Json device_names = Json::array();
+  Json devices = Json::array();
   for (const v1::Device& d : info.devices()) {
-    w.BeginObject();
-    w.Key("index").Int(d.index());
-    w.Key("name").String(d.name());
-    w.Key("uuid").String(d.uuid());
-    w.Key("memory_bytes").Int(d.memory_bytes());
-    w.Key("multiprocessors").Int(d.multiprocessors());
-    w.Key("copy_engines").Int(d.copy_engines());
-    w.Key("compute_capability").String(d.compute_capability());
-    w.Key("staging_bytes").Int(d.staging_bytes());
-    w.EndObject();
+    device_names.push_back(d.name());
+    devices.push_back({{"index", d.index()},
+                       {"name", d.name()},
+                       {"uuid", d.uuid()},
+                       {"memory_bytes", d.memory_bytes()},
+                       {"multiprocessors", d.multiprocessors()},
+                       {"copy_engines", d.copy_engines()},
+                       {"compute_capability", d.compute_capability()},
+                       {"staging_bytes", d.staging_bytes()}});
   }
-  w.EndArray();
-  w.Key("dtypes").BeginArray();
-  for (int d : info.dtypes()) w.String(DTypeText(d));
-  w.EndArray();
-  w.Key("limits").BeginObject();
-  w.Key("max_message_bytes").Int(info.limits().max_message_bytes());
-  w.Key("max_elements_per_operand")
-      .Int(info.limits().max_elements_per_operand());
-  w.Key("max_inflight_bytes").Int(info.limits().max_inflight_bytes());
-  w.Key("max_dimension").Int(info.limits().max_dimension());
-  w.Key("max_stored_bytes_per_client")
-      .Int(info.limits().max_stored_bytes_per_client());
-  w.Key("max_handles_per_client").Int(info.limits().max_handles_per_client());
-  w.Key("default_handle_ttl_seconds")
-      .Int(info.limits().default_handle_ttl_seconds());
-  w.Key("max_handle_ttl_seconds").Int(info.limits().max_handle_ttl_seconds());
-  w.EndObject();
-  w.EndObject();
+  Json dtypes = Json::array();
+  for (int d : info.dtypes()) dtypes.push_back(DTypeText(d));
+  const v1::Limits& l = info.limits();
+  return {{"engine", info.engine()},
+          {"version", info.version()},
+          {"streams_per_device", info.streams_per_device()},
+          {"device_names", std::move(device_names)},
+          {"devices", std::move(devices)},
+          {"dtypes", std::move(dtypes)},
+          {"limits",
+           {{"max_message_bytes", l.max_message_bytes()},
+            {"max_elements_per_operand", l.max_elements_per_operand()},
+            {"max_inflight_bytes", l.max_inflight_bytes()},
+            {"max_dimension", l.max_dimension()},
+            {"max_stored_bytes_per_client", l.max_stored_bytes_per_client()},
+            {"max_handles_per_client", l.max_handles_per_client()},
+            {"default_handle_ttl_seconds", l.default_handle_ttl_seconds()},
+            {"max_handle_ttl_seconds", l.max_handle_ttl_seconds()}}}};
 }
 
-void WriteShapeFields(const BenchRun& run, JsonWriter& w) {
-  w.Key("shape").String(run.shape.ToString());
-  w.Key("batch").Int(run.shape.batch);
-  w.Key("m").Int(run.shape.m);
-  w.Key("k").Int(run.shape.k);
-  w.Key("n").Int(run.shape.n);
-  w.Key("dtype").String(DTypeName(run.dtype));
-  w.Key("compute").String(ComputeModeName(run.compute));
+void AddShapeFields(const BenchRun& run, Json& j) {
+  j["shape"] = run.shape.ToString();
+  j["batch"] = run.shape.batch;
+  j["m"] = run.shape.m;
+  j["k"] = run.shape.k;
+  j["n"] = run.shape.n;
+  j["dtype"] = std::string(DTypeName(run.dtype));
+  j["compute"] = std::string(ComputeModeName(run.compute));
 }
 
-void WritePoint(const BenchRun& run, const BenchPoint& bp, JsonWriter& w) {
+// {code: value} of a map keyed by gRPC code names.
+template <typename Map>
+Json ByCode(const Map& map) {
+  Json j = Json::object();
+  for (const auto& [code, value] : map) j[code] = value;
+  return j;
+}
+
+Json PointJson(const BenchRun& run, const BenchPoint& bp) {
   const LoadPoint& p = bp.point;
   const LoadResult& r = bp.result;
   const PointMetrics m = ComputeMetrics(run, bp);
-  w.BeginObject();
-  w.Key("label").String(run.label);
-  w.Key("timestamp").String(bp.timestamp);
-  w.Key("host").String(run.host);
-  w.Key("target").String(run.target);
-  WriteShapeFields(run, w);
-  w.Key("mode").String(p.rate > 0 ? "open" : "closed");
-  w.Key("concurrency").Int(p.concurrency);
-  w.Key("channels").Int(bp.channels);
-  if (p.rate > 0) {
-    w.Key("rate").Double(p.rate);
-  } else {
-    w.Key("rate").Null();
-  }
+  Json j = Json::object();
+  j["label"] = run.label;
+  j["timestamp"] = bp.timestamp;
+  j["host"] = run.host;
+  j["target"] = run.target;
+  AddShapeFields(run, j);
+  j["mode"] = p.rate > 0 ? "open" : "closed";
+  j["concurrency"] = p.concurrency;
+  j["channels"] = bp.channels;
+  j["rate"] = p.rate > 0 ? Number(p.rate) : Json(nullptr);
   if (p.requests > 0) {
-    w.Key("duration_s").Null();
-    w.Key("requests_target").Int(p.requests);
+    j["duration_s"] = nullptr;
+    j["requests_target"] = p.requests;
   } else {
-    w.Key("duration_s").Double(absl::ToDoubleSeconds(p.duration));
-    w.Key("requests_target").Null();
+    j["duration_s"] = Number(absl::ToDoubleSeconds(p.duration));
+    j["requests_target"] = nullptr;
   }
-  w.Key("warmup_s").Double(absl::ToDoubleSeconds(p.warmup));
-  w.Key("timeout_s").Double(absl::ToDoubleSeconds(p.timeout));
-  w.Key("elapsed_s").Double(absl::ToDoubleSeconds(r.elapsed));
-  w.Key("requests").Int(r.completed);
-  w.Key("ok").Int(r.ok);
-  w.Key("ok_in_window").Int(r.ok_in_window);
-  w.Key("errors").Int(r.errors);
-  w.Key("errors_by_code").BeginObject();
-  for (const auto& [code, n] : r.errors_by_code) w.Key(code).Int(n);
-  w.EndObject();
-  w.Key("error_messages").BeginObject();
-  for (const auto& [code, message] : r.error_messages) {
-    w.Key(code).String(message);
-  }
-  w.EndObject();
-  w.Key("requests_per_s").Double(m.requests_per_s);
-  w.Key("request_bytes").Int(run.request_bytes);
-  w.Key("response_bytes").Int(run.response_bytes);
-  w.Key("request_gb_per_s").Double(m.request_gb_per_s);
-  w.Key("response_gb_per_s").Double(m.response_gb_per_s);
-  w.Key("total_gb_per_s").Double(m.total_gb_per_s);
-  w.Key("flops_per_request").Double(run.flops_per_request);
-  w.Key("tflop_per_s").Double(m.tflop_per_s);
-  w.Key("latency_ms").BeginObject();
-  w.Key("count").Int(r.latency_ns.count());
-  w.Key("p50").Double(m.p50_ms);
-  w.Key("p90").Double(m.p90_ms);
-  w.Key("p99").Double(m.p99_ms);
-  w.Key("p99_9").Double(m.p999_ms);
-  w.Key("min").Double(m.min_ms);
-  w.Key("max").Double(m.max_ms);
-  w.Key("mean").Double(m.mean_ms);
-  w.EndObject();
-  w.Key("verify").BeginObject();
-  w.Key("enabled").Bool(p.verify_every > 0);
-  w.Key("every").Int(p.verify_every);
-  w.Key("checked").Int(r.verified);
-  w.Key("mismatches").Int(r.mismatches);
-  w.EndObject();
-  w.Key("delayed_starts").Int(r.delayed_starts);
-  w.Key("interrupted").Bool(r.interrupted);
-  w.Key("abandoned").Int(r.abandoned);
-  w.Key("resident").String(ResidentName(run.resident));
-  w.Key("request_message_bytes").Int(bp.request_message_bytes);
-  w.Key("response_message_bytes").Int(r.response_message_bytes);
-  w.Key("wire_gb_per_s").Double(m.wire_gb_per_s);
-  w.Key("resident_operands").BeginArray();
-  for (const std::string& id : bp.resident_operands) w.String(id);
-  w.EndArray();
-  w.Key("upload_s").Double(bp.upload_s);
-  w.Key("operand_delete_errors").Int(bp.operand_delete_errors);
-  w.Key("deletes").BeginObject();
-  w.Key("issued").Int(r.deletes);
-  w.Key("ok").Int(r.deletes_ok);
-  w.Key("errors").Int(r.delete_errors);
-  w.Key("errors_by_code").BeginObject();
-  for (const auto& [code, n] : r.delete_errors_by_code) w.Key(code).Int(n);
-  w.EndObject();
-  w.Key("error_messages").BeginObject();
-  for (const auto& [code, message] : r.delete_error_messages) {
-    w.Key(code).String(message);
-  }
-  w.EndObject();
-  w.Key("abandoned").Int(r.abandoned_deletes);
-  w.EndObject();
-  w.Key("server");
-  WriteServer(run.server, w);
-  w.EndObject();
+  j["warmup_s"] = Number(absl::ToDoubleSeconds(p.warmup));
+  j["timeout_s"] = Number(absl::ToDoubleSeconds(p.timeout));
+  j["elapsed_s"] = Number(absl::ToDoubleSeconds(r.elapsed));
+  j["requests"] = r.completed;
+  j["ok"] = r.ok;
+  j["ok_in_window"] = r.ok_in_window;
+  j["errors"] = r.errors;
+  j["errors_by_code"] = ByCode(r.errors_by_code);
+  j["error_messages"] = ByCode(r.error_messages);
+  j["requests_per_s"] = Number(m.requests_per_s);
+  j["request_bytes"] = run.request_bytes;
+  j["response_bytes"] = run.response_bytes;
+  j["request_gb_per_s"] = Number(m.request_gb_per_s);
+  j["response_gb_per_s"] = Number(m.response_gb_per_s);
+  j["total_gb_per_s"] = Number(m.total_gb_per_s);
+  j["flops_per_request"] = Number(run.flops_per_request);
+  j["tflop_per_s"] = Number(m.tflop_per_s);
+  j["latency_ms"] = {
+      {"count", r.latency_ns.count()}, {"p50", Number(m.p50_ms)},
+      {"p90", Number(m.p90_ms)},       {"p99", Number(m.p99_ms)},
+      {"p99_9", Number(m.p999_ms)},    {"min", Number(m.min_ms)},
+      {"max", Number(m.max_ms)},       {"mean", Number(m.mean_ms)}};
+  j["verify"] = {{"enabled", p.verify_every > 0},
+                 {"every", p.verify_every},
+                 {"checked", r.verified},
+                 {"mismatches", r.mismatches}};
+  j["delayed_starts"] = r.delayed_starts;
+  j["interrupted"] = r.interrupted;
+  j["abandoned"] = r.abandoned;
+  j["resident"] = std::string(ResidentName(run.resident));
+  j["request_message_bytes"] = bp.request_message_bytes;
+  j["response_message_bytes"] = r.response_message_bytes;
+  j["wire_gb_per_s"] = Number(m.wire_gb_per_s);
+  j["resident_operands"] = bp.resident_operands;
+  j["upload_s"] = Number(bp.upload_s);
+  j["operand_delete_errors"] = bp.operand_delete_errors;
+  j["deletes"] = {{"issued", r.deletes},
+                  {"ok", r.deletes_ok},
+                  {"errors", r.delete_errors},
+                  {"errors_by_code", ByCode(r.delete_errors_by_code)},
+                  {"error_messages", ByCode(r.delete_error_messages)},
+                  {"abandoned", r.abandoned_deletes}};
+  j["server"] = ServerJson(run.server);
+  return j;
 }
 
 std::string Ms(double ms) {
@@ -410,35 +280,32 @@ std::string ErrorLines(const BenchPoint& point) {
 
 std::string ReportJson(const BenchRun& run,
                        const std::vector<BenchPoint>& points) {
-  JsonWriter w;
-  w.BeginObject();
-  w.Key("schema").String("matmul-bench/1");
-  w.Key("tool").String("matmul-bench");
-  w.Key("label").String(run.label);
-  w.Key("timestamp").String(run.timestamp);
-  w.Key("host").String(run.host);
-  w.Key("target").String(run.target);
-  w.Key("command_line").BeginArray();
-  for (const std::string& arg : run.command_line) w.String(arg);
-  w.EndArray();
-  w.Key("config").BeginObject();
-  WriteShapeFields(run, w);
-  w.Key("request_bytes").Int(run.request_bytes);
-  w.Key("response_bytes").Int(run.response_bytes);
-  w.Key("flops_per_request").Double(run.flops_per_request);
-  w.Key("distinct_requests").Int(run.distinct_requests);
-  w.Key("seed").Int(static_cast<int64_t>(run.seed));
-  w.Key("verify").Bool(run.verify);
-  w.Key("resident").String(ResidentName(run.resident));
-  w.Key("client_id").String(run.client_id);
-  w.EndObject();
-  w.Key("server");
-  WriteServer(run.server, w);
-  w.Key("points").BeginArray();
-  for (const BenchPoint& p : points) WritePoint(run, p, w);
-  w.EndArray();
-  w.EndObject();
-  return w.Finish();
+  Json doc = Json::object();
+  doc["schema"] = "matmul-bench/1";
+  doc["tool"] = "matmul-bench";
+  doc["label"] = run.label;
+  doc["timestamp"] = run.timestamp;
+  doc["host"] = run.host;
+  doc["target"] = run.target;
+  doc["command_line"] = run.command_line;
+  Json config = Json::object();
+  AddShapeFields(run, config);
+  config["request_bytes"] = run.request_bytes;
+  config["response_bytes"] = run.response_bytes;
+  config["flops_per_request"] = Number(run.flops_per_request);
+  config["distinct_requests"] = run.distinct_requests;
+  config["seed"] = static_cast<int64_t>(run.seed);
+  config["verify"] = run.verify;
+  config["resident"] = std::string(ResidentName(run.resident));
+  config["client_id"] = run.client_id;
+  doc["config"] = std::move(config);
+  doc["server"] = ServerJson(run.server);
+  Json points_json = Json::array();
+  for (const BenchPoint& p : points) points_json.push_back(PointJson(run, p));
+  doc["points"] = std::move(points_json);
+  // Labels, error messages and command lines are the user's and the
+  // server's bytes: what is not UTF-8 becomes U+FFFD, not an exception.
+  return doc.dump(2, ' ', false, Json::error_handler_t::replace) + "\n";
 }
 
 }  // namespace matmul

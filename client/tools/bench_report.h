@@ -39,6 +39,9 @@
 //           devices [{index, name, uuid, memory_bytes, multiprocessors,
 //                     copy_engines, compute_capability, staging_bytes}],
 //           dtypes [..], limits {max_message_bytes, ...}}
+// Written by nlohmann-json: two-space indent, keys in the order above,
+// figures that are not finite as null, bytes that are not UTF-8 (in a label
+// or an error message) as U+FFFD.
 // 1 GB = 1e9 bytes; payload counts the tensors' data bytes only: with
 // --resident, request_bytes is 0 (operands are handles) and so is
 // response_bytes with --resident=all (the product stays on the server), so

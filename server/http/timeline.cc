@@ -2,47 +2,28 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
+#include "nlohmann/json.hpp"
 
 namespace matmul {
 namespace {
 
-// JSON string literal, quotes included.
-std::string JsonString(absl::string_view s) {
-  std::string out = "\"";
-  for (const char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          absl::StrAppendFormat(&out, "\\u%04x", c);
-        } else {
-          out += c;
-        }
-    }
-  }
-  out += "\"";
-  return out;
+// Keys in the order written (the trace viewers don't care; a reader does).
+using Json = nlohmann::ordered_json;
+
+// Microseconds with nanosecond resolution: at most three decimals, as the
+// Trace Event Format's ts and dur have them.
+double Micros(absl::Duration d) {
+  return static_cast<double>(absl::ToInt64Nanoseconds(d)) / 1000;
 }
 
 // Trace pid of a device: its index; the host engine's device (-1) is 0.
 int Pid(int device) { return std::max(device, 0); }
 
-absl::string_view SpanName(StreamSpan::Kind kind) {
+const char* SpanName(StreamSpan::Kind kind) {
   switch (kind) {
     case StreamSpan::Kind::kH2D:
       return "h2d";
@@ -74,56 +55,59 @@ std::string TimelineJson(const EngineInfo& info,
   for (const StreamSpan& s : spans) origin = std::min(origin, s.start);
   if (spans.empty()) origin = absl::Now();
 
-  std::string out = "{\"traceEvents\":[";
-  bool first = true;
-  auto event = [&out, &first](const std::string& json) {
-    if (!first) out += ",";
-    first = false;
-    out += "\n";
-    out += json;
-  };
-
+  Json events = Json::array();
   // Lanes: every stream of every device, named, so idle ones show too.
   for (const DeviceInfo& d : info.devices) {
     const int pid = Pid(d.index);
     const std::string name = d.index < 0
                                  ? absl::StrCat("host: ", d.name)
                                  : absl::StrCat("GPU ", d.index, ": ", d.name);
-    event(absl::StrCat("{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":", pid,
-                       ",\"args\":{\"name\":", JsonString(name), "}}"));
-    event(absl::StrCat("{\"ph\":\"M\",\"name\":\"process_sort_index\",\"pid\":",
-                       pid, ",\"args\":{\"sort_index\":", pid, "}}"));
+    events.push_back({{"ph", "M"},
+                      {"name", "process_name"},
+                      {"pid", pid},
+                      {"args", {{"name", name}}}});
+    events.push_back({{"ph", "M"},
+                      {"name", "process_sort_index"},
+                      {"pid", pid},
+                      {"args", {{"sort_index", pid}}}});
     for (int s = 0; s < info.streams_per_device; ++s) {
-      event(absl::StrCat(
-          "{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":", pid,
-          ",\"tid\":", s, ",\"args\":{\"name\":",
-          JsonString(absl::StrCat(d.index < 0 ? "lane " : "stream ", s)),
-          "}}"));
-      event(absl::StrCat(
-          "{\"ph\":\"M\",\"name\":\"thread_sort_index\",\"pid\":", pid,
-          ",\"tid\":", s, ",\"args\":{\"sort_index\":", s, "}}"));
+      events.push_back(
+          {{"ph", "M"},
+           {"name", "thread_name"},
+           {"pid", pid},
+           {"tid", s},
+           {"args",
+            {{"name", absl::StrCat(d.index < 0 ? "lane " : "stream ", s)}}}});
+      events.push_back({{"ph", "M"},
+                        {"name", "thread_sort_index"},
+                        {"pid", pid},
+                        {"tid", s},
+                        {"args", {{"sort_index", s}}}});
     }
   }
 
   for (const StreamSpan& s : spans) {
-    const double ts = absl::ToDoubleMicroseconds(s.start - origin);
-    const double dur =
-        std::max(0.0, absl::ToDoubleMicroseconds(s.end - s.start));
-    event(absl::StrFormat(
-        "{\"ph\":\"X\",\"name\":\"%s\",\"cat\":\"%s\",\"pid\":%d,\"tid\":%d,"
-        "\"ts\":%.3f,\"dur\":%.3f,\"args\":{\"job\":%d}}",
-        SpanName(s.kind),
-        s.kind == StreamSpan::Kind::kCompute ? "compute" : "copy",
-        Pid(s.device), s.stream, ts, dur, s.job));
+    events.push_back(
+        {{"ph", "X"},
+         {"name", SpanName(s.kind)},
+         {"cat", s.kind == StreamSpan::Kind::kCompute ? "compute" : "copy"},
+         {"pid", Pid(s.device)},
+         {"tid", s.stream},
+         {"ts", Micros(s.start - origin)},
+         {"dur", Micros(std::max(absl::ZeroDuration(), s.end - s.start))},
+         {"args", {{"job", s.job}}}});
   }
 
-  absl::StrAppendFormat(
-      &out,
-      "\n],\"displayTimeUnit\":\"ms\",\"otherData\":{\"engine\":%s,"
-      "\"window_seconds\":%.6g,\"start_unix_us\":%d,\"spans\":%d}}\n",
-      JsonString(info.name), absl::ToDoubleSeconds(window),
-      absl::ToUnixMicros(origin), spans.size());
-  return out;
+  Json trace = {{"traceEvents", std::move(events)},
+                {"displayTimeUnit", "ms"},
+                {"otherData",
+                 {{"engine", info.name},
+                  {"window_seconds", absl::ToDoubleSeconds(window)},
+                  {"start_unix_us", absl::ToUnixMicros(origin)},
+                  {"spans", spans.size()}}}};
+  // Names come from drivers and flags: bytes that are not UTF-8 become
+  // U+FFFD rather than an exception.
+  return trace.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n";
 }
 
 }  // namespace matmul

@@ -14,6 +14,8 @@
 // pid is the device index (the host engine's one device is pid 0), tid the
 // stream; ts and dur are microseconds, ts relative to start_unix_us (the
 // earliest span start), so that they keep sub-microsecond precision.
+// Written by nlohmann-json, compact (one line), keys in the order above;
+// bytes of a name that are not UTF-8 become U+FFFD.
 #ifndef MATMUL_SERVER_HTTP_TIMELINE_H_
 #define MATMUL_SERVER_HTTP_TIMELINE_H_
 

@@ -14,6 +14,7 @@
 #include "client/lib/tensor_proto.h"
 #include "client/tools/bench_report.h"
 #include "common/float16.h"
+#include "nlohmann/json.hpp"
 
 namespace matmul {
 namespace {
@@ -270,10 +271,66 @@ TEST(BenchReportTest, Metrics) {
 
   point.result.errors_by_code["UNAVAILABLE"] = 3;
   const std::string json = ReportJson(run, {point});
-  EXPECT_NE(json.find("\"schema\": \"matmul-bench/1\""), std::string::npos);
-  EXPECT_NE(json.find("\"UNAVAILABLE\": 3"), std::string::npos);
-  EXPECT_NE(json.find("\"requests_per_s\": 500"), std::string::npos);
+  const nlohmann::json doc = nlohmann::json::parse(json);
+  EXPECT_EQ(doc.at("schema"), "matmul-bench/1");
+  ASSERT_EQ(doc.at("points").size(), 1u);
+  const nlohmann::json& p = doc.at("points")[0];
+  EXPECT_EQ(p.at("errors_by_code"), nlohmann::json({{"UNAVAILABLE", 3}}));
+  EXPECT_DOUBLE_EQ(p.at("requests_per_s").get<double>(), 500);
+  EXPECT_DOUBLE_EQ(p.at("total_gb_per_s").get<double>(), m.total_gb_per_s);
+  EXPECT_EQ(p.at("concurrency"), 16);
+  EXPECT_EQ(p.at("latency_ms").at("count"), 1000);
   EXPECT_NE(TableRow(run, point).find("500.0"), std::string::npos);
+}
+
+// The document's layout: pretty-printed, two-space indent, keys in the
+// order bench_report.h documents, one trailing newline; a figure that is
+// not finite is null; bytes that are not UTF-8 do not stop the report.
+TEST(BenchReportTest, JsonLayoutOrderNullsAndBytes) {
+  BenchRun run;
+  run.shape = *ParseShape("8x4x2");
+  run.label = "l\"\\\n\xff";
+  run.command_line = {"matmul-bench", "--label", run.label};
+  run.flops_per_request = std::numeric_limits<double>::quiet_NaN();
+  BenchPoint point;
+  point.point.concurrency = 2;
+  point.point.rate = 50;
+  point.point.requests = 7;
+  point.result.elapsed = absl::Seconds(1);
+  point.result.ok_in_window = 7;
+  point.result.error_messages["INTERNAL"] = "bad \xc3";
+  const std::string json = ReportJson(run, {point});
+  const std::string head = "{\n  \"schema\": \"matmul-bench/1\",\n";
+  EXPECT_EQ(json.substr(0, head.size()), head);
+  EXPECT_EQ(json.back(), '\n');
+  EXPECT_NE(json[json.size() - 2], '\n');
+
+  const nlohmann::ordered_json doc = nlohmann::ordered_json::parse(json);
+  std::vector<std::string> keys;
+  for (const auto& [key, value] : doc.items()) keys.push_back(key);
+  EXPECT_EQ(keys, (std::vector<std::string>{
+                      "schema", "tool", "label", "timestamp", "host", "target",
+                      "command_line", "config", "server", "points"}));
+  const std::string replaced = "l\"\\\n\xef\xbf\xbd";  // U+FFFD
+  EXPECT_EQ(doc.at("label"), replaced);
+  EXPECT_EQ(doc.at("command_line")[2], replaced);
+  EXPECT_TRUE(doc.at("config").at("flops_per_request").is_null());
+  const nlohmann::ordered_json& p = doc.at("points")[0];
+  EXPECT_EQ(p.at("mode"), "open");
+  EXPECT_EQ(p.at("rate"), 50.0);
+  EXPECT_TRUE(p.at("duration_s").is_null());
+  EXPECT_EQ(p.at("requests_target"), 7);
+  EXPECT_TRUE(p.at("tflop_per_s").is_null());
+  EXPECT_EQ(p.at("error_messages").at("INTERNAL"), "bad \xef\xbf\xbd");
+  std::vector<std::string> point_keys;
+  for (const auto& [key, value] : p.items()) point_keys.push_back(key);
+  ASSERT_GE(point_keys.size(), 12u);
+  EXPECT_EQ(
+      std::vector<std::string>(point_keys.begin(), point_keys.begin() + 12),
+      (std::vector<std::string>{"label", "timestamp", "host", "target", "shape",
+                                "batch", "m", "k", "n", "dtype", "compute",
+                                "mode"}));
+  EXPECT_EQ(point_keys.back(), "server");
 }
 
 TEST(ResidentTest, NamesAndRequests) {
