@@ -145,6 +145,11 @@ Json PointJson(const BenchRun& run, const BenchPoint& bp) {
                   {"errors_by_code", ByCode(r.delete_errors_by_code)},
                   {"error_messages", ByCode(r.delete_error_messages)},
                   {"abandoned", r.abandoned_deletes}};
+  if (!bp.window_rates.empty()) {
+    Json rates = Json::array();
+    for (double rate : bp.window_rates) rates.push_back(Number(rate));
+    j["stability"] = {{"stable", bp.stable}, {"window_requests_per_s", rates}};
+  }
   j["server"] = ServerJson(run.server);
   return j;
 }

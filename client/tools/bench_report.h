@@ -35,6 +35,8 @@
 //   deletes {issued, ok, errors, errors_by_code, error_messages, abandoned}
 //   (asynchronous deletes of kept products, warm-up included; they count in
 //   neither latency nor throughput),
+//   stability {stable, window_requests_per_s [..]} (only with --stable: each
+//   window's req/s; the point's figures are the last window's),
 //   server {engine, version, streams_per_device, device_names [..],
 //           devices [{index, name, uuid, memory_bytes, multiprocessors,
 //                     copy_engines, compute_capability, staging_bytes}],

@@ -213,6 +213,36 @@ def test_fixed_rate(server, tmp_path):
     assert 20 < p["requests_per_s"] < 60
 
 
+def test_stable_runs_windows_until_three_agree(server, tmp_path):
+    """--stable: windows of --duration until the last three agree within 10%
+    (or --stable-windows); the point is the last window, the line and the
+    JSON say how it went. A fixed rate makes the windows agree."""
+    out = tmp_path / "stable.json"
+    r = bench("--target", server.target, "--shape", "16", "--rate", "100",
+              "--concurrency", "4", "--duration", "0.5", "--warmup", "0",
+              "--stable", "--stable-windows", "6", "--json", out)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (p,) = load(out)["points"]
+    check_point_sane(p)
+    windows = p["stability"]["window_requests_per_s"]
+    assert 3 <= len(windows) <= 6
+    assert p["requests_per_s"] == pytest.approx(windows[-1], rel=1e-9)
+    last = windows[-3:]
+    if p["stability"]["stable"]:
+        assert max(last) <= 1.10 * min(last)
+        assert f"stable after {len(windows)} windows" in r.stdout
+    else:
+        assert len(windows) == 6 and "NOT stable after 6 windows" in r.stdout
+    # Without --stable: one window, no stability entry.
+    r = bench("--target", server.target, "--shape", "16", "--requests", "5",
+              "--concurrency", "1", "--warmup", "0", "--json", out)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "stability" not in load(out)["points"][0]
+    # --stable with --requests is a usage error.
+    r = bench("--target", server.target, "--stable", "--requests", "5")
+    assert r.returncode == 2 and "not with --requests" in r.stderr
+
+
 def test_errors_counted_by_code(tmp_path):
     small = Server("--max-message-bytes", "4096")
     try:
