@@ -41,11 +41,15 @@ WORKDIR /src
 COPY scripts/install-deps.sh scripts/install-deps.sh
 RUN scripts/install-deps.sh --compile && rm -rf /var/lib/apt/lists/*
 COPY . .
+# The commit --version reports (the context has no .git): build-image.sh
+# passes it.
+ARG GIT_COMMIT=unknown
 # sm_90: H100/H200 native code (cuBLAS brings its own kernels for others).
 # The cache mount keeps ccache's objects across image builds (BuildKit).
 RUN --mount=type=cache,target=/root/.cache/ccache \
     cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release \
       -DMATMUL_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DBUILD_TESTING=OFF \
+      -DMATMUL_GIT_COMMIT=${GIT_COMMIT} \
     && cmake --build build --target matmul-server matmul-cli
 
 # ----------------------------------------------------------------- cpu build
@@ -54,9 +58,10 @@ WORKDIR /src
 COPY scripts/install-deps.sh scripts/install-deps.sh
 RUN scripts/install-deps.sh --compile && rm -rf /var/lib/apt/lists/*
 COPY . .
+ARG GIT_COMMIT=unknown
 RUN --mount=type=cache,target=/root/.cache/ccache \
     cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release \
-      -DMATMUL_CUDA=OFF -DBUILD_TESTING=OFF \
+      -DMATMUL_CUDA=OFF -DBUILD_TESTING=OFF -DMATMUL_GIT_COMMIT=${GIT_COMMIT} \
     && cmake --build build --target matmul-server matmul-cli
 
 # ------------------------------------------------------------- target: cpu

@@ -120,6 +120,7 @@ if [ "$manifest_only" = 0 ]; then
   build=(env DOCKER_BUILDKIT=1 docker build --file Dockerfile --target "$target")
   [ -n "$cuda_version" ] && build+=(--build-arg "CUDA_VERSION=$cuda_version")
   build+=(--build-arg "IMAGE_VERSION=$version"
+          --build-arg "GIT_COMMIT=${revision:0:12}"
           --label "org.opencontainers.image.version=$version"
           --label "org.opencontainers.image.revision=$revision"
           --tag "$ref" .)

@@ -61,7 +61,7 @@ test("dry run: the build command, the tag, and the edit it would make; nothing c
     assert.match(
       r.out,
       new RegExp(
-        `^\\+ env DOCKER_BUILDKIT=1 docker build --file Dockerfile --target cuda --build-arg IMAGE_VERSION=${version} ` +
+        `^\\+ env DOCKER_BUILDKIT=1 docker build --file Dockerfile --target cuda --build-arg IMAGE_VERSION=${version} --build-arg GIT_COMMIT=${commit} ` +
           `--label org.opencontainers.image.version=${version} --label org.opencontainers.image.revision=${revision} ` +
           `--tag ${tag} \\.$`,
         "m",
