@@ -172,8 +172,8 @@ absl::StatusOr<std::unique_ptr<MatmulServer>> MatmulServer::Start(
     MatmulServiceImpl* service = self->service_.get();
     self->trimmer_ = std::make_unique<IdleMemoryTrimmer>(
         options.trim_memory_after, [service] {
-          return IdleMemoryTrimmer::Activity{
-              service->calls_started(), service->inflight_requests() > 0};
+          return IdleMemoryTrimmer::Activity{service->calls_started(),
+                                             service->inflight_requests() > 0};
         });
     self->trimmer_->Start();
   }

@@ -19,8 +19,8 @@
 #include "gpu/engine.h"
 #include "server/device_health_monitor.h"
 #include "server/handle_registry.h"
-#include "server/idle_memory_trimmer.h"
 #include "server/http/metrics_exporter.h"
+#include "server/idle_memory_trimmer.h"
 #include "server/request_limits.h"
 #include "server/rpc/matmul_service.h"
 
