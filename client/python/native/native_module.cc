@@ -98,11 +98,10 @@ WireOperand CheckOperand(const py::array& x, int dtype_proto,
 
 // The product as an array of `dtype` over the tensor's own bytes.
 py::array Wrap(HostTensor&& product, const py::dtype& dtype) {
-  if (dtype.itemsize() !=
-      static_cast<py::ssize_t>(DTypeSize(product.dtype))) {
-    throw StatusException(absl::InternalError(absl::StrCat(
-        "the server's product is ", DTypeName(product.dtype),
-        ", not the requested element size ", dtype.itemsize())));
+  if (dtype.itemsize() != static_cast<py::ssize_t>(DTypeSize(product.dtype))) {
+    throw StatusException(absl::InternalError(
+        absl::StrCat("the server's product is ", DTypeName(product.dtype),
+                     ", not the requested element size ", dtype.itemsize())));
   }
   auto* owned = new HostTensor(std::move(product));
   py::capsule base(owned, [](void* p) { delete static_cast<HostTensor*>(p); });
@@ -242,8 +241,8 @@ PYBIND11_MODULE(_native, m) {
     }
   });
   py::class_<NativeClient>(m, "Client")
-      .def(py::init<const std::string&, const std::string&,
-                    const std::string&, int>(),
+      .def(py::init<const std::string&, const std::string&, const std::string&,
+                    int>(),
            py::arg("target"), py::arg("client_id") = "",
            py::arg("load_balancing_policy") = "", py::arg("channels") = 1)
       .def("multiply", &NativeClient::Multiply, py::arg("a"),
@@ -253,7 +252,6 @@ PYBIND11_MODULE(_native, m) {
       .def("multiply_streamed", &NativeClient::MultiplyStreamed, py::arg("a"),
            py::arg("a_dtype"), py::arg("b"), py::arg("b_dtype"),
            py::arg("transpose_a"), py::arg("transpose_b"), py::arg("compute"),
-           py::arg("timeout"), py::arg("result_dtype"),
-           py::arg("chunk_bytes"))
+           py::arg("timeout"), py::arg("result_dtype"), py::arg("chunk_bytes"))
       .def_property_readonly("channel_count", &NativeClient::channel_count);
 }
