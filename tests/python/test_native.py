@@ -148,6 +148,8 @@ def test_native_choice(server) -> None:
         assert not pure.native
     with Client(server.target, options=[("grpc.max_receive_message_length", 1 << 20)]) as custom:
         assert not custom.native  # options the native path does not take: pure Python
+    with Client(server.target, tls=True) as secure:
+        assert not secure.native  # TLS: pure Python (nothing connects until a call)
     with pytest.raises(TypeError):
         Client(server.target, native="yes")
     if _client.NATIVE_UNAVAILABLE is None:

@@ -253,6 +253,8 @@ class Client:
         client_id: Optional[str] = None,
         native: Optional[bool] = None,
     ) -> None:
+        if native is not None and not isinstance(native, bool):
+            raise TypeError(f"native: expected None or a bool, got {type(native).__name__}")
         self._client_id = _check_client_id(client_id)
         self._metadata: Optional[Tuple[Tuple[str, str], ...]] = (
             ((CLIENT_ID_METADATA_KEY, self._client_id),) if self._client_id else None
@@ -262,8 +264,6 @@ class Client:
         self._stub = matmul_pb2_grpc.MatmulServiceStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
         self._native: Any = None
-        if native is not None and not isinstance(native, bool):
-            raise TypeError(f"native: expected None or a bool, got {type(native).__name__}")
         if native is not False:
             why = NATIVE_UNAVAILABLE
             if why is None and tls not in (None, False):
