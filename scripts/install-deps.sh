@@ -32,7 +32,7 @@ build_pkgs=(
   nlohmann-json3-dev
   python3 python3-grpcio python3-protobuf python3-numpy python3-pytest
   python3-venv python3-pip python3-setuptools python3-wheel
-  python3-matplotlib
+  python3-matplotlib pybind11-dev python3-dev
   prometheus openssl curl ca-certificates
   clang-14 libclang-rt-14-dev clang-format
 )

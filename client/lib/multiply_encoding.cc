@@ -21,13 +21,13 @@ struct OperandData {
 };
 
 // A slice over `data` that holds `owner` until gRPC lets go of it.
-grpc::Slice SliceOver(const std::string& data,
-                      const std::shared_ptr<OperandData>& owner) {
-  auto* hold = new std::shared_ptr<OperandData>(owner);
+grpc::Slice SliceOver(absl::string_view data,
+                      const std::shared_ptr<const void>& owner) {
+  auto* hold = new std::shared_ptr<const void>(owner);
   return grpc::Slice(
       const_cast<char*>(data.data()), data.size(),
       [](void* user_data) {
-        delete static_cast<std::shared_ptr<OperandData>*>(user_data);
+        delete static_cast<std::shared_ptr<const void>*>(user_data);
       },
       hold);
 }
@@ -38,17 +38,26 @@ grpc::ByteBuffer EncodeMultiplyRequest(v1::MultiplyRequest request) {
   auto data = std::make_shared<OperandData>();
   if (request.has_a()) data->a.swap(*request.mutable_a()->mutable_data());
   if (request.has_b()) data->b.swap(*request.mutable_b()->mutable_data());
+  const absl::string_view a = data->a;
+  const absl::string_view b = data->b;
+  return EncodeMultiplyRequestView(request, a, b, std::move(data));
+}
+
+grpc::ByteBuffer EncodeMultiplyRequestView(const v1::MultiplyRequest& request,
+                                           absl::string_view a_data,
+                                           absl::string_view b_data,
+                                           std::shared_ptr<const void> owner) {
   std::vector<grpc::Slice> slices;
   std::string header = request.SerializeAsString();
   // Each operand's data as a second occurrence of its Tensor field, holding
   // only Tensor.data: [tag a|b][length][tag data][length] then the bytes.
   const int tensor_field[2] = {v1::MultiplyRequest::kAFieldNumber,
                                v1::MultiplyRequest::kBFieldNumber};
-  const std::string* operand[2] = {&data->a, &data->b};
+  const absl::string_view operand[2] = {a_data, b_data};
   const uint64_t data_key =
       wire::Key(v1::Tensor::kDataFieldNumber, wire::kLengthDelimited);
   for (int i = 0; i < 2; ++i) {
-    const uint64_t n = operand[i]->size();
+    const uint64_t n = operand[i].size();
     if (n == 0) continue;
     wire::PutKey(header, tensor_field[i], wire::kLengthDelimited);
     wire::PutVarint(header,
@@ -57,7 +66,7 @@ grpc::ByteBuffer EncodeMultiplyRequest(v1::MultiplyRequest request) {
     wire::PutVarint(header, n);
     slices.emplace_back(header);
     header.clear();
-    slices.push_back(SliceOver(*operand[i], data));
+    slices.push_back(SliceOver(operand[i], owner));
   }
   if (!header.empty()) slices.emplace_back(header);
   return grpc::ByteBuffer(slices.data(), slices.size());

@@ -13,6 +13,9 @@
 
 #include <grpcpp/support/byte_buffer.h>
 
+#include <memory>
+
+#include "absl/strings/string_view.h"
 #include "matmul/v1/matmul.pb.h"
 
 namespace matmul {
@@ -22,6 +25,18 @@ namespace matmul {
 // as gRPC or any copy of the buffer holds them; copies of the buffer share
 // it, so one encoding can be sent by any number of calls, at once or later.
 grpc::ByteBuffer EncodeMultiplyRequest(v1::MultiplyRequest request);
+
+// The same for operands that live in the caller's memory (a NumPy array's
+// buffer): `header` is the request without its operands' data (its Tensor
+// fields carry shape and dtype, and must hold no data), and `a_data` and
+// `b_data` follow as those operands' data, sent from where they are, not
+// copied. Each data slice holds a reference to `owner` until gRPC lets go of
+// it; the caller keeps the memory alive and unchanged until `owner` is
+// released. Empty data (a handle operand, an empty tensor) adds nothing.
+grpc::ByteBuffer EncodeMultiplyRequestView(const v1::MultiplyRequest& header,
+                                           absl::string_view a_data,
+                                           absl::string_view b_data,
+                                           std::shared_ptr<const void> owner);
 
 }  // namespace matmul
 

@@ -8,19 +8,27 @@ holds the rest):
   grpc_python_plugin from PATH (or $PROTOC, $GRPC_PYTHON_PLUGIN) into the
   build directory, never into the source tree.
 
-Both need the checkout around this directory (../../CMakeLists.txt,
+- matmul_client/_native, the native core, when $MATMUL_NATIVE_MODULE names
+  one that CMake built for this Python (build/python/matmul_client/
+  _native.cpython-*.so, the matmul_client_native target): it is copied into
+  the package and the wheel is tagged for this platform. Without it the
+  package is pure Python (Client runs on grpcio alone).
+
+All need the checkout around this directory (../../CMakeLists.txt,
 ../../proto, ../../third_party): build from it, not from an sdist.
 Intermediate files go to a temporary directory, so the checkout is left as it
 was.
 """
 
 import atexit
+import os
 import shutil
 import sys
+import sysconfig
 import tempfile
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import Distribution, setup
 from setuptools.command.build_py import build_py
 
 HERE = Path(__file__).resolve().parent
@@ -34,6 +42,13 @@ if not (ROOT / "CMakeLists.txt").is_file() or not (ROOT / "proto").is_dir():
              "build matmul_client from client/python of a checkout")
 VERSION = build_stubs.project_version(ROOT / "CMakeLists.txt")
 
+NATIVE = os.environ.get("MATMUL_NATIVE_MODULE") or None
+if NATIVE is not None:
+    suffix = sysconfig.get_config_var("EXT_SUFFIX")
+    if not Path(NATIVE).is_file() or Path(NATIVE).name != f"_native{suffix}":
+        sys.exit(f"setup.py: MATMUL_NATIVE_MODULE={NATIVE}: expected an existing _native{suffix} "
+                 "(cmake --build build --target matmul_client_native, for this Python)")
+
 
 class BuildPyWithStubs(build_py):
     """build_py, then _proto/ and _version.py beside the copied sources."""
@@ -46,6 +61,15 @@ class BuildPyWithStubs(build_py):
             shutil.rmtree(proto)
         build_stubs.generate(proto, [ROOT / "proto", ROOT / "third_party"])
         build_stubs.write_version(package / "_version.py", VERSION)
+        if NATIVE is not None:
+            shutil.copy2(NATIVE, package / Path(NATIVE).name)
+
+
+class MaybeBinaryDistribution(Distribution):
+    """A platform wheel when it carries the native module."""
+
+    def has_ext_modules(self) -> bool:
+        return NATIVE is not None
 
 
 scratch = tempfile.mkdtemp(prefix="matmul_client-build-")
@@ -54,5 +78,6 @@ atexit.register(shutil.rmtree, scratch, ignore_errors=True)
 setup(
     version=VERSION,
     cmdclass={"build_py": BuildPyWithStubs},
+    distclass=MaybeBinaryDistribution,
     options={"build": {"build_base": f"{scratch}/build"}, "egg_info": {"egg_base": scratch}},
 )

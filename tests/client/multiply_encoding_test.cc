@@ -6,6 +6,7 @@
 #include <google/protobuf/util/message_differencer.h>
 
 #include <algorithm>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -143,6 +144,41 @@ TEST(MultiplyEncodingTest, OperandsAreSentFromTheirOwnMemory) {
   ASSERT_TRUE(parsed.ParseFromString(Flatten(copy)));
   EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(
       parsed, FullRequest()));
+}
+
+TEST(MultiplyEncodingTest, ViewSendsCallerMemoryAndHoldsTheOwner) {
+  const v1::MultiplyRequest original = FullRequest();
+  // The caller's memory (a NumPy array's buffer in the Python extension).
+  const std::string a = original.a().data();
+  const std::string b = original.b().data();
+  v1::MultiplyRequest header = original;
+  header.mutable_a()->clear_data();
+  header.mutable_b()->clear_data();
+  auto owner = std::make_shared<int>(0);
+  std::weak_ptr<int> watch = owner;
+  grpc::ByteBuffer encoded =
+      EncodeMultiplyRequestView(header, a, b, std::move(owner));
+  EXPECT_FALSE(watch.expired());  // the slices hold it
+
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(encoded.Dump(&slices).ok());
+  int found = 0;
+  for (const grpc::Slice& s : slices) {
+    const char* begin = reinterpret_cast<const char*>(s.begin());
+    if ((begin == a.data() && s.size() == a.size()) ||
+        (begin == b.data() && s.size() == b.size())) {
+      ++found;
+    }
+  }
+  EXPECT_EQ(found, 2);
+  v1::MultiplyRequest parsed;
+  ASSERT_TRUE(parsed.ParseFromString(Flatten(encoded)));
+  EXPECT_TRUE(
+      google::protobuf::util::MessageDifferencer::Equals(parsed, original));
+
+  slices.clear();
+  encoded.Clear();
+  EXPECT_TRUE(watch.expired());  // released with the last slice
 }
 
 }  // namespace

@@ -158,8 +158,35 @@ def quota_server() -> Iterator[ServerProcess]:
     )
 
 
+#: The two engines of Client.multiply: the native core (matmul_client._native)
+#: and the pure-Python gRPC path. Tests that take ``client`` run on both; the
+#: native one is skipped where the extension does not import (or with
+#: MATMUL_CLIENT_NATIVE=0, which also keeps every other Client pure Python).
+ENGINES = ["native", "pure"]
+
+
+def make_client(target: str, engine: str, **kwargs) -> matmul_client.Client:
+    """A Client of ``target`` on ``engine`` ("native" or "pure"); skips the
+    test when the native engine is asked for and cannot be had."""
+    if engine == "native":
+        from matmul_client import _client
+
+        if _client.NATIVE_UNAVAILABLE is not None:
+            pytest.skip(f"native engine: {_client.NATIVE_UNAVAILABLE}")
+    c = matmul_client.Client(target, native=engine == "native", **kwargs)
+    assert c.native == (engine == "native")
+    return c
+
+
+@pytest.fixture(scope="session", params=ENGINES)
+def engine(request: pytest.FixtureRequest) -> str:
+    """"native" or "pure": the engine of ``client``."""
+    return request.param
+
+
 @pytest.fixture(scope="session")
-def client(server: ServerProcess) -> Iterator[matmul_client.Client]:
-    """A client of ``server``; every call has a 60 s deadline unless it sets one."""
-    with matmul_client.Client(server.target, timeout=60) as c:
+def client(server: ServerProcess, engine: str) -> Iterator[matmul_client.Client]:
+    """A client of ``server`` on each engine; every call has a 60 s deadline
+    unless it sets one."""
+    with make_client(server.target, engine, timeout=60) as c:
         yield c

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import os
 from typing import Any, Dict, Literal, Optional, Sequence, Tuple, Union, overload
 
 import grpc
@@ -27,8 +28,26 @@ from ._tensors import (
     resolve_wire_type,
     stored_wire_type,
     to_tensor,
+    to_wire_array,
     wire_type_argument,
 )
+
+#: The environment variable that, set to "0", keeps every Client on the
+#: pure-Python path even where the native module imports.
+NATIVE_ENV = "MATMUL_CLIENT_NATIVE"
+
+_native: Any
+#: Why the native module is not used (None when it is).
+NATIVE_UNAVAILABLE: Optional[str]
+if os.environ.get(NATIVE_ENV, "1") == "0":
+    _native, NATIVE_UNAVAILABLE = None, f"{NATIVE_ENV}=0"
+else:
+    try:
+        from . import _native
+    except ImportError as _error:  # Not built, or built for another Python.
+        _native, NATIVE_UNAVAILABLE = None, f"matmul_client._native does not import: {_error}"
+    else:
+        NATIVE_UNAVAILABLE = None
 
 #: The metadata key naming the client the server charges stored tensors to.
 CLIENT_ID_METADATA_KEY = "x-matmul-client"
@@ -93,17 +112,16 @@ def _operand_wire_type(operands: Dict[str, Any], handles: Dict[str, Handle], dty
     return wire
 
 
-def _multiply_request(
+def _multiply_operands(
     a: Operand,
     b: Operand,
-    transpose_a: bool,
-    transpose_b: bool,
     compute: str,
     dtype: Any,
     keep: bool = False,
     result_ttl: Optional[float] = None,
-) -> Tuple[matmul_pb2.MultiplyRequest, WireType]:
-    """Validates and encodes a Multiply call's arguments."""
+) -> Tuple[Dict[str, np.ndarray], Dict[str, Handle], int, WireType]:
+    """Validates a Multiply call's arguments: the array operands, the stored
+    ones, the result TTL in seconds and the wire type."""
     handles: Dict[str, Handle] = {}
     arrays: Dict[str, np.ndarray] = {}
     for name, x in (("a", a), ("b", b)):
@@ -128,6 +146,21 @@ def _multiply_request(
         wire = _operand_wire_type(arrays, handles, dtype)
     else:
         wire = resolve_wire_type(arrays["a"], arrays["b"], dtype)
+    return arrays, handles, ttl, wire
+
+
+def _multiply_request(
+    a: Operand,
+    b: Operand,
+    transpose_a: bool,
+    transpose_b: bool,
+    compute: str,
+    dtype: Any,
+    keep: bool = False,
+    result_ttl: Optional[float] = None,
+) -> Tuple[matmul_pb2.MultiplyRequest, WireType]:
+    """Validates and encodes a Multiply call's arguments."""
+    arrays, handles, ttl, wire = _multiply_operands(a, b, compute, dtype, keep, result_ttl)
     request = matmul_pb2.MultiplyRequest(
         compute_mode=_COMPUTE_MODES[compute], keep_result=bool(keep), result_ttl_seconds=ttl
     )
@@ -141,6 +174,20 @@ def _multiply_request(
     request.transpose_a = transposes["a"]
     request.transpose_b = transposes["b"]
     return request, wire
+
+
+def _native_result_dtype(wire: WireType) -> np.dtype:
+    """The dtype the native core returns a product of ``wire`` in: the
+    little-endian element type (bfloat16 as its uint16 bits)."""
+    if wire.name == "bfloat16":
+        return np.dtype("<u2")
+    return np.dtype(wire.name).newbyteorder("<")
+
+
+def _native_error(error: Exception) -> MatmulError:
+    """The MatmulError of a native StatusError(code, message)."""
+    code, message = error.args
+    return MatmulError(_STATUS_CODES.get(code, grpc.StatusCode.UNKNOWN), message)
 
 
 def _check_client_id(client_id: Optional[str]) -> Optional[str]:
@@ -177,6 +224,15 @@ class Client:
             name the server charges stored tensors (uploads, kept products)
             to. None: the server charges this machine's address. Printable
             ASCII, at most 256 characters.
+        native: Whether :meth:`multiply` and :meth:`multiply_streamed` of
+            arrays run on the native core (``matmul_client._native``, over
+            the C++ client library: operands sent from their own buffers,
+            the GIL released for the whole call). None: where it imports
+            (not with MATMUL_CLIENT_NATIVE=0) and the client has no TLS and
+            no custom channel options; everything else (stored tensors,
+            keep=True, multiply_async, health, server_info) stays on the
+            pure-Python gRPC path. True: required (ValueError where it
+            cannot be used). False: pure Python only.
 
     Stored tensors: :meth:`upload` keeps an array on the server and returns a
     :class:`Handle`, which :meth:`multiply` takes in place of an array;
@@ -195,7 +251,10 @@ class Client:
         tls: TlsArgument = None,
         options: Sequence[ChannelOption] = (),
         client_id: Optional[str] = None,
+        native: Optional[bool] = None,
     ) -> None:
+        if native is not None and not isinstance(native, bool):
+            raise TypeError(f"native: expected None or a bool, got {type(native).__name__}")
         self._client_id = _check_client_id(client_id)
         self._metadata: Optional[Tuple[Tuple[str, str], ...]] = (
             ((CLIENT_ID_METADATA_KEY, self._client_id),) if self._client_id else None
@@ -204,6 +263,29 @@ class Client:
         self._channel = make_channel(target, tls, options)
         self._stub = matmul_pb2_grpc.MatmulServiceStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
+        self._native: Any = None
+        if native is not False:
+            why = NATIVE_UNAVAILABLE
+            if why is None and tls not in (None, False):
+                why = "TLS is not supported by the native path yet"
+            elif why is None and len(options) > 0:
+                why = "custom channel options are not supported by the native path yet"
+            if why is None:
+                try:
+                    self._native = _native.Client(
+                        target, client_id=self._client_id or "", load_balancing_policy="round_robin"
+                    )
+                except _native.StatusError as error:
+                    raise _native_error(error) from None
+            elif native:
+                raise ValueError(f"native=True, but {why}")
+
+    @property
+    def native(self) -> bool:
+        """Whether :meth:`multiply` and :meth:`multiply_streamed` run on the
+        native core (``matmul_client._native``, over the C++ client library)
+        for operands that are arrays; False on the pure-Python path."""
+        return self._native is not None
 
     @property
     def client_id(self) -> Optional[str]:
@@ -293,6 +375,12 @@ class Client:
                 RESOURCE_EXHAUSTED over its limits or the client's quota of
                 stored tensors, DEADLINE_EXCEEDED, UNAVAILABLE).
         """
+        if self._native is not None and not keep:
+            arrays, handles, _, wire = _multiply_operands(a, b, compute, dtype, keep, result_ttl)
+            if not handles:
+                return self._native_multiply(
+                    arrays, wire, transpose_a, transpose_b, compute, timeout, None
+                )
         request, wire = _multiply_request(
             a, b, transpose_a, transpose_b, compute, dtype, keep, result_ttl
         )
@@ -326,6 +414,12 @@ class Client:
         """
         if chunk_bytes <= 0:
             raise ValueError(f"chunk_bytes={chunk_bytes}: expected a positive size")
+        if self._native is not None:
+            arrays, handles, _, wire = _multiply_operands(a, b, compute, dtype)
+            if not handles:
+                return self._native_multiply(
+                    arrays, wire, transpose_a, transpose_b, compute, timeout, int(chunk_bytes)
+                )
         request, wire = _multiply_request(a, b, transpose_a, transpose_b, compute, dtype)
         operands = []
         for name, operand in (("a", matmul_pb2.OPERAND_A), ("b", matmul_pb2.OPERAND_B)):
@@ -550,7 +644,9 @@ class Client:
         return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
 
     def close(self) -> None:
-        """Closes the channel; calls in flight are cancelled."""
+        """Closes the channel; calls in flight are cancelled (on the native
+        path, native calls in flight finish first)."""
+        self._native = None
         self._channel.close()
 
     def __enter__(self) -> "Client":
@@ -561,6 +657,41 @@ class Client:
 
     def _deadline(self, timeout: Optional[float]) -> Optional[float]:
         return self._timeout if timeout is None else timeout
+
+    def _native_multiply(
+        self,
+        arrays: Dict[str, np.ndarray],
+        wire: WireType,
+        transpose_a: bool,
+        transpose_b: bool,
+        compute: str,
+        timeout: Optional[float],
+        chunk_bytes: Optional[int],
+    ) -> np.ndarray:
+        """A multiply of two arrays on the native core: each operand goes out
+        from its own buffer (or from one copy, when it is not C-contiguous,
+        little-endian and of the wire's element type), with the GIL released
+        for the whole call; the product is an array over the reply's bytes."""
+        native = self._native
+        a, transpose_a = to_wire_array(arrays["a"], wire, bool(transpose_a))
+        b, transpose_b = to_wire_array(arrays["b"], wire, bool(transpose_b))
+        deadline = self._deadline(timeout)
+        args = (
+            a, wire.proto, b, wire.proto, transpose_a, transpose_b, _COMPUTE_MODES[compute],
+            None if deadline is None else float(deadline), _native_result_dtype(wire),
+        )
+        try:
+            if chunk_bytes is None:
+                product = native.multiply(*args)
+            else:
+                product = native.multiply_streamed(*args, chunk_bytes)
+        except _native.StatusError as error:
+            raise _native_error(error) from None
+        if wire.name == "bfloat16":
+            return wire.from_wire(product).reshape(product.shape)
+        if not product.dtype.isnative:  # A big-endian host.
+            return product.astype(product.dtype.newbyteorder("="))
+        return product
 
     def _product(self, response: matmul_pb2.MultiplyResponse, wire: WireType, keep: bool) -> Any:
         """The product out of a Multiply response: a Handle when kept."""

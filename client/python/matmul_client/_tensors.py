@@ -209,19 +209,29 @@ def resolve_single_wire_type(x: np.ndarray, dtype: Any, name: str) -> WireType:
     return wire
 
 
-def to_tensor(x: np.ndarray, wire: WireType, transpose: bool) -> Tuple[matmul_pb2.Tensor, bool]:
-    """Encodes operand ``x`` (2-D or 3-D) as a row-major little-endian tensor.
+def to_wire_array(x: np.ndarray, wire: WireType, transpose: bool) -> Tuple[np.ndarray, bool]:
+    """Operand ``x`` (2-D or 3-D) as a C-contiguous little-endian array of
+    the wire's element type: ``x`` itself when it already is one, else one
+    copy (a non-contiguous, big-endian or differently typed array).
 
     A matrix stored column-major (e.g. ``m.T`` of a row-major ``m``) is sent
     as its row-major transpose with the transpose flag flipped, which saves a
-    copy. Returns the tensor and the transpose flag to send with it.
+    copy. Returns the array and the transpose flag to send with it.
     """
     values = wire.to_wire(x)
     if not values.flags.c_contiguous:
         swapped = np.swapaxes(values, -1, -2)
         if swapped.flags.c_contiguous:
             values, transpose = swapped, not transpose
-    values = np.ascontiguousarray(values)
+    return np.ascontiguousarray(values), transpose
+
+
+def to_tensor(x: np.ndarray, wire: WireType, transpose: bool) -> Tuple[matmul_pb2.Tensor, bool]:
+    """Encodes operand ``x`` (2-D or 3-D) as a row-major little-endian tensor
+    (:func:`to_wire_array`). Returns the tensor and the transpose flag to
+    send with it.
+    """
+    values, transpose = to_wire_array(x, wire, transpose)
     tensor = matmul_pb2.Tensor(shape=values.shape, dtype=wire.proto, data=values.tobytes())
     return tensor, transpose
 

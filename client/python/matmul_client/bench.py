@@ -1,0 +1,167 @@
+"""A load generator for the Python client, the counterpart of matmul-bench:
+
+    python -m matmul_client.bench --target HOST:PORT [--shape N[,N...]]
+        [--concurrency C[,C...]] [--duration S] [--warmup S]
+        [--dtype float32|float64|float16] [--pure] [--streamed]
+        [--clients K] [--timeout S] [--json FILE]
+
+For each point (shape x concurrency), C Python threads share K Clients and
+keep one multiply each in flight (closed loop) on prebuilt random N x N
+operands, for --warmup seconds unrecorded, then --duration seconds recorded.
+Prints one row per point: successful requests/s, payload GB/s (A and B out,
+C back; 1 GB = 1e9 bytes), latency p50/p90/p99 of the successful requests,
+and errors by gRPC code, as matmul-bench's table does. --pure runs the
+pure-Python gRPC path (Client(native=False)); otherwise the native core,
+which must import. --streamed uses multiply_streamed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from collections import Counter
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+
+from ._client import NATIVE_UNAVAILABLE, Client
+from ._errors import MatmulError
+
+
+def _positive_list(kind: type, text: str) -> List:
+    values = [kind(part) for part in text.split(",") if part]
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected positive comma-separated values")
+    return values
+
+
+def _percentile(sorted_values: Sequence[float], q: float) -> float:
+    if not sorted_values:
+        return float("nan")
+    index = min(len(sorted_values) - 1, max(0, int(round(q * (len(sorted_values) - 1)))))
+    return sorted_values[index]
+
+
+def run_point(
+    clients: Sequence[Client],
+    n: int,
+    dtype: str,
+    concurrency: int,
+    duration: float,
+    warmup: float,
+    streamed: bool,
+    timeout: float,
+    seed: int = 1,
+) -> Dict:
+    """One closed-loop point; returns its figures."""
+    rng = np.random.default_rng(seed)
+    a = rng.uniform(-1, 1, (n, n)).astype(dtype)
+    b = rng.uniform(-1, 1, (n, n)).astype(dtype)
+    itemsize = np.dtype(dtype).itemsize
+    payload = 3 * n * n * itemsize
+    latencies: List[List[float]] = [[] for _ in range(concurrency)]
+    errors: List[Counter] = [Counter() for _ in range(concurrency)]
+    start = time.perf_counter()
+    record_from = start + warmup
+    stop_at = record_from + duration
+
+    def worker(index: int) -> None:
+        client = clients[index % len(clients)]
+        call = client.multiply_streamed if streamed else client.multiply
+        mine, failed = latencies[index], errors[index]
+        while True:
+            t0 = time.perf_counter()
+            if t0 >= stop_at:
+                return
+            try:
+                call(a, b, timeout=timeout)
+                ok = True
+            except MatmulError as error:
+                ok = False
+                code = error.code.name
+            t1 = time.perf_counter()
+            if t0 >= record_from and t1 <= stop_at:
+                if ok:
+                    mine.append(t1 - t0)
+                else:
+                    failed[code] += 1
+
+    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    done = sorted(x for per_thread in latencies for x in per_thread)
+    error_counts: Counter = Counter()
+    for c in errors:
+        error_counts.update(c)
+    return {
+        "shape": n,
+        "dtype": dtype,
+        "concurrency": concurrency,
+        "requests": len(done),
+        "req_per_s": len(done) / duration,
+        "gb_per_s": len(done) * payload / duration / 1e9,
+        "p50_ms": _percentile(done, 0.50) * 1e3,
+        "p90_ms": _percentile(done, 0.90) * 1e3,
+        "p99_ms": _percentile(done, 0.99) * 1e3,
+        "errors": dict(error_counts),
+    }
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m matmul_client.bench",
+        description="Closed-loop load on a matmul server through the Python client.",
+    )
+    parser.add_argument("--target", required=True, help="HOST:PORT or any gRPC target")
+    parser.add_argument("--shape", type=lambda s: _positive_list(int, s), default=[1024],
+                        help="N (N x N operands), comma-separated for several points (default 1024)")
+    parser.add_argument("--concurrency", type=lambda s: _positive_list(int, s), default=[1],
+                        help="threads, each with one call in flight; comma-separated sweep (default 1)")
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds measured per point (default 5)")
+    parser.add_argument("--warmup", type=float, default=1.0, help="seconds before each point, not recorded (default 1)")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "float64", "float16"])
+    parser.add_argument("--pure", action="store_true", help="the pure-Python gRPC path, not the native core")
+    parser.add_argument("--streamed", action="store_true", help="multiply_streamed instead of multiply")
+    parser.add_argument("--clients", type=int, default=1, help="Client objects (channels) the threads share (default 1)")
+    parser.add_argument("--timeout", type=float, default=60.0, help="per-call deadline, seconds (default 60)")
+    parser.add_argument("--json", help="also write the points to this file")
+    args = parser.parse_args(argv)
+    if args.duration <= 0 or args.warmup < 0 or args.clients < 1:
+        parser.error("--duration must be positive, --warmup not negative, --clients at least 1")
+    if not args.pure and NATIVE_UNAVAILABLE is not None:
+        parser.error(f"the native core is not available ({NATIVE_UNAVAILABLE}); pass --pure")
+
+    engine = "pure" if args.pure else "native"
+    clients = [Client(args.target, native=not args.pure) for _ in range(args.clients)]
+    points = []
+    header = (f"{'engine':<7} {'call':<9} {'shape':>6} {'conc':>5} {'req/s':>9} {'GB/s':>7} "
+              f"{'p50 ms':>9} {'p90 ms':>9} {'p99 ms':>9}  errors")
+    print(header, flush=True)
+    try:
+        for n in args.shape:
+            for c in args.concurrency:
+                point = run_point(clients, n, args.dtype, c, args.duration, args.warmup,
+                                  args.streamed, args.timeout)
+                point["engine"] = engine
+                point["call"] = "streamed" if args.streamed else "multiply"
+                points.append(point)
+                errors = ",".join(f"{k}:{v}" for k, v in sorted(point["errors"].items())) or "-"
+                print(f"{engine:<7} {point['call']:<9} {n:>6} {c:>5} {point['req_per_s']:>9.1f} "
+                      f"{point['gb_per_s']:>7.3f} {point['p50_ms']:>9.2f} {point['p90_ms']:>9.2f} "
+                      f"{point['p99_ms']:>9.2f}  {errors}", flush=True)
+    finally:
+        for client in clients:
+            client.close()
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump({"points": points}, out, indent=2)
+    return 0 if all(p["requests"] > 0 for p in points) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
