@@ -159,8 +159,7 @@ void BatchingEngine::Submit(std::unique_ptr<MatmulJob> job) {
       Group& group = groups_[KeyOf(job->spec())];
       if (options_.adaptive && group.jobs.empty() && in_flight_ < slots_) {
         // A free slot and nobody of its kind waiting: at once, alone.
-        ++in_flight_;
-        CountLaunch(1);
+        StartLaunch(1);
         full.push_back(std::move(job));
       } else {
         if (group.jobs.empty()) {
@@ -171,8 +170,7 @@ void BatchingEngine::Submit(std::unique_ptr<MatmulJob> job) {
         if (static_cast<int>(group.jobs.size()) >= options_.max_batch ||
             (options_.adaptive && in_flight_ < slots_)) {
           full.swap(group.jobs);
-          ++in_flight_;
-          CountLaunch(full.size());
+          StartLaunch(full.size());
         }
       }
     }
@@ -184,7 +182,8 @@ void BatchingEngine::Submit(std::unique_ptr<MatmulJob> job) {
   if (!full.empty()) Launch(std::move(full));
 }
 
-void BatchingEngine::CountLaunch(size_t size) {
+void BatchingEngine::StartLaunch(size_t size) {
+  ++in_flight_;
   size_t bucket = 0;
   while (bucket < kBatchSizeBounds.size() &&
          static_cast<int>(size) > kBatchSizeBounds[bucket]) {
@@ -193,10 +192,6 @@ void BatchingEngine::CountLaunch(size_t size) {
   ++launches_.counts[bucket];
   launches_.requests += static_cast<int64_t>(size);
   ++launches_.launches;
-  if (size > 1) {
-    batched_requests_ += static_cast<int64_t>(size);
-    ++batches_;
-  }
 }
 
 std::vector<std::unique_ptr<MatmulJob>> BatchingEngine::TakeOldestGroup() {
@@ -211,8 +206,7 @@ std::vector<std::unique_ptr<MatmulJob>> BatchingEngine::TakeOldestGroup() {
   }
   if (oldest == nullptr) return jobs;
   jobs.swap(oldest->jobs);
-  ++in_flight_;
-  CountLaunch(jobs.size());
+  StartLaunch(jobs.size());
   return jobs;
 }
 
@@ -259,8 +253,7 @@ void BatchingEngine::FlushLoop() {
       for (auto& [key, group] : groups_) {
         if (!group.jobs.empty() && (stopping_ || group.deadline <= now)) {
           // Past its window (or shutting down): out, slot or not.
-          ++in_flight_;
-          CountLaunch(group.jobs.size());
+          StartLaunch(group.jobs.size());
           due.push_back(std::move(group.jobs));
           group.jobs.clear();
         }
@@ -285,12 +278,13 @@ void BatchingEngine::Shutdown() {
 
 int64_t BatchingEngine::batched_requests() const {
   absl::MutexLock lock(&mu_);
-  return batched_requests_;
+  // Requests that went out in launches of more than one.
+  return launches_.requests - launches_.counts[0];
 }
 
 int64_t BatchingEngine::batches() const {
   absl::MutexLock lock(&mu_);
-  return batches_;
+  return launches_.launches - launches_.counts[0];
 }
 
 }  // namespace matmul

@@ -102,7 +102,8 @@ class BatchingEngine final : public Engine {
   // a free slot (taking it).
   std::vector<std::unique_ptr<MatmulJob>> TakeOldestGroup()
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void CountLaunch(size_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A launch of `size` requests begins: it takes a slot, and is counted.
+  void StartLaunch(size_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FlushLoop();
 
   const std::unique_ptr<Engine> inner_;
@@ -112,8 +113,6 @@ class BatchingEngine final : public Engine {
   absl::CondVar wake_;
   absl::flat_hash_map<Key, Group> groups_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  int64_t batched_requests_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t batches_ ABSL_GUARDED_BY(mu_) = 0;
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // jobs of ours in the wrapped one
   BatchSizeCounts launches_ ABSL_GUARDED_BY(mu_);
   std::thread flusher_;

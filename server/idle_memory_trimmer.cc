@@ -1,35 +1,19 @@
 #include "server/idle_memory_trimmer.h"
 
 #include <algorithm>
-#include <cstdio>
-#include <fstream>
-#include <string>
+#include <cstdint>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_format.h"
 #include "common/log.h"
+#include "server/http/process_collector.h"
 
 #if defined(__GLIBC__)
 #include <malloc.h>
 #endif
 
 namespace matmul {
-namespace {
-
-// VmRSS from /proc/self/status, in bytes; -1 if it cannot be read.
-int64_t ResidentBytes() {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    long long kib = 0;
-    if (std::sscanf(line.c_str(), "VmRSS: %lld kB", &kib) == 1) {
-      return static_cast<int64_t>(kib) * 1024;
-    }
-  }
-  return -1;
-}
-
-}  // namespace
 
 IdleMemoryTrimmer::IdleMemoryTrimmer(absl::Duration quiet, ActivityProbe probe,
                                      TrimFunction trim)
@@ -66,15 +50,15 @@ void IdleMemoryTrimmer::Start() {
 
 void IdleMemoryTrimmer::ReleaseFreeHeapMemory() {
 #if defined(__GLIBC__)
-  const int64_t before = ResidentBytes();
+  const std::optional<int64_t> before = ResidentMemoryBytes();
   malloc_trim(0);
-  const int64_t after = ResidentBytes();
-  if (before >= 0 && after >= 0 && before - after >= (int64_t{16} << 20)) {
+  const std::optional<int64_t> after = ResidentMemoryBytes();
+  if (before && after && *before - *after >= (int64_t{16} << 20)) {
     LogLine(absl::StrFormat(
         "idle: returned freed heap memory to the system, resident %.0f -> "
         "%.0f MiB",
-        static_cast<double>(before) / (1 << 20),
-        static_cast<double>(after) / (1 << 20)));
+        static_cast<double>(*before) / (1 << 20),
+        static_cast<double>(*after) / (1 << 20)));
   }
 #endif
 }

@@ -79,15 +79,27 @@ std::optional<int> OpenFds() {
   return count - 1;  // the directory stream's own descriptor
 }
 
+// Field 24, rss (pages), of /proc/self/stat's fields.
+std::optional<int64_t> ResidentBytesOf(const std::vector<std::string>& f) {
+  int64_t pages = 0;
+  const long page = sysconf(_SC_PAGESIZE);
+  if (page <= 0 || !absl::SimpleAtoi(f[21], &pages)) return std::nullopt;
+  return pages * page;
+}
+
 }  // namespace
+
+std::optional<int64_t> ResidentMemoryBytes() {
+  std::optional<std::vector<std::string>> f = StatFields();
+  return f ? ResidentBytesOf(*f) : std::nullopt;
+}
 
 std::vector<prometheus::MetricFamily> ProcessCollector::Collect() const {
   using prometheus::MetricType;
   std::vector<prometheus::MetricFamily> out;
   const double ticks = static_cast<double>(sysconf(_SC_CLK_TCK));
-  const double page = static_cast<double>(sysconf(_SC_PAGESIZE));
   if (std::optional<std::vector<std::string>> f = StatFields()) {
-    double utime = 0, stime = 0, start = 0, vsize = 0, rss = 0;
+    double utime = 0, stime = 0, start = 0, vsize = 0;
     // Fields 14 utime, 15 stime (ticks), 22 starttime (ticks since boot),
     // 23 vsize (bytes), 24 rss (pages).
     if (absl::SimpleAtod((*f)[11], &utime) &&
@@ -96,10 +108,10 @@ std::vector<prometheus::MetricFamily> ProcessCollector::Collect() const {
                            "Total user and system CPU time spent in seconds.",
                            MetricType::Counter, (utime + stime) / ticks));
     }
-    if (absl::SimpleAtod((*f)[21], &rss)) {
+    if (std::optional<int64_t> rss = ResidentBytesOf(*f)) {
       out.push_back(Single("process_resident_memory_bytes",
                            "Resident memory size in bytes.", MetricType::Gauge,
-                           rss * page));
+                           static_cast<double>(*rss)));
     }
     if (absl::SimpleAtod((*f)[20], &vsize)) {
       out.push_back(Single("process_virtual_memory_bytes",

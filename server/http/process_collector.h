@@ -16,6 +16,8 @@
 #ifndef MATMUL_SERVER_HTTP_PROCESS_COLLECTOR_H_
 #define MATMUL_SERVER_HTTP_PROCESS_COLLECTOR_H_
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,6 +30,10 @@ class ProcessCollector final : public prometheus::Collectable {
  public:
   std::vector<prometheus::MetricFamily> Collect() const override;
 };
+
+// This process's resident memory (process_resident_memory_bytes), or
+// nullopt where /proc/self/stat cannot be read.
+std::optional<int64_t> ResidentMemoryBytes();
 
 }  // namespace matmul
 

@@ -35,7 +35,7 @@ grpc::ByteBuffer MultiplyStreamReactor::Serialize(
 
 MultiplyStreamReactor::MultiplyStreamReactor(
     ServiceState& state, grpc::CallbackServerContext* context)
-    : state_(state), context_(context) {
+    : state_(state), context_(context), client_(ClientKey(*context)) {
   state_.calls.Add(this);
 }
 
@@ -244,7 +244,7 @@ void MultiplyStreamReactor::HandleStart(const WireStreamRequest& request,
   op.held_bytes = HeldBytes(*m);
   if (m->keep) {
     op.stored_bytes = spec->c_bytes();
-    op.client = ClientKey(*context_);
+    op.client = client_;
   }
   op.deadline = DeadlineOf(*context_);
   absl::StatusOr<Lease> lease = state_.admission.Admit(op);

@@ -43,6 +43,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -207,6 +208,10 @@ class MultiplyStreamReactor final
 
   ServiceState& state_;
   grpc::CallbackServerContext* const context_;
+  // Whose stream it is (ClientKey: the certificate's identity, the
+  // x-matmul-client header or the peer), for quotas and usage; the same for
+  // every multiply and step of the stream, so found once.
+  const std::string client_;
   std::atomic<int> refs_{1};  // gRPC's, and one per job in the engine
   std::atomic<Engine*> engine_{nullptr};  // set by the first start
 

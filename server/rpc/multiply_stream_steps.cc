@@ -47,9 +47,8 @@ class MultiplyStreamReactor::StepJob final : public MatmulJob {
   // `chunk`: an upload's bytes.
   StepJob(MultiplyStreamReactor* reactor, std::shared_ptr<Multiply> multiply,
           Step step, int64_t held_bytes, JobDescription description,
-          int64_t offset, Chunk chunk, std::string client)
+          int64_t offset, Chunk chunk)
       : MatmulJob(std::move(description)),
-        client_(std::move(client)),
         reactor_(reactor),
         multiply_(std::move(multiply)),
         step_(step),
@@ -71,7 +70,7 @@ class MultiplyStreamReactor::StepJob final : public MatmulJob {
   void Done(absl::StatusOr<JobResult> result) override {
     if (result.ok()) {
       reactor_->state_.metrics->client_usage().Record(
-          client_, result->timings(), JobBusBytes(description()));
+          reactor_->client_, result->timings(), JobBusBytes(description()));
     }
     reactor_->StepDone(multiply_, step_, held_bytes_, offset_,
                        std::move(result));
@@ -79,7 +78,6 @@ class MultiplyStreamReactor::StepJob final : public MatmulJob {
   absl::Status Abandoned() const override { return reactor_->Abandoned(); }
 
  private:
-  const std::string client_;  // whose usage it is (ClientKey)
   MultiplyStreamReactor* const reactor_;
   const std::shared_ptr<Multiply> multiply_;
   const Step step_;
@@ -130,8 +128,7 @@ std::unique_ptr<MatmulJob> MultiplyStreamReactor::NewJob(
     }
   }
   return std::make_unique<StepJob>(this, m, step, held_bytes, std::move(work),
-                                   offset, std::move(bytes_in),
-                                   ClientKey(*context_));
+                                   offset, std::move(bytes_in));
 }
 
 void MultiplyStreamReactor::StepDone(const std::shared_ptr<Multiply>& m,

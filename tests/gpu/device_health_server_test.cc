@@ -22,12 +22,12 @@
 #include "gtest/gtest.h"
 #include "matmul/v1/matmul.grpc.pb.h"
 #include "server/matmul_server.h"
+#include "tests/health_check.h"
 #include "tests/metrics/scrape_client.h"
 
 namespace matmul {
 namespace {
 
-using ::grpc::health::v1::HealthCheckRequest;
 using ::grpc::health::v1::HealthCheckResponse;
 
 // Once armed, breaks the context at the next job's completion.
@@ -46,19 +46,7 @@ class ArmedContextFault final : public FaultInjector {
   std::atomic<bool> armed_{false};
 };
 
-HealthCheckResponse::ServingStatus Health(
-    const std::shared_ptr<grpc::Channel>& channel, const std::string& service) {
-  auto stub = grpc::health::v1::Health::NewStub(channel);
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() +
-                       std::chrono::seconds(5));
-  HealthCheckRequest request;
-  request.set_service(service);
-  HealthCheckResponse response;
-  const grpc::Status status = stub->Check(&context, request, &response);
-  EXPECT_TRUE(status.ok()) << service << ": " << status.error_message();
-  return response.status();
-}
+using testing::Health;
 
 grpc::Status MultiplyOnes(const std::shared_ptr<grpc::Channel>& channel) {
   auto stub = v1::MatmulService::NewStub(channel);
