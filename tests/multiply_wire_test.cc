@@ -57,6 +57,9 @@ void ExpectSameAsProtobuf(const std::string& bytes, std::mt19937& gen) {
     EXPECT_EQ(w.dtype, t.dtype());
     EXPECT_EQ(w.data_bytes, static_cast<int64_t>(t.data().size()));
     EXPECT_EQ(Data(w), t.data());
+    EXPECT_EQ(w.shared.present, t.has_shared());
+    EXPECT_EQ(w.shared.region_id, t.shared().region_id());
+    EXPECT_EQ(w.shared.offset, t.shared().offset());
   };
   same_tensor(wire->a, message.has_a(), message.a());
   same_tensor(wire->b, message.has_b(), message.b());
@@ -67,6 +70,9 @@ void ExpectSameAsProtobuf(const std::string& bytes, std::mt19937& gen) {
   EXPECT_EQ(wire->b_handle, message.b_handle());
   EXPECT_EQ(wire->keep_result, message.keep_result());
   EXPECT_EQ(wire->result_ttl_seconds, message.result_ttl_seconds());
+  EXPECT_EQ(wire->c_shared.present, message.has_c_shared());
+  EXPECT_EQ(wire->c_shared.region_id, message.c_shared().region_id());
+  EXPECT_EQ(wire->c_shared.offset, message.c_shared().offset());
 }
 
 v1::MultiplyRequest RandomRequest(std::mt19937& gen) {
@@ -83,6 +89,10 @@ v1::MultiplyRequest RandomRequest(std::mt19937& gen) {
     }
     t->set_dtype(static_cast<v1::Dtype>(gen() % 6 == 5 ? -7 : gen() % 5));
     t->set_data(std::string(gen() % 200, static_cast<char>(gen())));
+    if (gen() % 4 == 0) {
+      t->mutable_shared()->set_region_id(gen() % 2 ? "r-1" : "r-\xc3\xa9");
+      t->mutable_shared()->set_offset(gen() % 3 == 0 ? -1 : gen() % 4096);
+    }
   }
   if (gen() % 5 == 0) r.clear_a();
   r.set_transpose_a(gen() % 2);
@@ -92,6 +102,10 @@ v1::MultiplyRequest RandomRequest(std::mt19937& gen) {
   if (gen() % 3 == 0) r.set_b_handle(gen() % 2 ? "h-\xc3\xa9" : "");
   r.set_keep_result(gen() % 2);
   r.set_result_ttl_seconds(gen() % 4 == 0 ? -5 : gen() % 100);
+  if (gen() % 4 == 0) {
+    r.mutable_c_shared()->set_region_id("r-2");
+    r.mutable_c_shared()->set_offset(gen() % 100000);
+  }
   return r;
 }
 

@@ -177,6 +177,34 @@ absl::Status SkipAny(Reader& r, int64_t end, int field, int wire_type,
   return SkipField(r, end, wire_type);
 }
 
+// Reads a length-delimited proto3 string field's bytes (the length is
+// next); fails if they are not UTF-8, as protobuf does.
+absl::Status ReadUtf8String(Reader& r, int64_t end, std::string* out,
+                            absl::string_view what);
+
+// A SharedMemoryRef; a second occurrence merges into the first.
+absl::Status DecodeSharedRef(Reader& r, int64_t end, WireSharedRef* ref) {
+  ref->present = true;
+  while (r.pos() < end) {
+    int field, wire_type;
+    if (absl::Status s = ReadKey(r, end, &field, &wire_type); !s.ok()) return s;
+    if (field == 1 && wire_type == kLengthDelimited) {
+      if (absl::Status s =
+              ReadUtf8String(r, end, &ref->region_id, "a region id");
+          !s.ok()) {
+        return s;
+      }
+    } else if (field == 2 && wire_type == kVarint) {
+      uint64_t v;
+      if (absl::Status s = ReadVarint(r, end, &v); !s.ok()) return s;
+      ref->offset = static_cast<int64_t>(v);
+    } else if (absl::Status s = SkipAny(r, end, field, wire_type, 0); !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status DecodeTensor(Reader& r, int64_t end, WireTensor* t) {
   t->present = true;
   while (r.pos() < end) {
@@ -204,6 +232,12 @@ absl::Status DecodeTensor(Reader& r, int64_t end, WireTensor* t) {
       t->data.clear();
       t->data_bytes = *data_end - r.pos();
       r.Take(t->data_bytes, &t->data);
+    } else if (field == 4 && wire_type == kLengthDelimited) {
+      absl::StatusOr<int64_t> ref_end = ReadLength(r, end);
+      if (!ref_end.ok()) return ref_end.status();
+      if (absl::Status s = DecodeSharedRef(r, *ref_end, &t->shared); !s.ok()) {
+        return s;
+      }
     } else if (absl::Status s = SkipAny(r, end, field, wire_type, 0); !s.ok()) {
       return s;
     }
@@ -248,6 +282,21 @@ bool IsUtf8(absl::string_view s) {
     i += n + 1;
   }
   return true;
+}
+
+absl::Status ReadUtf8String(Reader& r, int64_t end, std::string* out,
+                            absl::string_view what) {
+  absl::StatusOr<int64_t> string_end = ReadLength(r, end);
+  if (!string_end.ok()) return string_end.status();
+  std::vector<ByteChunk> pieces;
+  r.Take(*string_end - r.pos(), &pieces);
+  out->clear();
+  for (const ByteChunk& piece : pieces) {
+    out->append(reinterpret_cast<const char*>(piece.data()), piece.size());
+  }
+  // proto3 strings must be UTF-8; protobuf refuses the message if not.
+  if (!IsUtf8(*out)) return Malformed(r, absl::StrCat(what, " is not UTF-8"));
+  return absl::OkStatus();
 }
 
 // int32 fields: negative values take ten bytes, sign-extended.
@@ -304,17 +353,19 @@ absl::StatusOr<WireMultiplyRequest> DecodeMultiplyRequest(
       if (field == 8) request.keep_result = v != 0;
       if (field == 9) request.result_ttl_seconds = static_cast<int64_t>(v);
     } else if ((field == 6 || field == 7) && wire_type == kLengthDelimited) {
-      absl::StatusOr<int64_t> string_end = ReadLength(r, end);
-      if (!string_end.ok()) return string_end.status();
-      std::vector<ByteChunk> pieces;
-      r.Take(*string_end - r.pos(), &pieces);
-      std::string& out = field == 6 ? request.a_handle : request.b_handle;
-      out.clear();
-      for (const ByteChunk& piece : pieces) {
-        out.append(reinterpret_cast<const char*>(piece.data()), piece.size());
+      if (absl::Status s = ReadUtf8String(
+              r, end, field == 6 ? &request.a_handle : &request.b_handle,
+              "a handle");
+          !s.ok()) {
+        return s;
       }
-      // proto3 strings must be UTF-8; protobuf refuses the message if not.
-      if (!IsUtf8(out)) return Malformed(r, "a handle is not UTF-8");
+    } else if (field == 10 && wire_type == kLengthDelimited) {
+      absl::StatusOr<int64_t> ref_end = ReadLength(r, end);
+      if (!ref_end.ok()) return ref_end.status();
+      if (absl::Status s = DecodeSharedRef(r, *ref_end, &request.c_shared);
+          !s.ok()) {
+        return s;
+      }
     } else if (absl::Status s = SkipAny(r, end, field, wire_type, 0); !s.ok()) {
       return s;
     }

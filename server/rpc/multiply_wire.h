@@ -23,6 +23,13 @@ namespace matmul {
 
 using ByteChunk = absl::Span<const uint8_t>;
 
+// A decoded matmul.v1.SharedMemoryRef: a place in a registered region.
+struct WireSharedRef {
+  bool present = false;
+  std::string region_id;
+  int64_t offset = 0;
+};
+
 // One decoded operand (matmul.v1.Tensor).
 struct WireTensor {
   bool present = false;
@@ -31,6 +38,8 @@ struct WireTensor {
   // The data: pieces of the received chunks, in order; data_bytes in all.
   std::vector<ByteChunk> data;
   int64_t data_bytes = 0;
+  // Where the data is instead (Tensor.shared).
+  WireSharedRef shared;
 };
 
 // A decoded matmul.v1.MultiplyRequest. Its data pieces point into the
@@ -45,6 +54,7 @@ struct WireMultiplyRequest {
   std::string b_handle;
   bool keep_result = false;
   int64_t result_ttl_seconds = 0;
+  WireSharedRef c_shared;
 
   // The header for validation (spans point into this object).
   MultiplyHeader header() const;
