@@ -11,6 +11,8 @@
 #include "absl/synchronization/mutex.h"
 #include "gpu/engine.h"
 #include "gpu/host/host_engine.h"
+#include "gpu/host/host_gemm.h"
+#include "gpu/layout_planner.h"
 
 namespace matmul::testing {
 
@@ -103,20 +105,29 @@ class FakeEngine final : public Engine {
       job->Done(status);
       return;
     }
-    const MatmulSpec& spec = job->spec();
+    // Sizes from the plan: a grouped multiply's are its members' regions.
+    absl::StatusOr<LayoutPlan> plan = PlanLayout(job->description());
+    if (!plan.ok()) {
+      job->Done(plan.status());
+      return;
+    }
     auto staging = std::make_shared<std::vector<std::byte>>(
-        spec.a_bytes() + spec.b_bytes() + spec.c_bytes());
+        plan->a_bytes + plan->b_bytes + plan->c_bytes);
     std::byte* a = staging->data();
-    std::byte* b = a + spec.a_bytes();
-    std::byte* c = b + spec.b_bytes();
-    absl::Status written = job->WriteOperands(
-        absl::MakeSpan(a, spec.a_bytes()), absl::MakeSpan(b, spec.b_bytes()));
+    std::byte* b = a + plan->a_bytes;
+    std::byte* c = b + plan->b_bytes;
+    absl::Status written = job->WriteOperands(absl::MakeSpan(a, plan->a_bytes),
+                                              absl::MakeSpan(b, plan->b_bytes));
     if (!written.ok()) {
       job->Done(written);
       return;
     }
-    HostGemm(spec, a, b, c);
-    job->Done(JobResult(absl::MakeConstSpan(c, spec.c_bytes()), Placement{0, 0},
+    if (plan->group != nullptr) {
+      HostGemmGrouped(*plan->group, a, b, c);
+    } else {
+      HostGemm(job->spec(), a, b, c);
+    }
+    job->Done(JobResult(absl::MakeConstSpan(c, plan->c_bytes), Placement{0, 0},
                         StageTimings{},
                         [staging]() mutable { staging.reset(); }));
   }
