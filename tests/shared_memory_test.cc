@@ -6,9 +6,12 @@
 #include <fcntl.h>
 #include <grpcpp/create_channel.h>
 #include <grpcpp/grpcpp.h>
+#include <signal.h>
+#include <spawn.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -124,6 +127,7 @@ class SharedMemoryServer {
   }
 
   MatmulServer& server() { return *server_; }
+  const std::string& socket() const { return socket_; }
   std::unique_ptr<v1::MatmulService::Stub> UnixStub() const {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(-1);
@@ -864,6 +868,49 @@ TEST(SharedMemoryTest, ADisconnectedClientsRegionGoes) {
   }
   EXPECT_TRUE(gone);
   EXPECT_EQ(fake->registered(), 0);
+}
+
+// A client process killed with its region registered: the server sees its
+// connection close, ends the registration, and unpins and unmaps the
+// region (the gauges return to 0).
+TEST(SharedMemoryTest, AKilledClientsRegionGoes) {
+  FakeEngine* fake = nullptr;
+  SharedMemoryServer s(FakeProvider(&fake));
+  ShmObject shm(4096);
+  // tests/shared_memory_child.cc, in a process of its own.
+  std::string child_path = MATMUL_SHM_CHILD;
+  std::string socket_path = s.socket();
+  std::string name = shm.name();
+  std::string bytes = "4096";
+  std::string client = "killed-child";
+  char* argv[] = {child_path.data(), socket_path.data(), name.data(),
+                  bytes.data(),      client.data(),      nullptr};
+  pid_t child = 0;
+  ASSERT_EQ(
+      posix_spawn(&child, child_path.c_str(), nullptr, nullptr, argv, environ),
+      0);
+  auto stub = s.UnixStub();
+  bool registered = false;
+  for (int i = 0; i < 2000 && !registered; ++i) {
+    registered = List(*stub, "killed-child").size() == 1;
+    if (!registered) absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_TRUE(registered);
+  EXPECT_EQ(fake->registered(), 1);
+  kill(child, SIGKILL);
+  int status = 0;
+  waitpid(child, &status, 0);
+  EXPECT_TRUE(WIFSIGNALED(status));
+  bool gone = false;
+  for (int i = 0; i < 2000 && !gone; ++i) {
+    gone = List(*stub, "killed-child").empty();
+    if (!gone) absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_TRUE(gone);
+  EXPECT_EQ(fake->registered(), 0);
+  const std::map<std::string, double> metrics = s.Scrape();
+  EXPECT_EQ(testing::Sum(metrics, "matmul_shared_memory_regions"), 0);
+  EXPECT_EQ(testing::Sum(metrics, "matmul_shared_memory_bytes"), 0);
 }
 
 TEST(SharedMemoryTest, MultiplyStreamRefusesSharedOperands) {
