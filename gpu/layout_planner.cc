@@ -51,7 +51,7 @@ absl::StatusOr<LayoutPlan> PlanGrouped(const JobDescription& job,
   p.transient_a = p.transient_b = p.transient_c = true;
   p.a_bytes = p.staged_a_bytes = group->a_bytes;
   p.b_bytes = p.staged_b_bytes = group->b_bytes;
-  p.c_bytes = p.returned_c_bytes = group->c_bytes;
+  p.c_bytes = p.returned_c_bytes = p.c_out_bytes = group->c_bytes;
   p.staging_bytes = p.a_bytes + p.b_bytes + p.c_bytes;
   p.moved_bytes = p.staging_bytes;
   p.required_device = job.device;
@@ -152,9 +152,11 @@ absl::StatusOr<LayoutPlan> PlanLayout(const JobDescription& job) {
     p.staged_a_bytes = p.stage_a ? spec.a_bytes() : 0;
     p.staged_b_bytes = p.stage_b ? spec.b_bytes() : 0;
   }
-  p.returned_c_bytes = p.return_c ? spec.c_bytes() : 0;
+  p.c_to_destination = p.return_c && p.gemm && mul->c_destination != nullptr;
+  p.c_out_bytes = p.return_c ? spec.c_bytes() : 0;
+  p.returned_c_bytes = p.c_to_destination ? 0 : p.c_out_bytes;
   p.staging_bytes = p.staged_a_bytes + p.staged_b_bytes + p.returned_c_bytes;
-  p.moved_bytes = staged + p.returned_c_bytes;
+  p.moved_bytes = staged + p.c_out_bytes;
   if (up != nullptr && up->target != nullptr) p.byte_offset = up->byte_offset;
   if (down != nullptr) p.byte_offset = down->byte_offset;
   if (p.gemm) p.strides = StridesOf(spec);

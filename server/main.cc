@@ -32,6 +32,7 @@
 #include "common/dtype.h"
 #include "common/grpc_args.h"
 #include "common/log.h"
+#include "common/mutex_mode.h"
 #include "gpu/engine_factory.h"
 #include "server/matmul_server.h"
 #include "server/shutdown_signals.h"
@@ -258,6 +259,7 @@ std::string DescribeEngine(const matmul::Engine& engine) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  matmul::SkipMutexDeadlockDetection();  // common/mutex_mode.h
   absl::SetProgramUsageMessage(
       "matmul-server: multiplies matrices for gRPC clients on GPUs (or the "
       "CPU)");

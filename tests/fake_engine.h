@@ -4,8 +4,10 @@
 #ifndef MATMUL_TESTS_FAKE_ENGINE_H_
 #define MATMUL_TESTS_FAKE_ENGINE_H_
 
+#include <atomic>
 #include <deque>
 #include <memory>
+#include <variant>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -55,6 +57,17 @@ class FakeEngine final : public Engine {
     auto* data = new std::byte[bytes];
     return HostBuffer(data, bytes, [data] { delete[] data; });
   }
+  // Counts registrations, like an engine that pins (pinned stays false:
+  // the fake reads host memory itself).
+  absl::StatusOr<HostMemoryRegistration> RegisterHostMemory(void*,
+                                                            int64_t) override {
+    registered_.fetch_add(1, std::memory_order_relaxed);
+    return HostMemoryRegistration(/*pinned=*/false, [this] {
+      registered_.fetch_sub(1, std::memory_order_relaxed);
+    });
+  }
+  // Registrations not yet released.
+  int registered() const { return registered_.load(std::memory_order_relaxed); }
 
   void Shutdown() override {
     std::deque<std::unique_ptr<MatmulJob>> jobs;
@@ -113,26 +126,40 @@ class FakeEngine final : public Engine {
     }
     auto staging = std::make_shared<std::vector<std::byte>>(
         plan->a_bytes + plan->b_bytes + plan->c_bytes);
-    std::byte* a = staging->data();
-    std::byte* b = a + plan->a_bytes;
-    std::byte* c = b + plan->b_bytes;
-    absl::Status written = job->WriteOperands(absl::MakeSpan(a, plan->a_bytes),
-                                              absl::MakeSpan(b, plan->b_bytes));
-    if (!written.ok()) {
-      job->Done(written);
-      return;
+    const std::byte* a = staging->data();
+    const std::byte* b = a + plan->a_bytes;
+    std::byte* c = staging->data() + plan->a_bytes + plan->b_bytes;
+    const auto* mul = std::get_if<MultiplyOp>(&job->op());
+    if (mul != nullptr && mul->prestaged.has_value()) {
+      // Operands in the caller's host memory (only these two kinds).
+      a = mul->prestaged->a;
+      b = mul->prestaged->b;
+    } else {
+      absl::Status written = job->WriteOperands(
+          absl::MakeSpan(staging->data(), plan->a_bytes),
+          absl::MakeSpan(staging->data() + plan->a_bytes, plan->b_bytes));
+      if (!written.ok()) {
+        job->Done(written);
+        return;
+      }
+    }
+    size_t c_returned = static_cast<size_t>(plan->c_bytes);
+    if (mul != nullptr && mul->c_destination != nullptr) {
+      c = mul->c_destination;
+      c_returned = 0;
     }
     if (plan->group != nullptr) {
       HostGemmGrouped(*plan->group, a, b, c);
     } else {
       HostGemm(job->spec(), a, b, c);
     }
-    job->Done(JobResult(absl::MakeConstSpan(c, plan->c_bytes), Placement{0, 0},
+    job->Done(JobResult(absl::MakeConstSpan(c, c_returned), Placement{0, 0},
                         StageTimings{},
                         [staging]() mutable { staging.reset(); }));
   }
 
   EngineInfo info_;
+  std::atomic<int> registered_{0};
   absl::Mutex mu_;
   std::deque<std::unique_ptr<MatmulJob>> held_ ABSL_GUARDED_BY(mu_);
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;

@@ -50,6 +50,7 @@
 #include "client/tools/server_scrape.h"
 #include "common/build_info.h"
 #include "common/command_line.h"
+#include "common/mutex_mode.h"
 
 // The values are checked by MakeConfig; the help texts are kUsage's.
 ABSL_FLAG(std::string, target, "", "");
@@ -577,6 +578,7 @@ void PrintProgress(int concurrency, double rate, const LoadProgress& p) {
 }
 
 int Main(int argc, char** argv) {
+  SkipMutexDeadlockDetection();  // common/mutex_mode.h
   std::vector<std::string> args(argv + std::min(argc, 1), argv + argc);
   switch (FindInfoRequest(args)) {
     case InfoRequest::kHelp:
