@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <utility>
 #include <variant>
 
@@ -217,12 +218,21 @@ std::vector<std::unique_ptr<MatmulJob>> BatchingEngine::TakeWithCompanions(
     const Key& key) {
   std::vector<std::unique_ptr<MatmulJob>> jobs;
   const size_t most = static_cast<size_t>(std::max(1, options_.max_batch));
-  auto take = [&jobs, most](Group& group) {
-    const size_t n = std::min(group.jobs.size(), most - jobs.size());
-    for (size_t i = 0; i < n; ++i) jobs.push_back(std::move(group.jobs[i]));
+  // Bytes staged (operands and product), bounded for companions only.
+  int64_t bytes = 0;
+  auto take = [&jobs, &bytes, most](Group& group, int64_t max_bytes) {
+    size_t n = 0;
+    while (n < group.jobs.size() && jobs.size() < most) {
+      const MatmulSpec& s = group.jobs[n]->spec();
+      const int64_t job_bytes = s.a_bytes() + s.b_bytes() + s.c_bytes();
+      if (bytes + job_bytes > max_bytes) break;
+      bytes += job_bytes;
+      jobs.push_back(std::move(group.jobs[n++]));
+    }
     group.jobs.erase(group.jobs.begin(), group.jobs.begin() + n);
+    return n;
   };
-  take(groups_[key]);
+  take(groups_[key], std::numeric_limits<int64_t>::max());
   size_t kinds = 1;
   if (options_.grouped && jobs.size() < most) {
     // Kinds that differ only in shape and transposes, oldest first.
@@ -238,8 +248,7 @@ std::vector<std::unique_ptr<MatmulJob>> BatchingEngine::TakeWithCompanions(
               [](const auto& x, const auto& y) { return x.first < y.first; });
     for (auto& [deadline, group] : others) {
       if (jobs.size() >= most) break;
-      take(*group);
-      ++kinds;
+      if (take(*group, options_.max_group_bytes) > 0) ++kinds;
     }
   }
   if (!jobs.empty()) StartLaunch(jobs.size(), kinds > 1);

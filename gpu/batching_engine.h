@@ -17,13 +17,13 @@
 // slot: a group that old goes out anyway. Not adaptive: the first request
 // of a group waits `window` for company, whatever the engine is doing.
 //
-// Mixed shapes (`grouped`, the default): when the requests that go out
-// together would be of several kinds, differing only in shape and
-// transposes (one dtype and compute mode), the group that has waited
-// longest takes the other kinds' waiting requests along, up to `max_batch`
-// in all, as ONE grouped job (gpu/grouped_job.h: one staging slot, one
-// device region, one grouped GEMM launch) instead of one job per shape.
-// A launch of one kind stays a strided batch.
+// Mixed shapes (`grouped`, the default): when a group goes out, it takes
+// the waiting requests of other kinds that differ only in shape and
+// transposes (one dtype and compute mode) along, oldest group first, up to
+// `max_batch` requests and `max_group_bytes` in all, as ONE grouped job
+// (gpu/grouped_job.h: one staging slot, one device region, one grouped
+// GEMM launch) instead of one job per shape. A launch of one kind stays a
+// strided batch.
 //
 // Eligible: plain 2-D multiplies with staged operands (no stored operands,
 // no kept result, no prestaged memory) of at most `max_flops` each. Others
@@ -61,6 +61,10 @@ struct BatchingOptions {
   // Requests of several shapes (one dtype and compute mode) waiting at
   // once go out as one grouped job; false: one job per shape.
   bool grouped = true;
+  // Grouped: other shapes' requests join only while the job's operands and
+  // products stay within this many bytes (they must fit one staging slot
+  // and the device at once; a request of the first group always goes).
+  int64_t max_group_bytes = int64_t{256} << 20;
 };
 
 class BatchingEngine final : public Engine {

@@ -319,7 +319,7 @@ struct AllocateOp {};
 // Grouped multiply: several multiplies of different shapes, one dtype and
 // compute mode (the job spec's, whose sizes are otherwise unused), run as
 // one job: their staged operands share one staging slot and one device
-// region, each member's part where GroupLayoutOf (gpu/layout_planner.h)
+// region, each member's part where GroupLayoutOf (gpu/grouped_layout.h)
 // puts it, their products come back in one returned region, and the
 // engine runs them in one launch where it can (CUDA:
 // cublasGemmGroupedBatchedEx), one after another otherwise (host).

@@ -51,7 +51,7 @@ absl::StatusOr<LayoutPlan> PlanGrouped(const JobDescription& job,
   p.transient_a = p.transient_b = p.transient_c = true;
   p.a_bytes = p.staged_a_bytes = group->a_bytes;
   p.b_bytes = p.staged_b_bytes = group->b_bytes;
-  p.c_bytes = p.returned_c_bytes = group->c_bytes;
+  p.c_bytes = p.returned_c_bytes = p.c_out_bytes = group->c_bytes;
   p.staging_bytes = p.a_bytes + p.b_bytes + p.c_bytes;
   p.moved_bytes = p.staging_bytes;
   p.required_device = job.device;

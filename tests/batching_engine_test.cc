@@ -512,5 +512,35 @@ TEST(BatchingEngineGroupedTest, ShutdownFlushesMixedShapesGrouped) {
   EXPECT_EQ(stats.batch_sizes.grouped_launches, 2);
 }
 
+// Other shapes join a grouped job only within max_group_bytes: the rest
+// wait for the next launch (the first group's requests always go).
+TEST(BatchingEngineGroupedTest, CompanionsStayWithinTheByteBound) {
+  HostEngineOptions host;
+  host.lanes = 1;
+  BatchingOptions options;
+  options.window = absl::Seconds(60);
+  const MatmulSpec big =
+      MakeSpec(DType::kFloat32, 1, 1, 64, 64, 64, false, false, false);
+  const MatmulSpec small =
+      MakeSpec(DType::kFloat32, 1, 1, 8, 8, 8, false, false, false);
+  const int64_t big_bytes = big.a_bytes() + big.b_bytes() + big.c_bytes();
+  options.max_group_bytes = 3 * big_bytes;  // two bigs and a small fit
+  BatchingEngine engine(*HostEngine::Create(host), options);
+  absl::BitGen gen;
+  absl::Notification gate;
+  auto first = Submit(engine, small, gen, absl::OkStatus(), &gate);
+  std::vector<std::unique_ptr<Pending>> waiting;
+  waiting.push_back(Submit(engine, small, gen));  // the oldest group
+  for (int i = 0; i < 4; ++i) waiting.push_back(Submit(engine, big, gen));
+  gate.Notify();
+  ExpectCorrect(*first);
+  for (auto& p : waiting) ExpectCorrect(*p);
+  const EngineStats stats = engine.stats();
+  // Alone; the small with two bigs (grouped); the other two bigs (a batch).
+  EXPECT_EQ(stats.batch_sizes.launches, 3);
+  EXPECT_EQ(stats.batch_sizes.grouped_launches, 1);
+  EXPECT_EQ(stats.batch_sizes.grouped_requests, 3);
+}
+
 }  // namespace
 }  // namespace matmul
