@@ -44,6 +44,7 @@
 #include "client/lib/matmul_client.h"
 #include "client/lib/tensor_proto.h"
 #include "client/tools/bench_report.h"
+#include "client/tools/bench_shared_memory.h"
 #include "client/tools/bench_stability.h"
 #include "client/tools/bench_workload.h"
 #include "client/tools/load_generator.h"
@@ -74,6 +75,7 @@ ABSL_FLAG(bool, verify, false, "");
 ABSL_FLAG(bool, progress, false, "");
 ABSL_FLAG(bool, protobuf_requests, false, "");
 ABSL_FLAG(bool, stable, false, "");
+ABSL_FLAG(bool, shared_memory, false, "");
 ABSL_FLAG(std::string, stable_windows, "", "");
 
 namespace matmul {
@@ -87,7 +89,7 @@ constexpr char kUsage[] = R"(usage:
                [--duration SECONDS | --requests N] [--warmup SECONDS]
                [--channels N] [--timeout SECONDS]
                [--verify] [--verify-every N] [--distinct N] [--seed N]
-               [--protobuf-requests]
+               [--protobuf-requests] [--shared-memory]
                [--resident[=operands|all|none]] [--client-id NAME]
                [--grpc-arg NAME=INT,...]
                [--json FILE] [--label TEXT] [--progress]
@@ -131,6 +133,12 @@ p50/p90/p99/p99.9 of the successful requests, and errors by gRPC status code.
                   check them. --resident=operands returns products inline.
                   Payload GB/s is then (nearly) 0: TFLOP/s is the figure;
                   the JSON has the actual message sizes (wire_gb_per_s)
+  --shared-memory operands and products in shared memory (a unix: target on
+                  the server's host): before each point every slot of
+                  --concurrency registers a region with its own A, B and C,
+                  and requests name places in it; no payload crosses the
+                  socket (payload GB/s is 0; TFLOP/s is the figure). Not
+                  with --resident
   --client-id     sent as x-matmul-client on every call: the name the
                   server charges stored tensors to (default
                   matmul-bench-HOST-PID)
@@ -205,7 +213,7 @@ absl::StatusOr<Flags> ParseFlags(const std::vector<std::string>& args) {
       "timeout", "distinct",  "seed",     "verify-every", "json",
       "label",   "client-id", "grpc-arg", "resident",     "stable-windows"};
   static const std::set<std::string> kSwitches = {
-      "verify", "progress", "protobuf-requests", "stable"};
+      "verify", "progress", "protobuf-requests", "stable", "shared-memory"};
   // A switch that may take a value: --resident, --resident=operands, or
   // --resident operands; given alone it is --resident=all.
   static const std::set<std::string> kResidentValues = {"none", "operands",
@@ -357,6 +365,7 @@ struct Config {
   // --stable: windows per point at most (0: one window, no judgement).
   int stable_windows = 0;
   Resident resident = Resident::kNone;
+  bool shared_memory = false;
   std::string client_id;
   GrpcArgs grpc_args;
 };
@@ -447,6 +456,11 @@ absl::StatusOr<Config> MakeConfig(const Flags& flags) {
   absl::StatusOr<Resident> resident = ParseResident(flags.Get("resident"));
   if (!resident.ok()) return resident.status();
   c.resident = *resident;
+  c.shared_memory = flags.switches.count("shared-memory") > 0;
+  if (c.shared_memory && c.resident != Resident::kNone) {
+    return absl::InvalidArgumentError(
+        "--shared-memory and --resident exclude each other");
+  }
   c.client_id = flags.Has("client-id")
                     ? flags.values.at("client-id")
                     : absl::StrCat("matmul-bench-", HostName(), "-", getpid());
@@ -620,10 +634,13 @@ int Main(int argc, char** argv) {
       BuildWorkload(c.shape, c.dtype, c.compute, distinct, c.seed);
   if (!workload.ok()) return Fail(workload.status().message());
   // Payload: the tensors' data the messages carry.
-  run.request_bytes =
-      c.resident == Resident::kNone ? workload->request_bytes : 0;
-  run.response_bytes =
-      c.resident == Resident::kAll ? 0 : workload->response_bytes;
+  run.request_bytes = c.resident == Resident::kNone && !c.shared_memory
+                          ? workload->request_bytes
+                          : 0;
+  run.response_bytes = c.resident == Resident::kAll || c.shared_memory
+                           ? 0
+                           : workload->response_bytes;
+  run.shared_memory = c.shared_memory;
   run.flops_per_request = workload->flops_per_request;
   run.distinct_requests = distinct;
 
@@ -735,13 +752,28 @@ int Main(int argc, char** argv) {
         requests.clear();
         for (const auto& r : resident_requests) requests.push_back(r.get());
       }
+      // Shared memory: a region per slot, and requests that name them.
+      std::unique_ptr<SharedMemoryPoint> shared;
+      LoadGenerator::ResponseChecker point_checker = checker;
+      if (c.shared_memory) {
+        const absl::Time register_start = absl::Now();
+        absl::StatusOr<std::unique_ptr<SharedMemoryPoint>> created =
+            SharedMemoryPoint::Create(client->get(), *workload, concurrency);
+        if (!created.ok()) return Fail(created.status().message());
+        bp.upload_s = absl::ToDoubleSeconds(absl::Now() - register_start);
+        shared = *std::move(created);
+        requests = shared->requests();
+        if (verifier != nullptr)
+          point_checker = shared->Checker(verifier.get());
+      }
       bp.request_message_bytes =
           static_cast<int64_t>(requests.front()->ByteSizeLong());
 
       auto generator = std::make_unique<LoadGenerator>(
-          client->get(), requests, checker,
+          client->get(), requests, point_checker,
           c.protobuf_requests ? LoadGenerator::Encoding::kProtobuf
                               : LoadGenerator::Encoding::kZeroCopy);
+      generator->set_exclusive_requests(c.shared_memory);
       bp.timestamp = Rfc3339Now();
       // One window, or (--stable) windows until the last three agree.
       std::vector<double> window_rates;
@@ -777,6 +809,7 @@ int Main(int argc, char** argv) {
         (void)generator.release();
         (void)verifier.release();
         for (auto& r : resident_requests) (void)r.release();
+        (void)shared.release();
       }
       if (c.stable_windows > 0) {
         bp.window_rates = window_rates;
