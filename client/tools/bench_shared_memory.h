@@ -1,10 +1,10 @@
-// `matmul-bench --shared-memory`: the requests of one point when operands
-// and products go through shared memory (client/lib/
-// shared_memory_session.h). Each in-flight slot of the load generator owns
-// a session: a registered region holding its A, B (a copy of one of the
-// workload's requests) and its C, so that no two multiplies in flight
-// write the same C. The requests name places in the regions; no payload
-// crosses the socket (request_bytes and response_bytes are 0).
+// `matmul-bench --shared-memory`: the requests of a run when operands and
+// products go through shared memory (client/lib/shared_memory_session.h).
+// Each in-flight slot of the load generator owns a session: a registered
+// region holding its A, B (a copy of one of the workload's requests) and
+// its C, so that no two multiplies in flight write the same C. A point of
+// concurrency c uses the first c. The requests name places in the regions;
+// no payload crosses the socket (request_bytes and response_bytes are 0).
 #ifndef MATMUL_CLIENT_TOOLS_BENCH_SHARED_MEMORY_H_
 #define MATMUL_CLIENT_TOOLS_BENCH_SHARED_MEMORY_H_
 
