@@ -144,7 +144,7 @@ bool BatchingEngine::Eligible(const MatmulJob& job) const {
          mul->resident_b == nullptr && !mul->keep_result &&
          !mul->prestaged.has_value() && job.description().device < 0 &&
          s.batch == 1 && s.a_batch == 1 && s.b_batch == 1 &&
-         s.flops() <= options_.max_flops;
+         s.flops() <= options_.max_flops && mul->c_destination == nullptr;
 }
 
 void BatchingEngine::Submit(std::unique_ptr<MatmulJob> job) {

@@ -73,6 +73,10 @@ class BatchingEngine final : public Engine {
   absl::StatusOr<HostBuffer> AllocateHostBuffer(int64_t bytes) override {
     return inner_->AllocateHostBuffer(bytes);
   }
+  absl::StatusOr<HostMemoryRegistration> RegisterHostMemory(
+      void* data, int64_t bytes) override {
+    return inner_->RegisterHostMemory(data, bytes);
+  }
   void Shutdown() override;
 
   // Requests merged so far, and the batches they made (for tests, metrics).

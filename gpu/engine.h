@@ -217,9 +217,53 @@ class HostBuffer {
   absl::AnyInvocable<void() &&> free_;
 };
 
-// Operands a caller already holds in memory from Engine::AllocateHostBuffer;
-// the engine copies them to the device from there, with no staging copy.
-// They must stay untouched until the job is Done.
+// Host memory the caller owns, registered with the engine by
+// Engine::RegisterHostMemory so that the engine copies to and from it
+// directly (cudaHostRegister on the CUDA engine). The registration ends
+// (the memory is unpinned) when this object is destroyed, which must happen
+// before the memory is unmapped and after every job using it is Done.
+// Move-only. Thread-compatible.
+class HostMemoryRegistration {
+ public:
+  HostMemoryRegistration() = default;
+  HostMemoryRegistration(bool pinned, absl::AnyInvocable<void() &&> unregister)
+      : pinned_(pinned), unregister_(std::move(unregister)) {}
+  HostMemoryRegistration(HostMemoryRegistration&& other) noexcept {
+    *this = std::move(other);
+  }
+  HostMemoryRegistration& operator=(HostMemoryRegistration&& other) noexcept {
+    if (this != &other) {
+      Reset();
+      pinned_ = std::exchange(other.pinned_, false);
+      unregister_ = std::move(other.unregister_);
+      other.unregister_ = nullptr;
+    }
+    return *this;
+  }
+  HostMemoryRegistration(const HostMemoryRegistration&) = delete;
+  HostMemoryRegistration& operator=(const HostMemoryRegistration&) = delete;
+  ~HostMemoryRegistration() { Reset(); }
+
+  // True if the engine's copy engines reach the memory directly (pinned);
+  // false on engines that read host memory themselves (the host engine).
+  bool pinned() const { return pinned_; }
+
+ private:
+  void Reset() {
+    if (unregister_) std::move(unregister_)();
+    unregister_ = nullptr;
+    pinned_ = false;
+  }
+
+  bool pinned_ = false;
+  absl::AnyInvocable<void() &&> unregister_;
+};
+
+// Operands a caller already holds in host memory the engine can copy from
+// directly: from Engine::AllocateHostBuffer, or memory registered with
+// Engine::RegisterHostMemory. The engine copies them to the device from
+// there, with no staging copy. They must stay untouched until the job is
+// Done. A pointer may be null for an operand that is resident (MultiplyOp).
 struct PrestagedOperands {
   const std::byte* a = nullptr;
   const std::byte* b = nullptr;
@@ -241,6 +285,11 @@ struct MultiplyOp {
   // If set, the operands are already in engine-allocated host memory and
   // WriteOperands is not called.
   std::optional<PrestagedOperands> prestaged;
+  // If set (and keep_result is not), C is copied from the device straight
+  // into this host memory (spec.c_bytes() long: from AllocateHostBuffer or
+  // RegisterHostMemory on the CUDA engine) instead of into staging, and
+  // JobResult::c() is empty. It must stay valid until the job is Done.
+  std::byte* c_destination = nullptr;
 };
 
 // Upload: one tensor, described by the spec as A (a_batch x m x k), staged
@@ -361,6 +410,19 @@ class Engine {
   // Host memory that jobs can use as PrestagedOperands (pinned on the CUDA
   // engine; that is slow to allocate, so allocate once and reuse).
   virtual absl::StatusOr<HostBuffer> AllocateHostBuffer(int64_t bytes) = 0;
+
+  // Registers `bytes` of caller-owned host memory at `data` (page-aligned,
+  // e.g. a mapping of a shared-memory object) so that jobs can use it as
+  // PrestagedOperands and MultiplyOp::c_destination with no staging copy.
+  // The CUDA engine pins it (cudaHostRegister); an error is returned, never
+  // a crash, when that fails. The default (host engine) registers nothing
+  // and answers an unpinned registration: it reads host memory itself.
+  virtual absl::StatusOr<HostMemoryRegistration> RegisterHostMemory(
+      void* data, int64_t bytes) {
+    (void)data;
+    (void)bytes;
+    return HostMemoryRegistration();
+  }
 
   // Runs every job already submitted to completion, then stops the engine's
   // threads. Jobs submitted afterwards fail with UNAVAILABLE. Idempotent.

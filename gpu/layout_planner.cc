@@ -118,9 +118,11 @@ absl::StatusOr<LayoutPlan> PlanLayout(const JobDescription& job) {
     p.staged_a_bytes = p.stage_a ? spec.a_bytes() : 0;
     p.staged_b_bytes = p.stage_b ? spec.b_bytes() : 0;
   }
-  p.returned_c_bytes = p.return_c ? spec.c_bytes() : 0;
+  p.c_to_destination = p.return_c && p.gemm && mul->c_destination != nullptr;
+  p.c_out_bytes = p.return_c ? spec.c_bytes() : 0;
+  p.returned_c_bytes = p.c_to_destination ? 0 : p.c_out_bytes;
   p.staging_bytes = p.staged_a_bytes + p.staged_b_bytes + p.returned_c_bytes;
-  p.moved_bytes = staged + p.returned_c_bytes;
+  p.moved_bytes = staged + p.c_out_bytes;
   if (up != nullptr && up->target != nullptr) p.byte_offset = up->byte_offset;
   if (down != nullptr) p.byte_offset = down->byte_offset;
   if (p.gemm) p.strides = StridesOf(spec);

@@ -79,6 +79,9 @@ struct LayoutPlan {
   TensorShape kept;               // the new resident tensor (keep only)
   int64_t kept_tensor_bytes = 0;  // its size
   bool return_c = false;  // C comes back through staging (multiply, download)
+  // ... or, for a multiply with MultiplyOp::c_destination, straight into
+  // the caller's host memory there; staging then holds no C.
+  bool c_to_destination = false;
   // Engine memory for operands that live only as long as the job: staged A
   // (not for uploads, whose A is kept or written in place), staged B, and
   // a multiply's C unless kept (a download reads C in place).
@@ -89,12 +92,14 @@ struct LayoutPlan {
   // only when needed (staged parts not when prestaged).
   int64_t staged_a_bytes = 0;
   int64_t staged_b_bytes = 0;
-  int64_t returned_c_bytes = 0;
-  int64_t staging_bytes = 0;  // the sum of the three
+  int64_t returned_c_bytes = 0;  // C's part of staging
+  int64_t staging_bytes = 0;     // the sum of the three
+  // C's bytes copied back to the host, into staging or its destination.
+  int64_t c_out_bytes = 0;
   int64_t b_staging_offset() const { return staged_a_bytes; }
   int64_t c_staging_offset() const { return staged_a_bytes + staged_b_bytes; }
   // Over the bus (host to engine memory and back): staged operands, whether
-  // prestaged or not, and the returned C.
+  // prestaged or not, and the returned C (c_out_bytes).
   int64_t moved_bytes = 0;
   // Upload into a target: where A goes in it. Download: where C begins in
   // its source. 0 for every other job.

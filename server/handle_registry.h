@@ -33,6 +33,10 @@ struct HandleLimits {
   // per-client quota in effect never exceeds it.
   int64_t max_bytes_total = 0;
   int64_t max_handles_per_client = 4096;
+  // Shared-memory regions one client may hold registered at once
+  // (server/shared_memory/region_registry.h); their bytes count against the
+  // byte quotas above, and each as one stored tensor.
+  int64_t max_shared_memory_regions_per_client = 64;
   absl::Duration default_ttl = absl::Minutes(10);
   absl::Duration max_ttl = absl::Hours(24);
 };

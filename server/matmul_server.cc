@@ -231,6 +231,9 @@ void MatmulServer::Shutdown() {
   if (health_server_ != nullptr) health_server_->Shutdown();
   // Stored tensors live in engine memory: free them before the engine goes.
   if (service_ != nullptr) service_->handles().Clear();
+  // Registrations end with their calls; this drops any left (a start that
+  // failed). Regions multiplies still use go when the engine has run them.
+  if (service_ != nullptr) service_->regions().Clear();
   if (engine_ != nullptr) engine_->Shutdown();
 }
 

@@ -38,6 +38,26 @@ absl::string_view RpcMethodName(RpcMethod method) {
       return "Delete";
     case RpcMethod::kMultiplyStream:
       return "MultiplyStream";
+    case RpcMethod::kRegisterSharedMemory:
+      return "RegisterSharedMemory";
+    case RpcMethod::kUnregisterSharedMemory:
+      return "UnregisterSharedMemory";
+    case RpcMethod::kListSharedMemory:
+      return "ListSharedMemory";
+  }
+  return "unknown";
+}
+
+absl::string_view PayloadPathName(PayloadPath path) {
+  switch (path) {
+    case PayloadPath::kInline:
+      return "inline";
+    case PayloadPath::kStream:
+      return "stream";
+    case PayloadPath::kHandle:
+      return "handle";
+    case PayloadPath::kSharedMemory:
+      return "shared_memory";
   }
   return "unknown";
 }
@@ -230,6 +250,49 @@ std::vector<prometheus::MetricFamily> ServerMetrics::Collect() const {
     rejected.metric.push_back(std::move(metric));
   }
   out.push_back(std::move(rejected));
+
+  prometheus::MetricFamily payload = Family(
+      "matmul_payload_bytes_total",
+      "Tensor bytes moved between clients and the server, by path (inline: "
+      "unary Multiply messages; stream: MultiplyStream chunks; handle: "
+      "Upload and Download; shared_memory: read from or written into "
+      "registered regions) and direction (in: to the server).",
+      prometheus::MetricType::Counter);
+  for (int p = 0; p < kNumPayloadPaths; ++p) {
+    for (int d = 0; d < 2; ++d) {
+      const auto path = static_cast<PayloadPath>(p);
+      const auto direction = static_cast<PayloadDirection>(d);
+      prometheus::ClientMetric metric =
+          WithLabels({{"direction", d == 0 ? "in" : "out"},
+                      {"path", std::string(PayloadPathName(path))}});
+      metric.counter.value =
+          static_cast<double>(payload_bytes(path, direction));
+      payload.metric.push_back(std::move(metric));
+    }
+  }
+  out.push_back(std::move(payload));
+
+  prometheus::MetricFamily regions = Family(
+      "matmul_shared_memory_regions",
+      "Shared-memory regions mapped now: registered, or unregistered and "
+      "still used by a multiply.",
+      prometheus::MetricType::Gauge);
+  prometheus::ClientMetric region_count;
+  region_count.gauge.value = static_cast<double>(
+      shared_memory_gauges_->regions.load(std::memory_order_relaxed));
+  regions.metric.push_back(std::move(region_count));
+  out.push_back(std::move(regions));
+  prometheus::MetricFamily region_bytes =
+      Family("matmul_shared_memory_bytes",
+             "Bytes of the shared-memory regions mapped now (pinned on the "
+             "CUDA engine).",
+             prometheus::MetricType::Gauge);
+  prometheus::ClientMetric region_byte_count;
+  region_byte_count.gauge.value = static_cast<double>(
+      shared_memory_gauges_->bytes.load(std::memory_order_relaxed));
+  region_bytes.metric.push_back(std::move(region_byte_count));
+  out.push_back(std::move(region_bytes));
+
   for (prometheus::MetricFamily& f : client_usage_.Collect()) {
     out.push_back(std::move(f));
   }

@@ -7,6 +7,9 @@
 //   matmul_rejected_requests_total{reason}        counter
 //   matmul_client_gpu_seconds_total{client},
 //   matmul_client_bytes_total{client,direction}   counters (ClientUsage)
+//   matmul_payload_bytes_total{path,direction}    counter
+//   matmul_shared_memory_regions,
+//   matmul_shared_memory_bytes                    gauges
 //
 // Every label combination (each method with each of the 17 gRPC codes, each
 // stage, each reason) exists from construction on, as an array slot indexed
@@ -44,8 +47,13 @@ enum class RpcMethod {
   kDownload,
   kDelete,
   kMultiplyStream,  // one multiply of a stream, not the whole call
+  // Its duration is the registration's setup (to the one response), not
+  // the call's life; its code is the call's final one.
+  kRegisterSharedMemory,
+  kUnregisterSharedMemory,
+  kListSharedMemory,
 };
-inline constexpr int kNumRpcMethods = 6;
+inline constexpr int kNumRpcMethods = 9;
 absl::string_view RpcMethodName(RpcMethod method);
 
 // Where a Multiply spent its time (label `stage`). queue .. d2h come from the
@@ -101,6 +109,24 @@ inline std::optional<RejectReason> RejectionOf(const absl::Status& status) {
   }
 }
 
+// How tensor bytes travel between clients and the server (label `path` of
+// matmul_payload_bytes_total): inline in a unary Multiply's messages, in a
+// MultiplyStream's chunks, as stored tensors (Upload in, Download out), or
+// through a registered shared-memory region (read from it: in; written into
+// it: out).
+enum class PayloadPath { kInline, kStream, kHandle, kSharedMemory };
+inline constexpr int kNumPayloadPaths = 4;
+absl::string_view PayloadPathName(PayloadPath path);
+enum class PayloadDirection { kIn, kOut };
+
+// The shared-memory regions mapped now (registered, or unregistered and
+// still used by a multiply) and their bytes; kept by the region registry
+// (server/shared_memory/region_registry.h), read at scrape time.
+struct SharedMemoryGauges {
+  std::atomic<int64_t> regions{0};
+  std::atomic<int64_t> bytes{0};
+};
+
 // gRPC status codes 0..16; the `code` label is the canonical upper-case name
 // (OK, INVALID_ARGUMENT, ...).
 inline constexpr int kNumStatusCodes = 17;
@@ -127,6 +153,22 @@ class ServerMetrics final : public prometheus::Collectable {
 
   void RecordRejection(RejectReason reason);
 
+  // Tensor bytes moved along `path` (see PayloadPath).
+  void RecordPayload(PayloadPath path, PayloadDirection direction,
+                     int64_t bytes) {
+    payload_bytes_[PayloadIndex(path, direction)].fetch_add(
+        static_cast<uint64_t>(bytes), std::memory_order_relaxed);
+  }
+  uint64_t payload_bytes(PayloadPath path, PayloadDirection direction) const {
+    return payload_bytes_[PayloadIndex(path, direction)].load(
+        std::memory_order_relaxed);
+  }
+  // Updated by the shared-memory regions themselves (they may outlive
+  // their registry while a multiply uses them, hence shared).
+  const std::shared_ptr<SharedMemoryGauges>& shared_memory_gauges() const {
+    return shared_memory_gauges_;
+  }
+
   // Per-client usage (its own lock; see server/client_usage.h).
   ClientUsage& client_usage() { return client_usage_; }
 
@@ -139,12 +181,18 @@ class ServerMetrics final : public prometheus::Collectable {
 
  private:
   static int RequestIndex(RpcMethod method, grpc::StatusCode code);
+  static int PayloadIndex(PayloadPath path, PayloadDirection direction) {
+    return static_cast<int>(path) * 2 + static_cast<int>(direction);
+  }
 
   std::array<std::atomic<uint64_t>, kNumRpcMethods * kNumStatusCodes>
       requests_{};
   std::array<std::unique_ptr<AtomicHistogram>, kNumRpcMethods> durations_;
   std::array<std::unique_ptr<AtomicHistogram>, kNumStages> stages_;
   std::array<std::atomic<uint64_t>, kNumRejectReasons> rejections_{};
+  std::array<std::atomic<uint64_t>, kNumPayloadPaths * 2> payload_bytes_{};
+  const std::shared_ptr<SharedMemoryGauges> shared_memory_gauges_ =
+      std::make_shared<SharedMemoryGauges>();
   ClientUsage client_usage_;
 };
 

@@ -4,8 +4,10 @@
 #ifndef MATMUL_TESTS_FAKE_ENGINE_H_
 #define MATMUL_TESTS_FAKE_ENGINE_H_
 
+#include <atomic>
 #include <deque>
 #include <memory>
+#include <variant>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -53,6 +55,17 @@ class FakeEngine final : public Engine {
     auto* data = new std::byte[bytes];
     return HostBuffer(data, bytes, [data] { delete[] data; });
   }
+  // Counts registrations, like an engine that pins (pinned stays false:
+  // the fake reads host memory itself).
+  absl::StatusOr<HostMemoryRegistration> RegisterHostMemory(void*,
+                                                            int64_t) override {
+    registered_.fetch_add(1, std::memory_order_relaxed);
+    return HostMemoryRegistration(/*pinned=*/false, [this] {
+      registered_.fetch_sub(1, std::memory_order_relaxed);
+    });
+  }
+  // Registrations not yet released.
+  int registered() const { return registered_.load(std::memory_order_relaxed); }
 
   void Shutdown() override {
     std::deque<std::unique_ptr<MatmulJob>> jobs;
@@ -106,22 +119,36 @@ class FakeEngine final : public Engine {
     const MatmulSpec& spec = job->spec();
     auto staging = std::make_shared<std::vector<std::byte>>(
         spec.a_bytes() + spec.b_bytes() + spec.c_bytes());
-    std::byte* a = staging->data();
-    std::byte* b = a + spec.a_bytes();
-    std::byte* c = b + spec.b_bytes();
-    absl::Status written = job->WriteOperands(
-        absl::MakeSpan(a, spec.a_bytes()), absl::MakeSpan(b, spec.b_bytes()));
-    if (!written.ok()) {
-      job->Done(written);
-      return;
+    const std::byte* a = staging->data();
+    const std::byte* b = a + spec.a_bytes();
+    std::byte* c = staging->data() + spec.a_bytes() + spec.b_bytes();
+    const auto* mul = std::get_if<MultiplyOp>(&job->op());
+    if (mul != nullptr && mul->prestaged.has_value()) {
+      // Operands in the caller's host memory (only these two kinds).
+      a = mul->prestaged->a;
+      b = mul->prestaged->b;
+    } else {
+      absl::Status written = job->WriteOperands(
+          absl::MakeSpan(staging->data(), spec.a_bytes()),
+          absl::MakeSpan(staging->data() + spec.a_bytes(), spec.b_bytes()));
+      if (!written.ok()) {
+        job->Done(written);
+        return;
+      }
+    }
+    size_t c_returned = static_cast<size_t>(spec.c_bytes());
+    if (mul != nullptr && mul->c_destination != nullptr) {
+      c = mul->c_destination;
+      c_returned = 0;
     }
     HostGemm(spec, a, b, c);
-    job->Done(JobResult(absl::MakeConstSpan(c, spec.c_bytes()), Placement{0, 0},
+    job->Done(JobResult(absl::MakeConstSpan(c, c_returned), Placement{0, 0},
                         StageTimings{},
                         [staging]() mutable { staging.reset(); }));
   }
 
   EngineInfo info_;
+  std::atomic<int> registered_{0};
   absl::Mutex mu_;
   std::deque<std::unique_ptr<MatmulJob>> held_ ABSL_GUARDED_BY(mu_);
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;

@@ -168,6 +168,23 @@ TEST(LayoutPlannerTest, PrestagedOperandsAreMovedButNotStaged) {
   EXPECT_EQ(p->moved_bytes, 24 + 48 + 32);
 }
 
+TEST(LayoutPlannerTest, ProductIntoADestinationIsMovedButNotStaged) {
+  JobDescription o;
+  MultiplyOp op;
+  op.prestaged = PrestagedOperands{};
+  std::byte destination[32];
+  op.c_destination = destination;
+  o.op = op;
+  absl::StatusOr<LayoutPlan> p = Plan(Product(2, 3, 4), o);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_TRUE(p->return_c);
+  EXPECT_TRUE(p->c_to_destination);
+  EXPECT_EQ(p->returned_c_bytes, 0);
+  EXPECT_EQ(p->c_out_bytes, 32);
+  EXPECT_EQ(p->staging_bytes, 0);
+  EXPECT_EQ(p->moved_bytes, 24 + 48 + 32);
+}
+
 TEST(LayoutPlannerTest, UploadOfANewTensorKeepsA) {
   JobDescription o;
   o.op = UploadOp{nullptr, 64};  // the offset is ignored without a target

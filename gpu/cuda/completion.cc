@@ -217,9 +217,9 @@ void CudaEngine::Complete(InFlight* flight) {
   SetDeviceStages(ms, flight->timings);
   lane->jobs.fetch_add(1, std::memory_order_relaxed);
   AtomicAddDouble(lane->busy_seconds, (ms[3] - ms[0]) * 1e-3);
-  d->h2d_bytes.fetch_add(l.moved_bytes - l.returned_c_bytes,
+  d->h2d_bytes.fetch_add(l.moved_bytes - l.c_out_bytes,
                          std::memory_order_relaxed);
-  d->d2h_bytes.fetch_add(l.returned_c_bytes, std::memory_order_relaxed);
+  d->d2h_bytes.fetch_add(l.c_out_bytes, std::memory_order_relaxed);
   if (l.gemm) {
     AtomicAddDouble(d->flops[static_cast<int>(spec.dtype)], spec.flops());
   }

@@ -14,6 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/status_macros.h"
 #include "gpu/cuda/cuda_resources.h"
+#include "gpu/cuda/cuda_status.h"
 #include "gpu/cuda/device.h"
 #include "gpu/cuda/device_registry.h"
 #include "gpu/cuda/job_layout.h"
@@ -175,6 +176,24 @@ absl::StatusOr<HostBuffer> CudaEngine::AllocateHostBuffer(int64_t bytes) {
                    PinnedBuffer::Allocate(static_cast<size_t>(bytes)));
   auto* owned = new PinnedBuffer(std::move(pinned));
   return HostBuffer(owned->data(), bytes, [owned] { delete owned; });
+}
+
+absl::StatusOr<HostMemoryRegistration> CudaEngine::RegisterHostMemory(
+    void* data, int64_t bytes) {
+  if (data == nullptr || bytes <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot register ", bytes, " bytes of host memory at ",
+                     data == nullptr ? "null" : "that address"));
+  }
+  // Portable: every device's copy engines may use it, whichever device a
+  // job runs on.
+  CUDA_RETURN_IF_ERROR(cudaHostRegister(data, static_cast<size_t>(bytes),
+                                        cudaHostRegisterPortable));
+  return HostMemoryRegistration(/*pinned=*/true, [data] {
+    // Every job using the memory is done by now (the caller's contract);
+    // a failure can only be logged.
+    CUDA_LOG_IF_ERROR(cudaHostUnregister(data));
+  });
 }
 
 void CudaEngine::Shutdown() {

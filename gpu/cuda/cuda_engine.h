@@ -112,6 +112,10 @@ class CudaEngine final : public Engine {
     return spans_.Recent(window);
   }
   absl::StatusOr<HostBuffer> AllocateHostBuffer(int64_t bytes) override;
+  // cudaHostRegister(cudaHostRegisterPortable); unregistered when the
+  // registration goes.
+  absl::StatusOr<HostMemoryRegistration> RegisterHostMemory(
+      void* data, int64_t bytes) override;
   void Shutdown() override;
 
   struct Device;

@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 #include <utility>
+#include <variant>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -212,7 +213,10 @@ std::unique_ptr<MatmulJob> CudaEngine::Dispatch(
   const std::byte* host_a = prestaged ? prestaged->a : slot;
   const std::byte* host_b =
       prestaged ? prestaged->b : slot + layout.b_staging_offset();
-  flight->host_c = layout.return_c ? slot + layout.c_staging_offset() : nullptr;
+  flight->host_c = !layout.return_c ? nullptr
+                   : layout.c_to_destination
+                       ? std::get<MultiplyOp>(job->op()).c_destination
+                       : slot + layout.c_staging_offset();
   flight->lease = std::move(*lease);
   if (a_staged + b_staged > 0) {
     absl::Status written =

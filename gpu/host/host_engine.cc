@@ -5,6 +5,7 @@
 #include <limits>
 #include <string>
 #include <utility>
+#include <variant>
 
 #include "absl/strings/str_cat.h"
 #include "gpu/layout_planner.h"
@@ -225,8 +226,9 @@ void HostEngine::Run(int lane_index, Queued queued) {
                            ? static_cast<const std::byte*>(resident_b->data())
                        : prestaged ? prestaged->b
                                    : b_slot;
-  std::byte* c = plan.keep
-                     ? kept.get()
+  std::byte* c = plan.keep ? kept.get()
+                 : plan.c_to_destination
+                     ? std::get<MultiplyOp>(job.op()).c_destination
                      : staging.get() + (upload ? 0 : plan.c_staging_offset());
   const int64_t a_staged = plan.staged_a_bytes;
   const int64_t b_staged = plan.staged_b_bytes;

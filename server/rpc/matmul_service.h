@@ -5,6 +5,9 @@
 //   MultiplyStream            server/rpc/multiply_stream.h
 //   Upload, Download, Delete  server/rpc/transfers.h
 //   GetServerInfo             server/rpc/server_info.h
+//   RegisterSharedMemory,
+//   UnregisterSharedMemory,
+//   ListSharedMemory          server/rpc/shared_memory.h
 // No handler thread ever waits for compute: an adapter validates its
 // request, admits it (server/admission/admission.h: the one gate for every
 // RPC's work) and hands it to the Engine as a job, and the engine's
@@ -26,6 +29,7 @@
 #include "server/rpc/multiply_stream.h"
 #include "server/rpc/server_info.h"
 #include "server/rpc/service_state.h"
+#include "server/rpc/shared_memory.h"
 #include "server/rpc/transfers.h"
 #include "server/server_metrics.h"
 
@@ -42,7 +46,14 @@ using MatmulServiceBase = v1::MatmulService::WithRawCallbackMethod_Multiply<
             v1::MatmulService::WithRawCallbackMethod_Download<
                 v1::MatmulService::WithRawCallbackMethod_Delete<
                     v1::MatmulService::WithRawCallbackMethod_MultiplyStream<
-                        v1::MatmulService::Service>>>>>>;
+                        v1::MatmulService::
+                            WithRawCallbackMethod_RegisterSharedMemory<
+                                v1::MatmulService::
+                                    WithRawCallbackMethod_UnregisterSharedMemory<
+                                        v1::MatmulService::
+                                            WithRawCallbackMethod_ListSharedMemory<
+                                                v1::MatmulService::
+                                                    Service>>>>>>>>>;
 
 class MatmulServiceImpl final : public MatmulServiceBase {
  public:
@@ -103,6 +114,10 @@ class MatmulServiceImpl final : public MatmulServiceBase {
   HandleRegistry& handles() { return state_.handles; }
   const HandleRegistry& handles() const { return state_.handles; }
 
+  // Registered shared-memory regions.
+  SharedMemoryRegistry& regions() { return state_.regions; }
+  const SharedMemoryRegistry& regions() const { return state_.regions; }
+
   // Bytes the server copied in user space: operand bytes copied from
   // gRPC's buffers into staging (Multiply, MultiplyStream), and result bytes
   // copied out of staging into a response (only Download does). A
@@ -143,6 +158,21 @@ class MatmulServiceImpl final : public MatmulServiceBase {
                                    const grpc::ByteBuffer* request,
                                    grpc::ByteBuffer* response) override {
     return DeleteHandle(state_, context, request, response);
+  }
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* RegisterSharedMemory(
+      grpc::CallbackServerContext* context,
+      const grpc::ByteBuffer* request) override {
+    return StartRegisterSharedMemory(state_, context, request);
+  }
+  grpc::ServerUnaryReactor* UnregisterSharedMemory(
+      grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+      grpc::ByteBuffer* response) override {
+    return matmul::UnregisterSharedMemory(state_, context, request, response);
+  }
+  grpc::ServerUnaryReactor* ListSharedMemory(
+      grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+      grpc::ByteBuffer* response) override {
+    return matmul::ListSharedMemory(state_, context, request, response);
   }
 
  private:

@@ -178,6 +178,14 @@ void MultiplyStreamReactor::HandleStart(const WireStreamRequest& request,
   m->id = id;
   m->started = std::chrono::steady_clock::now();
   const WireMultiplyRequest& wire = request.start;
+  if (wire.a.shared.present || wire.b.shared.present || wire.c_shared.present) {
+    // A region's bytes need no chunking: the unary call takes them
+    // whatever their size.
+    reject_request(absl::InvalidArgumentError(
+        "shared-memory operands and products (Tensor.shared, c_shared) are "
+        "not taken by MultiplyStream; use Multiply"));
+    return;
+  }
   MultiplyHeader header = wire.header();
   header.a.data_follows = header.b.data_follows = true;
   const std::string* handles[2] = {&wire.a_handle, &wire.b_handle};

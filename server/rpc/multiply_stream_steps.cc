@@ -65,6 +65,8 @@ class MultiplyStreamReactor::StepJob final : public MatmulJob {
     CopyPieces(chunk_.data, a.data());
     reactor_->state_.copied_operand_bytes.fetch_add(chunk_.bytes,
                                                     std::memory_order_relaxed);
+    reactor_->state_.metrics->RecordPayload(
+        PayloadPath::kStream, PayloadDirection::kIn, chunk_.bytes);
     return absl::OkStatus();
   }
   void Done(absl::StatusOr<JobResult> result) override {
@@ -227,6 +229,9 @@ void MultiplyStreamReactor::StepDone(const std::shared_ptr<Multiply>& m,
           auto* held = new JobResult(std::move(*result));
           const std::string prefix =
               FrameResultChunk(m->id, offset, held->c().size());
+          state_.metrics->RecordPayload(PayloadPath::kStream,
+                                        PayloadDirection::kOut,
+                                        static_cast<int64_t>(held->c().size()));
           grpc::Slice parts[2] = {
               grpc::Slice(prefix),
               grpc::Slice(

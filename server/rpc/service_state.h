@@ -1,7 +1,8 @@
 // ServiceState: what every RPC adapter in server/rpc/ shares, owned by
 // MatmulServiceImpl and handed to each adapter by reference: the request
-// limits, the metrics, the stored tensors and the admission core every
-// RPC's work passes. Adapters reach nothing else of the service.
+// limits, the metrics, the stored tensors, the shared-memory regions and the
+// admission core every RPC's work passes. Adapters reach nothing else of the
+// service.
 #ifndef MATMUL_SERVER_RPC_SERVICE_STATE_H_
 #define MATMUL_SERVER_RPC_SERVICE_STATE_H_
 
@@ -15,6 +16,7 @@
 #include "server/request_limits.h"
 #include "server/rpc/call_registry.h"
 #include "server/server_metrics.h"
+#include "server/shared_memory/region_registry.h"
 
 namespace matmul {
 
@@ -25,6 +27,10 @@ struct ServiceState {
       : limits(request_limits),
         version(std::move(server_version)),
         handles(handle_limits),
+        regions(&handles,
+                SharedMemoryLimits{
+                    handle_limits.max_shared_memory_regions_per_client},
+                metrics->shared_memory_gauges()),
         admission(request_limits.max_inflight_bytes, &handles, metrics.get()) {}
 
   ServiceState(const ServiceState&) = delete;
@@ -36,6 +42,8 @@ struct ServiceState {
   const std::shared_ptr<ServerMetrics> metrics =
       std::make_shared<ServerMetrics>();
   HandleRegistry handles;
+  // Registered shared-memory regions (charged to handles' quotas).
+  SharedMemoryRegistry regions;
   // After handles and metrics, which it uses.
   Admission admission;
   // The calls a drain ends itself.

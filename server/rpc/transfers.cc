@@ -37,6 +37,8 @@ class TransferReactor final : public UnaryJobReactor {
       return absl::InternalError("staging size mismatch");
     }
     const std::string& data = upload_->tensor().data();
+    state_.metrics->RecordPayload(PayloadPath::kHandle, PayloadDirection::kIn,
+                                  static_cast<int64_t>(a.size()));
     return Copy([&] { std::memcpy(a.data(), data.data(), a.size()); });
   }
 
@@ -169,6 +171,8 @@ absl::Status TransferReactor::Respond(const MatmulSpec& spec,
   // MultiplyStream send their products from staging).
   state_.copied_result_bytes.fetch_add(static_cast<int64_t>(result.c().size()),
                                        std::memory_order_relaxed);
+  state_.metrics->RecordPayload(PayloadPath::kHandle, PayloadDirection::kOut,
+                                static_cast<int64_t>(result.c().size()));
   return SerializeResponse(response, response_);
 }
 

@@ -109,6 +109,7 @@ absl::Status UnaryJobReactor::Abandoned() const {
 void UnaryJobReactor::Complete(const MatmulSpec& spec,
                                absl::StatusOr<JobResult> result) {
   absl::Cleanup unref = [this] { Unref(); };
+  JobFinished();
   {
     absl::MutexLock lock(&mu_);
     if (finished_) return;  // cancelled meanwhile: the result is dropped

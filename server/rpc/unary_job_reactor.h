@@ -65,6 +65,11 @@ class UnaryJobReactor : public grpc::ServerUnaryReactor, public DrainableCall {
   // Builds the response from a job's result (engine thread).
   virtual absl::Status Respond(const MatmulSpec& spec, JobResult& result) = 0;
 
+  // The engine is done with the job (engine thread, before Respond and
+  // whether or not the RPC still wants the result): what only the job used
+  // may go now.
+  virtual void JobFinished() {}
+
   // False, with the RPC finished UNAVAILABLE, while the server drains or
   // the engine is starting: the admission core's early check.
   bool Open();

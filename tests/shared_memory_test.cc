@@ -1,0 +1,782 @@
+// Integration tests of the shared-memory path (issue 21, server side): a
+// real MatmulServer on the host engine (or a FakeEngine that holds jobs)
+// listening on a Unix socket in a temporary directory, the generated
+// v1::MatmulService::Stub over it, and POSIX shared-memory objects the test
+// creates with shm_open and unlinks at the end.
+#include <fcntl.h>
+#include <grpcpp/create_channel.h>
+#include <grpcpp/grpcpp.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <future>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/random/random.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gpu/engine_factory.h"
+#include "gtest/gtest.h"
+#include "matmul/v1/matmul.grpc.pb.h"
+#include "server/matmul_server.h"
+#include "tests/fake_engine.h"
+#include "tests/metrics/scrape_client.h"
+#include "tests/reference_gemm.h"
+
+namespace matmul {
+namespace {
+
+using testing::FakeEngine;
+using ::testing::HasSubstr;
+
+// A POSIX shared-memory object of `bytes`, created here, mapped, and
+// unlinked when the test is done with it.
+class ShmObject {
+ public:
+  explicit ShmObject(int64_t bytes) : bytes_(bytes) {
+    static int counter = 0;
+    name_ = absl::StrCat("/matmul-test-", getpid(), "-", counter++);
+    const int fd = shm_open(name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    EXPECT_GE(fd, 0) << std::strerror(errno);
+    EXPECT_EQ(ftruncate(fd, bytes), 0);
+    void* data = mmap(nullptr, static_cast<size_t>(bytes),
+                      PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    EXPECT_NE(data, MAP_FAILED);
+    data_ = static_cast<std::byte*>(data);
+    close(fd);
+  }
+  ~ShmObject() {
+    munmap(data_, static_cast<size_t>(bytes_));
+    shm_unlink(name_.c_str());
+  }
+  ShmObject(const ShmObject&) = delete;
+  ShmObject& operator=(const ShmObject&) = delete;
+
+  const std::string& name() const { return name_; }
+  std::byte* data() const { return data_; }
+  int64_t bytes() const { return bytes_; }
+
+ private:
+  std::string name_;
+  int64_t bytes_;
+  std::byte* data_ = nullptr;
+};
+
+// The engine these tests run against: the host engine by default, or the
+// one MATMUL_TEST_ENGINE names ("cuda" on a GPU host: regions are then
+// pinned and the copy engines read and write them).
+std::string EngineUnderTest() {
+  const char* name = std::getenv("MATMUL_TEST_ENGINE");
+  return name == nullptr ? "host" : name;
+}
+
+MatmulServer::EngineProvider HostProvider() {
+  return []() -> absl::StatusOr<std::unique_ptr<Engine>> {
+    EngineOptions options;
+    absl::StatusOr<EngineKind> kind = ParseEngineKind(EngineUnderTest());
+    if (!kind.ok()) return kind.status();
+    options.kind = *kind;
+    options.streams_per_device = 2;
+    options.staging_bytes_per_device = int64_t{256} << 20;
+    return CreateEngine(options);
+  };
+}
+
+MatmulServer::EngineProvider FakeProvider(FakeEngine** out) {
+  return [out]() -> absl::StatusOr<std::unique_ptr<Engine>> {
+    auto engine = std::make_unique<FakeEngine>();
+    *out = engine.get();
+    return std::unique_ptr<Engine>(std::move(engine));
+  };
+}
+
+// A server on 127.0.0.1:0 and on a Unix socket in a temporary directory,
+// with metrics on 127.0.0.1:0.
+class SharedMemoryServer {
+ public:
+  explicit SharedMemoryServer(MatmulServer::EngineProvider provider,
+                              ServerOptions options = {}) {
+    char dir[] = "/tmp/matmul-shm-XXXXXX";
+    EXPECT_NE(mkdtemp(dir), nullptr);
+    dir_ = dir;
+    socket_ = dir_ + "/server.sock";
+    options.listen_address = "127.0.0.1:0";
+    options.metrics_address = "127.0.0.1:0";
+    options.unix_socket = socket_;
+    options.drain_timeout = absl::Seconds(10);
+    absl::StatusOr<std::unique_ptr<MatmulServer>> server =
+        MatmulServer::Start(options, std::move(provider));
+    EXPECT_TRUE(server.ok()) << server.status();
+    if (server.ok()) server_ = std::move(*server);
+  }
+  ~SharedMemoryServer() {
+    server_.reset();
+    unlink(socket_.c_str());
+    rmdir(dir_.c_str());
+  }
+
+  MatmulServer& server() { return *server_; }
+  std::unique_ptr<v1::MatmulService::Stub> UnixStub() const {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(-1);
+    return v1::MatmulService::NewStub(
+        grpc::CreateCustomChannel(absl::StrCat("unix:", socket_),
+                                  grpc::InsecureChannelCredentials(), args));
+  }
+  std::unique_ptr<v1::MatmulService::Stub> TcpStub() const {
+    return v1::MatmulService::NewStub(
+        grpc::CreateChannel(absl::StrCat("127.0.0.1:", server_->port()),
+                            grpc::InsecureChannelCredentials()));
+  }
+  std::map<std::string, double> Scrape() const {
+    return testing::ParseScrape(
+        testing::HttpGet(server_->metrics_port(), "/metrics").body);
+  }
+
+ private:
+  std::string dir_;
+  std::string socket_;
+  std::unique_ptr<MatmulServer> server_;
+};
+
+void Deadline(grpc::ClientContext& context, int seconds = 30) {
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(seconds));
+}
+
+// An open RegisterSharedMemory call: the first message, or the status the
+// call ended with before it.
+struct Registration {
+  std::unique_ptr<grpc::ClientContext> context =
+      std::make_unique<grpc::ClientContext>();
+  std::unique_ptr<grpc::ClientReader<v1::RegisterSharedMemoryResponse>> reader;
+  v1::RegisterSharedMemoryResponse response;
+  bool open = false;
+  grpc::Status status;  // when !open, or after Finish
+
+  const std::string& id() const { return response.region().id(); }
+  // Waits for the call's end (after a cancel, an unregister, a drain).
+  grpc::Status Finish() {
+    if (open) {
+      v1::RegisterSharedMemoryResponse extra;
+      EXPECT_FALSE(reader->Read(&extra)) << "a second message";
+      status = reader->Finish();
+      open = false;
+    }
+    return status;
+  }
+  ~Registration() {
+    if (open) {
+      context->TryCancel();
+      Finish();
+    }
+  }
+};
+
+std::unique_ptr<Registration> Register(v1::MatmulService::Stub& stub,
+                                       const std::string& name, int64_t bytes,
+                                       const std::string& client = "") {
+  auto r = std::make_unique<Registration>();
+  if (!client.empty()) r->context->AddMetadata("x-matmul-client", client);
+  v1::RegisterSharedMemoryRequest request;
+  request.set_name(name);
+  request.set_bytes(bytes);
+  r->reader = stub.RegisterSharedMemory(r->context.get(), request);
+  r->open = r->reader->Read(&r->response);
+  if (!r->open) r->status = r->reader->Finish();
+  return r;
+}
+
+std::vector<v1::SharedMemoryRegion> List(v1::MatmulService::Stub& stub,
+                                         const std::string& client = "",
+                                         grpc::Status* status = nullptr) {
+  grpc::ClientContext context;
+  Deadline(context);
+  if (!client.empty()) context.AddMetadata("x-matmul-client", client);
+  v1::ListSharedMemoryResponse response;
+  grpc::Status s =
+      stub.ListSharedMemory(&context, v1::ListSharedMemoryRequest(), &response);
+  if (status != nullptr) *status = s;
+  EXPECT_TRUE(status != nullptr || s.ok()) << s.error_message();
+  return {response.regions().begin(), response.regions().end()};
+}
+
+grpc::Status Unregister(v1::MatmulService::Stub& stub, const std::string& id,
+                        const std::string& client = "") {
+  grpc::ClientContext context;
+  Deadline(context);
+  if (!client.empty()) context.AddMetadata("x-matmul-client", client);
+  v1::UnregisterSharedMemoryRequest request;
+  request.set_region_id(id);
+  v1::UnregisterSharedMemoryResponse response;
+  return stub.UnregisterSharedMemory(&context, request, &response);
+}
+
+grpc::Status Multiply(v1::MatmulService::Stub& stub,
+                      const v1::MultiplyRequest& request,
+                      v1::MultiplyResponse* response,
+                      const std::string& client = "") {
+  grpc::ClientContext context;
+  Deadline(context);
+  if (!client.empty()) context.AddMetadata("x-matmul-client", client);
+  return stub.Multiply(&context, request, response);
+}
+
+// Waits (bounded: at most 10 s) until the client's list is empty.
+bool AwaitNoRegions(v1::MatmulService::Stub& stub) {
+  for (int i = 0; i < 1000; ++i) {
+    if (List(stub).empty()) return true;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return false;
+}
+
+// A float32 m x k by k x n problem laid out in a region: A at a_offset, B
+// at b_offset, C at c_offset; random A and B written there.
+struct Problem {
+  int64_t m = 0, k = 0, n = 0;
+  int64_t a_offset = 0, b_offset = 0, c_offset = 0;
+  std::string a, b;  // the bytes
+
+  int64_t a_bytes() const { return m * k * 4; }
+  int64_t b_bytes() const { return k * n * 4; }
+  int64_t c_bytes() const { return m * n * 4; }
+};
+
+Problem MakeProblem(int64_t m, int64_t k, int64_t n, absl::BitGen& gen) {
+  Problem p;
+  p.m = m;
+  p.k = k;
+  p.n = n;
+  p.a = testing::RandomBytes(DType::kFloat32, m * k, gen);
+  p.b = testing::RandomBytes(DType::kFloat32, k * n, gen);
+  p.b_offset = (p.a_bytes() + 63) / 64 * 64;
+  p.c_offset = (p.b_offset + p.b_bytes() + 63) / 64 * 64;
+  return p;
+}
+
+void SetShape(v1::Tensor* t, int64_t rows, int64_t cols) {
+  t->add_shape(rows);
+  t->add_shape(cols);
+  t->set_dtype(v1::DTYPE_FLOAT32);
+}
+
+void Shared(v1::Tensor* t, const std::string& id, int64_t offset) {
+  t->mutable_shared()->set_region_id(id);
+  t->mutable_shared()->set_offset(offset);
+}
+
+// C (float32 bytes) against the reference product of p.
+void ExpectProduct(const Problem& p, const void* c) {
+  const MatmulSpec spec = testing::MakeSpec(DType::kFloat32, 1, 1, p.m, p.n,
+                                            p.k, false, false, false);
+  const std::vector<double> ref = testing::ReferenceGemm(
+      spec, testing::ToDoubles(DType::kFloat32, p.a.data(), p.m * p.k),
+      testing::ToDoubles(DType::kFloat32, p.b.data(), p.k * p.n));
+  EXPECT_LE(testing::RelativeError(
+                testing::ToDoubles(DType::kFloat32, c, p.m * p.n), ref),
+            testing::Tolerance(DType::kFloat32, ComputeMode::kStrict));
+}
+
+// A request with A, B and C all in region `id` as `p` lays them out.
+v1::MultiplyRequest AllShared(const Problem& p, const std::string& id) {
+  v1::MultiplyRequest request;
+  SetShape(request.mutable_a(), p.m, p.k);
+  Shared(request.mutable_a(), id, p.a_offset);
+  SetShape(request.mutable_b(), p.k, p.n);
+  Shared(request.mutable_b(), id, p.b_offset);
+  request.mutable_c_shared()->set_region_id(id);
+  request.mutable_c_shared()->set_offset(p.c_offset);
+  return request;
+}
+
+void Fill(const ShmObject& shm, const Problem& p) {
+  std::memcpy(shm.data() + p.a_offset, p.a.data(), p.a.size());
+  std::memcpy(shm.data() + p.b_offset, p.b.data(), p.b.size());
+  std::memset(shm.data() + p.c_offset, 0xff, p.c_bytes());
+}
+
+TEST(SharedMemoryTest, RegisterListMultiplyFromAndIntoTheRegion) {
+  SharedMemoryServer s(HostProvider());
+  auto stub = s.UnixStub();
+  absl::BitGen gen;
+  const Problem p = MakeProblem(67, 45, 29, gen);
+  ShmObject shm(p.c_offset + p.c_bytes() + 100);
+  Fill(shm, p);
+
+  auto reg = Register(*stub, shm.name(), shm.bytes());
+  ASSERT_TRUE(reg->open) << reg->status.error_message();
+  EXPECT_THAT(reg->id(), HasSubstr("shm-"));
+  EXPECT_EQ(reg->response.region().name(), shm.name());
+  EXPECT_EQ(reg->response.region().bytes(), shm.bytes());
+  // Pinned on the CUDA engine; the host engine reads the mapping itself.
+  EXPECT_EQ(reg->response.region().pinned(), EngineUnderTest() != "host");
+
+  const std::vector<v1::SharedMemoryRegion> listed = List(*stub);
+  ASSERT_EQ(listed.size(), 1u);
+  EXPECT_EQ(listed[0].id(), reg->id());
+  EXPECT_EQ(listed[0].bytes(), shm.bytes());
+  EXPECT_EQ(listed[0].multiplies_in_flight(), 0);
+
+  v1::MultiplyResponse response;
+  ASSERT_TRUE(Multiply(*stub, AllShared(p, reg->id()), &response).ok());
+  EXPECT_THAT(response.c().shape(), ::testing::ElementsAre(p.m, p.n));
+  EXPECT_EQ(response.c().dtype(), v1::DTYPE_FLOAT32);
+  EXPECT_TRUE(response.c().data().empty());
+  EXPECT_EQ(response.c().shared().region_id(), reg->id());
+  EXPECT_EQ(response.c().shared().offset(), p.c_offset);
+  ExpectProduct(p, shm.data() + p.c_offset);
+
+  const std::map<std::string, double> metrics = s.Scrape();
+  EXPECT_EQ(testing::Sum(metrics, "matmul_shared_memory_regions"), 1);
+  EXPECT_EQ(testing::Sum(metrics, "matmul_shared_memory_bytes"), shm.bytes());
+  EXPECT_EQ(testing::Sum(metrics, "matmul_payload_bytes_total",
+                         {"path=\"shared_memory\"", "direction=\"in\""}),
+            p.a_bytes() + p.b_bytes());
+  EXPECT_EQ(testing::Sum(metrics, "matmul_payload_bytes_total",
+                         {"path=\"shared_memory\"", "direction=\"out\""}),
+            p.c_bytes());
+  EXPECT_EQ(
+      testing::Sum(metrics, "matmul_payload_bytes_total", {"path=\"inline\""}),
+      0);
+
+  ASSERT_TRUE(Unregister(*stub, reg->id()).ok());
+  EXPECT_TRUE(reg->Finish().ok()) << reg->status.error_message();
+  EXPECT_TRUE(List(*stub).empty());
+  const std::map<std::string, double> after = s.Scrape();
+  EXPECT_EQ(testing::Sum(after, "matmul_shared_memory_regions"), 0);
+  EXPECT_EQ(testing::Sum(after, "matmul_shared_memory_bytes"), 0);
+  // Gone: a multiply naming it is NOT_FOUND, as is a second unregister.
+  EXPECT_EQ(Multiply(*stub, AllShared(p, reg->id()), &response).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(Unregister(*stub, reg->id()).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+}
+
+TEST(SharedMemoryTest, ListsOldestFirstAndCountsInlineBytes) {
+  SharedMemoryServer s(HostProvider());
+  auto stub = s.UnixStub();
+  ShmObject one(4096), two(8192);
+  auto r1 = Register(*stub, one.name(), one.bytes());
+  auto r2 = Register(*stub, two.name(), 5000);
+  ASSERT_TRUE(r1->open && r2->open);
+  const auto listed = List(*stub);
+  ASSERT_EQ(listed.size(), 2u);
+  EXPECT_EQ(listed[0].id(), r1->id());
+  EXPECT_EQ(listed[1].id(), r2->id());
+  EXPECT_EQ(listed[1].bytes(), 5000);
+  EXPECT_NE(r1->id(), r2->id());
+  // Another client sees none of them.
+  EXPECT_TRUE(List(*stub, "someone-else").empty());
+
+  absl::BitGen gen;
+  const Problem p = MakeProblem(8, 5, 3, gen);
+  v1::MultiplyRequest inline_request;
+  SetShape(inline_request.mutable_a(), p.m, p.k);
+  inline_request.mutable_a()->set_data(p.a);
+  SetShape(inline_request.mutable_b(), p.k, p.n);
+  inline_request.mutable_b()->set_data(p.b);
+  v1::MultiplyResponse response;
+  ASSERT_TRUE(Multiply(*stub, inline_request, &response).ok());
+  ExpectProduct(p, response.c().data().data());
+  const std::map<std::string, double> metrics =
+      testing::ScrapeUntil(s.server().metrics_port(), [&](const auto& m) {
+        return testing::Sum(m, "matmul_payload_bytes_total",
+                            {"path=\"inline\"", "direction=\"out\""}) > 0;
+      });
+  EXPECT_EQ(testing::Sum(metrics, "matmul_payload_bytes_total",
+                         {"path=\"inline\"", "direction=\"in\""}),
+            p.a_bytes() + p.b_bytes());
+  EXPECT_EQ(testing::Sum(metrics, "matmul_payload_bytes_total",
+                         {"path=\"inline\"", "direction=\"out\""}),
+            p.c_bytes());
+  EXPECT_EQ(testing::Sum(metrics, "matmul_shared_memory_regions"), 2);
+  EXPECT_EQ(testing::Sum(metrics, "matmul_shared_memory_bytes"), 4096 + 5000);
+}
+
+TEST(SharedMemoryTest, MixedInlineSharedAndStoredOperands) {
+  SharedMemoryServer s(HostProvider());
+  auto stub = s.UnixStub();
+  absl::BitGen gen;
+  const Problem p = MakeProblem(33, 17, 21, gen);
+  ShmObject shm(p.c_offset + p.c_bytes());
+  Fill(shm, p);
+  auto reg = Register(*stub, shm.name(), shm.bytes());
+  ASSERT_TRUE(reg->open) << reg->status.error_message();
+
+  // A inline, B in the region, C in the response.
+  {
+    v1::MultiplyRequest request;
+    SetShape(request.mutable_a(), p.m, p.k);
+    request.mutable_a()->set_data(p.a);
+    SetShape(request.mutable_b(), p.k, p.n);
+    Shared(request.mutable_b(), reg->id(), p.b_offset);
+    v1::MultiplyResponse response;
+    ASSERT_TRUE(Multiply(*stub, request, &response).ok());
+    ASSERT_EQ(static_cast<int64_t>(response.c().data().size()), p.c_bytes());
+    EXPECT_FALSE(response.c().has_shared());
+    ExpectProduct(p, response.c().data().data());
+  }
+  // A in the region, B inline, C into the region.
+  {
+    v1::MultiplyRequest request;
+    SetShape(request.mutable_a(), p.m, p.k);
+    Shared(request.mutable_a(), reg->id(), p.a_offset);
+    SetShape(request.mutable_b(), p.k, p.n);
+    request.mutable_b()->set_data(p.b);
+    request.mutable_c_shared()->set_region_id(reg->id());
+    request.mutable_c_shared()->set_offset(p.c_offset);
+    v1::MultiplyResponse response;
+    ASSERT_TRUE(Multiply(*stub, request, &response).ok());
+    EXPECT_TRUE(response.c().data().empty());
+    ExpectProduct(p, shm.data() + p.c_offset);
+  }
+  // A in the region, B stored (Upload), C into the region.
+  {
+    std::memset(shm.data() + p.c_offset, 0xff, p.c_bytes());
+    grpc::ClientContext context;
+    Deadline(context);
+    v1::UploadRequest upload;
+    SetShape(upload.mutable_tensor(), p.k, p.n);
+    upload.mutable_tensor()->set_data(p.b);
+    v1::UploadResponse uploaded;
+    ASSERT_TRUE(stub->Upload(&context, upload, &uploaded).ok());
+    v1::MultiplyRequest request;
+    SetShape(request.mutable_a(), p.m, p.k);
+    Shared(request.mutable_a(), reg->id(), p.a_offset);
+    request.set_b_handle(uploaded.handle().id());
+    request.mutable_c_shared()->set_region_id(reg->id());
+    request.mutable_c_shared()->set_offset(p.c_offset);
+    v1::MultiplyResponse response;
+    ASSERT_TRUE(Multiply(*stub, request, &response).ok());
+    ExpectProduct(p, shm.data() + p.c_offset);
+  }
+  // Inline operands, C into the region.
+  {
+    std::memset(shm.data() + p.c_offset, 0xff, p.c_bytes());
+    v1::MultiplyRequest request;
+    SetShape(request.mutable_a(), p.m, p.k);
+    request.mutable_a()->set_data(p.a);
+    SetShape(request.mutable_b(), p.k, p.n);
+    request.mutable_b()->set_data(p.b);
+    request.mutable_c_shared()->set_region_id(reg->id());
+    request.mutable_c_shared()->set_offset(p.c_offset);
+    v1::MultiplyResponse response;
+    ASSERT_TRUE(Multiply(*stub, request, &response).ok());
+    EXPECT_EQ(response.c().shared().region_id(), reg->id());
+    ExpectProduct(p, shm.data() + p.c_offset);
+  }
+}
+
+TEST(SharedMemoryTest, BadMultipliesGetPreciseStatuses) {
+  SharedMemoryServer s(HostProvider());
+  auto stub = s.UnixStub();
+  absl::BitGen gen;
+  const Problem p = MakeProblem(16, 8, 4, gen);
+  ShmObject shm(p.c_offset + p.c_bytes());
+  Fill(shm, p);
+  auto reg = Register(*stub, shm.name(), shm.bytes(), "alice");
+  ASSERT_TRUE(reg->open) << reg->status.error_message();
+  ShmObject small(64);
+  auto small_reg = Register(*stub, small.name(), small.bytes(), "alice");
+  ASSERT_TRUE(small_reg->open);
+
+  struct Case {
+    const char* what;
+    std::function<void(v1::MultiplyRequest&)> edit;
+    grpc::StatusCode code;
+    const char* message;
+    std::string client = "alice";
+  };
+  const std::vector<Case> cases = {
+      {"region too small for the shape",
+       [&](v1::MultiplyRequest& r) {
+         Shared(r.mutable_a(), small_reg->id(), 0);
+       },
+       grpc::StatusCode::INVALID_ARGUMENT, "a.shared: 512 bytes at offset 0"},
+      {"offset past the end",
+       [&](v1::MultiplyRequest& r) {
+         Shared(r.mutable_b(), reg->id(), shm.bytes() + 8);
+       },
+       grpc::StatusCode::INVALID_ARGUMENT, "run past the end of region"},
+      {"product past the end",
+       [&](v1::MultiplyRequest& r) {
+         r.mutable_c_shared()->set_offset(shm.bytes() - 4);
+       },
+       grpc::StatusCode::INVALID_ARGUMENT, "c_shared: 256 bytes"},
+      {"negative offset",
+       [&](v1::MultiplyRequest& r) { Shared(r.mutable_b(), reg->id(), -4); },
+       grpc::StatusCode::INVALID_ARGUMENT, "b.shared.offset"},
+      {"unknown region",
+       [&](v1::MultiplyRequest& r) {
+         Shared(r.mutable_a(), "shm-0123456789abcdef", 0);
+       },
+       grpc::StatusCode::NOT_FOUND, "a.shared.region_id"},
+      {"unknown product region",
+       [&](v1::MultiplyRequest& r) {
+         r.mutable_c_shared()->set_region_id("nope");
+       },
+       grpc::StatusCode::NOT_FOUND, "c_shared.region_id"},
+      {"another client's region", [](v1::MultiplyRequest&) {},
+       grpc::StatusCode::NOT_FOUND, "a.shared.region_id", "mallory"},
+      {"data and shared both set",
+       [&](v1::MultiplyRequest& r) { r.mutable_a()->set_data(p.a); },
+       grpc::StatusCode::INVALID_ARGUMENT, "a: data and shared are both set"},
+      {"handle and shared both set",
+       [&](v1::MultiplyRequest& r) { r.set_b_handle("h-1"); },
+       grpc::StatusCode::INVALID_ARGUMENT,
+       "b.shared and b_handle are both set"},
+      {"keep_result with c_shared",
+       [&](v1::MultiplyRequest& r) { r.set_keep_result(true); },
+       grpc::StatusCode::INVALID_ARGUMENT, "keep_result and c_shared"},
+      {"product over an operand",
+       [&](v1::MultiplyRequest& r) {
+         r.mutable_c_shared()->set_offset(p.b_offset + 4);
+       },
+       grpc::StatusCode::INVALID_ARGUMENT, "overlap b.shared"},
+      {"mismatched shapes",
+       [&](v1::MultiplyRequest& r) { r.mutable_b()->set_shape(0, p.k + 1); },
+       grpc::StatusCode::INVALID_ARGUMENT, "inner dimensions differ"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    v1::MultiplyRequest request = AllShared(p, reg->id());
+    c.edit(request);
+    v1::MultiplyResponse response;
+    const grpc::Status status = Multiply(*stub, request, &response, c.client);
+    EXPECT_EQ(status.error_code(), c.code) << status.error_message();
+    EXPECT_THAT(status.error_message(), HasSubstr(c.message));
+  }
+  // None of them touched the product.
+  for (int64_t i = 0; i < p.c_bytes(); ++i) {
+    ASSERT_EQ(shm.data()[p.c_offset + i], std::byte{0xff});
+  }
+  // And the good request works for its owner.
+  v1::MultiplyResponse response;
+  ASSERT_TRUE(
+      Multiply(*stub, AllShared(p, reg->id()), &response, "alice").ok());
+  ExpectProduct(p, shm.data() + p.c_offset);
+  // Another client cannot unregister it either.
+  EXPECT_EQ(Unregister(*stub, reg->id(), "mallory").error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(List(*stub, "alice").size(), 2u);
+}
+
+TEST(SharedMemoryTest, BadRegistrationsGetPreciseStatuses) {
+  SharedMemoryServer s(HostProvider());
+  auto stub = s.UnixStub();
+  ShmObject shm(4096);
+  struct Case {
+    std::string name;
+    int64_t bytes;
+    grpc::StatusCode code;
+    const char* message;
+  };
+  const std::vector<Case> cases = {
+      {"no-slash", 64, grpc::StatusCode::INVALID_ARGUMENT, "name:"},
+      {"/a/b", 64, grpc::StatusCode::INVALID_ARGUMENT, "name:"},
+      {"/", 64, grpc::StatusCode::INVALID_ARGUMENT, "name:"},
+      {"", 64, grpc::StatusCode::INVALID_ARGUMENT, "name:"},
+      {"/" + std::string(300, 'x'), 64, grpc::StatusCode::INVALID_ARGUMENT,
+       "name:"},
+      {"/matmul-test-missing-object", 64, grpc::StatusCode::NOT_FOUND,
+       "no such shared-memory object"},
+      {shm.name(), 4097, grpc::StatusCode::INVALID_ARGUMENT,
+       "is 4096 bytes, smaller than the 4097"},
+      {shm.name(), 0, grpc::StatusCode::INVALID_ARGUMENT, "bytes:"},
+      {shm.name(), -1, grpc::StatusCode::INVALID_ARGUMENT, "bytes:"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name.substr(0, 40));
+    auto reg = Register(*stub, c.name, c.bytes);
+    EXPECT_FALSE(reg->open);
+    EXPECT_EQ(reg->status.error_code(), c.code) << reg->status.error_message();
+    EXPECT_THAT(reg->status.error_message(), HasSubstr(c.message));
+  }
+  EXPECT_TRUE(List(*stub).empty());
+  EXPECT_EQ(testing::Sum(s.Scrape(), "matmul_shared_memory_regions"), 0);
+}
+
+TEST(SharedMemoryTest, TcpClientsArePermissionDenied) {
+  SharedMemoryServer s(HostProvider());
+  auto tcp = s.TcpStub();
+  ShmObject shm(4096);
+  auto reg = Register(*tcp, shm.name(), shm.bytes());
+  EXPECT_FALSE(reg->open);
+  EXPECT_EQ(reg->status.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(reg->status.error_message(), HasSubstr("Unix socket"));
+  grpc::Status listed;
+  List(*tcp, "", &listed);
+  EXPECT_EQ(listed.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(Unregister(*tcp, "shm-1").error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  // Over the socket the same registration works.
+  auto unix_stub = s.UnixStub();
+  auto ok = Register(*unix_stub, shm.name(), shm.bytes());
+  EXPECT_TRUE(ok->open) << ok->status.error_message();
+}
+
+TEST(SharedMemoryTest, LimitsAreResourceExhausted) {
+  ServerOptions options;
+  options.handle_limits.max_bytes_per_client = 10000;
+  options.handle_limits.max_bytes_total = 20000;
+  options.handle_limits.max_shared_memory_regions_per_client = 2;
+  SharedMemoryServer s(HostProvider(), options);
+  auto stub = s.UnixStub();
+  ShmObject big(16384), a(4096), b(4096), c(4096);
+  auto over = Register(*stub, big.name(), big.bytes(), "x");
+  EXPECT_EQ(over->status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(over->status.error_message(), HasSubstr("per client"));
+  auto r1 = Register(*stub, a.name(), a.bytes(), "x");
+  auto r2 = Register(*stub, b.name(), b.bytes(), "x");
+  ASSERT_TRUE(r1->open && r2->open);
+  auto r3 = Register(*stub, c.name(), c.bytes(), "x");
+  EXPECT_EQ(r3->status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(r3->status.error_message(), HasSubstr("shared-memory regions"));
+  // The total: y gets 8192, then 4096 more is over 20000 in all.
+  auto y1 = Register(*stub, big.name(), 8192, "y");
+  ASSERT_TRUE(y1->open) << y1->status.error_message();
+  auto y2 = Register(*stub, c.name(), c.bytes(), "y");
+  EXPECT_EQ(y2->status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(y2->status.error_message(), HasSubstr("--max-stored-bytes"));
+  // Unregistering gives the quota back.
+  ASSERT_TRUE(Unregister(*stub, r1->id(), "x").ok());
+  EXPECT_TRUE(r1->Finish().ok());
+  auto again = Register(*stub, c.name(), c.bytes(), "x");
+  EXPECT_TRUE(again->open) << again->status.error_message();
+}
+
+// A region unregistered while a multiply uses it stays mapped until that
+// multiply is done; the multiply succeeds and writes its product.
+TEST(SharedMemoryTest, UnregisteredMidRequestTheMultiplyStillSucceeds) {
+  FakeEngine* fake = nullptr;
+  SharedMemoryServer s(FakeProvider(&fake));
+  auto stub = s.UnixStub();
+  absl::BitGen gen;
+  const Problem p = MakeProblem(12, 7, 5, gen);
+  ShmObject shm(p.c_offset + p.c_bytes());
+  Fill(shm, p);
+  auto reg = Register(*stub, shm.name(), shm.bytes());
+  ASSERT_TRUE(reg->open) << reg->status.error_message();
+  EXPECT_EQ(fake->registered(), 1);
+
+  auto stub2 = s.UnixStub();
+  std::future<std::pair<grpc::Status, v1::MultiplyResponse>> multiply =
+      std::async(std::launch::async, [&] {
+        v1::MultiplyResponse response;
+        grpc::Status status =
+            Multiply(*stub2, AllShared(p, reg->id()), &response);
+        return std::make_pair(status, response);
+      });
+  fake->WaitForHeld(1);
+  const auto listed = List(*stub);
+  ASSERT_EQ(listed.size(), 1u);
+  EXPECT_EQ(listed[0].multiplies_in_flight(), 1);
+
+  ASSERT_TRUE(Unregister(*stub, reg->id()).ok());
+  EXPECT_TRUE(reg->Finish().ok()) << reg->status.error_message();
+  EXPECT_TRUE(List(*stub).empty());
+  // Still mapped and registered with the engine: the multiply holds it.
+  EXPECT_EQ(fake->registered(), 1);
+  EXPECT_EQ(testing::Sum(s.Scrape(), "matmul_shared_memory_regions"), 1);
+
+  fake->ReleaseOne();
+  auto [status, response] = multiply.get();
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(response.c().shared().region_id(), reg->id());
+  ExpectProduct(p, shm.data() + p.c_offset);
+  // Released before the answer was sent.
+  EXPECT_EQ(fake->registered(), 0);
+  const std::map<std::string, double> metrics = s.Scrape();
+  EXPECT_EQ(testing::Sum(metrics, "matmul_shared_memory_regions"), 0);
+  EXPECT_EQ(testing::Sum(metrics, "matmul_shared_memory_bytes"), 0);
+}
+
+TEST(SharedMemoryTest, CancellingTheRegisterCallUnregisters) {
+  FakeEngine* fake = nullptr;
+  SharedMemoryServer s(FakeProvider(&fake));
+  auto stub = s.UnixStub();
+  ShmObject shm(1 << 16);
+  auto reg = Register(*stub, shm.name(), shm.bytes());
+  ASSERT_TRUE(reg->open) << reg->status.error_message();
+  reg->context->TryCancel();
+  EXPECT_EQ(reg->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  ASSERT_TRUE(AwaitNoRegions(*stub));
+  EXPECT_EQ(fake->registered(), 0);
+  const std::map<std::string, double> metrics =
+      testing::ScrapeUntil(s.server().metrics_port(), [](const auto& m) {
+        return testing::Sum(m, "matmul_shared_memory_regions") == 0;
+      });
+  EXPECT_EQ(testing::Sum(metrics, "matmul_shared_memory_regions"), 0);
+  EXPECT_EQ(testing::Sum(metrics, "matmul_shared_memory_bytes"), 0);
+}
+
+// A client whose channel goes away (its process died) loses its region.
+TEST(SharedMemoryTest, ADisconnectedClientsRegionGoes) {
+  FakeEngine* fake = nullptr;
+  SharedMemoryServer s(FakeProvider(&fake));
+  ShmObject shm(1 << 16);
+  {
+    auto stub = s.UnixStub();  // its own channel, gone with it
+    auto reg = Register(*stub, shm.name(), shm.bytes(), "gone");
+    ASSERT_TRUE(reg->open) << reg->status.error_message();
+    EXPECT_EQ(List(*stub, "gone").size(), 1u);
+    // ~Registration cancels the call, then the channel is destroyed.
+  }
+  auto stub = s.UnixStub();
+  bool gone = false;
+  for (int i = 0; i < 1000 && !gone; ++i) {
+    gone = List(*stub, "gone").empty();
+    if (!gone) absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_TRUE(gone);
+  EXPECT_EQ(fake->registered(), 0);
+}
+
+TEST(SharedMemoryTest, MultiplyStreamRefusesSharedOperands) {
+  SharedMemoryServer s(HostProvider());
+  auto stub = s.UnixStub();
+  grpc::ClientContext context;
+  Deadline(context);
+  auto stream = stub->MultiplyStream(&context);
+  v1::MultiplyStreamRequest start;
+  start.set_request_id(1);
+  v1::MultiplyRequest* m = start.mutable_start()->mutable_request();
+  SetShape(m->mutable_a(), 2, 2);
+  Shared(m->mutable_a(), "shm-1", 0);
+  SetShape(m->mutable_b(), 2, 2);
+  ASSERT_TRUE(stream->Write(start));
+  stream->WritesDone();
+  v1::MultiplyStreamResponse response;
+  ASSERT_TRUE(stream->Read(&response));
+  EXPECT_EQ(response.request_id(), 1u);
+  EXPECT_EQ(response.error().code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(response.error().message(), HasSubstr("use Multiply"));
+  while (stream->Read(&response)) {
+  }
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
+// An open registration does not hold a drain up: it ends UNAVAILABLE at the
+// drain's start.
+TEST(SharedMemoryTest, ShutdownEndsOpenRegistrations) {
+  SharedMemoryServer s(HostProvider());
+  auto stub = s.UnixStub();
+  ShmObject shm(4096);
+  auto reg = Register(*stub, shm.name(), shm.bytes());
+  ASSERT_TRUE(reg->open) << reg->status.error_message();
+  s.server().Shutdown();
+  EXPECT_EQ(reg->Finish().error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(s.server().service().regions().registered(), 0);
+}
+
+}  // namespace
+}  // namespace matmul
