@@ -198,10 +198,10 @@ absl::StatusOr<SharedTensor> SharedProductFromResponse(
 }
 
 SharedMemorySession::SharedMemorySession(MatmulClient* client,
-                                         SharedMemoryRegion region,
+                                         SharedMemoryObject region,
                                          std::string client_id)
     : client_(client),
-      region_(std::move(region)),
+      object_(std::move(region)),
       client_id_(std::move(client_id)),
       state_(std::make_shared<CallState>()) {}
 
@@ -212,14 +212,14 @@ SharedMemorySession::Create(MatmulClient* client, int64_t bytes,
     return absl::InvalidArgumentError("shared memory: the client is null");
   }
   RETURN_IF_ERROR(CheckClientId(options.client_id));
-  ASSIGN_OR_RETURN(SharedMemoryRegion region,
-                   SharedMemoryRegion::Create(bytes, options.region));
+  ASSIGN_OR_RETURN(SharedMemoryObject region,
+                   SharedMemoryObject::Create(bytes, options.object));
   std::unique_ptr<SharedMemorySession> session(new SharedMemorySession(
       client, std::move(region),
       options.client_id.empty() ? client->client_id() : options.client_id));
   auto call = std::make_unique<RegistrationCall>(session->state_);
-  call->request.set_name(session->region_.name());
-  call->request.set_bytes(session->region_.size());
+  call->request.set_name(session->object_.name());
+  call->request.set_bytes(session->object_.size());
   client->PrepareContext(call->context, absl::InfiniteDuration(),
                          session->client_id_);
   call->Start(client->NextStub());
@@ -256,7 +256,7 @@ SharedMemorySession::Create(MatmulClient* client, int64_t bytes,
         "the server's RegisterSharedMemoryResponse has no region id");
   }
   if (options.unlink_when_registered) {
-    RETURN_IF_ERROR(session->region_.Unlink());
+    RETURN_IF_ERROR(session->object_.Unlink());
   }
   return session;
 }
@@ -267,7 +267,7 @@ SharedMemorySession::~SharedMemorySession() {
     absl::MutexLock lock(&state_->mu);
     state_->mu.Await(absl::Condition(&state_->ended));
   }
-  // call_ and then region_ go with the members.
+  // call_ and then object_ go with the members.
 }
 
 absl::Status SharedMemorySession::registration_status() const {
@@ -286,11 +286,11 @@ absl::StatusOr<SharedTensor> SharedMemorySession::Allocate(
   absl::MutexLock lock(&mu_);
   const int64_t at = (next_offset_ + kSharedTensorAlignment - 1) /
                      kSharedTensorAlignment * kSharedTensorAlignment;
-  if (at > region_.size() || *bytes > region_.size() - at) {
+  if (at > object_.size() || *bytes > object_.size() - at) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "shared memory: a ", ShapeString(shape), " ", DTypeName(dtype),
         " tensor (", *bytes, " bytes) does not fit at offset ", at, " of the ",
-        region_.size(), "-byte region"));
+        object_.size(), "-byte region"));
   }
   next_offset_ = at + *bytes;
   return SharedTensor{std::move(shape), dtype, at};
@@ -304,8 +304,8 @@ void SharedMemorySession::Reset() {
 absl::StatusOr<absl::Span<char>> SharedMemorySession::Bytes(
     const SharedTensor& t) {
   ASSIGN_OR_RETURN(const int64_t bytes,
-                   PlacedBytes(t, region_.size(), "tensor"));
-  return absl::MakeSpan(region_.data() + t.offset, static_cast<size_t>(bytes));
+                   PlacedBytes(t, object_.size(), "tensor"));
+  return absl::MakeSpan(object_.data() + t.offset, static_cast<size_t>(bytes));
 }
 
 absl::StatusOr<SharedTensor> SharedMemorySession::Put(
@@ -330,13 +330,13 @@ absl::StatusOr<HostTensor> SharedMemorySession::Get(const SharedTensor& t) {
 absl::StatusOr<SharedTensor> SharedMemorySession::Multiply(
     const SharedTensor& a, const SharedTensor& b, int64_t c_offset,
     const MultiplyOptions& options) {
-  RETURN_IF_ERROR(PlacedBytes(a, region_.size(), "a").status());
-  RETURN_IF_ERROR(PlacedBytes(b, region_.size(), "b").status());
+  RETURN_IF_ERROR(PlacedBytes(a, object_.size(), "a").status());
+  RETURN_IF_ERROR(PlacedBytes(b, object_.size(), "b").status());
   ASSIGN_OR_RETURN(
       std::vector<int64_t> shape,
       ProductShape(a.shape, b.shape, options.transpose_a, options.transpose_b));
   RETURN_IF_ERROR(
-      PlacedBytes(SharedTensor{shape, a.dtype, c_offset}, region_.size(), "c")
+      PlacedBytes(SharedTensor{shape, a.dtype, c_offset}, object_.size(), "c")
           .status());
   ASSIGN_OR_RETURN(
       v1::MultiplyRequest request,
@@ -346,7 +346,7 @@ absl::StatusOr<SharedTensor> SharedMemorySession::Multiply(
   ASSIGN_OR_RETURN(const v1::MultiplyResponse response,
                    client_->MultiplyRaw(request, call));
   return SharedProductFromResponse(response, info_.id(), c_offset,
-                                   region_.size());
+                                   object_.size());
 }
 
 absl::Status SharedMemorySession::Unregister(absl::Duration timeout) {

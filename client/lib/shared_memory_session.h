@@ -1,7 +1,7 @@
 // SharedMemorySession: operands and products in shared memory, for a client
 // on the matmul server's host (MatmulService.RegisterSharedMemory).
 //
-// A session creates a SharedMemoryRegion and registers it with the server,
+// A session creates a SharedMemoryObject and registers it with the server,
 // which maps it (and, on the CUDA engine, pins it so that the GPU's copy
 // engines read and write it directly). The caller fills A and B in place,
 // through spans into the region, and Multiply sends only their places
@@ -24,7 +24,7 @@
 // (RESOURCE_EXHAUSTED beyond it), charged to the client id the session
 // registers under; multiplies on the region must use the same id (the
 // session's Multiply does). The object is created with mode 0600, so the
-// server must run as the same user unless SharedMemoryOptions::region.mode
+// server must run as the same user unless SharedMemoryOptions::object.mode
 // says otherwise.
 //
 // The registration is one RegisterSharedMemory call that the session keeps
@@ -56,7 +56,7 @@
 #include "absl/types/span.h"
 #include "client/lib/host_tensor.h"
 #include "client/lib/matmul_client.h"
-#include "client/lib/shared_memory_region.h"
+#include "client/lib/shared_memory_object.h"
 #include "common/dtype.h"
 #include "matmul/v1/matmul.pb.h"
 
@@ -76,7 +76,7 @@ struct SharedTensor {
 
 struct SharedMemoryOptions {
   // How the object is created (mode, name prefix).
-  SharedMemoryRegionOptions region;
+  SharedMemoryObjectOptions object;
   // Unlink the object's name once the server has mapped it (see the file
   // comment). false keeps it until the session ends, e.g. to look at it.
   bool unlink_when_registered = true;
@@ -90,7 +90,7 @@ struct SharedMemoryOptions {
 class SharedMemorySession {
  public:
   // Creates a region of `bytes` bytes and registers it over `client` (which
-  // must outlive the session). The region's errors (SharedMemoryRegion::
+  // must outlive the session). The region's errors (SharedMemoryObject::
   // Create), then the server's: PERMISSION_DENIED over TCP,
   // RESOURCE_EXHAUSTED over the quota, UNIMPLEMENTED for a server without
   // shared memory, DEADLINE_EXCEEDED after options.register_timeout.
@@ -109,8 +109,8 @@ class SharedMemorySession {
   // The region as the server described it when it registered it.
   const v1::SharedMemoryRegion& info() const { return info_; }
   // The mapping on this side.
-  SharedMemoryRegion& region() { return region_; }
-  const SharedMemoryRegion& region() const { return region_; }
+  SharedMemoryObject& object() { return object_; }
+  const SharedMemoryObject& object() const { return object_; }
   // The "x-matmul-client" the session's calls carry (empty: none).
   const std::string& client_id() const { return client_id_; }
 
@@ -172,11 +172,11 @@ class SharedMemorySession {
   class RegistrationCall;
   struct CallState;
 
-  SharedMemorySession(MatmulClient* client, SharedMemoryRegion region,
+  SharedMemorySession(MatmulClient* client, SharedMemoryObject region,
                       std::string client_id);
 
   MatmulClient* const client_;
-  SharedMemoryRegion region_;
+  SharedMemoryObject object_;
   const std::string client_id_;
   v1::SharedMemoryRegion info_;
   std::shared_ptr<CallState> state_;

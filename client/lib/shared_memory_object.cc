@@ -1,4 +1,4 @@
-#include "client/lib/shared_memory_region.h"
+#include "client/lib/shared_memory_object.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -41,8 +41,8 @@ absl::Status ErrnoStatus(int error, absl::string_view what) {
 
 }  // namespace
 
-absl::StatusOr<SharedMemoryRegion> SharedMemoryRegion::Create(
-    int64_t bytes, const SharedMemoryRegionOptions& options) {
+absl::StatusOr<SharedMemoryObject> SharedMemoryObject::Create(
+    int64_t bytes, const SharedMemoryObjectOptions& options) {
   if (bytes <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "shared memory: the size must be more than zero, got ", bytes));
@@ -59,7 +59,7 @@ absl::StatusOr<SharedMemoryRegion> SharedMemoryRegion::Create(
         absl::StrCat("shared memory: the name prefix \"", prefix,
                      "\" must be a slash followed by a name with no slash"));
   }
-  SharedMemoryRegion region;
+  SharedMemoryObject region;
   // O_EXCL: a name left by a process that died, or taken by another
   // process, is skipped, never reused.
   for (int attempt = 0; attempt < 64; ++attempt) {
@@ -103,15 +103,15 @@ absl::StatusOr<SharedMemoryRegion> SharedMemoryRegion::Create(
   return region;
 }
 
-SharedMemoryRegion::SharedMemoryRegion(SharedMemoryRegion&& other) noexcept
+SharedMemoryObject::SharedMemoryObject(SharedMemoryObject&& other) noexcept
     : name_(std::move(other.name_)),
       size_(std::exchange(other.size_, 0)),
       data_(std::exchange(other.data_, nullptr)),
       fd_(std::exchange(other.fd_, -1)),
       linked_(std::exchange(other.linked_, false)) {}
 
-SharedMemoryRegion& SharedMemoryRegion::operator=(
-    SharedMemoryRegion&& other) noexcept {
+SharedMemoryObject& SharedMemoryObject::operator=(
+    SharedMemoryObject&& other) noexcept {
   if (this != &other) {
     Release();
     name_ = std::move(other.name_);
@@ -123,9 +123,9 @@ SharedMemoryRegion& SharedMemoryRegion::operator=(
   return *this;
 }
 
-SharedMemoryRegion::~SharedMemoryRegion() { Release(); }
+SharedMemoryObject::~SharedMemoryObject() { Release(); }
 
-void SharedMemoryRegion::Release() {
+void SharedMemoryObject::Release() {
   if (data_ != nullptr) munmap(data_, static_cast<size_t>(size_));
   if (fd_ >= 0) close(fd_);
   if (linked_) shm_unlink(name_.c_str());
@@ -135,7 +135,7 @@ void SharedMemoryRegion::Release() {
   size_ = 0;
 }
 
-absl::Status SharedMemoryRegion::Unlink() {
+absl::Status SharedMemoryObject::Unlink() {
   if (!linked_) return absl::OkStatus();
   linked_ = false;
   if (shm_unlink(name_.c_str()) != 0 && errno != ENOENT) {

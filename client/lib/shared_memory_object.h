@@ -1,4 +1,4 @@
-// SharedMemoryRegion: a POSIX shared-memory object (shm_open) that this
+// SharedMemoryObject: a POSIX shared-memory object (shm_open) that this
 // process created and mapped, for a matmul server on the same host to map
 // too (MatmulService.RegisterSharedMemory, see shared_memory_session.h).
 //
@@ -7,7 +7,7 @@
 // sizes it (ftruncate) and maps it read-write. The object is created with
 // mode 0600: only processes of the same user can open it, so the server
 // must run as the same uid, or the client widens the mode
-// (SharedMemoryRegionOptions::mode, e.g. 0660 with a shared group). The
+// (SharedMemoryObjectOptions::mode, e.g. 0660 with a shared group). The
 // destructor unmaps the memory, closes the descriptor and unlinks the name
 // (unless Unlink() did already). Unlinking only removes the name: a server
 // that has mapped the object keeps its mapping, and the memory is freed
@@ -15,8 +15,8 @@
 //
 // Move-only; not synchronized: the bytes are plain memory, shared with the
 // server, and whoever writes them coordinates with whoever reads them.
-#ifndef MATMUL_CLIENT_LIB_SHARED_MEMORY_REGION_H_
-#define MATMUL_CLIENT_LIB_SHARED_MEMORY_REGION_H_
+#ifndef MATMUL_CLIENT_LIB_SHARED_MEMORY_OBJECT_H_
+#define MATMUL_CLIENT_LIB_SHARED_MEMORY_OBJECT_H_
 
 #include <sys/types.h>
 
@@ -29,27 +29,27 @@
 
 namespace matmul {
 
-struct SharedMemoryRegionOptions {
+struct SharedMemoryObjectOptions {
   // Permission bits the object is created with (before the umask).
   mode_t mode = 0600;
   // The name is "<prefix>-<pid>-<n>"; one slash, first, and no other.
   std::string name_prefix = "/matmul";
 };
 
-class SharedMemoryRegion {
+class SharedMemoryObject {
  public:
   // A new object of `bytes` bytes (more than zero), zero-filled and mapped.
   // INVALID_ARGUMENT for a size that is not positive or a bad prefix; the
   // errno of shm_open, ftruncate or mmap otherwise (e.g. RESOURCE_EXHAUSTED
   // when /dev/shm is full).
-  static absl::StatusOr<SharedMemoryRegion> Create(
-      int64_t bytes, const SharedMemoryRegionOptions& options = {});
+  static absl::StatusOr<SharedMemoryObject> Create(
+      int64_t bytes, const SharedMemoryObjectOptions& options = {});
 
-  SharedMemoryRegion(SharedMemoryRegion&& other) noexcept;
-  SharedMemoryRegion& operator=(SharedMemoryRegion&& other) noexcept;
-  SharedMemoryRegion(const SharedMemoryRegion&) = delete;
-  SharedMemoryRegion& operator=(const SharedMemoryRegion&) = delete;
-  ~SharedMemoryRegion();
+  SharedMemoryObject(SharedMemoryObject&& other) noexcept;
+  SharedMemoryObject& operator=(SharedMemoryObject&& other) noexcept;
+  SharedMemoryObject(const SharedMemoryObject&) = delete;
+  SharedMemoryObject& operator=(const SharedMemoryObject&) = delete;
+  ~SharedMemoryObject();
 
   // The name given to shm_open ("/matmul-4711-0").
   const std::string& name() const { return name_; }
@@ -70,7 +70,7 @@ class SharedMemoryRegion {
   absl::Status Unlink();
 
  private:
-  SharedMemoryRegion() = default;
+  SharedMemoryObject() = default;
   void Release();
 
   std::string name_;
@@ -82,4 +82,4 @@ class SharedMemoryRegion {
 
 }  // namespace matmul
 
-#endif  // MATMUL_CLIENT_LIB_SHARED_MEMORY_REGION_H_
+#endif  // MATMUL_CLIENT_LIB_SHARED_MEMORY_OBJECT_H_

@@ -1,9 +1,11 @@
 // Unit tests of the client's shared-memory pieces that need no server:
-// SharedMemoryRegion (a real POSIX object: created, mapped, seen in
+// SharedMemoryObject (a real POSIX object: created, mapped, seen in
 // /dev/shm with its mode and size, unlinked), ProductShape, the request
 // SharedMemorySession::Multiply sends (MakeSharedMultiplyRequest) and the
 // reading of its response (SharedProductFromResponse). The session against
 // a real server is in shared_memory_client_test.cc.
+#include "client/lib/shared_memory_object.h"
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -16,7 +18,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "client/lib/shared_memory_region.h"
 #include "client/lib/shared_memory_session.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -42,8 +43,8 @@ bool Exists(const std::string& name) {
   return Stat(name, &st);
 }
 
-TEST(SharedMemoryRegionTest, CreatesAZeroFilledObjectOfItsSizeAndMode) {
-  absl::StatusOr<SharedMemoryRegion> region = SharedMemoryRegion::Create(5000);
+TEST(SharedMemoryObjectTest, CreatesAZeroFilledObjectOfItsSizeAndMode) {
+  absl::StatusOr<SharedMemoryObject> region = SharedMemoryObject::Create(5000);
   ASSERT_TRUE(region.ok()) << region.status();
   EXPECT_THAT(region->name(),
               StartsWith(absl::StrCat("/matmul-", getpid(), "-")));
@@ -58,8 +59,8 @@ TEST(SharedMemoryRegionTest, CreatesAZeroFilledObjectOfItsSizeAndMode) {
   for (char c : region->bytes()) ASSERT_EQ(c, 0);
 }
 
-TEST(SharedMemoryRegionTest, AnotherMappingSeesTheWrites) {
-  absl::StatusOr<SharedMemoryRegion> region = SharedMemoryRegion::Create(4096);
+TEST(SharedMemoryObjectTest, AnotherMappingSeesTheWrites) {
+  absl::StatusOr<SharedMemoryObject> region = SharedMemoryObject::Create(4096);
   ASSERT_TRUE(region.ok()) << region.status();
   std::memcpy(region->data() + 100, "matmul", 6);
   // What the server does: open by name, map, read and write.
@@ -74,12 +75,12 @@ TEST(SharedMemoryRegionTest, AnotherMappingSeesTheWrites) {
   munmap(other, 4096);
 }
 
-TEST(SharedMemoryRegionTest, ModeAndPrefixAreTheOptions) {
-  SharedMemoryRegionOptions options;
+TEST(SharedMemoryObjectTest, ModeAndPrefixAreTheOptions) {
+  SharedMemoryObjectOptions options;
   options.mode = 0640;
   options.name_prefix = "/matmul-test-prefix";
-  absl::StatusOr<SharedMemoryRegion> region =
-      SharedMemoryRegion::Create(64, options);
+  absl::StatusOr<SharedMemoryObject> region =
+      SharedMemoryObject::Create(64, options);
   ASSERT_TRUE(region.ok()) << region.status();
   EXPECT_THAT(region->name(), StartsWith("/matmul-test-prefix-"));
   struct stat st;
@@ -87,11 +88,11 @@ TEST(SharedMemoryRegionTest, ModeAndPrefixAreTheOptions) {
   EXPECT_EQ(st.st_mode & 0777, 0640u);
 }
 
-TEST(SharedMemoryRegionTest, NamesAreUnique) {
-  std::vector<SharedMemoryRegion> regions;
+TEST(SharedMemoryObjectTest, NamesAreUnique) {
+  std::vector<SharedMemoryObject> regions;
   std::set<std::string> names;
   for (int i = 0; i < 8; ++i) {
-    absl::StatusOr<SharedMemoryRegion> region = SharedMemoryRegion::Create(64);
+    absl::StatusOr<SharedMemoryObject> region = SharedMemoryObject::Create(64);
     ASSERT_TRUE(region.ok()) << region.status();
     names.insert(region->name());
     regions.push_back(*std::move(region));
@@ -99,8 +100,8 @@ TEST(SharedMemoryRegionTest, NamesAreUnique) {
   EXPECT_EQ(names.size(), 8u);
 }
 
-TEST(SharedMemoryRegionTest, SkipsANameThatExistsAlready) {
-  absl::StatusOr<SharedMemoryRegion> first = SharedMemoryRegion::Create(64);
+TEST(SharedMemoryObjectTest, SkipsANameThatExistsAlready) {
+  absl::StatusOr<SharedMemoryObject> first = SharedMemoryObject::Create(64);
   ASSERT_TRUE(first.ok()) << first.status();
   // The next name this process would take, created by "someone else".
   const std::string prefix = absl::StrCat("/matmul-", getpid(), "-");
@@ -109,7 +110,7 @@ TEST(SharedMemoryRegionTest, SkipsANameThatExistsAlready) {
   const int fd = shm_open(taken.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
   ASSERT_GE(fd, 0);
   close(fd);
-  absl::StatusOr<SharedMemoryRegion> second = SharedMemoryRegion::Create(64);
+  absl::StatusOr<SharedMemoryObject> second = SharedMemoryObject::Create(64);
   ASSERT_TRUE(second.ok()) << second.status();
   EXPECT_NE(second->name(), taken);
   struct stat st;
@@ -118,10 +119,10 @@ TEST(SharedMemoryRegionTest, SkipsANameThatExistsAlready) {
   shm_unlink(taken.c_str());
 }
 
-TEST(SharedMemoryRegionTest, DestructorUnlinks) {
+TEST(SharedMemoryObjectTest, DestructorUnlinks) {
   std::string name;
   {
-    absl::StatusOr<SharedMemoryRegion> region = SharedMemoryRegion::Create(64);
+    absl::StatusOr<SharedMemoryObject> region = SharedMemoryObject::Create(64);
     ASSERT_TRUE(region.ok()) << region.status();
     name = region->name();
     ASSERT_TRUE(Exists(name));
@@ -129,8 +130,8 @@ TEST(SharedMemoryRegionTest, DestructorUnlinks) {
   EXPECT_FALSE(Exists(name));
 }
 
-TEST(SharedMemoryRegionTest, UnlinkRemovesTheNameButKeepsTheMapping) {
-  absl::StatusOr<SharedMemoryRegion> region = SharedMemoryRegion::Create(64);
+TEST(SharedMemoryObjectTest, UnlinkRemovesTheNameButKeepsTheMapping) {
+  absl::StatusOr<SharedMemoryObject> region = SharedMemoryObject::Create(64);
   ASSERT_TRUE(region.ok()) << region.status();
   region->data()[3] = 42;
   ASSERT_TRUE(region->Unlink().ok());
@@ -140,16 +141,16 @@ TEST(SharedMemoryRegionTest, UnlinkRemovesTheNameButKeepsTheMapping) {
   EXPECT_TRUE(region->Unlink().ok());  // idempotent
 }
 
-TEST(SharedMemoryRegionTest, MovedFromOwnsNothing) {
-  absl::StatusOr<SharedMemoryRegion> region = SharedMemoryRegion::Create(64);
+TEST(SharedMemoryObjectTest, MovedFromOwnsNothing) {
+  absl::StatusOr<SharedMemoryObject> region = SharedMemoryObject::Create(64);
   ASSERT_TRUE(region.ok()) << region.status();
   const std::string name = region->name();
-  SharedMemoryRegion moved = *std::move(region);
+  SharedMemoryObject moved = *std::move(region);
   EXPECT_EQ(moved.name(), name);
   EXPECT_EQ(moved.size(), 64);
   EXPECT_TRUE(Exists(name));
   {
-    absl::StatusOr<SharedMemoryRegion> other = SharedMemoryRegion::Create(32);
+    absl::StatusOr<SharedMemoryObject> other = SharedMemoryObject::Create(32);
     ASSERT_TRUE(other.ok());
     const std::string other_name = other->name();
     *other = std::move(moved);  // frees other's own object
@@ -160,15 +161,15 @@ TEST(SharedMemoryRegionTest, MovedFromOwnsNothing) {
   EXPECT_FALSE(Exists(name));
 }
 
-TEST(SharedMemoryRegionTest, RejectsBadArguments) {
-  EXPECT_EQ(SharedMemoryRegion::Create(0).status().code(),
+TEST(SharedMemoryObjectTest, RejectsBadArguments) {
+  EXPECT_EQ(SharedMemoryObject::Create(0).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(SharedMemoryRegion::Create(-5).status().code(),
+  EXPECT_EQ(SharedMemoryObject::Create(-5).status().code(),
             absl::StatusCode::kInvalidArgument);
   for (const char* prefix : {"", "/", "matmul", "/a/b"}) {
-    SharedMemoryRegionOptions options;
+    SharedMemoryObjectOptions options;
     options.name_prefix = prefix;
-    EXPECT_EQ(SharedMemoryRegion::Create(64, options).status().code(),
+    EXPECT_EQ(SharedMemoryObject::Create(64, options).status().code(),
               absl::StatusCode::kInvalidArgument)
         << prefix;
   }
