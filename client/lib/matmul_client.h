@@ -63,6 +63,8 @@
 
 namespace matmul {
 
+class SharedMemorySession;  // client/lib/shared_memory_session.h
+
 // The metadata key that names the client the server charges stored tensors
 // to.
 inline constexpr char kClientIdMetadataKey[] = "x-matmul-client";
@@ -285,6 +287,10 @@ class MatmulClient {
   const std::string& client_id() const { return client_id_; }
 
  private:
+  // Registers regions and sends their calls through NextStub and
+  // PrepareContext.
+  friend class SharedMemorySession;
+
   MatmulClient(std::vector<std::shared_ptr<grpc::Channel>> channels,
                std::string client_id);
 

@@ -643,6 +643,16 @@ class Client:
             raise MatmulError.from_call(error) from error
         return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
 
+    def shared_memory(self, nbytes: int, **kwargs: Any) -> Any:
+        """A :class:`~matmul_client.shared_memory.SharedMemory` session of
+        ``nbytes`` registered with the server (a ``unix:`` target on its
+        host): arrays in it are multiplied without crossing the socket.
+        Keyword arguments go to SharedMemory (mode, unlink_when_registered,
+        timeout); use it as a context manager."""
+        from .shared_memory import SharedMemory
+
+        return SharedMemory(self, nbytes, **kwargs)
+
     def close(self) -> None:
         """Closes the channel; calls in flight are cancelled (on the native
         path, native calls in flight finish first)."""
