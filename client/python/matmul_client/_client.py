@@ -618,11 +618,14 @@ class Client:
         if chunk_bytes <= 0:
             raise ValueError(f"chunk_bytes={chunk_bytes}: expected a positive size")
         if self._native is not None:
-            arrays, handles, _, wire = _multiply_operands(a, b, compute, dtype)
-            if not handles:
-                return self._native_streamed(
-                    arrays, wire, transpose_a, transpose_b, compute, timeout, int(chunk_bytes)
-                )
+            args, wire = _native_args(
+                a, b, transpose_a, transpose_b, compute, dtype, False, None, self._deadline(timeout)
+            )
+            try:
+                product = self._native.multiply_streamed(*args[:11], int(chunk_bytes))
+            except _native.StatusError as error:
+                raise _native_error(error) from None
+            return _native_array(product, wire)
         request, wire = _multiply_request(a, b, transpose_a, transpose_b, compute, dtype)
         messages, _ = _stream_messages(request, chunk_bytes)
         product = _StreamProduct()
@@ -836,30 +839,6 @@ class Client:
 
     def _deadline(self, timeout: Optional[float]) -> Optional[float]:
         return self._timeout if timeout is None else timeout
-
-    def _native_streamed(
-        self,
-        arrays: Dict[str, np.ndarray],
-        wire: WireType,
-        transpose_a: bool,
-        transpose_b: bool,
-        compute: str,
-        timeout: Optional[float],
-        chunk_bytes: int,
-    ) -> np.ndarray:
-        """multiply_streamed of two arrays on the native core, the GIL
-        released for the whole call."""
-        a, transpose_a = to_wire_array(arrays["a"], wire, bool(transpose_a))
-        b, transpose_b = to_wire_array(arrays["b"], wire, bool(transpose_b))
-        args = (
-            a, wire.proto, b, wire.proto, transpose_a, transpose_b, _COMPUTE_MODES[compute],
-            _float_or_none(self._deadline(timeout)), _native_result_dtype(wire),
-        )
-        try:
-            product = self._native.multiply_streamed(*args, chunk_bytes)
-        except _native.StatusError as error:
-            raise _native_error(error) from None
-        return _native_array(product, wire)
 
     def _native_value(self, value: Any, wire: WireType, keep: bool) -> Any:
         """A native multiply's result: the product array, or with keep the

@@ -47,7 +47,6 @@ from ._client import (
     _downloaded,
     _handle_from_native,
     _make_native,
-    _multiply_operands,
     _multiply_request,
     _native_args,
     _native_array,
@@ -67,7 +66,6 @@ from ._tensors import (
     from_tensor,
     resolve_single_wire_type,
     stored_wire_type,
-    to_wire_array,
 )
 
 __all__ = ["AsyncClient"]
@@ -189,24 +187,18 @@ class AsyncClient:
             raise ValueError(f"chunk_bytes={chunk_bytes}: expected a positive size")
         deadline = self._deadline(timeout)
         if self._native is not None:
-            arrays, handles, _, wire = _multiply_operands(a, b, compute, dtype)
-            if not handles:
-                x, ta = to_wire_array(arrays["a"], wire, bool(transpose_a))
-                y, tb = to_wire_array(arrays["b"], wire, bool(transpose_b))
-                args = (
-                    x, wire.proto, y, wire.proto, ta, tb, _client._COMPUTE_MODES[compute],
-                    None if deadline is None else float(deadline),
-                    _client._native_result_dtype(wire), int(chunk_bytes),
+            args, wire = _native_args(
+                a, b, transpose_a, transpose_b, compute, dtype, False, None, deadline
+            )
+            native = self._native
+            loop = asyncio.get_running_loop()
+            try:
+                product = await loop.run_in_executor(
+                    None, lambda: native.multiply_streamed(*args[:11], int(chunk_bytes))
                 )
-                native = self._native
-                loop = asyncio.get_running_loop()
-                try:
-                    product = await loop.run_in_executor(
-                        None, lambda: native.multiply_streamed(*args)
-                    )
-                except _client._native.StatusError as error:
-                    raise _client._native_error(error) from None
-                return _native_array(product, wire)
+            except _client._native.StatusError as error:
+                raise _client._native_error(error) from None
+            return _native_array(product, wire)
         request, wire = _multiply_request(a, b, transpose_a, transpose_b, compute, dtype)
         messages, step = _stream_messages(request, chunk_bytes)
 

@@ -436,14 +436,28 @@ class NativeClient {
     return call;
   }
 
-  py::object MultiplyStreamed(const py::array& a, int a_dtype,
-                              const py::array& b, int b_dtype, bool transpose_a,
-                              bool transpose_b, int compute,
+  // Each operand is an array (copied once into a HostTensor, without the
+  // GIL) or, when it is None, the stored tensor `x_handle`.
+  py::object MultiplyStreamed(const py::object& a, int a_dtype,
+                              const std::string& a_handle, const py::object& b,
+                              int b_dtype, const std::string& b_handle,
+                              bool transpose_a, bool transpose_b, int compute,
                               std::optional<double> timeout,
                               const py::dtype& result_dtype,
                               int64_t chunk_bytes) {
-    const WireOperand wa = CheckOperand(a, a_dtype, "a");
-    const WireOperand wb = CheckOperand(b, b_dtype, "b");
+    std::optional<WireOperand> wires[2];
+    const py::object* arrays[2] = {&a, &b};
+    const std::string* handles[2] = {&a_handle, &b_handle};
+    const int dtypes[2] = {a_dtype, b_dtype};
+    for (int i = 0; i < 2; ++i) {
+      const char* name = i == 0 ? "a" : "b";
+      if (!arrays[i]->is_none()) {
+        wires[i] = CheckOperand(py::reinterpret_borrow<py::array>(*arrays[i]),
+                                dtypes[i], name);
+      } else if (handles[i]->empty()) {
+        throw py::value_error(absl::StrCat(name, ": no array and no handle"));
+      }
+    }
     MultiplyOptions options;
     options.transpose_a = transpose_a;
     options.transpose_b = transpose_b;
@@ -455,9 +469,15 @@ class NativeClient {
       // `a` and `b` are referenced by this call's arguments until it
       // returns, so their buffers outlive the copies made here.
       py::gil_scoped_release release;
-      HostTensor ta = CopyTensor(wa);
-      HostTensor tb = CopyTensor(wb);
-      product = client_->MultiplyStreamed(ta, tb, options, chunk_bytes);
+      std::optional<HostTensor> tensors[2];
+      for (int i = 0; i < 2; ++i) {
+        if (wires[i].has_value()) tensors[i] = CopyTensor(*wires[i]);
+      }
+      const Operand oa =
+          tensors[0] ? Operand(*tensors[0]) : Operand::Handle(a_handle);
+      const Operand ob =
+          tensors[1] ? Operand(*tensors[1]) : Operand::Handle(b_handle);
+      product = client_->MultiplyStreamed(oa, ob, options, chunk_bytes);
     }
     return ToPython(FromStatusOr(std::move(product)), result_dtype);
   }
@@ -625,9 +645,10 @@ PYBIND11_MODULE(_native, m) {
            py::arg("result_dtype"), py::arg("keep"), py::arg("result_ttl"),
            py::arg("done"))
       .def("multiply_streamed", &NativeClient::MultiplyStreamed, py::arg("a"),
-           py::arg("a_dtype"), py::arg("b"), py::arg("b_dtype"),
-           py::arg("transpose_a"), py::arg("transpose_b"), py::arg("compute"),
-           py::arg("timeout"), py::arg("result_dtype"), py::arg("chunk_bytes"))
+           py::arg("a_dtype"), py::arg("a_handle"), py::arg("b"),
+           py::arg("b_dtype"), py::arg("b_handle"), py::arg("transpose_a"),
+           py::arg("transpose_b"), py::arg("compute"), py::arg("timeout"),
+           py::arg("result_dtype"), py::arg("chunk_bytes"))
       .def("upload", &NativeClient::Upload, py::arg("array"), py::arg("dtype"),
            py::arg("device"), py::arg("ttl_seconds"), py::arg("timeout"))
       .def("upload_async", &NativeClient::UploadAsync, py::arg("array"),
