@@ -9,11 +9,20 @@
 //   - returns the product as an array over the reply's bytes (protobuf's
 //     parse of the response is the one copy on the way back: the array owns
 //     the parsed string, nothing copies it again);
-//   - releases the GIL for the whole call, so Python threads run calls in
+//   - releases the GIL for the RPC, so Python threads run calls in
 //     parallel.
 //
-// multiply_streamed copies each operand once into the library's HostTensor
-// (without the GIL) and returns the library's product buffer as the array.
+// An operand may instead be a stored tensor's handle (the array None), and
+// keep=True returns the kept product's handle as a tuple (StoredTuple).
+// multiply_streamed and upload copy each array once into the library's
+// HostTensor (without the GIL); download returns the library's buffer.
+//
+// The *_async methods start the library's asynchronous call and return at
+// once (a Call, whose cancel() cancels a multiply); the library completes
+// them on a gRPC thread, which takes the GIL only to call done(ok, value)
+// (value: the result, or (code, message)). matmul_client.aio hands that to
+// its event loop with call_soon_threadsafe; Client.multiply_async to a
+// concurrent.futures.Future.
 //
 // A failed call raises StatusError(code, message), code the gRPC status code
 // as an int; _client.py turns it into MatmulError.
