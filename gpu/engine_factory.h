@@ -28,8 +28,9 @@ struct EngineOptions {
   absl::Duration batch_window = absl::ZeroDuration();
   bool adaptive_batching = true;
   int max_batch = 64;
-  // Several shapes waiting at once go out as one grouped job.
-  bool grouped_batching = true;
+  // Several shapes waiting at once go out as one grouped job (off by
+  // default: on an H100 it saved no device time, PERFORMANCE.md section 10).
+  bool grouped_batching = false;
   // CUDA engine: small jobs dispatched by the submitting thread when their
   // stream is idle, and how long the completion poller polls
   // (CudaEngineOptions).

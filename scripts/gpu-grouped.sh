@@ -7,9 +7,9 @@
 #   2. matmul-bench --shape-mix MIX (default 64,128,256,512: requests take
 #      the shapes in turn) at c=64 over 8 channels, float32 strict and tf32,
 #      against three servers in turn:
-#        grouped    the default: shapes waiting together go out as one
-#                   cublasGemmGroupedBatchedEx launch
-#        pershape   --grouped-batching=false: one strided batch per shape
+#        grouped    --grouped-batching: shapes waiting together go out as
+#                   one cublasGemmGroupedBatchedEx launch
+#        pershape   the default: one strided batch per shape
 #        unbatched  --batch-window-us 0: one kernel per request
 #      --server-metrics reads the server's own counters around each point:
 #      "device compute X us/request" is matmul_device_compute_busy_seconds
@@ -52,7 +52,7 @@ for round in $(seq 1 "${GROUPED_ROUNDS:-2}"); do
     declare -A us=()
     for mode in grouped pershape unbatched; do
       case $mode in
-        grouped) args=() ;;
+        grouped) args=(--grouped-batching=true) ;;
         pershape) args=(--grouped-batching=false) ;;
         unbatched) args=(--batch-window-us 0) ;;
       esac

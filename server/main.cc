@@ -83,10 +83,11 @@ ABSL_FLAG(bool, adaptive_batching, true,
           "when one is free; false: every group waits --batch-window-us for "
           "company");
 ABSL_FLAG(int32_t, max_batch, 64, "Most requests merged into one batch");
-ABSL_FLAG(bool, grouped_batching, true,
+ABSL_FLAG(bool, grouped_batching, false,
           "Requests of several small shapes (one dtype and compute mode) "
-          "waiting together go out as one grouped GEMM launch; false: one "
-          "batch per shape");
+          "waiting together go out as one grouped GEMM launch (off by "
+          "default: no gain measured yet, docs/PERFORMANCE.md section 10); "
+          "false: one batch per shape");
 ABSL_FLAG(int64_t, inline_dispatch_max_bytes, int64_t{1} << 20,
           "CUDA engine: a request with at most this many bytes of staging "
           "(operands and product) is put on an idle stream by the thread "

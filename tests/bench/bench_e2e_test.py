@@ -508,7 +508,8 @@ def test_resident_usage_errors(server):
 def test_shape_mix_with_server_metrics(tmp_path):
     # One lane: while it is busy the mix's shapes gather, and the batching
     # engine sends them out as grouped jobs.
-    s = Server("--streams-per-device", "1", metrics_port=free_port())
+    s = Server("--streams-per-device", "1", "--grouped-batching=true",
+               metrics_port=free_port())
     try:
         out = tmp_path / "mix.json"
         r = bench("--target", s.target, "--shape-mix", "16,24x8x40,32",

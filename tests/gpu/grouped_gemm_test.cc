@@ -125,8 +125,11 @@ TEST_P(GroupedGemmTest, EveryMemberOfAMixIsRight) {
   EXPECT_TRUE(finished.HasBeenNotified());
   EXPECT_NEAR(shares, 1.0, 1e-9);
   // One job on the device, not one per member.
+  // (The stats are a value: iterating over a member of the temporary
+  // engine->stats() read freed memory.)
+  const EngineStats stats = engine->stats();
   int64_t jobs_run = 0;
-  for (const StreamStats& s : engine->stats().devices[0].streams) {
+  for (const StreamStats& s : stats.devices[0].streams) {
     jobs_run += s.jobs;
   }
   EXPECT_EQ(jobs_run, 1);
