@@ -53,6 +53,7 @@
 #include "client/lib/multiply_encoding.h"
 #include "client/lib/tensor_proto.h"
 #include "common/dtype.h"
+#include "common/mutex_mode.h"
 #include "matmul/v1/matmul.pb.h"
 #include "proto/dtype_mapping.h"
 
@@ -599,6 +600,10 @@ class NativeClient {
 
 PYBIND11_MODULE(_native, m) {
   using matmul::NativeClient;
+  // The core's Abseil (Debian's, linked into this module alone; grpcio's
+  // wheel carries its own) would otherwise check lock order on every mutex
+  // lock behind one global spinlock (common/mutex_mode.h).
+  matmul::SkipMutexDeadlockDetection();
   m.doc() =
       "The native core of matmul_client: Multiply and MultiplyStream over "
       "the C++ client library, operands sent from their own buffers, the GIL "
