@@ -29,6 +29,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/flags/commandlineflag.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/reflection.h"
@@ -44,11 +45,14 @@
 #include "client/lib/matmul_client.h"
 #include "client/lib/tensor_proto.h"
 #include "client/tools/bench_report.h"
+#include "client/tools/bench_shared_memory.h"
 #include "client/tools/bench_stability.h"
 #include "client/tools/bench_workload.h"
 #include "client/tools/load_generator.h"
+#include "client/tools/server_scrape.h"
 #include "common/build_info.h"
 #include "common/command_line.h"
+#include "common/mutex_mode.h"
 
 // The values are checked by MakeConfig; the help texts are kUsage's.
 ABSL_FLAG(std::string, target, "", "");
@@ -74,7 +78,10 @@ ABSL_FLAG(bool, verify, false, "");
 ABSL_FLAG(bool, progress, false, "");
 ABSL_FLAG(bool, protobuf_requests, false, "");
 ABSL_FLAG(bool, stable, false, "");
+ABSL_FLAG(bool, shared_memory, false, "");
 ABSL_FLAG(std::string, stable_windows, "", "");
+ABSL_FLAG(std::string, shape_mix, "", "");
+ABSL_FLAG(std::string, server_metrics, "", "");
 
 namespace matmul {
 namespace {
@@ -87,11 +94,12 @@ constexpr char kUsage[] = R"(usage:
                [--duration SECONDS | --requests N] [--warmup SECONDS]
                [--channels N] [--timeout SECONDS]
                [--verify] [--verify-every N] [--distinct N] [--seed N]
-               [--protobuf-requests]
+               [--protobuf-requests] [--shared-memory]
                [--resident[=operands|all|none]] [--client-id NAME]
                [--grpc-arg NAME=INT,...]
                [--json FILE] [--label TEXT] [--progress]
                [--stable] [--stable-windows N]
+               [--shape-mix S1,S2,...] [--server-metrics HOST:PORT]
 
 Drives a running matmul server and reports, for each point, successful
 requests/s, payload GB/s on the wire (request = A and B data, response = C
@@ -131,6 +139,13 @@ p50/p90/p99/p99.9 of the successful requests, and errors by gRPC status code.
                   check them. --resident=operands returns products inline.
                   Payload GB/s is then (nearly) 0: TFLOP/s is the figure;
                   the JSON has the actual message sizes (wire_gb_per_s)
+  --shared-memory operands and products in shared memory (a unix: target on
+                  the server's host): before the first point, one region
+                  per slot of the largest --concurrency is registered, with
+                  its own A, B and C, and requests name places in them; no
+                  payload crosses the socket (payload GB/s is 0; TFLOP/s is
+                  the figure; upload_s of the first point is the time the
+                  registrations took). Not with --resident
   --client-id     sent as x-matmul-client on every call: the name the
                   server charges stored tensors to (default
                   matmul-bench-HOST-PID)
@@ -148,6 +163,17 @@ p50/p90/p99/p99.9 of the successful requests, and errors by gRPC status code.
                   agree within 10%, at most --stable-windows (default 10);
                   the point's figures are its last window's, and a line
                   says whether and when it settled
+  --shape-mix     requests of several shapes, taken in turn: shapes as
+                  --shape takes them, comma-separated (e.g. 64,128,256,512);
+                  --distinct requests of each; replaces --shape. Payload
+                  and TFLOP/s use the mix's mean bytes and flops per request
+  --server-metrics
+                  the server's Prometheus endpoint (HOST:PORT of its
+                  --metrics-port, or http://HOST:PORT/PATH): scraped before
+                  and after each point to report the device's GEMM time per
+                  request (matmul_device_compute_busy_seconds_total over
+                  the server's OK multiplies), engine jobs per request and
+                  the batching engine's launches, grouped ones included
 
 Exit status: 0 all points ran; 1 could not run; 2 usage; 3 --verify found a
 wrong answer; 130 interrupted (Ctrl-C; a second one exits at once).
@@ -200,12 +226,14 @@ struct Flags {
 
 absl::StatusOr<Flags> ParseFlags(const std::vector<std::string>& args) {
   static const std::set<std::string> kValued = {
-      "target",  "shape",     "dtype",    "compute",      "concurrency",
-      "rate",    "duration",  "requests", "warmup",       "channels",
-      "timeout", "distinct",  "seed",     "verify-every", "json",
-      "label",   "client-id", "grpc-arg", "resident",     "stable-windows"};
+      "target",      "shape",         "dtype",    "compute",
+      "concurrency", "rate",          "duration", "requests",
+      "warmup",      "channels",      "timeout",  "distinct",
+      "seed",        "verify-every",  "json",     "label",
+      "client-id",   "grpc-arg",      "resident", "stable-windows",
+      "shape-mix",   "server-metrics"};
   static const std::set<std::string> kSwitches = {
-      "verify", "progress", "protobuf-requests", "stable"};
+      "verify", "progress", "protobuf-requests", "stable", "shared-memory"};
   // A switch that may take a value: --resident, --resident=operands, or
   // --resident operands; given alone it is --resident=all.
   static const std::set<std::string> kResidentValues = {"none", "operands",
@@ -337,6 +365,8 @@ int Fail(absl::string_view message) {
 struct Config {
   std::string target;
   BenchShape shape;
+  std::vector<BenchShape> shape_mix;  // --shape-mix (replaces shape)
+  std::optional<ScrapeTarget> server_metrics;
   DType dtype = DType::kFloat32;
   ComputeMode compute = ComputeMode::kStrict;
   std::vector<int> concurrency;
@@ -357,6 +387,7 @@ struct Config {
   // --stable: windows per point at most (0: one window, no judgement).
   int stable_windows = 0;
   Resident resident = Resident::kNone;
+  bool shared_memory = false;
   std::string client_id;
   GrpcArgs grpc_args;
 };
@@ -368,6 +399,23 @@ absl::StatusOr<Config> MakeConfig(const Flags& flags) {
   absl::StatusOr<BenchShape> shape = ParseShape(flags.Get("shape"));
   if (!shape.ok()) return shape.status();
   c.shape = *shape;
+  if (flags.Has("shape-mix")) {
+    if (flags.Has("shape")) {
+      return absl::InvalidArgumentError(
+          "--shape and --shape-mix exclude each other");
+    }
+    absl::StatusOr<std::vector<BenchShape>> mix =
+        ParseShapeMix(flags.values.at("shape-mix"));
+    if (!mix.ok()) return mix.status();
+    c.shape_mix = *std::move(mix);
+    c.shape = c.shape_mix.front();
+  }
+  if (flags.Has("server-metrics")) {
+    absl::StatusOr<ScrapeTarget> target =
+        ParseScrapeTarget(flags.values.at("server-metrics"));
+    if (!target.ok()) return target.status();
+    c.server_metrics = *std::move(target);
+  }
   absl::StatusOr<DType> dtype = ParseDType(flags.Get("dtype"));
   if (!dtype.ok()) return dtype.status();
   c.dtype = *dtype;
@@ -447,6 +495,11 @@ absl::StatusOr<Config> MakeConfig(const Flags& flags) {
   absl::StatusOr<Resident> resident = ParseResident(flags.Get("resident"));
   if (!resident.ok()) return resident.status();
   c.resident = *resident;
+  c.shared_memory = flags.switches.count("shared-memory") > 0;
+  if (c.shared_memory && c.resident != Resident::kNone) {
+    return absl::InvalidArgumentError(
+        "--shared-memory and --resident exclude each other");
+  }
   c.client_id = flags.Has("client-id")
                     ? flags.values.at("client-id")
                     : absl::StrCat("matmul-bench-", HostName(), "-", getpid());
@@ -541,6 +594,7 @@ void PrintProgress(int concurrency, double rate, const LoadProgress& p) {
 }
 
 int Main(int argc, char** argv) {
+  SkipMutexDeadlockDetection();  // common/mutex_mode.h
   std::vector<std::string> args(argv + std::min(argc, 1), argv + argc);
   switch (FindInfoRequest(args)) {
     case InfoRequest::kHelp:
@@ -570,6 +624,7 @@ int Main(int argc, char** argv) {
   run.timestamp = Rfc3339Now();
   run.command_line.assign(argv, argv + argc);
   run.shape = c.shape;
+  run.shape_mix = c.shape_mix;
   run.dtype = c.dtype;
   run.compute = c.compute;
   run.seed = c.seed;
@@ -596,7 +651,14 @@ int Main(int argc, char** argv) {
     run.server = *std::move(info);
   }
 
-  const int64_t operand_bytes = OperandBytes(c.shape, c.dtype);
+  // A mix: one distinct request of each shape is one unit.
+  int64_t operand_bytes = OperandBytes(c.shape, c.dtype);
+  if (!c.shape_mix.empty()) {
+    operand_bytes = 0;
+    for (const BenchShape& s : c.shape_mix) {
+      operand_bytes += OperandBytes(s, c.dtype);
+    }
+  }
   int distinct = c.distinct;
   if (distinct == 0) {
     distinct = static_cast<int>(std::clamp<int64_t>(
@@ -617,15 +679,21 @@ int Main(int argc, char** argv) {
                   distinct, static_cast<double>(operand_bytes) / (1 << 20));
   }
   absl::StatusOr<Workload> workload =
-      BuildWorkload(c.shape, c.dtype, c.compute, distinct, c.seed);
+      c.shape_mix.empty()
+          ? BuildWorkload(c.shape, c.dtype, c.compute, distinct, c.seed)
+          : BuildMixedWorkload(c.shape_mix, c.dtype, c.compute, distinct,
+                               c.seed);
   if (!workload.ok()) return Fail(workload.status().message());
   // Payload: the tensors' data the messages carry.
-  run.request_bytes =
-      c.resident == Resident::kNone ? workload->request_bytes : 0;
-  run.response_bytes =
-      c.resident == Resident::kAll ? 0 : workload->response_bytes;
+  run.request_bytes = c.resident == Resident::kNone && !c.shared_memory
+                          ? workload->request_bytes
+                          : 0;
+  run.response_bytes = c.resident == Resident::kAll || c.shared_memory
+                           ? 0
+                           : workload->response_bytes;
+  run.shared_memory = c.shared_memory;
   run.flops_per_request = workload->flops_per_request;
-  run.distinct_requests = distinct;
+  run.distinct_requests = static_cast<int>(workload->requests.size());
 
   std::unique_ptr<ResponseVerifier> verifier;
   LoadGenerator::ResponseChecker checker;
@@ -669,6 +737,37 @@ int Main(int argc, char** argv) {
   absl::StatusOr<int64_t> result_ttl_s =
       TtlSeconds(capped_ttl(c.timeout_s + 60), "result ttl");
   if (!result_ttl_s.ok()) return Fail(result_ttl_s.status().message());
+
+  // Shared memory: the regions of every point, registered once (over a
+  // client of their own, which holds the registration calls) so that the
+  // server never sees one point's regions beside the next one's.
+  std::unique_ptr<MatmulClient> shared_client;
+  std::unique_ptr<SharedMemoryPoint> shared;
+  double shared_setup_s = 0;
+  // A point left calls behind: their callbacks may still read the regions.
+  bool shared_abandoned = false;
+  absl::Cleanup keep_shared = [&] {
+    if (!shared_abandoned) return;
+    (void)shared.release();
+    (void)shared_client.release();
+  };
+  if (c.shared_memory) {
+    ClientOptions options;
+    options.client_id = c.client_id;
+    options.channel_args = c.grpc_args;
+    absl::StatusOr<std::unique_ptr<MatmulClient>> client =
+        MatmulClient::Create(c.target, options);
+    if (!client.ok()) return Fail(client.status().message());
+    shared_client = *std::move(client);
+    const absl::Time start = absl::Now();
+    absl::StatusOr<std::unique_ptr<SharedMemoryPoint>> created =
+        SharedMemoryPoint::Create(
+            shared_client.get(), *workload,
+            *std::max_element(c.concurrency.begin(), c.concurrency.end()));
+    if (!created.ok()) return Fail(created.status().message());
+    shared = *std::move(created);
+    shared_setup_s = absl::ToDoubleSeconds(absl::Now() - start);
+  }
 
   std::fputs(RunDescription(run).c_str(), stdout);
   std::fputs(TableHeader().c_str(), stdout);
@@ -735,14 +834,36 @@ int Main(int argc, char** argv) {
         requests.clear();
         for (const auto& r : resident_requests) requests.push_back(r.get());
       }
+      // Shared memory: the first `concurrency` regions, one per slot.
+      LoadGenerator::ResponseChecker point_checker = checker;
+      if (shared != nullptr) {
+        bp.upload_s = std::exchange(shared_setup_s, 0.0);
+        requests.assign(shared->requests().begin(),
+                        shared->requests().begin() + concurrency);
+        if (verifier != nullptr) {
+          point_checker = shared->Checker(verifier.get());
+        }
+      }
       bp.request_message_bytes =
           static_cast<int64_t>(requests.front()->ByteSizeLong());
 
       auto generator = std::make_unique<LoadGenerator>(
-          client->get(), requests, checker,
+          client->get(), requests, point_checker,
           c.protobuf_requests ? LoadGenerator::Encoding::kProtobuf
                               : LoadGenerator::Encoding::kZeroCopy);
+      generator->set_exclusive_requests(c.shared_memory);
       bp.timestamp = Rfc3339Now();
+      // --server-metrics: the server's counters around the point.
+      std::optional<ServerCounters> before;
+      if (c.server_metrics.has_value()) {
+        absl::StatusOr<ServerCounters> scraped =
+            Scrape(*c.server_metrics, absl::Seconds(10));
+        if (!scraped.ok()) {
+          DeleteAll(**client, bp.resident_operands, rpc_timeout);
+          return Fail(scraped.status().message());
+        }
+        before = *scraped;
+      }
       // One window, or (--stable) windows until the last three agree.
       std::vector<double> window_rates;
       Stability stability;
@@ -767,6 +888,16 @@ int Main(int argc, char** argv) {
         if (stability.stable) break;
         if (bp.result.abandoned > 0 || bp.result.abandoned_deletes > 0) break;
       }
+      if (before.has_value()) {
+        absl::StatusOr<ServerCounters> after =
+            Scrape(*c.server_metrics, absl::Seconds(10));
+        if (after.ok()) {
+          bp.server_delta = Subtract(*before, *after);
+        } else {
+          absl::FPrintF(stderr, "matmul-bench: server metrics: %s\n",
+                        after.status().message());
+        }
+      }
       if (!bp.resident_operands.empty()) {
         bp.operand_delete_errors =
             DeleteAll(**client, bp.resident_operands, rpc_timeout);
@@ -777,6 +908,7 @@ int Main(int argc, char** argv) {
         (void)generator.release();
         (void)verifier.release();
         for (auto& r : resident_requests) (void)r.release();
+        shared_abandoned = true;
       }
       if (c.stable_windows > 0) {
         bp.window_rates = window_rates;
@@ -791,6 +923,7 @@ int Main(int argc, char** argv) {
                 .c_str(),
             stdout);
       }
+      std::fputs(ServerLine(bp).c_str(), stdout);
       std::fputs(ErrorLines(bp).c_str(), stdout);
       std::fflush(stdout);
       mismatches += bp.result.mismatches;
