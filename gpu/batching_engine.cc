@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <utility>
 #include <variant>
 
 #include "absl/time/clock.h"
+#include "gpu/grouped_job.h"
 
 namespace matmul {
 namespace {
@@ -182,8 +184,12 @@ void BatchingEngine::Submit(std::unique_ptr<MatmulJob> job) {
   if (!full.empty()) Launch(std::move(full));
 }
 
-void BatchingEngine::StartLaunch(size_t size) {
+void BatchingEngine::StartLaunch(size_t size, bool grouped) {
   ++in_flight_;
+  if (grouped) {
+    ++launches_.grouped_launches;
+    launches_.grouped_requests += static_cast<int64_t>(size);
+  }
   size_t bucket = 0;
   while (bucket < kBatchSizeBounds.size() &&
          static_cast<int>(size) > kBatchSizeBounds[bucket]) {
@@ -205,8 +211,47 @@ std::vector<std::unique_ptr<MatmulJob>> BatchingEngine::TakeOldestGroup() {
     }
   }
   if (oldest == nullptr) return jobs;
-  jobs.swap(oldest->jobs);
-  StartLaunch(jobs.size());
+  return TakeWithCompanions(KeyOf(oldest->jobs.front()->spec()));
+}
+
+std::vector<std::unique_ptr<MatmulJob>> BatchingEngine::TakeWithCompanions(
+    const Key& key) {
+  std::vector<std::unique_ptr<MatmulJob>> jobs;
+  const size_t most = static_cast<size_t>(std::max(1, options_.max_batch));
+  // Bytes staged (operands and product), bounded for companions only.
+  int64_t bytes = 0;
+  auto take = [&jobs, &bytes, most](Group& group, int64_t max_bytes) {
+    size_t n = 0;
+    while (n < group.jobs.size() && jobs.size() < most) {
+      const MatmulSpec& s = group.jobs[n]->spec();
+      const int64_t job_bytes = s.a_bytes() + s.b_bytes() + s.c_bytes();
+      if (bytes + job_bytes > max_bytes) break;
+      bytes += job_bytes;
+      jobs.push_back(std::move(group.jobs[n++]));
+    }
+    group.jobs.erase(group.jobs.begin(), group.jobs.begin() + n);
+    return n;
+  };
+  take(groups_[key], std::numeric_limits<int64_t>::max());
+  size_t kinds = 1;
+  if (options_.grouped && jobs.size() < most) {
+    // Kinds that differ only in shape and transposes, oldest first.
+    std::vector<std::pair<absl::Time, Group*>> others;
+    for (auto& [other, group] : groups_) {
+      if (other != key && !group.jobs.empty() &&
+          std::get<0>(other) == std::get<0>(key) &&
+          std::get<1>(other) == std::get<1>(key)) {
+        others.emplace_back(group.deadline, &group);
+      }
+    }
+    std::sort(others.begin(), others.end(),
+              [](const auto& x, const auto& y) { return x.first < y.first; });
+    for (auto& [deadline, group] : others) {
+      if (jobs.size() >= most) break;
+      if (take(*group, options_.max_group_bytes) > 0) ++kinds;
+    }
+  }
+  if (!jobs.empty()) StartLaunch(jobs.size(), kinds > 1);
   return jobs;
 }
 
@@ -233,6 +278,15 @@ void BatchingEngine::Launch(std::vector<std::unique_ptr<MatmulJob>> jobs) {
     inner_->Submit(std::make_unique<SoloJob>(this, std::move(jobs.front())));
     return;
   }
+  const Key key = KeyOf(jobs.front()->spec());
+  for (const auto& job : jobs) {
+    if (KeyOf(job->spec()) != key) {
+      // Several kinds: one grouped job.
+      inner_->Submit(std::make_unique<GroupedJob>(std::move(jobs),
+                                                  [this]() { JobFinished(); }));
+      return;
+    }
+  }
   inner_->Submit(std::make_unique<BatchJob>(this, std::move(jobs)));
 }
 
@@ -250,12 +304,17 @@ void BatchingEngine::FlushLoop() {
         wake_.WaitWithDeadline(&mu_, next);
       }
       const absl::Time now = absl::Now();
-      for (auto& [key, group] : groups_) {
+      std::vector<Key> expired;
+      for (const auto& [key, group] : groups_) {
         if (!group.jobs.empty() && (stopping_ || group.deadline <= now)) {
-          // Past its window (or shutting down): out, slot or not.
-          StartLaunch(group.jobs.size());
-          due.push_back(std::move(group.jobs));
-          group.jobs.clear();
+          expired.push_back(key);
+        }
+      }
+      for (const Key& key : expired) {
+        // Past its window (or shutting down): out, slot or not, until
+        // none is left (a group may have gone along with another).
+        while (!groups_[key].jobs.empty()) {
+          due.push_back(TakeWithCompanions(key));
         }
       }
       stop = stopping_;

@@ -43,6 +43,7 @@ absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(
   batching.window = options.batch_window;
   batching.adaptive = options.adaptive_batching;
   batching.max_batch = options.max_batch;
+  batching.grouped = options.grouped_batching;
   return std::unique_ptr<Engine>(
       std::make_unique<BatchingEngine>(std::move(engine), batching));
 }

@@ -28,6 +28,8 @@ struct EngineOptions {
   absl::Duration batch_window = absl::ZeroDuration();
   bool adaptive_batching = true;
   int max_batch = 64;
+  // Several shapes waiting at once go out as one grouped job.
+  bool grouped_batching = true;
   // CUDA engine: small jobs dispatched by the submitting thread when their
   // stream is idle, and how long the completion poller polls
   // (CudaEngineOptions).

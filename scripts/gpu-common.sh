@@ -25,12 +25,13 @@ ceiling() {
   wait $e 2>/dev/null
 }
 
-# Starts matmul-server on the CUDA engine at $T with the given extra
+# Starts matmul-server (or the bundled program named by $SERVER_BIN, e.g. a
+# build from before a change) on the CUDA engine at $T with the given extra
 # arguments, logging to the file named first; sets `server` to its pid.
 start_server() {
   local slog=$1
   shift
-  $R matmul-server --host 127.0.0.1 --port 50051 --engine "${MATMUL_SCRIPT_ENGINE:-cuda}" \
+  $R "${SERVER_BIN:-matmul-server}" --host 127.0.0.1 --port 50051 --engine "${MATMUL_SCRIPT_ENGINE:-cuda}" \
     --pinned-pool-bytes 4294967296 "$@" 2>"$slog" &
   server=$!
   for _ in $(seq 1 300); do grep -q "serving on port" "$slog" && break; sleep 0.1; done

@@ -32,6 +32,7 @@
 #include "common/dtype.h"
 #include "common/grpc_args.h"
 #include "common/log.h"
+#include "common/mutex_mode.h"
 #include "gpu/engine_factory.h"
 #include "server/matmul_server.h"
 #include "server/shutdown_signals.h"
@@ -82,6 +83,10 @@ ABSL_FLAG(bool, adaptive_batching, true,
           "when one is free; false: every group waits --batch-window-us for "
           "company");
 ABSL_FLAG(int32_t, max_batch, 64, "Most requests merged into one batch");
+ABSL_FLAG(bool, grouped_batching, true,
+          "Requests of several small shapes (one dtype and compute mode) "
+          "waiting together go out as one grouped GEMM launch; false: one "
+          "batch per shape");
 ABSL_FLAG(int64_t, inline_dispatch_max_bytes, int64_t{1} << 20,
           "CUDA engine: a request with at most this many bytes of staging "
           "(operands and product) is put on an idle stream by the thread "
@@ -144,7 +149,7 @@ const std::vector<matmul::FlagGroup>& ServerFlags() {
       {"TLS", {"tls_cert=FILE", "tls_key=FILE", "tls_client_ca=FILE"}},
       {"Engine",
        {"engine=auto|cuda|host", "streams_per_device", "pinned_pool_bytes",
-        "batch_window_us", "adaptive_batching", "max_batch",
+        "batch_window_us", "adaptive_batching", "max_batch", "grouped_batching",
         "inline_dispatch_max_bytes", "completion_poll_us"}},
       {"Request limits",
        {"max_message_bytes", "max_inflight_bytes", "max_elements_per_operand"}},
@@ -259,6 +264,7 @@ std::string DescribeEngine(const matmul::Engine& engine) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  matmul::SkipMutexDeadlockDetection();  // common/mutex_mode.h
   absl::SetProgramUsageMessage(
       "matmul-server: multiplies matrices for gRPC clients on GPUs (or the "
       "CPU)");
@@ -310,6 +316,7 @@ int main(int argc, char** argv) {
       absl::Microseconds(absl::GetFlag(FLAGS_batch_window_us));
   engine_options.max_batch = absl::GetFlag(FLAGS_max_batch);
   engine_options.adaptive_batching = absl::GetFlag(FLAGS_adaptive_batching);
+  engine_options.grouped_batching = absl::GetFlag(FLAGS_grouped_batching);
   engine_options.inline_dispatch_max_bytes =
       std::max<int64_t>(0, absl::GetFlag(FLAGS_inline_dispatch_max_bytes));
   engine_options.completion_poll = absl::Microseconds(

@@ -13,6 +13,8 @@
 #include "absl/synchronization/mutex.h"
 #include "gpu/engine.h"
 #include "gpu/host/host_engine.h"
+#include "gpu/host/host_gemm.h"
+#include "gpu/layout_planner.h"
 
 namespace matmul::testing {
 
@@ -116,12 +118,17 @@ class FakeEngine final : public Engine {
       job->Done(status);
       return;
     }
-    const MatmulSpec& spec = job->spec();
+    // Sizes from the plan: a grouped multiply's are its members' regions.
+    absl::StatusOr<LayoutPlan> plan = PlanLayout(job->description());
+    if (!plan.ok()) {
+      job->Done(plan.status());
+      return;
+    }
     auto staging = std::make_shared<std::vector<std::byte>>(
-        spec.a_bytes() + spec.b_bytes() + spec.c_bytes());
+        plan->a_bytes + plan->b_bytes + plan->c_bytes);
     const std::byte* a = staging->data();
-    const std::byte* b = a + spec.a_bytes();
-    std::byte* c = staging->data() + spec.a_bytes() + spec.b_bytes();
+    const std::byte* b = a + plan->a_bytes;
+    std::byte* c = staging->data() + plan->a_bytes + plan->b_bytes;
     const auto* mul = std::get_if<MultiplyOp>(&job->op());
     if (mul != nullptr && mul->prestaged.has_value()) {
       // Operands in the caller's host memory (only these two kinds).
@@ -129,19 +136,23 @@ class FakeEngine final : public Engine {
       b = mul->prestaged->b;
     } else {
       absl::Status written = job->WriteOperands(
-          absl::MakeSpan(staging->data(), spec.a_bytes()),
-          absl::MakeSpan(staging->data() + spec.a_bytes(), spec.b_bytes()));
+          absl::MakeSpan(staging->data(), plan->a_bytes),
+          absl::MakeSpan(staging->data() + plan->a_bytes, plan->b_bytes));
       if (!written.ok()) {
         job->Done(written);
         return;
       }
     }
-    size_t c_returned = static_cast<size_t>(spec.c_bytes());
+    size_t c_returned = static_cast<size_t>(plan->c_bytes);
     if (mul != nullptr && mul->c_destination != nullptr) {
       c = mul->c_destination;
       c_returned = 0;
     }
-    HostGemm(spec, a, b, c);
+    if (plan->group != nullptr) {
+      HostGemmGrouped(*plan->group, a, b, c);
+    } else {
+      HostGemm(job->spec(), a, b, c);
+    }
     job->Done(JobResult(absl::MakeConstSpan(c, c_returned), Placement{0, 0},
                         StageTimings{},
                         [staging]() mutable { staging.reset(); }));

@@ -49,8 +49,10 @@
 #include "client/tools/bench_stability.h"
 #include "client/tools/bench_workload.h"
 #include "client/tools/load_generator.h"
+#include "client/tools/server_scrape.h"
 #include "common/build_info.h"
 #include "common/command_line.h"
+#include "common/mutex_mode.h"
 
 // The values are checked by MakeConfig; the help texts are kUsage's.
 ABSL_FLAG(std::string, target, "", "");
@@ -78,6 +80,8 @@ ABSL_FLAG(bool, protobuf_requests, false, "");
 ABSL_FLAG(bool, stable, false, "");
 ABSL_FLAG(bool, shared_memory, false, "");
 ABSL_FLAG(std::string, stable_windows, "", "");
+ABSL_FLAG(std::string, shape_mix, "", "");
+ABSL_FLAG(std::string, server_metrics, "", "");
 
 namespace matmul {
 namespace {
@@ -95,6 +99,7 @@ constexpr char kUsage[] = R"(usage:
                [--grpc-arg NAME=INT,...]
                [--json FILE] [--label TEXT] [--progress]
                [--stable] [--stable-windows N]
+               [--shape-mix S1,S2,...] [--server-metrics HOST:PORT]
 
 Drives a running matmul server and reports, for each point, successful
 requests/s, payload GB/s on the wire (request = A and B data, response = C
@@ -158,6 +163,17 @@ p50/p90/p99/p99.9 of the successful requests, and errors by gRPC status code.
                   agree within 10%, at most --stable-windows (default 10);
                   the point's figures are its last window's, and a line
                   says whether and when it settled
+  --shape-mix     requests of several shapes, taken in turn: shapes as
+                  --shape takes them, comma-separated (e.g. 64,128,256,512);
+                  --distinct requests of each; replaces --shape. Payload
+                  and TFLOP/s use the mix's mean bytes and flops per request
+  --server-metrics
+                  the server's Prometheus endpoint (HOST:PORT of its
+                  --metrics-port, or http://HOST:PORT/PATH): scraped before
+                  and after each point to report the device's GEMM time per
+                  request (matmul_device_compute_busy_seconds_total over
+                  the server's OK multiplies), engine jobs per request and
+                  the batching engine's launches, grouped ones included
 
 Exit status: 0 all points ran; 1 could not run; 2 usage; 3 --verify found a
 wrong answer; 130 interrupted (Ctrl-C; a second one exits at once).
@@ -210,10 +226,12 @@ struct Flags {
 
 absl::StatusOr<Flags> ParseFlags(const std::vector<std::string>& args) {
   static const std::set<std::string> kValued = {
-      "target",  "shape",     "dtype",    "compute",      "concurrency",
-      "rate",    "duration",  "requests", "warmup",       "channels",
-      "timeout", "distinct",  "seed",     "verify-every", "json",
-      "label",   "client-id", "grpc-arg", "resident",     "stable-windows"};
+      "target",      "shape",         "dtype",    "compute",
+      "concurrency", "rate",          "duration", "requests",
+      "warmup",      "channels",      "timeout",  "distinct",
+      "seed",        "verify-every",  "json",     "label",
+      "client-id",   "grpc-arg",      "resident", "stable-windows",
+      "shape-mix",   "server-metrics"};
   static const std::set<std::string> kSwitches = {
       "verify", "progress", "protobuf-requests", "stable", "shared-memory"};
   // A switch that may take a value: --resident, --resident=operands, or
@@ -347,6 +365,8 @@ int Fail(absl::string_view message) {
 struct Config {
   std::string target;
   BenchShape shape;
+  std::vector<BenchShape> shape_mix;  // --shape-mix (replaces shape)
+  std::optional<ScrapeTarget> server_metrics;
   DType dtype = DType::kFloat32;
   ComputeMode compute = ComputeMode::kStrict;
   std::vector<int> concurrency;
@@ -379,6 +399,23 @@ absl::StatusOr<Config> MakeConfig(const Flags& flags) {
   absl::StatusOr<BenchShape> shape = ParseShape(flags.Get("shape"));
   if (!shape.ok()) return shape.status();
   c.shape = *shape;
+  if (flags.Has("shape-mix")) {
+    if (flags.Has("shape")) {
+      return absl::InvalidArgumentError(
+          "--shape and --shape-mix exclude each other");
+    }
+    absl::StatusOr<std::vector<BenchShape>> mix =
+        ParseShapeMix(flags.values.at("shape-mix"));
+    if (!mix.ok()) return mix.status();
+    c.shape_mix = *std::move(mix);
+    c.shape = c.shape_mix.front();
+  }
+  if (flags.Has("server-metrics")) {
+    absl::StatusOr<ScrapeTarget> target =
+        ParseScrapeTarget(flags.values.at("server-metrics"));
+    if (!target.ok()) return target.status();
+    c.server_metrics = *std::move(target);
+  }
   absl::StatusOr<DType> dtype = ParseDType(flags.Get("dtype"));
   if (!dtype.ok()) return dtype.status();
   c.dtype = *dtype;
@@ -557,6 +594,7 @@ void PrintProgress(int concurrency, double rate, const LoadProgress& p) {
 }
 
 int Main(int argc, char** argv) {
+  SkipMutexDeadlockDetection();  // common/mutex_mode.h
   std::vector<std::string> args(argv + std::min(argc, 1), argv + argc);
   switch (FindInfoRequest(args)) {
     case InfoRequest::kHelp:
@@ -586,6 +624,7 @@ int Main(int argc, char** argv) {
   run.timestamp = Rfc3339Now();
   run.command_line.assign(argv, argv + argc);
   run.shape = c.shape;
+  run.shape_mix = c.shape_mix;
   run.dtype = c.dtype;
   run.compute = c.compute;
   run.seed = c.seed;
@@ -612,7 +651,14 @@ int Main(int argc, char** argv) {
     run.server = *std::move(info);
   }
 
-  const int64_t operand_bytes = OperandBytes(c.shape, c.dtype);
+  // A mix: one distinct request of each shape is one unit.
+  int64_t operand_bytes = OperandBytes(c.shape, c.dtype);
+  if (!c.shape_mix.empty()) {
+    operand_bytes = 0;
+    for (const BenchShape& s : c.shape_mix) {
+      operand_bytes += OperandBytes(s, c.dtype);
+    }
+  }
   int distinct = c.distinct;
   if (distinct == 0) {
     distinct = static_cast<int>(std::clamp<int64_t>(
@@ -633,7 +679,10 @@ int Main(int argc, char** argv) {
                   distinct, static_cast<double>(operand_bytes) / (1 << 20));
   }
   absl::StatusOr<Workload> workload =
-      BuildWorkload(c.shape, c.dtype, c.compute, distinct, c.seed);
+      c.shape_mix.empty()
+          ? BuildWorkload(c.shape, c.dtype, c.compute, distinct, c.seed)
+          : BuildMixedWorkload(c.shape_mix, c.dtype, c.compute, distinct,
+                               c.seed);
   if (!workload.ok()) return Fail(workload.status().message());
   // Payload: the tensors' data the messages carry.
   run.request_bytes = c.resident == Resident::kNone && !c.shared_memory
@@ -644,7 +693,7 @@ int Main(int argc, char** argv) {
                            : workload->response_bytes;
   run.shared_memory = c.shared_memory;
   run.flops_per_request = workload->flops_per_request;
-  run.distinct_requests = distinct;
+  run.distinct_requests = static_cast<int>(workload->requests.size());
 
   std::unique_ptr<ResponseVerifier> verifier;
   LoadGenerator::ResponseChecker checker;
@@ -804,6 +853,17 @@ int Main(int argc, char** argv) {
                               : LoadGenerator::Encoding::kZeroCopy);
       generator->set_exclusive_requests(c.shared_memory);
       bp.timestamp = Rfc3339Now();
+      // --server-metrics: the server's counters around the point.
+      std::optional<ServerCounters> before;
+      if (c.server_metrics.has_value()) {
+        absl::StatusOr<ServerCounters> scraped =
+            Scrape(*c.server_metrics, absl::Seconds(10));
+        if (!scraped.ok()) {
+          DeleteAll(**client, bp.resident_operands, rpc_timeout);
+          return Fail(scraped.status().message());
+        }
+        before = *scraped;
+      }
       // One window, or (--stable) windows until the last three agree.
       std::vector<double> window_rates;
       Stability stability;
@@ -827,6 +887,16 @@ int Main(int argc, char** argv) {
         stability = JudgeStability(window_rates, kStableTolerance);
         if (stability.stable) break;
         if (bp.result.abandoned > 0 || bp.result.abandoned_deletes > 0) break;
+      }
+      if (before.has_value()) {
+        absl::StatusOr<ServerCounters> after =
+            Scrape(*c.server_metrics, absl::Seconds(10));
+        if (after.ok()) {
+          bp.server_delta = Subtract(*before, *after);
+        } else {
+          absl::FPrintF(stderr, "matmul-bench: server metrics: %s\n",
+                        after.status().message());
+        }
       }
       if (!bp.resident_operands.empty()) {
         bp.operand_delete_errors =
@@ -853,6 +923,7 @@ int Main(int argc, char** argv) {
                 .c_str(),
             stdout);
       }
+      std::fputs(ServerLine(bp).c_str(), stdout);
       std::fputs(ErrorLines(bp).c_str(), stdout);
       std::fflush(stdout);
       mismatches += bp.result.mismatches;

@@ -72,6 +72,11 @@ void AddShapeFields(const BenchRun& run, Json& j) {
   j["n"] = run.shape.n;
   j["dtype"] = std::string(DTypeName(run.dtype));
   j["compute"] = std::string(ComputeModeName(run.compute));
+  if (!run.shape_mix.empty()) {
+    Json mix = Json::array();
+    for (const BenchShape& s : run.shape_mix) mix.push_back(s.ToString());
+    j["shape_mix"] = std::move(mix);
+  }
 }
 
 // {code: value} of a map keyed by gRPC code names.
@@ -151,6 +156,20 @@ Json PointJson(const BenchRun& run, const BenchPoint& bp) {
     for (double rate : bp.window_rates) rates.push_back(Number(rate));
     j["stability"] = {{"stable", bp.stable}, {"window_requests_per_s", rates}};
   }
+  if (bp.server_delta.has_value()) {
+    const ServerDelta& d = *bp.server_delta;
+    j["server_metrics"] = {
+        {"multiplies_ok", Number(d.multiplies_ok)},
+        {"compute_busy_s", Number(d.compute_busy_s)},
+        {"device_busy_s", Number(d.device_busy_s)},
+        {"compute_us_per_request", Number(d.compute_us_per_request)},
+        {"device_busy_us_per_request", Number(d.device_busy_us_per_request)},
+        {"jobs_per_request", Number(d.jobs_per_request)},
+        {"launches", Number(d.launches)},
+        {"launched_requests", Number(d.launched_requests)},
+        {"grouped_launches", Number(d.grouped_launches)},
+        {"grouped_requests", Number(d.grouped_requests)}};
+  }
   j["server"] = ServerJson(run.server);
   return j;
 }
@@ -212,9 +231,14 @@ std::string RunDescription(const BenchRun& run) {
       absl::StrJoin(devices, ", "), "], ", run.server.streams_per_device(),
       " streams per device\n");
   absl::StrAppend(
-      &text, "shape ", run.shape.ToString(), " ", DTypeName(run.dtype), " ",
-      ComputeModeName(run.compute), ": request ", HumanBytes(run.request_bytes),
-      ", response ", HumanBytes(run.response_bytes),
+      &text,
+      run.shape_mix.empty()
+          ? absl::StrCat("shape ", run.shape.ToString())
+          : absl::StrCat("shape mix ", ShapeMixName(run.shape_mix),
+                         " (in turn; sizes are means)"),
+      " ", DTypeName(run.dtype), " ", ComputeModeName(run.compute),
+      ": request ", HumanBytes(run.request_bytes), ", response ",
+      HumanBytes(run.response_bytes),
       absl::StrFormat(", %.4g GFLOP", run.flops_per_request / 1e9),
       " per request; ", run.distinct_requests, " distinct request(s)",
       run.verify ? ", verifying" : "",
@@ -246,6 +270,18 @@ std::string TableRow(const BenchRun& run, const BenchPoint& point) {
       m.request_gb_per_s, m.response_gb_per_s, m.total_gb_per_s, m.tflop_per_s,
       Ms(m.p50_ms), Ms(m.p90_ms), Ms(m.p99_ms), Ms(m.p999_ms),
       point.result.errors, point.result.interrupted ? "  (interrupted)" : "");
+}
+
+std::string ServerLine(const BenchPoint& point) {
+  if (!point.server_delta.has_value()) return "";
+  const ServerDelta& d = *point.server_delta;
+  return absl::StrFormat(
+      "  c=%d server: %.0f multiplies, device compute %.2f us/request (busy "
+      "%.2f us/request), %.3f engine jobs/request; %.0f launches, %.0f of "
+      "them grouped (%.0f requests)\n",
+      point.point.concurrency, d.multiplies_ok, d.compute_us_per_request,
+      d.device_busy_us_per_request, d.jobs_per_request, d.launches,
+      d.grouped_launches, d.grouped_requests);
 }
 
 std::string ErrorLines(const BenchPoint& point) {

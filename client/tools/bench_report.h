@@ -39,6 +39,14 @@
 //   neither latency nor throughput),
 //   stability {stable, window_requests_per_s [..]} (only with --stable: each
 //   window's req/s; the point's figures are the last window's),
+//   shape_mix ["MxKxN", ..] (only with --shape-mix: the shapes requests
+//   take in turn; shape, m, k, n are then the first's, request_bytes,
+//   response_bytes and flops_per_request the mix's means),
+//   server_metrics {multiplies_ok, compute_busy_s, device_busy_s,
+//   compute_us_per_request, device_busy_us_per_request, jobs_per_request,
+//   launches, launched_requests, grouped_launches, grouped_requests} (only
+//   with --server-metrics: the server's counters over the point, warm-up
+//   included, client/tools/server_scrape.h),
 //   server {engine, version, streams_per_device, device_names [..],
 //           devices [{index, name, uuid, memory_bytes, multiprocessors,
 //                     copy_engines, compute_capability, staging_bytes}],
@@ -56,11 +64,13 @@
 #define MATMUL_CLIENT_TOOLS_BENCH_REPORT_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "client/tools/bench_workload.h"
 #include "client/tools/load_generator.h"
+#include "client/tools/server_scrape.h"
 #include "matmul/v1/matmul.pb.h"
 
 namespace matmul {
@@ -73,6 +83,9 @@ struct BenchRun {
   std::string timestamp;  // start of the run, UTC, RFC 3339
   std::vector<std::string> command_line;
   BenchShape shape;
+  // --shape-mix: the shapes requests take in turn (empty: `shape` only);
+  // the bytes and flops per request are then the mix's means.
+  std::vector<BenchShape> shape_mix;
   DType dtype = DType::kFloat32;
   ComputeMode compute = ComputeMode::kStrict;
   int64_t request_bytes = 0;
@@ -106,6 +119,9 @@ struct BenchPoint {
   // figures are the last window's), and whether the last three agreed.
   std::vector<double> window_rates;
   bool stable = false;
+  // --server-metrics: the server's counters over the point (warm-up
+  // included; its ratios are per OK multiply the server counted).
+  std::optional<ServerDelta> server_delta;
 };
 
 struct PointMetrics {
@@ -135,6 +151,9 @@ std::string TableHeader();
 std::string TableRow(const BenchRun& run, const BenchPoint& point);
 // Lines detailing a point's errors by code (empty when there are none).
 std::string ErrorLines(const BenchPoint& point);
+// --server-metrics: a line with the device's time per request over the
+// point and the launches it made (empty without server metrics).
+std::string ServerLine(const BenchPoint& point);
 
 // The whole JSON document, pretty-printed, ending in '\n'.
 std::string ReportJson(const BenchRun& run,

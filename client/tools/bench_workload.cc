@@ -182,6 +182,31 @@ absl::StatusOr<BenchShape> ParseShape(absl::string_view text) {
   return shape;
 }
 
+absl::StatusOr<std::vector<BenchShape>> ParseShapeMix(absl::string_view text) {
+  std::vector<BenchShape> mix;
+  for (absl::string_view part : absl::StrSplit(text, ',')) {
+    absl::StatusOr<BenchShape> shape = ParseShape(part);
+    if (!shape.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--shape-mix takes shapes (N, MxKxN or BxMxKxN) separated by "
+          "commas; \"",
+          part, "\" in \"", text, "\" is not one"));
+    }
+    mix.push_back(*shape);
+  }
+  if (mix.size() > 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--shape-mix takes at most 64 shapes, got ", mix.size()));
+  }
+  return mix;
+}
+
+std::string ShapeMixName(const std::vector<BenchShape>& mix) {
+  return absl::StrJoin(mix, ",", [](std::string* out, const BenchShape& s) {
+    absl::StrAppend(out, s.ToString());
+  });
+}
+
 absl::StatusOr<DType> ParseDType(absl::string_view text) {
   for (DType d :
        {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16}) {
@@ -253,41 +278,68 @@ int64_t OperandBytes(const BenchShape& shape, DType dtype) {
          static_cast<int64_t>(DTypeSize(dtype));
 }
 
-absl::StatusOr<Workload> BuildWorkload(const BenchShape& shape, DType dtype,
-                                       ComputeMode compute, int distinct,
-                                       uint64_t seed) {
+absl::StatusOr<Workload> BuildMixedWorkload(const std::vector<BenchShape>& mix,
+                                            DType dtype, ComputeMode compute,
+                                            int distinct, uint64_t seed) {
   if (distinct < 1) {
     return absl::InvalidArgumentError("at least one distinct request");
   }
-  if (absl::Status s = CheckDims(shape); !s.ok()) return s;
+  if (mix.empty()) return absl::InvalidArgumentError("an empty shape mix");
+  for (const BenchShape& shape : mix) {
+    if (absl::Status s = CheckDims(shape); !s.ok()) return s;
+  }
   Workload w;
-  w.shape = shape;
+  w.shape = mix.front();
+  if (mix.size() > 1) w.mix = mix;
   w.dtype = dtype;
   w.compute = compute;
   const int64_t size = static_cast<int64_t>(DTypeSize(dtype));
-  w.request_bytes = OperandBytes(shape, dtype);
-  w.response_bytes = shape.matrices() * shape.m * shape.n * size;
-  w.flops_per_request = 2.0 * static_cast<double>(shape.matrices()) *
-                        static_cast<double>(shape.m) *
-                        static_cast<double>(shape.k) *
-                        static_cast<double>(shape.n);
+  int64_t request_bytes = 0;
+  int64_t response_bytes = 0;
+  for (const BenchShape& shape : mix) {
+    request_bytes += OperandBytes(shape, dtype);
+    response_bytes += shape.matrices() * shape.m * shape.n * size;
+    w.flops_per_request += 2.0 * static_cast<double>(shape.matrices()) *
+                           static_cast<double>(shape.m) *
+                           static_cast<double>(shape.k) *
+                           static_cast<double>(shape.n);
+  }
+  const int64_t shapes = static_cast<int64_t>(mix.size());
+  w.request_bytes = (request_bytes + shapes / 2) / shapes;
+  w.response_bytes = (response_bytes + shapes / 2) / shapes;
+  w.flops_per_request /= static_cast<double>(shapes);
   for (int i = 0; i < distinct; ++i) {
-    SplitMix64 rng(seed * 0x100000001b3ull + static_cast<uint64_t>(i));
-    auto request = std::make_unique<v1::MultiplyRequest>();
-    FillTensor(shape, shape.m, shape.k, dtype, rng, request->mutable_a());
-    FillTensor(shape, shape.k, shape.n, dtype, rng, request->mutable_b());
-    request->set_compute_mode(ComputeModeToProto(compute));
-    w.requests.push_back(std::move(request));
+    for (size_t j = 0; j < mix.size(); ++j) {
+      const BenchShape& shape = mix[j];
+      // One shape: the seeds BuildWorkload always used.
+      const uint64_t index =
+          static_cast<uint64_t>(i) * mix.size() + static_cast<uint64_t>(j);
+      SplitMix64 rng(seed * 0x100000001b3ull + index);
+      auto request = std::make_unique<v1::MultiplyRequest>();
+      FillTensor(shape, shape.m, shape.k, dtype, rng, request->mutable_a());
+      FillTensor(shape, shape.k, shape.n, dtype, rng, request->mutable_b());
+      request->set_compute_mode(ComputeModeToProto(compute));
+      w.requests.push_back(std::move(request));
+      w.shapes.push_back(shape);
+    }
   }
   return w;
 }
 
+absl::StatusOr<Workload> BuildWorkload(const BenchShape& shape, DType dtype,
+                                       ComputeMode compute, int distinct,
+                                       uint64_t seed) {
+  return BuildMixedWorkload({shape}, dtype, compute, distinct, seed);
+}
+
 absl::StatusOr<std::unique_ptr<ResponseVerifier>> ResponseVerifier::Create(
     const Workload& workload) {
-  const BenchShape& s = workload.shape;
-  const int64_t batch = s.matrices();
   std::vector<Reference> refs;
-  for (const auto& request : workload.requests) {
+  for (size_t r = 0; r < workload.requests.size(); ++r) {
+    const auto& request = workload.requests[r];
+    const BenchShape& s =
+        r < workload.shapes.size() ? workload.shapes[r] : workload.shape;
+    const int64_t batch = s.matrices();
     const std::vector<double> a =
         ToDoubles(workload.dtype, request->a().data());
     const std::vector<double> b =
@@ -363,7 +415,9 @@ absl::Status ResponseVerifier::Check(
     return absl::InternalError(
         absl::StrCat("no reference for request ", index));
   }
-  const BenchShape& s = workload_.shape;
+  const BenchShape& s = static_cast<size_t>(index) < workload_.shapes.size()
+                            ? workload_.shapes[index]
+                            : workload_.shape;
   const v1::Tensor& c = response.c();
   if (c.dtype() != DTypeToProto(workload_.dtype)) {
     return absl::DataLossError(absl::StrCat("the result's dtype is ",

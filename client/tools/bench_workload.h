@@ -39,20 +39,33 @@ struct BenchShape {
 // INVALID_ARGUMENT for anything else or a dimension below 1.
 absl::StatusOr<BenchShape> ParseShape(absl::string_view text);
 
+// --shape-mix: shapes as ParseShape takes them, separated by commas
+// ("64,128,256,512", "64x128x32,512"), at most 64. INVALID_ARGUMENT for an
+// empty list or a bad entry (naming it).
+absl::StatusOr<std::vector<BenchShape>> ParseShapeMix(absl::string_view text);
+
+// "64x64x64,128x128x128": a mix as the report names it.
+std::string ShapeMixName(const std::vector<BenchShape>& mix);
+
 // "float32" | "float64" | "float16" | "bfloat16" and "strict" | "tf32".
 absl::StatusOr<DType> ParseDType(absl::string_view text);
 absl::StatusOr<ComputeMode> ParseComputeMode(absl::string_view text);
 
 struct Workload {
-  BenchShape shape;
+  BenchShape shape;  // a mix's first shape
+  // A shape mix (BuildMixedWorkload): its shapes, in order; empty for one
+  // shape.
+  std::vector<BenchShape> mix;
   DType dtype = DType::kFloat32;
   ComputeMode compute = ComputeMode::kStrict;
-  // Distinct requests, all of `shape`; sent in rotation.
+  // Distinct requests, sent in rotation; shapes[i] is requests[i]'s shape.
   std::vector<std::unique_ptr<v1::MultiplyRequest>> requests;
-  // Payload per request on the wire: A and B's data, C's data.
+  std::vector<BenchShape> shapes;
+  // Payload per request on the wire: A and B's data, C's data (a mix's
+  // mean over its shapes, rounded).
   int64_t request_bytes = 0;
   int64_t response_bytes = 0;
-  // 2 * batch * m * k * n.
+  // 2 * batch * m * k * n (a mix's mean).
   double flops_per_request = 0;
 };
 
@@ -90,6 +103,14 @@ int64_t OperandBytes(const BenchShape& shape, DType dtype);
 absl::StatusOr<Workload> BuildWorkload(const BenchShape& shape, DType dtype,
                                        ComputeMode compute, int distinct,
                                        uint64_t seed);
+
+// A shape mix: `distinct` requests of each shape, interleaved (mix[0],
+// mix[1], .., mix[0], ..), so that requests sent in rotation take the
+// shapes round-robin. Operands as BuildWorkload's (the same seed gives the
+// same bytes). INVALID_ARGUMENT as BuildWorkload, or for an empty mix.
+absl::StatusOr<Workload> BuildMixedWorkload(const std::vector<BenchShape>& mix,
+                                            DType dtype, ComputeMode compute,
+                                            int distinct, uint64_t seed);
 
 // Checks responses against the float64 product of the very operands sent.
 // An element passes when

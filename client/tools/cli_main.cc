@@ -40,6 +40,7 @@
 #include "common/build_info.h"
 #include "common/command_line.h"
 #include "common/dtype.h"
+#include "common/mutex_mode.h"
 
 // Every command's flags; each command takes those of its usage line.
 ABSL_FLAG(std::string, target, "",
@@ -796,6 +797,7 @@ int RunInfo(const std::vector<std::string>& args) {
 }
 
 int Main(int argc, char** argv) {
+  SkipMutexDeadlockDetection();  // common/mutex_mode.h
   const std::vector<std::string> all(argv + std::min(argc, 1), argv + argc);
   switch (FindInfoRequest(all)) {
     case InfoRequest::kHelp:

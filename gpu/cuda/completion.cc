@@ -221,7 +221,7 @@ void CudaEngine::Complete(InFlight* flight) {
                          std::memory_order_relaxed);
   d->d2h_bytes.fetch_add(l.c_out_bytes, std::memory_order_relaxed);
   if (l.gemm) {
-    AtomicAddDouble(d->flops[static_cast<int>(spec.dtype)], spec.flops());
+    AtomicAddDouble(d->flops[static_cast<int>(spec.dtype)], l.flops);
   }
   d->busy.Add(ms);
   const StreamSpan::Kind kinds[3] = {StreamSpan::Kind::kH2D,

@@ -232,7 +232,7 @@ std::unique_ptr<MatmulJob> CudaEngine::Dispatch(
     }
   }
   if (options_.poison_outputs && flight->host_c != nullptr) {
-    std::memset(flight->host_c, 0xff, static_cast<size_t>(spec.c_bytes()));
+    std::memset(flight->host_c, 0xff, static_cast<size_t>(layout.c_out_bytes));
   }
   absl::StatusOr<std::unique_ptr<EventSet>> events = d->events.Take();
   if (!events.ok()) {

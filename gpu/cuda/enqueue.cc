@@ -65,23 +65,21 @@ void CudaEngine::Enqueue(InFlight* flight, const std::byte* host_a,
             ? static_cast<const std::byte*>(flight->upload_target->data()) +
                   l.byte_offset
         : l.keeps_a ? static_cast<std::byte*>(flight->kept)
-                    : carve(spec.a_bytes());
+                    : carve(l.a_bytes);
     const std::byte* device_b =
         flight->resident_b
             ? static_cast<const std::byte*>(flight->resident_b->data())
-        : l.stage_b ? carve(spec.b_bytes())
+        : l.stage_b ? carve(l.b_bytes)
                     : nullptr;
     if (l.stage_a) {
       CUDA_RETURN_IF_ERROR_AT(
-          site,
-          cudaMemcpyAsync(const_cast<std::byte*>(device_a), host_a,
-                          spec.a_bytes(), cudaMemcpyHostToDevice, stream));
+          site, cudaMemcpyAsync(const_cast<std::byte*>(device_a), host_a,
+                                l.a_bytes, cudaMemcpyHostToDevice, stream));
     }
     if (l.stage_b) {
       CUDA_RETURN_IF_ERROR_AT(
-          site,
-          cudaMemcpyAsync(const_cast<std::byte*>(device_b), host_b,
-                          spec.b_bytes(), cudaMemcpyHostToDevice, stream));
+          site, cudaMemcpyAsync(const_cast<std::byte*>(device_b), host_b,
+                                l.b_bytes, cudaMemcpyHostToDevice, stream));
     }
     if (l.allocate && options_.poison_outputs) {
       CUDA_RETURN_IF_ERROR_AT(
@@ -90,21 +88,31 @@ void CudaEngine::Enqueue(InFlight* flight, const std::byte* host_a,
     CUDA_RETURN_IF_ERROR_AT(site, cudaEventRecord(ev.h2d_done.get(), stream));
     const std::byte* device_c = device_a;  // download: C is A itself
     if (l.gemm) {
-      std::byte* c = l.keep ? static_cast<std::byte*>(flight->kept)
-                            : carve(spec.c_bytes());
+      std::byte* c =
+          l.keep ? static_cast<std::byte*>(flight->kept) : carve(l.c_bytes);
       device_c = c;
       if (options_.poison_outputs) {
-        CUDA_RETURN_IF_ERROR_AT(
-            site, cudaMemsetAsync(c, 0xff, spec.c_bytes(), stream));
+        CUDA_RETURN_IF_ERROR_AT(site,
+                                cudaMemsetAsync(c, 0xff, l.c_bytes, stream));
       }
       RETURN_IF_ERROR(Inject(FaultInjector::Point::kGemm, flight->job_id));
-      RETURN_IF_ERROR(EnqueueGemm(flight->lane->stream->cublas.get(), spec,
-                                  device_a, device_b, c, site));
+      if (l.group != nullptr) {
+        // One launch for every member; its pointer table goes up first.
+        auto* table = reinterpret_cast<void**>(carve(l.table_bytes));
+        auto* host_table = reinterpret_cast<void**>(flight->lease.data() +
+                                                    l.table_staging_offset);
+        RETURN_IF_ERROR(EnqueueGroupedGemm(flight->lane->stream->cublas.get(),
+                                           stream, *l.group, device_a, device_b,
+                                           c, host_table, table, site));
+      } else {
+        RETURN_IF_ERROR(EnqueueGemm(flight->lane->stream->cublas.get(), spec,
+                                    device_a, device_b, c, site));
+      }
     }
     CUDA_RETURN_IF_ERROR_AT(site, cudaEventRecord(ev.gemm_done.get(), stream));
     if (l.return_c) {
       CUDA_RETURN_IF_ERROR_AT(
-          site, cudaMemcpyAsync(flight->host_c, device_c, spec.c_bytes(),
+          site, cudaMemcpyAsync(flight->host_c, device_c, l.c_bytes,
                                 cudaMemcpyDeviceToHost, stream));
     }
     CUDA_RETURN_IF_ERROR_AT(site, cudaEventRecord(ev.end.get(), stream));

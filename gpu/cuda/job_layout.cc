@@ -8,21 +8,28 @@ int64_t DeviceBytes(const MatmulSpec& spec) {
          AlignUp(spec.c_bytes(), kDeviceAlignment);
 }
 
-JobLayout DeviceLayoutOf(const LayoutPlan& plan, const MatmulSpec& spec) {
+JobLayout DeviceLayoutOf(const LayoutPlan& plan) {
   JobLayout l;
   static_cast<LayoutPlan&>(l) = plan;
   l.transient_bytes =
-      (plan.transient_a ? AlignUp(spec.a_bytes(), kDeviceAlignment) : 0) +
-      (plan.transient_b ? AlignUp(spec.b_bytes(), kDeviceAlignment) : 0) +
-      (plan.transient_c ? AlignUp(spec.c_bytes(), kDeviceAlignment) : 0);
+      (plan.transient_a ? AlignUp(plan.a_bytes, kDeviceAlignment) : 0) +
+      (plan.transient_b ? AlignUp(plan.b_bytes, kDeviceAlignment) : 0) +
+      (plan.transient_c ? AlignUp(plan.c_bytes, kDeviceAlignment) : 0);
   l.kept_bytes = AlignUp(plan.kept_tensor_bytes, kDeviceAlignment);
+  if (plan.group != nullptr) {
+    l.table_bytes =
+        3 * plan.group->problems * static_cast<int64_t>(sizeof(void*));
+    l.table_staging_offset = AlignUp(plan.staging_bytes, kDeviceAlignment);
+    l.staging_bytes = l.table_staging_offset + l.table_bytes;
+    l.transient_bytes += AlignUp(l.table_bytes, kDeviceAlignment);
+  }
   return l;
 }
 
 absl::StatusOr<JobLayout> LayoutOf(const JobDescription& job) {
   absl::StatusOr<LayoutPlan> plan = PlanLayout(job);
   if (!plan.ok()) return plan.status();
-  return DeviceLayoutOf(*plan, job.spec);
+  return DeviceLayoutOf(*plan);
 }
 
 double EstimatedSeconds(const MatmulSpec& spec, const JobLayout& layout) {
@@ -34,7 +41,7 @@ double EstimatedSeconds(const MatmulSpec& spec, const JobLayout& layout) {
   if (spec.dtype == DType::kFloat32 && spec.compute == ComputeMode::kTf32) {
     rate = 300e12;
   }
-  const double flops = layout.gemm ? spec.flops() : 0.0;
+  const double flops = layout.gemm ? layout.flops : 0.0;
   return static_cast<double>(layout.moved_bytes) / 40e9 + flops / rate + 10e-6;
 }
 

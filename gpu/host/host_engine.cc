@@ -138,7 +138,7 @@ void HostEngine::Enqueue(std::unique_ptr<MatmulJob> job) {
     }
   }
   Lane& lane = *lanes_[best];
-  const double work = job->spec().flops();
+  const double work = FlopsOf(job->description());
   queued_.fetch_add(1, std::memory_order_relaxed);
   absl::MutexLock lock(&lane.mu);
   lane.outstanding_flops += work;
@@ -158,7 +158,7 @@ void HostEngine::LaneLoop(int index) {
       lane.queue.pop_front();
     }
     queued_.fetch_sub(1, std::memory_order_relaxed);
-    const double work = next.job->spec().flops();
+    const double work = FlopsOf(next.job->description());
     Run(index, std::move(next));
     absl::MutexLock lock(&lane.mu);
     lane.outstanding_flops -= work;
@@ -248,7 +248,9 @@ void HostEngine::Run(int lane_index, Queued queued) {
   }
 
   BeginBusy();
-  if (plan.gemm) {
+  if (plan.group != nullptr) {
+    HostGemmGrouped(*plan.group, a, b, c);  // the members, one by one
+  } else if (plan.gemm) {
     HostGemm(spec, a, b, c);
   } else if (plan.download) {
     std::memcpy(c, a, static_cast<size_t>(spec.c_bytes()));
@@ -268,7 +270,7 @@ void HostEngine::Run(int lane_index, Queued queued) {
   lane.jobs.fetch_add(1, std::memory_order_relaxed);
   lane.busy_ns.fetch_add(absl::ToInt64Nanoseconds(busy),
                          std::memory_order_relaxed);
-  AtomicAdd(flops_[static_cast<int>(spec.dtype)], spec.flops());
+  AtomicAdd(flops_[static_cast<int>(spec.dtype)], plan.flops);
 
   JobResult result(
       absl::MakeConstSpan(c, static_cast<size_t>(plan.returned_c_bytes)),

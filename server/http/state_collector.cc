@@ -175,7 +175,24 @@ std::vector<MetricFamily> EngineFamilies(const EngineStats& stats) {
                           &transfer, &flops, &pinned, &memory, &healthy}) {
     if (!f->metric.empty()) out.push_back(std::move(*f));
   }
-  if (stats.batching) out.push_back(BatchSizeFamily(stats.batch_sizes));
+  if (stats.batching) {
+    out.push_back(BatchSizeFamily(stats.batch_sizes));
+    MetricFamily grouped = Family(
+        "matmul_grouped_launches_total",
+        "Jobs of the batching engine that carried requests of several shapes "
+        "in one grouped GEMM launch (also counted in matmul_batch_size).",
+        MetricType::Counter);
+    AddCounter(grouped, {},
+               static_cast<double>(stats.batch_sizes.grouped_launches));
+    out.push_back(std::move(grouped));
+    MetricFamily grouped_requests =
+        Family("matmul_grouped_requests_total",
+               "Requests that went out in those grouped launches.",
+               MetricType::Counter);
+    AddCounter(grouped_requests, {},
+               static_cast<double>(stats.batch_sizes.grouped_requests));
+    out.push_back(std::move(grouped_requests));
+  }
   return out;
 }
 

@@ -500,3 +500,63 @@ def test_resident_usage_errors(server):
         assert len(r.stderr.splitlines()) == 1, r.stderr
     r = bench("--help")
     assert "--resident" in r.stdout and "--client-id" in r.stdout
+
+
+# --- shape mix and the server's device time (--shape-mix, --server-metrics) -
+
+
+def test_shape_mix_with_server_metrics(tmp_path):
+    # One lane: while it is busy the mix's shapes gather, and the batching
+    # engine sends them out as grouped jobs.
+    s = Server("--streams-per-device", "1", metrics_port=free_port())
+    try:
+        out = tmp_path / "mix.json"
+        r = bench("--target", s.target, "--shape-mix", "16,24x8x40,32",
+                  "--concurrency", "16", "--requests", "600", "--warmup", "0",
+                  "--verify", "--verify-every", "3", "--distinct", "2",
+                  "--server-metrics", "127.0.0.1:%d" % s.metrics_port,
+                  "--json", out)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "shape mix 16x16x16,24x8x40,32x32x32" in r.stdout
+        assert "c=16 server:" in r.stdout and "grouped" in r.stdout
+        doc = load(out)
+        p = doc["points"][0]
+        check_point_sane(p)
+        assert p["shape_mix"] == ["16x16x16", "24x8x40", "32x32x32"]
+        assert doc["config"]["shape_mix"] == p["shape_mix"]
+        assert doc["config"]["distinct_requests"] == 6
+        assert p["errors"] == 0, p["error_messages"]
+        assert p["verify"]["checked"] > 0 and p["verify"]["mismatches"] == 0
+        # Means over the mix: (2*16^3 + 2*24*8*40 + 2*32^3) / 3.
+        assert p["flops_per_request"] == pytest.approx(
+            (2 * 16**3 + 2 * 24 * 8 * 40 + 2 * 32**3) / 3)
+        m = p["server_metrics"]
+        # The server counted the bench's multiplies (the 600 measured, and
+        # any the closed loop started past them).
+        assert p["ok"] == 600
+        assert m["multiplies_ok"] >= 600 and m["launched_requests"] >= 600
+        assert m["compute_busy_s"] > 0 and m["compute_us_per_request"] > 0
+        # Batching at work: fewer engine jobs than requests, some grouped.
+        assert 0 < m["jobs_per_request"] < 1
+        assert 0 < m["grouped_launches"] <= m["launches"]
+        assert m["grouped_requests"] >= 2 * m["grouped_launches"]
+    finally:
+        assert s.stop() == 0, "".join(s.log)
+
+
+def test_shape_mix_usage_errors(server):
+    for args in (["--shape-mix", ""], ["--shape-mix", "64,x"],
+                 ["--shape-mix", "64", "--shape", "64"],
+                 ["--shape-mix", "64", "--server-metrics", "nohost"],
+                 ["--server-metrics", "127.0.0.1:0"]):
+        r = bench("--target", server.target, *args)
+        assert r.returncode == 2, (args, r.stdout, r.stderr)
+        assert r.stderr.startswith("matmul-bench: "), r.stderr
+
+
+def test_server_metrics_unreachable_fails(server):
+    r = bench("--target", server.target, "--shape", "8", "--concurrency", "1",
+              "--requests", "5", "--warmup", "0",
+              "--server-metrics", "127.0.0.1:%d" % free_port())
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "server metrics" in r.stderr

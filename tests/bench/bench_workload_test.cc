@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/lib/tensor_proto.h"
 #include "client/tools/bench_report.h"
+#include "client/tools/server_scrape.h"
 #include "common/float16.h"
 #include "nlohmann/json.hpp"
 
@@ -71,7 +72,7 @@ void SetElement(DType dtype, std::string& data, int64_t i, double value) {
 // What a correct server answers: the product accumulated in float32 (or
 // float64 for float64), rounded to the dtype.
 v1::MultiplyResponse CorrectResponse(const Workload& w, int index) {
-  const BenchShape& s = w.shape;
+  const BenchShape& s = w.shapes.empty() ? w.shape : w.shapes[index];
   const v1::MultiplyRequest& r = *w.requests[index];
   v1::MultiplyResponse response;
   v1::Tensor* c = response.mutable_c();
@@ -401,6 +402,157 @@ TEST(BenchReportTest, ResidentFields) {
             std::string::npos);
   EXPECT_NE(RunDescription(run).find("products kept and deleted"),
             std::string::npos);
+}
+
+TEST(ShapeMixTest, ParsesAndNames) {
+  absl::StatusOr<std::vector<BenchShape>> mix =
+      ParseShapeMix("64,128,256x32x512,512");
+  ASSERT_TRUE(mix.ok()) << mix.status();
+  ASSERT_EQ(mix->size(), 4u);
+  EXPECT_EQ((*mix)[0].ToString(), "64x64x64");
+  EXPECT_EQ((*mix)[2].m, 256);
+  EXPECT_EQ((*mix)[2].k, 32);
+  EXPECT_EQ((*mix)[2].n, 512);
+  EXPECT_EQ(ShapeMixName(*mix), "64x64x64,128x128x128,256x32x512,512x512x512");
+  for (const char* bad : {"", ",", "64,", "64,,128", "64,0", "64,abc"}) {
+    EXPECT_EQ(ParseShapeMix(bad).status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << bad;
+  }
+  std::string many = "8";
+  for (int i = 0; i < 64; ++i) many += ",8";
+  EXPECT_FALSE(ParseShapeMix(many).ok());  // 65 shapes
+}
+
+// Requests take the mix's shapes in turn; sizes and flops are the mix's
+// means; the verifier checks each against its own shape.
+TEST(ShapeMixTest, WorkloadTakesTheShapesInTurnAndVerifiesEach) {
+  absl::StatusOr<std::vector<BenchShape>> mix = ParseShapeMix("4,6x5x3,8");
+  ASSERT_TRUE(mix.ok());
+  absl::StatusOr<Workload> w = BuildMixedWorkload(
+      *mix, DType::kFloat32, ComputeMode::kStrict, /*distinct=*/2, 7);
+  ASSERT_TRUE(w.ok()) << w.status();
+  ASSERT_EQ(w->requests.size(), 6u);
+  ASSERT_EQ(w->shapes.size(), 6u);
+  EXPECT_EQ(w->mix.size(), 3u);
+  for (size_t i = 0; i < 6; ++i) {
+    const BenchShape& s = (*mix)[i % 3];
+    EXPECT_EQ(w->shapes[i].ToString(), s.ToString());
+    const v1::MultiplyRequest& r = *w->requests[i];
+    EXPECT_EQ(r.a().shape(0), s.m);
+    EXPECT_EQ(r.a().shape(1), s.k);
+    EXPECT_EQ(r.b().shape(0), s.k);
+    EXPECT_EQ(r.b().shape(1), s.n);
+  }
+  const double flops = (2.0 * 64 + 2.0 * 6 * 5 * 3 + 2.0 * 512) / 3;
+  EXPECT_DOUBLE_EQ(w->flops_per_request, flops);
+  const int64_t request_bytes = ((16 + 16) + (30 + 15) + (64 + 64)) * 4;
+  EXPECT_EQ(w->request_bytes, (request_bytes + 1) / 3);
+
+  absl::StatusOr<std::unique_ptr<ResponseVerifier>> v =
+      ResponseVerifier::Create(*w);
+  ASSERT_TRUE(v.ok()) << v.status();
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_TRUE((*v)->Check(i, CorrectResponse(*w, i)).ok()) << i;
+  }
+  // Another shape's correct answer is wrong here.
+  EXPECT_EQ((*v)->Check(1, CorrectResponse(*w, 0)).code(),
+            absl::StatusCode::kDataLoss);
+
+  // One shape: the same requests BuildWorkload makes.
+  absl::StatusOr<Workload> one = BuildMixedWorkload(
+      {(*mix)[0]}, DType::kFloat32, ComputeMode::kStrict, 2, 7);
+  absl::StatusOr<Workload> plain =
+      BuildWorkload((*mix)[0], DType::kFloat32, ComputeMode::kStrict, 2, 7);
+  ASSERT_TRUE(one.ok() && plain.ok());
+  EXPECT_TRUE(one->mix.empty());
+  EXPECT_EQ(one->requests[1]->a().data(), plain->requests[1]->a().data());
+}
+
+TEST(ShapeMixTest, ReportNamesTheMix) {
+  BenchRun run;
+  run.shape_mix = *ParseShapeMix("64,128");
+  run.shape = run.shape_mix.front();
+  EXPECT_NE(RunDescription(run).find("shape mix 64x64x64,128x128x128"),
+            std::string::npos);
+  BenchPoint point;
+  point.point.concurrency = 64;
+  ServerDelta d;
+  d.multiplies_ok = 100;
+  d.compute_us_per_request = 2.5;
+  d.grouped_launches = 3;
+  point.server_delta = d;
+  const nlohmann::json j = nlohmann::json::parse(ReportJson(run, {point}));
+  const nlohmann::json& p = j["points"][0];
+  ASSERT_EQ(p["shape_mix"].size(), 2u);
+  EXPECT_EQ(p["shape_mix"][1], "128x128x128");
+  EXPECT_EQ(p["server_metrics"]["compute_us_per_request"], 2.5);
+  EXPECT_EQ(p["server_metrics"]["grouped_launches"], 3);
+  EXPECT_NE(ServerLine(point).find("2.50 us/request"), std::string::npos);
+  // Without the flags: neither key.
+  BenchRun plain;
+  const nlohmann::json k =
+      nlohmann::json::parse(ReportJson(plain, {BenchPoint{}}));
+  EXPECT_FALSE(k["points"][0].contains("shape_mix"));
+  EXPECT_FALSE(k["points"][0].contains("server_metrics"));
+  EXPECT_EQ(ServerLine(BenchPoint{}), "");
+}
+
+TEST(ServerScrapeTest, ParsesTargetsAndCounters) {
+  absl::StatusOr<ScrapeTarget> t = ParseScrapeTarget("127.0.0.1:9464");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->host, "127.0.0.1");
+  EXPECT_EQ(t->port, 9464);
+  EXPECT_EQ(t->path, "/metrics");
+  t = ParseScrapeTarget("http://[::1]:80/other");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->host, "::1");
+  EXPECT_EQ(t->port, 80);
+  EXPECT_EQ(t->path, "/other");
+  for (const char* bad : {"", "host", ":80", "host:0", "host:x", "h:70000"}) {
+    EXPECT_FALSE(ParseScrapeTarget(bad).ok()) << bad;
+  }
+
+  const char* kBefore =
+      "# HELP matmul_device_compute_busy_seconds_total x\n"
+      "# TYPE matmul_device_compute_busy_seconds_total counter\n"
+      "matmul_device_compute_busy_seconds_total{device=\"0\",uuid=\"a\"} 1.5\n"
+      "matmul_device_compute_busy_seconds_total{device=\"1\",uuid=\"b\"} 0.5\n"
+      "matmul_device_busy_seconds_total{device=\"0\",uuid=\"a\"} 3\n"
+      "matmul_requests_total{method=\"Multiply\",code=\"OK\"} 1000\n"
+      "matmul_requests_total{method=\"Multiply\",code=\"CANCELLED\"} 7\n"
+      "matmul_requests_total{method=\"Upload\",code=\"OK\"} 9\n"
+      "matmul_stream_jobs_total{device=\"0\",stream=\"0\",uuid=\"a\"} 40\n"
+      "matmul_stream_jobs_total{device=\"0\",stream=\"1\",uuid=\"a\"} 60\n"
+      "matmul_batch_size_bucket{le=\"1\"} 10\n"
+      "matmul_batch_size_sum 900\n"
+      "matmul_batch_size_count 100\n"
+      "matmul_grouped_launches_total 20\n"
+      "matmul_grouped_requests_total 500\n";
+  const ServerCounters before = ParseServerCounters(kBefore);
+  EXPECT_DOUBLE_EQ(before.compute_busy_s, 2.0);
+  EXPECT_DOUBLE_EQ(before.device_busy_s, 3.0);
+  EXPECT_DOUBLE_EQ(before.multiplies_ok, 1000);
+  EXPECT_DOUBLE_EQ(before.engine_jobs, 100);
+  EXPECT_DOUBLE_EQ(before.launches, 100);
+  EXPECT_DOUBLE_EQ(before.launched_requests, 900);
+  EXPECT_DOUBLE_EQ(before.grouped_launches, 20);
+  EXPECT_DOUBLE_EQ(before.grouped_requests, 500);
+
+  ServerCounters after = before;
+  after.multiplies_ok += 500;
+  after.compute_busy_s += 0.01;
+  after.device_busy_s += 0.02;
+  after.engine_jobs += 25;
+  after.grouped_launches += 5;
+  const ServerDelta d = Subtract(before, after);
+  EXPECT_DOUBLE_EQ(d.multiplies_ok, 500);
+  EXPECT_NEAR(d.compute_us_per_request, 20.0, 1e-9);
+  EXPECT_NEAR(d.device_busy_us_per_request, 40.0, 1e-9);
+  EXPECT_DOUBLE_EQ(d.jobs_per_request, 0.05);
+  EXPECT_DOUBLE_EQ(d.grouped_launches, 5);
+  // Nothing finished: no ratios.
+  EXPECT_EQ(Subtract(before, before).compute_us_per_request, 0);
 }
 
 }  // namespace
