@@ -44,6 +44,8 @@ install(FILES
   ${PROJECT_SOURCE_DIR}/client/lib/host_tensor.h
   ${PROJECT_SOURCE_DIR}/client/lib/matmul_client.h
   ${PROJECT_SOURCE_DIR}/client/lib/multiply_encoding.h
+  ${PROJECT_SOURCE_DIR}/client/lib/shared_memory_object.h
+  ${PROJECT_SOURCE_DIR}/client/lib/shared_memory_session.h
   ${PROJECT_SOURCE_DIR}/client/lib/tensor_proto.h
   DESTINATION ${_matmul_include_root}/client/lib COMPONENT client)
 install(FILES

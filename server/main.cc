@@ -119,6 +119,10 @@ ABSL_FLAG(int64_t, max_stored_bytes, 0,
           "the per-client limit never exceeds it");
 ABSL_FLAG(int64_t, max_handles_per_client, 4096,
           "Stored tensors one client may hold");
+ABSL_FLAG(int64_t, max_shared_memory_regions_per_client, 64,
+          "Shared-memory regions one client may hold registered "
+          "(RegisterSharedMemory, Unix socket only); their bytes count "
+          "against the stored-bytes limits");
 ABSL_FLAG(absl::Duration, default_handle_ttl, absl::Minutes(10),
           "Lifetime of a stored tensor when the request gives none");
 ABSL_FLAG(absl::Duration, max_handle_ttl, absl::Hours(24),
@@ -151,7 +155,8 @@ const std::vector<matmul::FlagGroup>& ServerFlags() {
        {"max_message_bytes", "max_inflight_bytes", "max_elements_per_operand"}},
       {"Stored tensors",
        {"max_stored_bytes", "max_stored_bytes_per_client",
-        "max_handles_per_client", "default_handle_ttl", "max_handle_ttl"}},
+        "max_handles_per_client", "default_handle_ttl", "max_handle_ttl",
+        "max_shared_memory_regions_per_client"}},
       {"Connections",
        {"max_concurrent_streams", "max_connection_age",
         "max_connection_age_grace", "keepalive_time", "keepalive_timeout",
@@ -383,6 +388,14 @@ int main(int argc, char** argv) {
   }
   options.handle_limits.max_handles_per_client =
       absl::GetFlag(FLAGS_max_handles_per_client);
+  options.handle_limits.max_shared_memory_regions_per_client =
+      absl::GetFlag(FLAGS_max_shared_memory_regions_per_client);
+  if (options.handle_limits.max_shared_memory_regions_per_client < 0) {
+    matmul::LogLine(
+        "error: --max-shared-memory-regions-per-client must be 0 (none "
+        "allowed) or more; see --help");
+    return 2;
+  }
   options.handle_limits.default_ttl = absl::GetFlag(FLAGS_default_handle_ttl);
   options.handle_limits.max_ttl = absl::GetFlag(FLAGS_max_handle_ttl);
   options.max_connection_age_grace =

@@ -6,9 +6,12 @@
 #include <fcntl.h>
 #include <grpcpp/create_channel.h>
 #include <grpcpp/grpcpp.h>
+#include <signal.h>
+#include <spawn.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -124,6 +127,7 @@ class SharedMemoryServer {
   }
 
   MatmulServer& server() { return *server_; }
+  const std::string& socket() const { return socket_; }
   std::unique_ptr<v1::MatmulService::Stub> UnixStub() const {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(-1);
@@ -335,6 +339,9 @@ TEST(SharedMemoryTest, RegisterListMultiplyFromAndIntoTheRegion) {
   EXPECT_EQ(response.c().shared().offset(), p.c_offset);
   ExpectProduct(p, shm.data() + p.c_offset);
 
+  // Nothing was copied in user space: the engine read the operands from the
+  // region and wrote the product into it.
+  EXPECT_EQ(s.server().service().copied_operand_bytes(), 0);
   const std::map<std::string, double> metrics = s.Scrape();
   EXPECT_EQ(testing::Sum(metrics, "matmul_shared_memory_regions"), 1);
   EXPECT_EQ(testing::Sum(metrics, "matmul_shared_memory_bytes"), shm.bytes());
@@ -474,6 +481,128 @@ TEST(SharedMemoryTest, MixedInlineSharedAndStoredOperands) {
     EXPECT_EQ(response.c().shared().region_id(), reg->id());
     ExpectProduct(p, shm.data() + p.c_offset);
   }
+}
+
+// Batched and transposed operands in a region: [3, k, m] (transposed) times
+// a broadcast [n, k] (transposed), the [3, m, n] product into the region.
+TEST(SharedMemoryTest, BatchedTransposedOperandsInTheRegion) {
+  SharedMemoryServer s(HostProvider());
+  auto stub = s.UnixStub();
+  absl::BitGen gen;
+  const int64_t batch = 3, m = 19, k = 11, n = 7;
+  const std::string a =
+      testing::RandomBytes(DType::kFloat64, batch * k * m, gen);
+  const std::string b = testing::RandomBytes(DType::kFloat64, n * k, gen);
+  const int64_t b_at = 8192, c_at = 16384, c_bytes = batch * m * n * 8;
+  ShmObject shm(c_at + c_bytes);
+  std::memcpy(shm.data(), a.data(), a.size());
+  std::memcpy(shm.data() + b_at, b.data(), b.size());
+  auto reg = Register(*stub, shm.name(), shm.bytes());
+  ASSERT_TRUE(reg->open) << reg->status.error_message();
+  v1::MultiplyRequest request;
+  for (int64_t d : {batch, k, m}) request.mutable_a()->add_shape(d);
+  request.mutable_a()->set_dtype(v1::DTYPE_FLOAT64);
+  Shared(request.mutable_a(), reg->id(), 0);
+  for (int64_t d : {n, k}) request.mutable_b()->add_shape(d);
+  request.mutable_b()->set_dtype(v1::DTYPE_FLOAT64);
+  Shared(request.mutable_b(), reg->id(), b_at);
+  request.set_transpose_a(true);
+  request.set_transpose_b(true);
+  request.mutable_c_shared()->set_region_id(reg->id());
+  request.mutable_c_shared()->set_offset(c_at);
+  v1::MultiplyResponse response;
+  ASSERT_TRUE(Multiply(*stub, request, &response).ok());
+  EXPECT_THAT(response.c().shape(), ::testing::ElementsAre(batch, m, n));
+  EXPECT_EQ(response.c().dtype(), v1::DTYPE_FLOAT64);
+  const MatmulSpec spec =
+      testing::MakeSpec(DType::kFloat64, batch, 1, m, n, k, true, true, true);
+  const std::vector<double> ref = testing::ReferenceGemm(
+      spec, testing::ToDoubles(DType::kFloat64, a.data(), batch * k * m),
+      testing::ToDoubles(DType::kFloat64, b.data(), n * k));
+  EXPECT_LE(
+      testing::RelativeError(
+          testing::ToDoubles(DType::kFloat64, shm.data() + c_at, batch * m * n),
+          ref),
+      testing::Tolerance(DType::kFloat64, ComputeMode::kStrict));
+}
+
+// Operands in regions are the client's memory, not server memory in
+// flight: a multiply of them passes an in-flight budget that the same
+// operands inline do not.
+TEST(SharedMemoryTest, RegionBytesTakeNoneOfTheInflightBudget) {
+  ServerOptions options;
+  options.limits.max_inflight_bytes = 4096;
+  SharedMemoryServer s(HostProvider(), options);
+  auto stub = s.UnixStub();
+  absl::BitGen gen;
+  const Problem p = MakeProblem(40, 30, 20, gen);  // 4800 + 2400 + 3200 bytes
+  ShmObject shm(p.c_offset + p.c_bytes());
+  Fill(shm, p);
+  auto reg = Register(*stub, shm.name(), shm.bytes());
+  ASSERT_TRUE(reg->open) << reg->status.error_message();
+  v1::MultiplyResponse response;
+  ASSERT_TRUE(Multiply(*stub, AllShared(p, reg->id()), &response).ok());
+  ExpectProduct(p, shm.data() + p.c_offset);
+  v1::MultiplyRequest inline_request;
+  SetShape(inline_request.mutable_a(), p.m, p.k);
+  inline_request.mutable_a()->set_data(p.a);
+  SetShape(inline_request.mutable_b(), p.k, p.n);
+  inline_request.mutable_b()->set_data(p.b);
+  const grpc::Status refused = Multiply(*stub, inline_request, &response);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(refused.error_message(), HasSubstr("--max-inflight-bytes"));
+  // Mixed: B inline and C in the response hold 5600 bytes in the server.
+  v1::MultiplyRequest mixed = inline_request;
+  mixed.mutable_a()->clear_data();
+  Shared(mixed.mutable_a(), reg->id(), p.a_offset);
+  const grpc::Status mixed_refused = Multiply(*stub, mixed, &response);
+  EXPECT_EQ(mixed_refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(mixed_refused.error_message(), HasSubstr("5600 bytes in flight"));
+}
+
+// A product written into a region is not bounded by the message size;
+// one sent back inline still is.
+TEST(SharedMemoryTest, AProductIntoARegionMayExceedTheMessageSize) {
+  ServerOptions options;
+  options.limits.max_message_bytes = 16384;
+  SharedMemoryServer s(HostProvider(), options);
+  auto stub = s.UnixStub();
+  absl::BitGen gen;
+  const Problem p = MakeProblem(96, 40, 80, gen);  // C: 30720 bytes
+  ShmObject shm(p.c_offset + p.c_bytes());
+  Fill(shm, p);
+  auto reg = Register(*stub, shm.name(), shm.bytes());
+  ASSERT_TRUE(reg->open) << reg->status.error_message();
+  v1::MultiplyResponse response;
+  ASSERT_TRUE(Multiply(*stub, AllShared(p, reg->id()), &response).ok());
+  ExpectProduct(p, shm.data() + p.c_offset);
+  v1::MultiplyRequest inline_c = AllShared(p, reg->id());
+  inline_c.clear_c_shared();
+  const grpc::Status refused = Multiply(*stub, inline_c, &response);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(refused.error_message(), HasSubstr("c_shared"));
+}
+
+// An object truncated below its region after registering is refused before
+// any byte of it is touched.
+TEST(SharedMemoryTest, ATruncatedObjectIsFailedPrecondition) {
+  SharedMemoryServer s(HostProvider());
+  auto stub = s.UnixStub();
+  absl::BitGen gen;
+  const Problem p = MakeProblem(16, 8, 4, gen);
+  ShmObject shm(p.c_offset + p.c_bytes());
+  Fill(shm, p);
+  auto reg = Register(*stub, shm.name(), shm.bytes());
+  ASSERT_TRUE(reg->open) << reg->status.error_message();
+  const int fd = shm_open(shm.name().c_str(), O_RDWR, 0);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 64), 0);
+  close(fd);
+  v1::MultiplyResponse response;
+  const grpc::Status status =
+      Multiply(*stub, AllShared(p, reg->id()), &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(status.error_message(), HasSubstr("truncated"));
 }
 
 TEST(SharedMemoryTest, BadMultipliesGetPreciseStatuses) {
@@ -739,6 +868,49 @@ TEST(SharedMemoryTest, ADisconnectedClientsRegionGoes) {
   }
   EXPECT_TRUE(gone);
   EXPECT_EQ(fake->registered(), 0);
+}
+
+// A client process killed with its region registered: the server sees its
+// connection close, ends the registration, and unpins and unmaps the
+// region (the gauges return to 0).
+TEST(SharedMemoryTest, AKilledClientsRegionGoes) {
+  FakeEngine* fake = nullptr;
+  SharedMemoryServer s(FakeProvider(&fake));
+  ShmObject shm(4096);
+  // tests/shared_memory_child.cc, in a process of its own.
+  std::string child_path = MATMUL_SHM_CHILD;
+  std::string socket_path = s.socket();
+  std::string name = shm.name();
+  std::string bytes = "4096";
+  std::string client = "killed-child";
+  char* argv[] = {child_path.data(), socket_path.data(), name.data(),
+                  bytes.data(),      client.data(),      nullptr};
+  pid_t child = 0;
+  ASSERT_EQ(
+      posix_spawn(&child, child_path.c_str(), nullptr, nullptr, argv, environ),
+      0);
+  auto stub = s.UnixStub();
+  bool registered = false;
+  for (int i = 0; i < 2000 && !registered; ++i) {
+    registered = List(*stub, "killed-child").size() == 1;
+    if (!registered) absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_TRUE(registered);
+  EXPECT_EQ(fake->registered(), 1);
+  kill(child, SIGKILL);
+  int status = 0;
+  waitpid(child, &status, 0);
+  EXPECT_TRUE(WIFSIGNALED(status));
+  bool gone = false;
+  for (int i = 0; i < 2000 && !gone; ++i) {
+    gone = List(*stub, "killed-child").empty();
+    if (!gone) absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_TRUE(gone);
+  EXPECT_EQ(fake->registered(), 0);
+  const std::map<std::string, double> metrics = s.Scrape();
+  EXPECT_EQ(testing::Sum(metrics, "matmul_shared_memory_regions"), 0);
+  EXPECT_EQ(testing::Sum(metrics, "matmul_shared_memory_bytes"), 0);
 }
 
 TEST(SharedMemoryTest, MultiplyStreamRefusesSharedOperands) {

@@ -49,12 +49,15 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "client/lib/host_tensor.h"
 #include "common/dtype.h"
@@ -62,6 +65,8 @@
 #include "matmul/v1/matmul.grpc.pb.h"
 
 namespace matmul {
+
+class SharedMemorySession;  // client/lib/shared_memory_session.h
 
 // The metadata key that names the client the server charges stored tensors
 // to.
@@ -80,7 +85,13 @@ struct ClientOptions {
   // on one connection's flow control.
   int channels = 1;
   // Extra gRPC channel arguments, for transport tuning (common/grpc_args.h).
+  // They override the client's own settings of the same key (e.g.
+  // grpc.max_receive_message_length over max_message_bytes).
   GrpcArgs channel_args;
+  // Extra string-valued channel arguments, likewise (e.g.
+  // grpc.ssl_target_name_override for a TLS server whose certificate names
+  // another host).
+  std::vector<std::pair<std::string, std::string>> channel_string_args;
   // Channel credentials; null means insecure (plaintext).
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   // Sent as "x-matmul-client" metadata on every call: the name the server
@@ -88,6 +99,25 @@ struct ClientOptions {
   // and the server charges the peer's address. Printable ASCII only, at most
   // 256 characters.
   std::string client_id;
+};
+
+// Cancels one asynchronous Multiply (MultiplyOptions::canceller) from any
+// thread, at any time: before it starts (it then fails CANCELLED at once),
+// while it runs (gRPC's TryCancel: CANCELLED unless it finished first), or
+// after it finished (nothing happens). Its `done` still runs exactly once,
+// possibly on the thread that calls Cancel. One canceller per call.
+class CallCanceller {
+ public:
+  void Cancel();
+
+ private:
+  friend class MatmulClient;
+  // The call's context, kept alive while Cancel uses it.
+  void Attach(std::shared_ptr<grpc::ClientContext> context);
+
+  absl::Mutex mu_;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  std::weak_ptr<grpc::ClientContext> context_ ABSL_GUARDED_BY(mu_);
 };
 
 struct MultiplyOptions {
@@ -108,6 +138,9 @@ struct MultiplyOptions {
   // When not empty: this call's "x-matmul-client" instead of
   // ClientOptions::client_id.
   std::string client_id;
+  // Asynchronous calls (MultiplyAsync, MultiplyAndKeepAsync,
+  // MultiplyEncodedAsync): cancels the call when cancelled.
+  std::shared_ptr<CallCanceller> canceller;
 };
 
 struct UploadOptions {
@@ -285,6 +318,10 @@ class MatmulClient {
   const std::string& client_id() const { return client_id_; }
 
  private:
+  // Registers regions and sends their calls through NextStub and
+  // PrepareContext.
+  friend class SharedMemorySession;
+
   MatmulClient(std::vector<std::shared_ptr<grpc::Channel>> channels,
                std::string client_id);
 

@@ -8,11 +8,19 @@ holds the rest):
   grpc_python_plugin from PATH (or $PROTOC, $GRPC_PYTHON_PLUGIN) into the
   build directory, never into the source tree.
 
-- matmul_client/_native, the native core, when $MATMUL_NATIVE_MODULE names
-  one that CMake built for this Python (build/python/matmul_client/
-  _native.cpython-*.so, the matmul_client_native target): it is copied into
-  the package and the wheel is tagged for this platform. Without it the
-  package is pure Python (Client runs on grpcio alone).
+- matmul_client/_native, the native core (a platform wheel then):
+  - $MATMUL_NATIVE_MODULE names one that CMake built for this Python
+    (build/python/matmul_client/_native.cpython-*.so, the
+    matmul_client_native target): it is copied in, nothing is compiled
+    (what the python_venv test does, to avoid a second build);
+  - otherwise, unless MATMUL_NATIVE=0, it is built here: CMake configures
+    the checkout (no server, no tests; offline: every dependency comes from
+    the system, as for the main build) in $MATMUL_NATIVE_BUILD_DIR (default:
+    a temporary directory; name one to make reinstalls incremental) and
+    builds the matmul_client_native target for the Python running pip;
+  - where that cannot be done (no cmake, no compiler, no pybind11 or gRPC
+    headers) the package is pure Python (Client runs on grpcio alone) and
+    pip says why in its log; MATMUL_NATIVE=1 makes that an error instead.
 
 All need the checkout around this directory (../../CMakeLists.txt,
 ../../proto, ../../third_party): build from it, not from an sdist.
@@ -23,6 +31,7 @@ was.
 import atexit
 import os
 import shutil
+import subprocess
 import sys
 import sysconfig
 import tempfile
@@ -43,6 +52,9 @@ if not (ROOT / "CMakeLists.txt").is_file() or not (ROOT / "proto").is_dir():
 VERSION = build_stubs.project_version(ROOT / "CMakeLists.txt")
 
 NATIVE = os.environ.get("MATMUL_NATIVE_MODULE") or None
+NATIVE_MODE = os.environ.get("MATMUL_NATIVE", "auto")
+if NATIVE_MODE not in ("auto", "0", "1"):
+    sys.exit(f"setup.py: MATMUL_NATIVE={NATIVE_MODE}: expected 0, 1 or unset")
 if NATIVE is not None:
     suffix = sysconfig.get_config_var("EXT_SUFFIX")
     if not Path(NATIVE).is_file() or Path(NATIVE).name != f"_native{suffix}":
@@ -61,15 +73,56 @@ class BuildPyWithStubs(build_py):
             shutil.rmtree(proto)
         build_stubs.generate(proto, [ROOT / "proto", ROOT / "third_party"])
         build_stubs.write_version(package / "_version.py", VERSION)
-        if NATIVE is not None:
-            shutil.copy2(NATIVE, package / Path(NATIVE).name)
+        native = NATIVE if NATIVE is not None else build_native()
+        if native is not None:
+            shutil.copy2(native, package / Path(native).name)
+
+
+def build_native() -> "str | None":
+    """Builds matmul_client._native with CMake for this Python; None (the
+    package is then pure Python) where it cannot, unless MATMUL_NATIVE=1."""
+    if NATIVE_MODE == "0":
+        return None
+    suffix = sysconfig.get_config_var("EXT_SUFFIX")
+    build_dir = Path(os.environ.get("MATMUL_NATIVE_BUILD_DIR") or f"{scratch}/native")
+    cmake = shutil.which("cmake")
+    configure = [
+        str(cmake), "-S", str(ROOT), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release",
+        "-DBUILD_TESTING=OFF", "-DMATMUL_BUILD_SERVER=OFF", f"-DMATMUL_PYTHON={sys.executable}",
+    ]
+    if shutil.which("ninja") and not (build_dir / "CMakeCache.txt").exists():
+        configure += ["-G", "Ninja"]
+    steps = [
+        configure,
+        [str(cmake), "--build", str(build_dir), "--target", "matmul_client_native",
+         "-j", str(os.cpu_count() or 1)],
+    ]
+    why = None
+    if cmake is None:
+        why = "cmake is not on PATH"
+    else:
+        for step in steps:
+            print("setup.py:", " ".join(step), flush=True)
+            if subprocess.run(step).returncode != 0:
+                why = f"{step[1]} {step[2]} failed (see above)"
+                break
+    built = build_dir / "python" / "matmul_client" / f"_native{suffix}"
+    if why is None and not built.is_file():
+        why = f"{built} was not built (pybind11 or grpc_python_plugin missing? see above)"
+    if why is None:
+        return str(built)
+    if NATIVE_MODE == "1":
+        sys.exit(f"setup.py: MATMUL_NATIVE=1, but the native core could not be built: {why}")
+    print(f"setup.py: warning: matmul_client._native not built ({why}); "
+          "the package is pure Python", file=sys.stderr, flush=True)
+    return None
 
 
 class MaybeBinaryDistribution(Distribution):
     """A platform wheel when it carries the native module."""
 
     def has_ext_modules(self) -> bool:
-        return NATIVE is not None
+        return NATIVE is not None or (NATIVE_MODE != "0" and shutil.which("cmake") is not None)
 
 
 scratch = tempfile.mkdtemp(prefix="matmul_client-build-")

@@ -29,6 +29,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/flags/commandlineflag.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/reflection.h"
@@ -44,6 +45,7 @@
 #include "client/lib/matmul_client.h"
 #include "client/lib/tensor_proto.h"
 #include "client/tools/bench_report.h"
+#include "client/tools/bench_shared_memory.h"
 #include "client/tools/bench_stability.h"
 #include "client/tools/bench_workload.h"
 #include "client/tools/load_generator.h"
@@ -76,6 +78,7 @@ ABSL_FLAG(bool, verify, false, "");
 ABSL_FLAG(bool, progress, false, "");
 ABSL_FLAG(bool, protobuf_requests, false, "");
 ABSL_FLAG(bool, stable, false, "");
+ABSL_FLAG(bool, shared_memory, false, "");
 ABSL_FLAG(std::string, stable_windows, "", "");
 ABSL_FLAG(std::string, shape_mix, "", "");
 ABSL_FLAG(std::string, server_metrics, "", "");
@@ -91,7 +94,7 @@ constexpr char kUsage[] = R"(usage:
                [--duration SECONDS | --requests N] [--warmup SECONDS]
                [--channels N] [--timeout SECONDS]
                [--verify] [--verify-every N] [--distinct N] [--seed N]
-               [--protobuf-requests]
+               [--protobuf-requests] [--shared-memory]
                [--resident[=operands|all|none]] [--client-id NAME]
                [--grpc-arg NAME=INT,...]
                [--json FILE] [--label TEXT] [--progress]
@@ -136,6 +139,13 @@ p50/p90/p99/p99.9 of the successful requests, and errors by gRPC status code.
                   check them. --resident=operands returns products inline.
                   Payload GB/s is then (nearly) 0: TFLOP/s is the figure;
                   the JSON has the actual message sizes (wire_gb_per_s)
+  --shared-memory operands and products in shared memory (a unix: target on
+                  the server's host): before the first point, one region
+                  per slot of the largest --concurrency is registered, with
+                  its own A, B and C, and requests name places in them; no
+                  payload crosses the socket (payload GB/s is 0; TFLOP/s is
+                  the figure; upload_s of the first point is the time the
+                  registrations took). Not with --resident
   --client-id     sent as x-matmul-client on every call: the name the
                   server charges stored tensors to (default
                   matmul-bench-HOST-PID)
@@ -223,7 +233,7 @@ absl::StatusOr<Flags> ParseFlags(const std::vector<std::string>& args) {
       "client-id",   "grpc-arg",      "resident", "stable-windows",
       "shape-mix",   "server-metrics"};
   static const std::set<std::string> kSwitches = {
-      "verify", "progress", "protobuf-requests", "stable"};
+      "verify", "progress", "protobuf-requests", "stable", "shared-memory"};
   // A switch that may take a value: --resident, --resident=operands, or
   // --resident operands; given alone it is --resident=all.
   static const std::set<std::string> kResidentValues = {"none", "operands",
@@ -377,6 +387,7 @@ struct Config {
   // --stable: windows per point at most (0: one window, no judgement).
   int stable_windows = 0;
   Resident resident = Resident::kNone;
+  bool shared_memory = false;
   std::string client_id;
   GrpcArgs grpc_args;
 };
@@ -484,6 +495,11 @@ absl::StatusOr<Config> MakeConfig(const Flags& flags) {
   absl::StatusOr<Resident> resident = ParseResident(flags.Get("resident"));
   if (!resident.ok()) return resident.status();
   c.resident = *resident;
+  c.shared_memory = flags.switches.count("shared-memory") > 0;
+  if (c.shared_memory && c.resident != Resident::kNone) {
+    return absl::InvalidArgumentError(
+        "--shared-memory and --resident exclude each other");
+  }
   c.client_id = flags.Has("client-id")
                     ? flags.values.at("client-id")
                     : absl::StrCat("matmul-bench-", HostName(), "-", getpid());
@@ -669,10 +685,13 @@ int Main(int argc, char** argv) {
                                c.seed);
   if (!workload.ok()) return Fail(workload.status().message());
   // Payload: the tensors' data the messages carry.
-  run.request_bytes =
-      c.resident == Resident::kNone ? workload->request_bytes : 0;
-  run.response_bytes =
-      c.resident == Resident::kAll ? 0 : workload->response_bytes;
+  run.request_bytes = c.resident == Resident::kNone && !c.shared_memory
+                          ? workload->request_bytes
+                          : 0;
+  run.response_bytes = c.resident == Resident::kAll || c.shared_memory
+                           ? 0
+                           : workload->response_bytes;
+  run.shared_memory = c.shared_memory;
   run.flops_per_request = workload->flops_per_request;
   run.distinct_requests = static_cast<int>(workload->requests.size());
 
@@ -718,6 +737,37 @@ int Main(int argc, char** argv) {
   absl::StatusOr<int64_t> result_ttl_s =
       TtlSeconds(capped_ttl(c.timeout_s + 60), "result ttl");
   if (!result_ttl_s.ok()) return Fail(result_ttl_s.status().message());
+
+  // Shared memory: the regions of every point, registered once (over a
+  // client of their own, which holds the registration calls) so that the
+  // server never sees one point's regions beside the next one's.
+  std::unique_ptr<MatmulClient> shared_client;
+  std::unique_ptr<SharedMemoryPoint> shared;
+  double shared_setup_s = 0;
+  // A point left calls behind: their callbacks may still read the regions.
+  bool shared_abandoned = false;
+  absl::Cleanup keep_shared = [&] {
+    if (!shared_abandoned) return;
+    (void)shared.release();
+    (void)shared_client.release();
+  };
+  if (c.shared_memory) {
+    ClientOptions options;
+    options.client_id = c.client_id;
+    options.channel_args = c.grpc_args;
+    absl::StatusOr<std::unique_ptr<MatmulClient>> client =
+        MatmulClient::Create(c.target, options);
+    if (!client.ok()) return Fail(client.status().message());
+    shared_client = *std::move(client);
+    const absl::Time start = absl::Now();
+    absl::StatusOr<std::unique_ptr<SharedMemoryPoint>> created =
+        SharedMemoryPoint::Create(
+            shared_client.get(), *workload,
+            *std::max_element(c.concurrency.begin(), c.concurrency.end()));
+    if (!created.ok()) return Fail(created.status().message());
+    shared = *std::move(created);
+    shared_setup_s = absl::ToDoubleSeconds(absl::Now() - start);
+  }
 
   std::fputs(RunDescription(run).c_str(), stdout);
   std::fputs(TableHeader().c_str(), stdout);
@@ -784,13 +834,24 @@ int Main(int argc, char** argv) {
         requests.clear();
         for (const auto& r : resident_requests) requests.push_back(r.get());
       }
+      // Shared memory: the first `concurrency` regions, one per slot.
+      LoadGenerator::ResponseChecker point_checker = checker;
+      if (shared != nullptr) {
+        bp.upload_s = std::exchange(shared_setup_s, 0.0);
+        requests.assign(shared->requests().begin(),
+                        shared->requests().begin() + concurrency);
+        if (verifier != nullptr) {
+          point_checker = shared->Checker(verifier.get());
+        }
+      }
       bp.request_message_bytes =
           static_cast<int64_t>(requests.front()->ByteSizeLong());
 
       auto generator = std::make_unique<LoadGenerator>(
-          client->get(), requests, checker,
+          client->get(), requests, point_checker,
           c.protobuf_requests ? LoadGenerator::Encoding::kProtobuf
                               : LoadGenerator::Encoding::kZeroCopy);
+      generator->set_exclusive_requests(c.shared_memory);
       bp.timestamp = Rfc3339Now();
       // --server-metrics: the server's counters around the point.
       std::optional<ServerCounters> before;
@@ -847,6 +908,7 @@ int Main(int argc, char** argv) {
         (void)generator.release();
         (void)verifier.release();
         for (auto& r : resident_requests) (void)r.release();
+        shared_abandoned = true;
       }
       if (c.stable_windows > 0) {
         bp.window_rates = window_rates;

@@ -138,6 +138,7 @@ Json PointJson(const BenchRun& run, const BenchPoint& bp) {
   j["interrupted"] = r.interrupted;
   j["abandoned"] = r.abandoned;
   j["resident"] = std::string(ResidentName(run.resident));
+  j["shared_memory"] = run.shared_memory;
   j["request_message_bytes"] = bp.request_message_bytes;
   j["response_message_bytes"] = r.response_message_bytes;
   j["wire_gb_per_s"] = Number(m.wire_gb_per_s);
@@ -246,6 +247,7 @@ std::string RunDescription(const BenchRun& run) {
       : run.resident == Resident::kOperands
           ? "; resident: operands stored, products returned"
           : "",
+      run.shared_memory ? "; through shared memory (a region per slot)" : "",
       run.label.empty() ? "" : absl::StrCat("; label \"", run.label, "\""),
       "\n");
   return text;
@@ -338,6 +340,7 @@ std::string ReportJson(const BenchRun& run,
   config["seed"] = static_cast<int64_t>(run.seed);
   config["verify"] = run.verify;
   config["resident"] = std::string(ResidentName(run.resident));
+  config["shared_memory"] = run.shared_memory;
   config["client_id"] = run.client_id;
   doc["config"] = std::move(config);
   doc["server"] = ServerJson(run.server);

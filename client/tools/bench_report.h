@@ -25,7 +25,9 @@
 //   verify {enabled, every, checked, mismatches},
 //   delayed_starts (open loop: starts that waited for a free slot),
 //   interrupted, abandoned,
-//   resident ("none" | "operands" | "all"),
+//   resident ("none" | "operands" | "all"), shared_memory (--shared-memory:
+//   operands and products in regions registered per slot; upload_s is then
+//   the time the registrations and copies took),
 //   request_message_bytes, response_message_bytes (serialized Multiply
 //   messages as sent and received: with resident operands the request is a
 //   few dozen bytes of handles, with kept products so is the response),
@@ -93,6 +95,8 @@ struct BenchRun {
   uint64_t seed = 0;
   bool verify = false;
   Resident resident = Resident::kNone;
+  // --shared-memory: operands and products in registered regions.
+  bool shared_memory = false;
   // Sent as x-matmul-client on every call.
   std::string client_id;
   v1::GetServerInfoResponse server;

@@ -36,6 +36,7 @@
 #include "client/lib/matmul_client.h"
 #include "client/lib/tensor_proto.h"
 #include "client/tools/npy.h"
+#include "client/tools/shared_memory_multiply.h"
 #include "common/build_info.h"
 #include "common/command_line.h"
 #include "common/dtype.h"
@@ -82,6 +83,9 @@ ABSL_FLAG(bool, stream, false,
           "bounds the operands or the product");
 ABSL_FLAG(std::string, chunk_mib, "4",
           "--stream's chunk size, MiB (1 to 1024)");
+ABSL_FLAG(bool, shared_memory, false,
+          "Hand A, B and C to the server through a shared-memory region "
+          "(a unix: target on the server's host)");
 
 namespace matmul {
 namespace {
@@ -98,6 +102,7 @@ const std::vector<FlagGroup>& CliFlags() {
        {"transpose_a", "transpose_b", "compute=strict|tf32", "dtype=DTYPE",
         "bf16_out=float32|bits"}},
       {"Streaming", {"stream", "chunk_mib=N"}},
+      {"Same host", {"shared_memory"}},
   };
   return *groups;
 }
@@ -110,7 +115,7 @@ constexpr char kUsage[] =
              [--timeout SECONDS] [--client-id NAME]
              [--dtype auto|float32|float64|float16|bfloat16]
              [--bf16-out float32|bits] [--stream [--chunk-mib N]]
-             [--grpc-arg NAME=INT[,NAME=INT...]]
+             [--shared-memory] [--grpc-arg NAME=INT[,NAME=INT...]]
   matmul-cli upload --target HOST:PORT --a A.npy [--device N] [--ttl SECONDS]
              [--dtype auto|float32|float64|float16|bfloat16]
              [--timeout SECONDS] [--client-id NAME]
@@ -150,6 +155,11 @@ bfloat16 bits, and a bfloat16 result (or download) is written as float32
 in chunks of --chunk-mib MiB (default 4), so no message size bounds them
 (a 16384 x 16384 float32 product needs it), and the server copies each
 chunk to the GPU while the next one is on the wire.
+
+--shared-memory (a unix:PATH target, on the server's host, same user)
+registers a POSIX shared-memory region with the server, puts A and B in it,
+and has the server read them there and write C there: no operand or product
+byte goes through the socket. Not with --keep, --stream or handles.
 )";
 
 // A command's flags (with dashes): those that take a value and the boolean
@@ -415,7 +425,8 @@ int RunMultiply(const std::vector<std::string>& args) {
   spec.valued = {"target", "a",         "b",         "a-handle", "b-handle",
                  "out",    "compute",   "timeout",   "dtype",    "bf16-out",
                  "ttl",    "client-id", "chunk-mib", "grpc-arg"};
-  spec.switches = {"transpose-a", "transpose-b", "keep", "stream"};
+  spec.switches = {"transpose-a", "transpose-b", "keep", "stream",
+                   "shared-memory"};
   spec.required = {"target"};
   absl::StatusOr<Args> flags = ParseArgs(args, spec);
   if (!flags.ok()) return Usage(flags.status().message());
@@ -438,6 +449,12 @@ int RunMultiply(const std::vector<std::string>& args) {
   if (!keep && has("ttl")) return Usage("--ttl applies only with --keep");
   const bool stream = flags->switches_on.count("stream") > 0;
   if (stream && keep) return Usage("--stream returns data: drop --keep");
+  const bool shared = flags->switches_on.count("shared-memory") > 0;
+  if (shared && (keep || stream || has("a-handle") || has("b-handle"))) {
+    return Usage(
+        "--shared-memory takes --a and --b files and --out: not --keep, "
+        "--stream or handles");
+  }
   if (!stream && has("chunk-mib")) {
     return Usage("--chunk-mib applies only with --stream");
   }
@@ -514,7 +531,7 @@ int RunMultiply(const std::vector<std::string>& args) {
     }
     file_dtype = t->dtype;
     file_flag = x;
-    if (stream) {
+    if (stream || shared) {
       streamed[is_a ? 0 : 1] = *std::move(t);
       continue;
     }
@@ -535,6 +552,22 @@ int RunMultiply(const std::vector<std::string>& args) {
 
   absl::StatusOr<std::unique_ptr<MatmulClient>> client = ClientFor(*flags);
   if (!client.ok()) return Fail(client.status().message());
+  if (shared) {
+    absl::StatusOr<SharedMultiplyResult> result = MultiplyThroughSharedMemory(
+        **client, streamed[0], streamed[1], options);
+    if (!result.ok()) return FailRpc(result.status());
+    const std::string out_path = flags->values.at("out");
+    const std::vector<int64_t> c_shape = result->c.shape;
+    absl::StatusOr<std::string> written_as =
+        WriteResult(out_path, std::move(result->c), *bf16_bits);
+    if (!written_as.ok()) return Fail(written_as.status().message());
+    absl::PrintF(
+        "%s: shape %s, %s, %.3f ms, through a %s shared-memory region\n",
+        out_path, ShapeString(c_shape), *written_as,
+        absl::ToDoubleMilliseconds(result->multiply_time),
+        HumanBytes(result->region_bytes));
+    return 0;
+  }
   const absl::Time start = absl::Now();
   if (stream) {
     auto operand = [&](int i) {

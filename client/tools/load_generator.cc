@@ -69,6 +69,10 @@ struct RunState {
   MultiplyOptions options;
   bool open_loop = false;
   bool count_mode = false;
+  // LoadGenerator::set_exclusive_requests: indices of the requests that no
+  // call is using now.
+  bool exclusive = false;
+  std::vector<int> free_requests ABSL_GUARDED_BY(mu);
 
   std::atomic<int> phase{kWarmup};
   std::atomic<bool> stop_issuing{false};
@@ -137,6 +141,7 @@ bool Issue(const std::shared_ptr<RunState>& s, Clock::time_point start) {
       return false;
     }
   }
+  int index = -1;
   {
     // Checked again under the lock: once Run has seen nothing in flight
     // after stopping, nothing more may start (Run's caller may free the
@@ -144,10 +149,18 @@ bool Issue(const std::shared_ptr<RunState>& s, Clock::time_point start) {
     absl::MutexLock lock(&s->mu);
     if (s->stop_issuing.load(std::memory_order_relaxed)) return false;
     ++s->in_flight;
+    // Never empty: Run keeps concurrency <= requests, and a request is
+    // freed before its slot.
+    if (s->exclusive && !s->free_requests.empty()) {
+      index = s->free_requests.back();
+      s->free_requests.pop_back();
+    }
   }
-  const int index =
-      static_cast<int>(s->next_request.fetch_add(1, std::memory_order_relaxed) %
-                       s->requests->size());
+  if (index < 0) {
+    index = static_cast<int>(
+        s->next_request.fetch_add(1, std::memory_order_relaxed) %
+        s->requests->size());
+  }
   if (!s->open_loop) start = Clock::now();
   auto done = [s, index, start, measured](
                   absl::StatusOr<v1::MultiplyResponse> response) mutable {
@@ -189,6 +202,13 @@ void DeleteKept(const std::shared_ptr<RunState>& s, const std::string& id) {
     --s->pending_deletes;
     if (s->stop_issuing.load()) s->cv.SignalAll();
   });
+}
+
+// Exclusive requests: `index` may be sent again.
+void ReleaseRequest(RunState& s, int index) {
+  if (!s.exclusive) return;
+  absl::MutexLock lock(&s.mu);
+  s.free_requests.push_back(index);
 }
 
 // The end of a request: counts, frees its slot and, in a closed loop,
@@ -256,6 +276,7 @@ void VerifyKept(std::shared_ptr<RunState> s, int index, bool measured,
           }
         }
         DeleteKept(s, id);
+        ReleaseRequest(*s, index);
         Complete(s, ok, measured, phase, now);
       });
 }
@@ -303,6 +324,7 @@ void OnDone(std::shared_ptr<RunState> s, int index, Clock::time_point start,
   }
   response = absl::StatusOr<v1::MultiplyResponse>();  // free the payload now
   if (!kept.empty()) DeleteKept(s, kept);
+  ReleaseRequest(*s, index);
   Complete(s, ok, measured, phase, now);
 }
 
@@ -351,6 +373,12 @@ absl::StatusOr<LoadResult> LoadGenerator::Run(
   if (requests_.empty()) {
     return absl::InvalidArgumentError("no requests to send");
   }
+  if (exclusive_ &&
+      point.concurrency > static_cast<int64_t>(requests_.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("exclusive requests: concurrency ", point.concurrency,
+                     " is more than the ", requests_.size(), " requests"));
+  }
 
   auto s = std::make_shared<RunState>();
   s->client = client_;
@@ -361,6 +389,13 @@ absl::StatusOr<LoadResult> LoadGenerator::Run(
   s->options.timeout = point.timeout;
   s->open_loop = point.rate > 0;
   s->count_mode = point.requests > 0;
+  s->exclusive = exclusive_;
+  if (exclusive_) {
+    absl::MutexLock lock(&s->mu);
+    for (int i = static_cast<int>(requests_.size()) - 1; i >= 0; --i) {
+      s->free_requests.push_back(i);
+    }
+  }
 
   const Clock::time_point t_start = Clock::now();
   const Clock::time_point warmup_end = t_start + ToClock(point.warmup);

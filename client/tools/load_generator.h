@@ -152,6 +152,12 @@ class LoadGenerator {
   LoadGenerator(const LoadGenerator&) = delete;
   LoadGenerator& operator=(const LoadGenerator&) = delete;
 
+  // Each request on at most one call at a time (its product goes to one
+  // place: a shared-memory region's C); Run then refuses a point whose
+  // concurrency is more than the requests (INVALID_ARGUMENT). Off by
+  // default: requests rotate whatever is in flight.
+  void set_exclusive_requests(bool exclusive) { exclusive_ = exclusive; }
+
   // Runs one point and returns its figures. INVALID_ARGUMENT for a point
   // that makes no sense (no concurrency, a negative rate, no end, an
   // infinite timeout, verification without a checker).
@@ -164,6 +170,7 @@ class LoadGenerator {
   std::vector<const v1::MultiplyRequest*> requests_;
   std::vector<grpc::ByteBuffer> encoded_;  // kZeroCopy: requests_, encoded
   ResponseChecker checker_;
+  bool exclusive_ = false;
 };
 
 }  // namespace matmul

@@ -1,6 +1,7 @@
 #include "server/rpc/multiply.h"
 
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <string>
 #include <utility>
@@ -248,13 +249,32 @@ void MultiplyReactor::Start() {
       return;
     }
   }
-  absl::StatusOr<MatmulSpec> spec =
-      ValidateMultiplyHeader(header, state_.limits);
+  // Bytes in regions cross no message and hold no server memory, so they
+  // are bounded by their regions (and the engine's fit), not by the message
+  // size or the in-flight budget; what does travel or stay in the server
+  // is checked against those below, once the regions are known.
+  const bool any_shared = wire_.a.shared.present || wire_.b.shared.present ||
+                          wire_.c_shared.present;
+  RequestLimits limits = state_.limits;
+  if (any_shared) {
+    limits.max_message_bytes = std::numeric_limits<int64_t>::max() / 4;
+    limits.max_inflight_bytes = std::numeric_limits<int64_t>::max() / 4;
+  }
+  absl::StatusOr<MatmulSpec> spec = ValidateMultiplyHeader(header, limits);
   if (!spec.ok()) {
     RejectRequest(spec.status());
     return;
   }
   job.spec = *spec;
+  if (any_shared && !wire_.c_shared.present && !wire_.keep_result &&
+      spec->c_bytes() > state_.limits.max_message_bytes - 128) {
+    RejectRequest(absl::ResourceExhaustedError(
+        absl::StrCat("the result would be ", spec->c_bytes(),
+                     " bytes, over the server's max message size of ",
+                     state_.limits.max_message_bytes,
+                     " bytes; have it written into a region (c_shared)")));
+    return;
+  }
   if (absl::Status s = ResolveShared(*spec); !s.ok()) {
     RejectRequest(s);
     return;
@@ -299,6 +319,15 @@ void MultiplyReactor::Start() {
       (multiply.resident_a || in_region_[0] != nullptr ? 0 : spec->a_bytes()) +
       (multiply.resident_b || in_region_[1] != nullptr ? 0 : spec->b_bytes()) +
       (multiply.keep_result || c_in_region_ != nullptr ? 0 : spec->c_bytes());
+  if (any_shared && op.held_bytes > state_.limits.max_inflight_bytes) {
+    // What the validation above skipped: never admissible, not load.
+    RejectRequest(absl::ResourceExhaustedError(absl::StrCat(
+        "the request needs ", op.held_bytes,
+        " bytes in flight (inline operands and result), over the server's "
+        "limit of ",
+        state_.limits.max_inflight_bytes, " bytes (--max-inflight-bytes)")));
+    return;
+  }
   if (multiply.keep_result) {
     op.stored_bytes = spec->c_bytes();
     op.client = ClientKey(*context_);

@@ -411,6 +411,42 @@ TEST_F(MatmulClientTest, TimeoutBecomesTheDeadline) {
   EXPECT_TRUE(client->Multiply(a_, b_, options).ok());
 }
 
+TEST_F(MatmulClientTest, CallCancellerCancelsAnAsyncMultiply) {
+  std::unique_ptr<MatmulClient> client = NewClient();
+  // Cancelled before it starts: it fails CANCELLED without reaching the
+  // server.
+  MultiplyOptions options;
+  options.canceller = std::make_shared<CallCanceller>();
+  options.canceller->Cancel();
+  absl::Notification early;
+  absl::Status early_status;
+  client->MultiplyAsync(a_, b_, options, [&](absl::StatusOr<HostTensor> c) {
+    early_status = c.status();
+    early.Notify();
+  });
+  early.WaitForNotification();
+  EXPECT_EQ(early_status.code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(service_.calls(), 0);
+
+  // Cancelled while the server holds it: CANCELLED without waiting for it.
+  service_.Delay(absl::Seconds(3));
+  options.canceller = std::make_shared<CallCanceller>();
+  absl::Notification done;
+  absl::Status status;
+  client->MultiplyAsync(a_, b_, options, [&](absl::StatusOr<HostTensor> c) {
+    status = c.status();
+    done.Notify();
+  });
+  for (int i = 0; i < 3000 && service_.calls() == 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_EQ(service_.calls(), 1);
+  options.canceller->Cancel();
+  done.WaitForNotification();
+  EXPECT_EQ(status.code(), absl::StatusCode::kCancelled);
+  options.canceller->Cancel();  // after the end: nothing happens
+}
+
 TEST_F(MatmulClientTest, MultiplyAsyncManyInFlight) {
   std::unique_ptr<MatmulClient> client = NewClient();
   constexpr int kCalls = 32;

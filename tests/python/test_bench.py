@@ -24,9 +24,8 @@ def test_bench_reports_each_point(server, engine: str, tmp_path: Path) -> None:
     command = [sys.executable, "-m", "matmul_client.bench", "--target", server.target,
                "--shape", "8,16", "--concurrency", "1,3", "--duration", "0.3", "--warmup", "0.05",
                "--json", str(out)] + (["--pure"] if engine == "pure" else [])
-    for streamed in (False, True):
-        run = subprocess.run(command + (["--streamed"] if streamed else []),
-                             capture_output=True, text=True, timeout=120)
+    for call, flag in (("multiply", []), ("streamed", ["--streamed"]), ("aio", ["--aio"])):
+        run = subprocess.run(command + flag, capture_output=True, text=True, timeout=120)
         assert run.returncode == 0, run.stdout + run.stderr
         rows = [line.split() for line in run.stdout.splitlines()[1:]]
         assert [(r[0], r[2], r[3]) for r in rows] == [
@@ -36,7 +35,7 @@ def test_bench_reports_each_point(server, engine: str, tmp_path: Path) -> None:
         assert len(points) == 4
         for point in points:
             assert point["engine"] == engine
-            assert point["call"] == ("streamed" if streamed else "multiply")
+            assert point["call"] == call
             assert point["requests"] > 0 and point["errors"] == {}
             assert 0 < point["p50_ms"] <= point["p99_ms"]
 
@@ -45,3 +44,6 @@ def test_bench_refuses_bad_arguments(server) -> None:
     run = subprocess.run([sys.executable, "-m", "matmul_client.bench", "--target", server.target,
                           "--shape", "0"], capture_output=True, text=True, timeout=60)
     assert run.returncode == 2 and "positive" in run.stderr
+    run = subprocess.run([sys.executable, "-m", "matmul_client.bench", "--target", server.target,
+                          "--aio", "--streamed"], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and "--aio" in run.stderr

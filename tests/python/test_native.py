@@ -146,15 +146,17 @@ def test_native_choice(server) -> None:
 
     with Client(server.target, native=False) as pure:
         assert not pure.native
-    with Client(server.target, options=[("grpc.max_receive_message_length", 1 << 20)]) as custom:
-        assert not custom.native  # options the native path does not take: pure Python
-    with Client(server.target, tls=True) as secure:
-        assert not secure.native  # TLS: pure Python (nothing connects until a call)
     with pytest.raises(TypeError):
         Client(server.target, native="yes")
     if _client.NATIVE_UNAVAILABLE is None:
         with Client(server.target) as default:
             assert default.native
+        # Int and string options, and TLS (nothing connects until a call).
+        options = [("grpc.max_receive_message_length", 1 << 20), ("grpc.primary_user_agent", "t")]
+        with Client(server.target, options=options) as custom:
+            assert custom.native
+        with Client(server.target, tls=True) as secure:
+            assert secure.native
     else:
         with pytest.raises(ValueError, match="native=True"):
             Client(server.target, native=True)

@@ -168,3 +168,52 @@ def test_multiply_through_the_package_matches_numpy(client: matmul_client.Client
     np.testing.assert_allclose(client.multiply(a64, b64), a64 @ b64, rtol=1e-12, atol=1e-12)
     # The server built from this checkout reports the same version.
     assert client.server_info().version.startswith(matmul_client.__version__)
+
+
+def test_installs_pure_python_without_cmake(server, tmp_path: Path) -> None:
+    """Where the native core cannot be built (here: no cmake on PATH), pip
+    still installs the package, says why, and it works on the pure-Python
+    path, asyncio included."""
+    import shutil
+    import subprocess
+
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for tool in ("protoc", "grpc_python_plugin"):
+        found = shutil.which(tool) or (os.environ.get("PROTOC") if tool == "protoc" else None)
+        if not found:
+            pytest.skip(f"{tool} is not on PATH")
+        (tools / tool).symlink_to(found)
+    venv = tmp_path / "venv"
+    base = getattr(sys, "_base_executable", sys.executable)
+    environment = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PROTOC", "GRPC_PYTHON_PLUGIN")
+                   and not k.startswith(("PIP_", "MATMUL_NATIVE"))}
+    environment.update(PATH=str(tools), PIP_CONFIG_FILE=os.devnull)
+    subprocess.run([base, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=120)
+    install = subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pip", "install", "-v", "--no-build-isolation", "--no-index",
+         "--no-cache-dir", "--disable-pip-version-check", str(_REPO_ROOT / "client" / "python")],
+        cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=300,
+    )
+    assert install.returncode == 0, install.stdout + install.stderr
+    assert "cmake is not on PATH" in install.stdout + install.stderr
+    check = (
+        "import asyncio, sys, numpy as np\n"
+        "import matmul_client\n"
+        "from matmul_client import _client\n"
+        "from matmul_client.aio import AsyncClient\n"
+        "assert _client.NATIVE_UNAVAILABLE is not None\n"
+        "a, b = np.arange(6.0).reshape(2, 3), np.ones((3, 2))\n"
+        "with matmul_client.Client(sys.argv[1], timeout=30) as c:\n"
+        "    assert not c.native\n"
+        "    np.testing.assert_array_equal(c.multiply(a, b), a @ b)\n"
+        "async def main():\n"
+        "    async with AsyncClient(sys.argv[1], timeout=30) as c:\n"
+        "        assert not c.native\n"
+        "        np.testing.assert_array_equal(await c.multiply(a, b), a @ b)\n"
+        "asyncio.run(main())\n"
+        "print('pure ok')\n"
+    )
+    run = subprocess.run([str(venv / "bin" / "python"), "-c", check, server.target], cwd=tmp_path,
+                         env=environment, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and "pure ok" in run.stdout, run.stdout + run.stderr

@@ -11,10 +11,13 @@ from pathlib import Path
 from typing import Dict, Iterator
 
 import grpc
+import numpy as np
 import pytest
 
+from conftest import ENGINES, make_client
 from matmul_client import Client, MatmulError, TlsConfig
 from matmul_client._proto.grpc.health.v1 import health_pb2, health_pb2_grpc
+from matmul_client._proto.matmul.v1 import matmul_pb2, matmul_pb2_grpc
 
 SERVER_NAME = "matmul.test"
 
@@ -59,11 +62,24 @@ class _Health(health_pb2_grpc.HealthServicer):
         return health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.SERVING)
 
 
+class _Matmul(matmul_pb2_grpc.MatmulServiceServicer):
+    """Multiply of float32 matrices (no transposes), as the server answers it."""
+
+    def Multiply(self, request, context):  # noqa: N802 - the RPC's name
+        a = np.frombuffer(request.a.data, "<f4").reshape(tuple(request.a.shape))
+        b = np.frombuffer(request.b.data, "<f4").reshape(tuple(request.b.shape))
+        c = (a @ b).astype("<f4")
+        return matmul_pb2.MultiplyResponse(
+            c=matmul_pb2.Tensor(shape=c.shape, dtype=matmul_pb2.DTYPE_FLOAT32, data=c.tobytes())
+        )
+
+
 @pytest.fixture(scope="module")
 def mtls_target(pki) -> Iterator[str]:
     """A health server on loopback that requires client certificates signed by the CA."""
     server = grpc.server(concurrent.futures.ThreadPoolExecutor(2))
     health_pb2_grpc.add_HealthServicer_to_server(_Health(), server)
+    matmul_pb2_grpc.add_MatmulServiceServicer_to_server(_Matmul(), server)
     credentials = grpc.ssl_server_credentials(
         [(pki["server.key"], pki["server.pem"])],
         root_certificates=pki["ca.pem"],
@@ -110,4 +126,34 @@ def test_tls_to_plaintext_server_is_unavailable(server) -> None:
     with Client(server.target, timeout=30, tls=True) as client:
         with pytest.raises(MatmulError) as raised:
             client.health()
+    assert raised.value.code is grpc.StatusCode.UNAVAILABLE
+
+
+_A = np.arange(6, dtype=np.float32).reshape(2, 3)
+_B = np.arange(12, dtype=np.float32).reshape(3, 4)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_multiply_over_mutual_tls(pki, mtls_target: str, engine: str) -> None:
+    """The native core takes the same TLS settings (roots, client
+    certificate, server_name) as the pure-Python channel."""
+    tls = TlsConfig(pki["ca.pem"], pki["client.pem"], pki["client.key"], server_name=SERVER_NAME)
+    with make_client(mtls_target, engine, timeout=30, tls=tls) as client:
+        np.testing.assert_array_equal(client.multiply(_A, _B), _A @ _B)
+        np.testing.assert_array_equal(client.multiply_async(_A, _B).result(timeout=30), _A @ _B)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("case", ["no_client_certificate", "unknown_server_ca", "wrong_server_name"])
+def test_multiply_tls_failures_are_unavailable(pki, mtls_target: str, engine: str, case: str) -> None:
+    tls = {
+        "no_client_certificate": TlsConfig(pki["ca.pem"], server_name=SERVER_NAME),
+        "unknown_server_ca": TlsConfig(pki["other-ca.pem"], pki["client.pem"], pki["client.key"],
+                                       server_name=SERVER_NAME),
+        "wrong_server_name": TlsConfig(pki["ca.pem"], pki["client.pem"], pki["client.key"],
+                                       server_name="other.test"),
+    }[case]
+    with make_client(mtls_target, engine, timeout=30, tls=tls) as client:
+        with pytest.raises(MatmulError) as raised:
+            client.multiply(_A, _B)
     assert raised.value.code is grpc.StatusCode.UNAVAILABLE

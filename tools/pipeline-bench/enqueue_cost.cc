@@ -13,9 +13,13 @@
 //   - queued: jobs back to back, 8 in flight (throughput).
 // Then the device time of one idle job from its own events (start -> end),
 // and the wall time from the first call to the host function's run.
+// Then the GEMM call alone, idle, in three forms: cublasGemmEx (as the
+// engine calls it), cublasSgemm, and cublasLtMatmul with descriptors and an
+// algorithm chosen once (cublasLtMatmulAlgoGetHeuristic) and reused.
 // Prints mean and p50 per call, microseconds.
 //
 //   matmul-enqueue-cost [--n 256] [--jobs 2000]
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -198,6 +202,65 @@ int main(int argc, char** argv) {
   const double queued_s =
       std::chrono::duration<double>(Clock::now() - q0).count();
 
+  // The GEMM call alone, idle, in three forms.
+  std::vector<std::byte*> dev(3);
+  for (auto& p : dev) CHECK_CUDA(cudaMalloc(&p, bytes));
+  cublasLtHandle_t lt;
+  CHECK_CUBLAS(cublasLtCreate(&lt));
+  cublasLtMatmulDesc_t op_desc;
+  CHECK_CUBLAS(
+      cublasLtMatmulDescCreate(&op_desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  cublasLtMatrixLayout_t layout;
+  CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&layout, CUDA_R_32F, n, n, n));
+  cublasLtMatmulPreference_t pref;
+  CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
+  const size_t workspace_bytes = 32 << 20;
+  void* workspace = nullptr;
+  CHECK_CUDA(cudaMalloc(&workspace, workspace_bytes));
+  CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
+      sizeof workspace_bytes));
+  cublasLtMatmulHeuristicResult_t heuristic;
+  int found = 0;
+  CHECK_CUBLAS(cublasLtMatmulAlgoGetHeuristic(lt, op_desc, layout, layout,
+                                              layout, layout, pref, 1,
+                                              &heuristic, &found));
+  if (found == 0) {
+    std::fprintf(stderr, "no cublasLt algorithm\n");
+    return 1;
+  }
+  std::vector<double> gemm_ex, sgemm, lt_matmul;
+  auto time_call = [&](std::vector<double>* out, auto&& call) {
+    for (int i = 0; i < jobs + 100; ++i) {
+      const Clock::time_point t0 = Clock::now();
+      call();
+      const Clock::time_point t1 = Clock::now();
+      CHECK_CUDA(cudaStreamSynchronize(stream));
+      if (i >= 100) {
+        out->push_back(
+            std::chrono::duration<double, std::micro>(t1 - t0).count());
+      }
+    }
+  };
+  time_call(&gemm_ex, [&] {
+    CHECK_CUBLAS(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha,
+                              dev[1], CUDA_R_32F, n, dev[0], CUDA_R_32F, n,
+                              &beta, dev[2], CUDA_R_32F, n, CUBLAS_COMPUTE_32F,
+                              CUBLAS_GEMM_DEFAULT));
+  });
+  time_call(&sgemm, [&] {
+    CHECK_CUBLAS(cublasSgemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha,
+                             reinterpret_cast<const float*>(dev[1]), n,
+                             reinterpret_cast<const float*>(dev[0]), n, &beta,
+                             reinterpret_cast<float*>(dev[2]), n));
+  });
+  time_call(&lt_matmul, [&] {
+    CHECK_CUBLAS(cublasLtMatmul(lt, op_desc, &alpha, dev[1], layout, dev[0],
+                                layout, &beta, dev[2], layout, dev[2], layout,
+                                &heuristic.algo, workspace, workspace_bytes,
+                                stream));
+  });
+
   cudaDeviceProp prop;
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   std::printf("matmul-enqueue-cost: %s, n=%d float32, %d jobs per pattern\n",
@@ -218,9 +281,21 @@ int main(int argc, char** argv) {
       P50(device_us), P50(to_host_func_us));
   std::printf("queued: %.0f jobs/s (%.2f us per job)\n", jobs / queued_s,
               queued_s * 1e6 / jobs);
+  std::printf(
+      "GEMM call alone, idle (host us): cublasGemmEx mean %.2f p50 "
+      "%.2f; cublasSgemm mean %.2f p50 %.2f; cublasLtMatmul (cached "
+      "algorithm) mean %.2f p50 %.2f\n",
+      Mean(gemm_ex), P50(gemm_ex), Mean(sgemm), P50(sgemm), Mean(lt_matmul),
+      P50(lt_matmul));
   for (auto& set : events) {
     for (cudaEvent_t& e : set) CHECK_CUDA(cudaEventDestroy(e));
   }
+  CHECK_CUBLAS(cublasLtMatmulPreferenceDestroy(pref));
+  CHECK_CUBLAS(cublasLtMatrixLayoutDestroy(layout));
+  CHECK_CUBLAS(cublasLtMatmulDescDestroy(op_desc));
+  CHECK_CUBLAS(cublasLtDestroy(lt));
+  CHECK_CUDA(cudaFree(workspace));
+  for (auto& p : dev) CHECK_CUDA(cudaFree(p));
   CHECK_CUBLAS(cublasDestroy(handle));
   CHECK_CUDA(cudaFreeHost(host));
   CHECK_CUDA(cudaStreamDestroy(stream));

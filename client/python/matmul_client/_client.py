@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-from typing import Any, Dict, Literal, Optional, Sequence, Tuple, Union, overload
+from typing import Any, Dict, Iterator, List, Literal, Optional, Sequence, Tuple, Union, overload
 
 import grpc
 import numpy as np
 import numpy.typing as npt
 
-from ._channel import ChannelOption, TlsArgument, make_channel
+from ._channel import (
+    DEFAULT_OPTIONS,
+    ChannelOption,
+    TlsArgument,
+    channel_options,
+    make_channel,
+    tls_config,
+)
 from ._errors import MatmulError
 from ._handles import Handle, HandleOrId, handle_id, ttl_seconds
 from ._info import ServerInfo
@@ -190,6 +197,208 @@ def _native_error(error: Exception) -> MatmulError:
     return MatmulError(_STATUS_CODES.get(code, grpc.StatusCode.UNKNOWN), message)
 
 
+def _stream_messages(
+    request: matmul_pb2.MultiplyRequest, chunk_bytes: int
+) -> Tuple[Iterator[matmul_pb2.MultiplyStreamRequest], int]:
+    """The MultiplyStream messages of ``request`` (whose operands' data is
+    taken out of it): the start, then each operand in chunks of about
+    ``chunk_bytes`` (whole elements). Returns them and the chunk size."""
+    operands = []
+    for name, operand in (("a", matmul_pb2.OPERAND_A), ("b", matmul_pb2.OPERAND_B)):
+        if request.HasField(name):
+            tensor = getattr(request, name)
+            operands.append((operand, tensor.data))
+            tensor.data = b""
+    elem = _ELEMENT_BYTES[request.a.dtype if request.HasField("a") else request.b.dtype]
+    step = max(elem, chunk_bytes // elem * elem)
+
+    def messages() -> Iterator[matmul_pb2.MultiplyStreamRequest]:
+        yield matmul_pb2.MultiplyStreamRequest(
+            request_id=1,
+            start=matmul_pb2.MultiplyStreamStart(request=request, result_chunk_bytes=step),
+        )
+        for operand, data in operands:
+            view = memoryview(data)
+            for at in range(0, len(data), step):
+                yield matmul_pb2.MultiplyStreamRequest(
+                    request_id=1,
+                    chunk=matmul_pb2.OperandChunk(
+                        operand=operand, offset=at, data=bytes(view[at : at + step])
+                    ),
+                )
+
+    return messages(), step
+
+
+class _StreamProduct:
+    """The product of a MultiplyStream, assembled from its responses."""
+
+    def __init__(self) -> None:
+        self.shape: Tuple[int, ...] = ()
+        self.product: Optional[bytearray] = None
+        self.received = 0
+
+    def add(self, response: matmul_pb2.MultiplyStreamResponse) -> None:
+        kind = response.WhichOneof("kind")
+        if kind == "error":
+            raise MatmulError(
+                _STATUS_CODES.get(response.error.code, grpc.StatusCode.UNKNOWN),
+                response.error.message,
+            )
+        if kind == "result":
+            self.shape = tuple(response.result.shape)
+            self.product = bytearray(response.result.bytes)
+        elif kind == "chunk":
+            at, data = response.chunk.offset, response.chunk.data
+            if self.product is None or at < 0 or at + len(data) > len(self.product):
+                raise MatmulError(
+                    grpc.StatusCode.DATA_LOSS,
+                    f"the server sent a product chunk of {len(data)} bytes at offset "
+                    f"{at} outside the product",
+                )
+            self.product[at : at + len(data)] = data
+            self.received += len(data)
+
+    def result(self, wire: WireType) -> np.ndarray:
+        if self.product is None or self.received != len(self.product):
+            size = 0 if self.product is None else len(self.product)
+            raise MatmulError(
+                grpc.StatusCode.DATA_LOSS,
+                f"the stream ended with {self.received} of {size} product bytes",
+            )
+        return wire.from_wire(self.product).reshape(self.shape)
+
+
+def _native_status(code: int, message: str) -> MatmulError:
+    """The MatmulError of a native (code, message)."""
+    return MatmulError(_STATUS_CODES.get(code, grpc.StatusCode.UNKNOWN), message)
+
+
+def _float_or_none(seconds: Optional[float]) -> Optional[float]:
+    return None if seconds is None else float(seconds)
+
+
+def _native_options(
+    tls: TlsArgument, options: Sequence[ChannelOption]
+) -> Tuple[Dict[str, Any], Optional[str]]:
+    """The native Client's keyword arguments for ``tls`` and ``options``
+    (channel options as the pure-Python channel gets them), or why the
+    native core cannot take them."""
+    config = tls_config(tls)
+    kwargs: Dict[str, Any] = {"load_balancing_policy": "round_robin", "tls": config is not None}
+    if config is not None:
+        kwargs.update(
+            root_certificates=config.root_certificates,
+            private_key=config.private_key,
+            certificate_chain=config.certificate_chain,
+        )
+    defaults = dict(DEFAULT_OPTIONS)
+    ints: List[Tuple[str, int]] = []
+    strings: List[Tuple[str, str]] = []
+    for key, value in channel_options(options, config):
+        if defaults.get(key, _MISSING) == value:
+            continue  # The C++ library's own defaults (unlimited sizes, round_robin).
+        if key == "grpc.service_config":
+            kwargs["load_balancing_policy"] = ""  # The caller's config instead.
+        if isinstance(value, (bool, int, np.integer)) and -(2**31) <= int(value) < 2**31:
+            ints.append((str(key), int(value)))
+        elif isinstance(value, str):
+            strings.append((str(key), value))
+        elif isinstance(value, bytes):
+            strings.append((str(key), value.decode("latin-1")))
+        else:
+            return {}, f"channel option {key!r} has a {type(value).__name__} value"
+    kwargs.update(int_options=ints, string_options=strings)
+    return kwargs, None
+
+
+_MISSING = object()
+
+
+def _make_native(
+    target: str, tls: TlsArgument, options: Sequence[ChannelOption], client_id: Optional[str]
+) -> Tuple[Any, Optional[str]]:
+    """A native client of ``target`` with these settings, or (None, why not)."""
+    if NATIVE_UNAVAILABLE is not None:
+        return None, NATIVE_UNAVAILABLE
+    kwargs, why = _native_options(tls, options)
+    if why is not None:
+        return None, why
+    try:
+        return _native.Client(target, client_id=client_id or "", **kwargs), None
+    except _native.StatusError as error:
+        raise _native_error(error) from None
+
+
+def _native_args(
+    a: Operand, b: Operand, transpose_a: bool, transpose_b: bool, compute: str, dtype: Any,
+    keep: bool, result_ttl: Optional[float], timeout: Optional[float],
+) -> Tuple[Tuple[Any, ...], WireType]:
+    """Validates a multiply's arguments into the native core's: each array
+    operand in wire form (itself when it already is, else one copy), each
+    stored one as its handle id."""
+    arrays, handles, ttl, wire = _multiply_operands(a, b, compute, dtype, keep, result_ttl)
+    operands: List[Any] = []
+    flags = []
+    for name, transpose in (("a", transpose_a), ("b", transpose_b)):
+        if name in handles:
+            operands.append((None, wire.proto, handles[name].id))
+            flags.append(bool(transpose))
+        else:
+            x, flag = to_wire_array(arrays[name], wire, bool(transpose))
+            operands.append((x, wire.proto, ""))
+            flags.append(flag)
+    args = (
+        *operands[0], *operands[1], flags[0], flags[1], _COMPUTE_MODES[compute],
+        _float_or_none(timeout), None if keep else _native_result_dtype(wire), bool(keep), ttl,
+    )
+    return args, wire
+
+
+def _native_array(product: np.ndarray, wire: WireType) -> np.ndarray:
+    """A product array from the native core in the caller's dtype."""
+    if wire.name == "bfloat16":
+        return wire.from_wire(product).reshape(product.shape)
+    if not product.dtype.isnative:  # A big-endian host.
+        return product.astype(product.dtype.newbyteorder("="))
+    return product
+
+
+def _native_upload_args(
+    x: np.ndarray, dtype: Any, device: Optional[int], ttl: Optional[float], timeout: Optional[float]
+) -> Tuple[Any, ...]:
+    """Validates upload's arguments into the native core's."""
+    wire = resolve_single_wire_type(x, dtype, "array")
+    values = np.ascontiguousarray(wire.to_wire(x))
+    return (
+        values, wire.proto, -1 if device is None else int(device), ttl_seconds(ttl, "ttl"),
+        _float_or_none(timeout),
+    )
+
+
+def _handle_from_native(value: Tuple[Any, ...], client: Any) -> Handle:
+    """The Handle of a native stored-tensor tuple."""
+    ident, shape, dtype, device, size, expire_ms = value
+    return Handle(
+        id=ident,
+        shape=tuple(shape),
+        dtype=DTYPE_NAMES.get(dtype, f"unknown dtype {dtype}"),
+        device=device,
+        bytes=size,
+        expires=expire_ms / 1000.0,
+        _client=client,
+    )
+
+
+def _downloaded(value: Tuple[np.ndarray, int]) -> np.ndarray:
+    """A native download's (array, dtype) as the caller gets it."""
+    array, dtype = value
+    name = DTYPE_NAMES.get(dtype)
+    if name is None:
+        raise MatmulError(grpc.StatusCode.INTERNAL, f"the server sent a tensor of unknown dtype {dtype}")
+    return _native_array(array, stored_wire_type(name))
+
+
 def _check_client_id(client_id: Optional[str]) -> Optional[str]:
     if client_id is None:
         return None
@@ -227,12 +436,13 @@ class Client:
         native: Whether :meth:`multiply` and :meth:`multiply_streamed` of
             arrays run on the native core (``matmul_client._native``, over
             the C++ client library: operands sent from their own buffers,
-            the GIL released for the whole call). None: where it imports
-            (not with MATMUL_CLIENT_NATIVE=0) and the client has no TLS and
-            no custom channel options; everything else (stored tensors,
-            keep=True, multiply_async, health, server_info) stays on the
-            pure-Python gRPC path. True: required (ValueError where it
-            cannot be used). False: pure Python only.
+            the GIL released for the whole call), and so do stored
+            tensors (upload, download, delete, handles as operands,
+            keep=True) and multiply_async. None: where it imports (not with
+            MATMUL_CLIENT_NATIVE=0) and every channel option is an int or a
+            string; health and server_info stay on the pure-Python gRPC
+            channel. True: required (ValueError where it cannot be used).
+            False: pure Python only.
 
     Stored tensors: :meth:`upload` keeps an array on the server and returns a
     :class:`Handle`, which :meth:`multiply` takes in place of an array;
@@ -265,19 +475,8 @@ class Client:
         self._health = health_pb2_grpc.HealthStub(self._channel)
         self._native: Any = None
         if native is not False:
-            why = NATIVE_UNAVAILABLE
-            if why is None and tls not in (None, False):
-                why = "TLS is not supported by the native path yet"
-            elif why is None and len(options) > 0:
-                why = "custom channel options are not supported by the native path yet"
-            if why is None:
-                try:
-                    self._native = _native.Client(
-                        target, client_id=self._client_id or "", load_balancing_policy="round_robin"
-                    )
-                except _native.StatusError as error:
-                    raise _native_error(error) from None
-            elif native:
+            self._native, why = _make_native(target, tls, options, self._client_id)
+            if self._native is None and native:
                 raise ValueError(f"native=True, but {why}")
 
     @property
@@ -375,12 +574,16 @@ class Client:
                 RESOURCE_EXHAUSTED over its limits or the client's quota of
                 stored tensors, DEADLINE_EXCEEDED, UNAVAILABLE).
         """
-        if self._native is not None and not keep:
-            arrays, handles, _, wire = _multiply_operands(a, b, compute, dtype, keep, result_ttl)
-            if not handles:
-                return self._native_multiply(
-                    arrays, wire, transpose_a, transpose_b, compute, timeout, None
-                )
+        if self._native is not None:
+            args, wire = _native_args(
+                a, b, transpose_a, transpose_b, compute, dtype, keep, result_ttl,
+                self._deadline(timeout),
+            )
+            try:
+                value = self._native.multiply(*args)
+            except _native.StatusError as error:
+                raise _native_error(error) from None
+            return self._native_value(value, wire, bool(keep))
         request, wire = _multiply_request(
             a, b, transpose_a, transpose_b, compute, dtype, keep, result_ttl
         )
@@ -415,71 +618,25 @@ class Client:
         if chunk_bytes <= 0:
             raise ValueError(f"chunk_bytes={chunk_bytes}: expected a positive size")
         if self._native is not None:
-            arrays, handles, _, wire = _multiply_operands(a, b, compute, dtype)
-            if not handles:
-                return self._native_multiply(
-                    arrays, wire, transpose_a, transpose_b, compute, timeout, int(chunk_bytes)
-                )
-        request, wire = _multiply_request(a, b, transpose_a, transpose_b, compute, dtype)
-        operands = []
-        for name, operand in (("a", matmul_pb2.OPERAND_A), ("b", matmul_pb2.OPERAND_B)):
-            if request.HasField(name):
-                tensor = getattr(request, name)
-                operands.append((operand, tensor.data))
-                tensor.data = b""
-        elem = _ELEMENT_BYTES[request.a.dtype if request.HasField("a") else request.b.dtype]
-        step = max(elem, chunk_bytes // elem * elem)
-
-        def messages():
-            yield matmul_pb2.MultiplyStreamRequest(
-                request_id=1,
-                start=matmul_pb2.MultiplyStreamStart(request=request, result_chunk_bytes=step),
+            args, wire = _native_args(
+                a, b, transpose_a, transpose_b, compute, dtype, False, None, self._deadline(timeout)
             )
-            for operand, data in operands:
-                view = memoryview(data)
-                for at in range(0, len(data), step):
-                    yield matmul_pb2.MultiplyStreamRequest(
-                        request_id=1,
-                        chunk=matmul_pb2.OperandChunk(
-                            operand=operand, offset=at, data=bytes(view[at : at + step])
-                        ),
-                    )
-
-        shape: Tuple[int, ...] = ()
-        product: Optional[bytearray] = None
-        received = 0
+            try:
+                product = self._native.multiply_streamed(*args[:11], int(chunk_bytes))
+            except _native.StatusError as error:
+                raise _native_error(error) from None
+            return _native_array(product, wire)
+        request, wire = _multiply_request(a, b, transpose_a, transpose_b, compute, dtype)
+        messages, _ = _stream_messages(request, chunk_bytes)
+        product = _StreamProduct()
         try:
             for response in self._stub.MultiplyStream(
-                messages(), timeout=self._deadline(timeout), metadata=self._metadata
+                messages, timeout=self._deadline(timeout), metadata=self._metadata
             ):
-                kind = response.WhichOneof("kind")
-                if kind == "error":
-                    raise MatmulError(
-                        _STATUS_CODES.get(response.error.code, grpc.StatusCode.UNKNOWN),
-                        response.error.message,
-                    )
-                if kind == "result":
-                    shape = tuple(response.result.shape)
-                    product = bytearray(response.result.bytes)
-                elif kind == "chunk":
-                    at, data = response.chunk.offset, response.chunk.data
-                    if product is None or at < 0 or at + len(data) > len(product):
-                        raise MatmulError(
-                            grpc.StatusCode.DATA_LOSS,
-                            f"the server sent a product chunk of {len(data)} bytes at offset "
-                            f"{at} outside the product",
-                        )
-                    product[at : at + len(data)] = data
-                    received += len(data)
+                product.add(response)
         except grpc.RpcError as error:
             raise MatmulError.from_call(error) from error
-        if product is None or received != len(product):
-            raise MatmulError(
-                grpc.StatusCode.DATA_LOSS,
-                f"the stream ended with {received} of {0 if product is None else len(product)} "
-                "product bytes",
-            )
-        return wire.from_wire(product).reshape(shape)
+        return product.result(wire)
 
     def multiply_async(
         self,
@@ -502,6 +659,10 @@ class Client:
         cancels the RPC. The operands are encoded before this returns, so
         they may be changed afterwards.
         """
+        if self._native is not None:
+            return self._native_multiply_async(
+                a, b, transpose_a, transpose_b, compute, dtype, timeout, keep, result_ttl
+            )
         request, wire = _multiply_request(
             a, b, transpose_a, transpose_b, compute, dtype, keep, result_ttl
         )
@@ -566,6 +727,13 @@ class Client:
             )
         if device is not None and (isinstance(device, bool) or not isinstance(device, (int, np.integer))):
             raise TypeError(f"device: expected None or a device index, got {type(device).__name__}")
+        if self._native is not None:
+            args = _native_upload_args(x, dtype, device, ttl, self._deadline(timeout))
+            try:
+                value = self._native.upload(*args)
+            except _native.StatusError as error:
+                raise _native_error(error) from None
+            return _handle_from_native(value, self)
         request = matmul_pb2.UploadRequest(
             tensor=encode_tensor(x, resolve_single_wire_type(x, dtype, "array")),
             ttl_seconds=ttl_seconds(ttl, "ttl"),
@@ -592,6 +760,13 @@ class Client:
                 RESOURCE_EXHAUSTED if it is larger than the server's message
                 size.
         """
+        if self._native is not None:
+            ident = handle_id(handle)
+            try:
+                value = self._native.download(ident, _float_or_none(self._deadline(timeout)))
+            except _native.StatusError as error:
+                raise _native_error(error) from None
+            return _downloaded(value)
         request = matmul_pb2.DownloadRequest(handle=handle_id(handle))
         try:
             response = self._stub.Download(
@@ -611,6 +786,13 @@ class Client:
         Raises:
             MatmulError: NOT_FOUND if it does not exist (any more).
         """
+        if self._native is not None:
+            ident = handle_id(handle)
+            try:
+                self._native.delete(ident, _float_or_none(self._deadline(timeout)))
+            except _native.StatusError as error:
+                raise _native_error(error) from None
+            return
         request = matmul_pb2.DeleteRequest(handle=handle_id(handle))
         try:
             self._stub.Delete(request, timeout=self._deadline(timeout), metadata=self._metadata)
@@ -643,6 +825,16 @@ class Client:
             raise MatmulError.from_call(error) from error
         return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
 
+    def shared_memory(self, nbytes: int, **kwargs: Any) -> Any:
+        """A :class:`~matmul_client.shared_memory.SharedMemory` session of
+        ``nbytes`` registered with the server (a ``unix:`` target on its
+        host): arrays in it are multiplied without crossing the socket.
+        Keyword arguments go to SharedMemory (mode, unlink_when_registered,
+        timeout); use it as a context manager."""
+        from .shared_memory import SharedMemory
+
+        return SharedMemory(self, nbytes, **kwargs)
+
     def close(self) -> None:
         """Closes the channel; calls in flight are cancelled (on the native
         path, native calls in flight finish first)."""
@@ -658,40 +850,46 @@ class Client:
     def _deadline(self, timeout: Optional[float]) -> Optional[float]:
         return self._timeout if timeout is None else timeout
 
-    def _native_multiply(
-        self,
-        arrays: Dict[str, np.ndarray],
-        wire: WireType,
-        transpose_a: bool,
-        transpose_b: bool,
-        compute: str,
-        timeout: Optional[float],
-        chunk_bytes: Optional[int],
-    ) -> np.ndarray:
-        """A multiply of two arrays on the native core: each operand goes out
-        from its own buffer (or from one copy, when it is not C-contiguous,
-        little-endian and of the wire's element type), with the GIL released
-        for the whole call; the product is an array over the reply's bytes."""
-        native = self._native
-        a, transpose_a = to_wire_array(arrays["a"], wire, bool(transpose_a))
-        b, transpose_b = to_wire_array(arrays["b"], wire, bool(transpose_b))
-        deadline = self._deadline(timeout)
-        args = (
-            a, wire.proto, b, wire.proto, transpose_a, transpose_b, _COMPUTE_MODES[compute],
-            None if deadline is None else float(deadline), _native_result_dtype(wire),
+    def _native_value(self, value: Any, wire: WireType, keep: bool) -> Any:
+        """A native multiply's result: the product array, or with keep the
+        kept product's Handle."""
+        if keep:
+            return _handle_from_native(value, self)
+        return _native_array(value, wire)
+
+    def _native_multiply_async(
+        self, a: Operand, b: Operand, transpose_a: bool, transpose_b: bool, compute: str,
+        dtype: Any, timeout: Optional[float], keep: bool, result_ttl: Optional[float],
+    ) -> "concurrent.futures.Future[Any]":
+        """multiply_async on the native core: the C++ library's asynchronous
+        call completes the future from a gRPC thread; cancelling the future
+        cancels the RPC."""
+        args, wire = _native_args(
+            a, b, transpose_a, transpose_b, compute, dtype, keep, result_ttl,
+            self._deadline(timeout),
         )
-        try:
-            if chunk_bytes is None:
-                product = native.multiply(*args)
-            else:
-                product = native.multiply_streamed(*args, chunk_bytes)
-        except _native.StatusError as error:
-            raise _native_error(error) from None
-        if wire.name == "bfloat16":
-            return wire.from_wire(product).reshape(product.shape)
-        if not product.dtype.isnative:  # A big-endian host.
-            return product.astype(product.dtype.newbyteorder("="))
-        return product
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+        def done(ok: bool, value: Any) -> None:
+            # On a gRPC thread, with the GIL; an exception here would be lost.
+            if not future.set_running_or_notify_cancel():
+                return  # The caller cancelled the future.
+            if not ok:
+                future.set_exception(_native_status(*value))
+                return
+            try:
+                future.set_result(self._native_value(value, wire, bool(keep)))
+            except Exception as error:  # noqa: BLE001 - handed to the caller.
+                future.set_exception(error)
+
+        call = self._native.multiply_async(*args, done)
+
+        def on_future_done(finished: concurrent.futures.Future) -> None:
+            if finished.cancelled():
+                call.cancel()
+
+        future.add_done_callback(on_future_done)
+        return future
 
     def _product(self, response: matmul_pb2.MultiplyResponse, wire: WireType, keep: bool) -> Any:
         """The product out of a Multiply response: a Handle when kept."""

@@ -27,7 +27,7 @@ class HandleOwner(Protocol):
 
     def download(self, handle: "HandleOrId", *, timeout: Optional[float] = None) -> np.ndarray: ...
 
-    def delete(self, handle: "HandleOrId", *, timeout: Optional[float] = None) -> None: ...
+    def delete(self, handle: "HandleOrId", *, timeout: Optional[float] = None) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -87,9 +87,11 @@ class Handle:
         """The stored data (see :meth:`Client.download`)."""
         return self._bound().download(self, timeout=timeout)
 
-    def delete(self, *, timeout: Optional[float] = None) -> None:
-        """Frees the stored tensor (see :meth:`Client.delete`)."""
-        self._bound().delete(self, timeout=timeout)
+    def delete(self, *, timeout: Optional[float] = None) -> Any:
+        """Frees the stored tensor (see :meth:`Client.delete`). Returns what
+        the client's delete returns: None, or an awaitable for a handle of
+        an :class:`~matmul_client.aio.AsyncClient`."""
+        return self._bound().delete(self, timeout=timeout)
 
     def __enter__(self) -> "Handle":
         return self

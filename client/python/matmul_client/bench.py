@@ -2,7 +2,7 @@
 
     python -m matmul_client.bench --target HOST:PORT [--shape N[,N...]]
         [--concurrency C[,C...]] [--duration S] [--warmup S]
-        [--dtype float32|float64|float16] [--pure] [--streamed]
+        [--dtype float32|float64|float16] [--pure] [--streamed] [--aio]
         [--clients K] [--timeout S] [--json FILE]
 
 For each point (shape x concurrency), C Python threads share K Clients and
@@ -12,7 +12,9 @@ Prints one row per point: successful requests/s, payload GB/s (A and B out,
 C back; 1 GB = 1e9 bytes), latency p50/p90/p99 of the successful requests,
 and errors by gRPC code, as matmul-bench's table does. --pure runs the
 pure-Python gRPC path (Client(native=False)); otherwise the native core,
-which must import. --streamed uses multiply_streamed.
+which must import. --streamed uses multiply_streamed. --aio runs C asyncio
+tasks on one event loop (one thread) with one matmul_client.aio.AsyncClient
+instead of C threads (the "call" column says "aio").
 """
 
 from __future__ import annotations
@@ -112,6 +114,70 @@ def run_point(
     }
 
 
+def run_point_aio(
+    target: str,
+    native: bool,
+    n: int,
+    dtype: str,
+    concurrency: int,
+    duration: float,
+    warmup: float,
+    timeout: float,
+    seed: int = 1,
+) -> Dict:
+    """One closed-loop point of C tasks on one event loop sharing one
+    AsyncClient; the same figures as :func:`run_point`."""
+    import asyncio
+
+    from .aio import AsyncClient
+
+    rng = np.random.default_rng(seed)
+    a = rng.uniform(-1, 1, (n, n)).astype(dtype)
+    b = rng.uniform(-1, 1, (n, n)).astype(dtype)
+    payload = 3 * n * n * np.dtype(dtype).itemsize
+    done: List[float] = []
+    failed: Counter = Counter()
+
+    async def point() -> None:
+        async with AsyncClient(target, native=native) as client:
+            start = time.perf_counter()
+            record_from, stop_at = start + warmup, start + warmup + duration
+
+            async def worker() -> None:
+                while True:
+                    t0 = time.perf_counter()
+                    if t0 >= stop_at:
+                        return
+                    try:
+                        await client.multiply(a, b, timeout=timeout)
+                        code = None
+                    except MatmulError as error:
+                        code = error.code.name
+                    t1 = time.perf_counter()
+                    if t0 >= record_from and t1 <= stop_at:
+                        if code is None:
+                            done.append(t1 - t0)
+                        else:
+                            failed[code] += 1
+
+            await asyncio.gather(*(worker() for _ in range(concurrency)))
+
+    asyncio.run(point())
+    done.sort()
+    return {
+        "shape": n,
+        "dtype": dtype,
+        "concurrency": concurrency,
+        "requests": len(done),
+        "req_per_s": len(done) / duration,
+        "gb_per_s": len(done) * payload / duration / 1e9,
+        "p50_ms": _percentile(done, 0.50) * 1e3,
+        "p90_ms": _percentile(done, 0.90) * 1e3,
+        "p99_ms": _percentile(done, 0.99) * 1e3,
+        "errors": dict(failed),
+    }
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m matmul_client.bench",
@@ -127,12 +193,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64", "float16"])
     parser.add_argument("--pure", action="store_true", help="the pure-Python gRPC path, not the native core")
     parser.add_argument("--streamed", action="store_true", help="multiply_streamed instead of multiply")
+    parser.add_argument("--aio", action="store_true",
+                        help="asyncio tasks on one loop (matmul_client.aio) instead of threads")
     parser.add_argument("--clients", type=int, default=1, help="Client objects (channels) the threads share (default 1)")
     parser.add_argument("--timeout", type=float, default=60.0, help="per-call deadline, seconds (default 60)")
     parser.add_argument("--json", help="also write the points to this file")
     args = parser.parse_args(argv)
     if args.duration <= 0 or args.warmup < 0 or args.clients < 1:
         parser.error("--duration must be positive, --warmup not negative, --clients at least 1")
+    if args.aio and (args.streamed or args.clients != 1):
+        parser.error("--aio runs multiply on one AsyncClient: no --streamed, no --clients")
     if not args.pure and NATIVE_UNAVAILABLE is not None:
         parser.error(f"the native core is not available ({NATIVE_UNAVAILABLE}); pass --pure")
 
@@ -145,10 +215,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         for n in args.shape:
             for c in args.concurrency:
-                point = run_point(clients, n, args.dtype, c, args.duration, args.warmup,
-                                  args.streamed, args.timeout)
+                if args.aio:
+                    point = run_point_aio(args.target, not args.pure, n, args.dtype, c,
+                                          args.duration, args.warmup, args.timeout)
+                else:
+                    point = run_point(clients, n, args.dtype, c, args.duration, args.warmup,
+                                      args.streamed, args.timeout)
                 point["engine"] = engine
-                point["call"] = "streamed" if args.streamed else "multiply"
+                point["call"] = "aio" if args.aio else "streamed" if args.streamed else "multiply"
                 points.append(point)
                 errors = ",".join(f"{k}:{v}" for k, v in sorted(point["errors"].items())) or "-"
                 print(f"{engine:<7} {point['call']:<9} {n:>6} {c:>5} {point['req_per_s']:>9.1f} "

@@ -26,6 +26,7 @@ export PYTHONPATH=$pkg PYTHONUNBUFFERED=1
     timeout 120 $R matmul-bench --target $T --shape "$n" --concurrency 8 --channels 1 --duration "$secs" 2>&1 | tail -1
     timeout 120 "$py" -m matmul_client.bench --target $T --shape "$n" --concurrency 1,8 --duration "$secs"
     timeout 120 "$py" -m matmul_client.bench --target $T --shape "$n" --concurrency 8 --clients 8 --duration "$secs" | tail -1
+    timeout 120 "$py" -m matmul_client.bench --target $T --shape "$n" --concurrency 1,8 --duration "$secs" --aio | tail -2
     timeout 120 "$py" -m matmul_client.bench --target $T --shape "$n" --concurrency 1,8 --duration "$secs" --pure | tail -2
   done
 } 2>&1 | tee "$out/bench.txt"

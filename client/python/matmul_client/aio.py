@@ -1,0 +1,381 @@
+"""AsyncClient: the matmul client for asyncio programs (notebooks, services
+that already run an event loop).
+
+Same methods, arguments, results and errors as :class:`matmul_client.Client`,
+as coroutines::
+
+    async with matmul_client.aio.AsyncClient("127.0.0.1:50051") as client:
+        c = await client.multiply(a, b)
+        products = await asyncio.gather(*(client.multiply(x, b) for x in xs))
+
+On the native core (``matmul_client._native``, where it imports) every call
+is an asynchronous call of the C++ client library: nothing blocks the event
+loop and no thread pool is involved. The library completes the call on one
+of gRPC's threads, which takes the GIL only to hand the outcome to the loop
+(``loop.call_soon_threadsafe``); operands go out from their own buffers, as
+with :class:`Client`. Cancelling the awaiting task cancels the RPC of
+:meth:`AsyncClient.multiply` (the server sees CANCELLED); an
+upload, download or delete that is cancelled stops being awaited but runs
+to its end on the server (the library offers no cancellation for those).
+:meth:`AsyncClient.multiply_streamed` runs the library's blocking streamed
+call on the loop's default executor (the library has no asynchronous
+MultiplyStream); cancelling it stops the wait, not the stream.
+``server_info`` and ``health`` use a ``grpc.aio`` channel.
+
+Without the native core (not built, MATMUL_CLIENT_NATIVE=0, native=False,
+or channel options it cannot take) every call runs on ``grpc.aio`` (part of
+grpcio), with the pure-Python client's encoding; cancelling the task
+cancels the RPC there too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, AsyncIterator, Callable, Optional, Sequence, Tuple
+
+import grpc
+import grpc.aio
+import numpy as np
+import numpy.typing as npt
+
+from . import _client
+from ._channel import ChannelOption, TlsArgument, channel_options, tls_config
+from ._client import (
+    CLIENT_ID_METADATA_KEY,
+    Operand,
+    _check_client_id,
+    _downloaded,
+    _handle_from_native,
+    _make_native,
+    _multiply_request,
+    _native_args,
+    _native_array,
+    _native_status,
+    _native_upload_args,
+    _stream_messages,
+    _StreamProduct,
+)
+from ._errors import MatmulError
+from ._handles import Handle, HandleOrId, handle_id, ttl_seconds
+from ._info import ServerInfo
+from ._proto.grpc.health.v1 import health_pb2, health_pb2_grpc
+from ._proto.matmul.v1 import matmul_pb2, matmul_pb2_grpc
+from ._tensors import (
+    DTYPE_NAMES,
+    encode_tensor,
+    from_tensor,
+    resolve_single_wire_type,
+    stored_wire_type,
+)
+
+__all__ = ["AsyncClient"]
+
+
+class AsyncClient:
+    """A connection to a matmul server for asyncio.
+
+    Arguments are those of :class:`matmul_client.Client`. Use it from one
+    event loop (the first one that awaits it; the grpc.aio channel binds to
+    it). ``async with`` closes it at the end of the block.
+
+    Handles it returns are bound to it: ``await handle.download()`` and
+    ``await handle.delete()`` work; ``with handle:`` does not (it would have
+    to block), use ``await client.delete(handle)``.
+    """
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        timeout: Optional[float] = None,
+        tls: TlsArgument = None,
+        options: Sequence[ChannelOption] = (),
+        client_id: Optional[str] = None,
+        native: Optional[bool] = None,
+    ) -> None:
+        if native is not None and not isinstance(native, bool):
+            raise TypeError(f"native: expected None or a bool, got {type(native).__name__}")
+        self._target = target
+        self._tls = tls
+        self._options = tuple(options)
+        tls_config(tls)  # Raises for a malformed tls argument now.
+        self._client_id = _check_client_id(client_id)
+        self._metadata: Optional[Tuple[Tuple[str, str], ...]] = (
+            ((CLIENT_ID_METADATA_KEY, self._client_id),) if self._client_id else None
+        )
+        self._timeout = timeout
+        self._native: Any = None
+        if native is not False:
+            self._native, why = _make_native(target, tls, options, self._client_id)
+            if self._native is None and native:
+                raise ValueError(f"native=True, but {why}")
+        self._channel: Optional[grpc.aio.Channel] = None
+        self._stub: Any = None
+        self._health: Any = None
+
+    @property
+    def native(self) -> bool:
+        """Whether calls run on the native core (else on grpc.aio)."""
+        return self._native is not None
+
+    @property
+    def client_id(self) -> Optional[str]:
+        """The "x-matmul-client" this client sends, or None."""
+        return self._client_id
+
+    async def multiply(
+        self,
+        a: Operand,
+        b: Operand,
+        *,
+        transpose_a: bool = False,
+        transpose_b: bool = False,
+        compute: str = "strict",
+        dtype: Any = None,
+        timeout: Optional[float] = None,
+        keep: bool = False,
+        result_ttl: Optional[float] = None,
+    ) -> Any:
+        """:meth:`Client.multiply`, awaited. Cancelling the task cancels the
+        RPC. The operands must not change until the call is done (they are
+        sent from their own memory)."""
+        deadline = self._deadline(timeout)
+        if self._native is not None:
+            args, wire = _native_args(
+                a, b, transpose_a, transpose_b, compute, dtype, keep, result_ttl, deadline
+            )
+            native = self._native
+            value = await _await_native(lambda done: native.multiply_async(*args, done))
+            if keep:
+                return _handle_from_native(value, self)
+            return _native_array(value, wire)
+        request, wire = _multiply_request(
+            a, b, transpose_a, transpose_b, compute, dtype, keep, result_ttl
+        )
+        stub = self._pure()[0]
+        try:
+            response = await stub.Multiply(request, timeout=deadline, metadata=self._metadata)
+        except grpc.RpcError as error:
+            raise MatmulError.from_call(error) from error
+        if keep:
+            if not response.HasField("c_handle"):
+                raise MatmulError(
+                    grpc.StatusCode.UNIMPLEMENTED,
+                    "the server returned the product instead of keeping it: it does not "
+                    "support stored tensors",
+                )
+            return Handle.from_proto(response.c_handle, self)
+        return from_tensor(response.c, wire)
+
+    async def multiply_streamed(
+        self,
+        a: Operand,
+        b: Operand,
+        *,
+        transpose_a: bool = False,
+        transpose_b: bool = False,
+        compute: str = "strict",
+        dtype: Any = None,
+        timeout: Optional[float] = None,
+        chunk_bytes: int = 4 << 20,
+    ) -> np.ndarray:
+        """:meth:`Client.multiply_streamed`, awaited. On the native core the
+        library's (blocking, GIL-free) streamed call runs on the loop's
+        default executor; cancelling the task stops the wait, not the
+        stream. On grpc.aio cancelling cancels the stream."""
+        if chunk_bytes <= 0:
+            raise ValueError(f"chunk_bytes={chunk_bytes}: expected a positive size")
+        deadline = self._deadline(timeout)
+        if self._native is not None:
+            args, wire = _native_args(
+                a, b, transpose_a, transpose_b, compute, dtype, False, None, deadline
+            )
+            native = self._native
+            loop = asyncio.get_running_loop()
+            try:
+                product = await loop.run_in_executor(
+                    None, lambda: native.multiply_streamed(*args[:11], int(chunk_bytes))
+                )
+            except _client._native.StatusError as error:
+                raise _client._native_error(error) from None
+            return _native_array(product, wire)
+        request, wire = _multiply_request(a, b, transpose_a, transpose_b, compute, dtype)
+        messages, step = _stream_messages(request, chunk_bytes)
+
+        async def requests() -> AsyncIterator[matmul_pb2.MultiplyStreamRequest]:
+            for message in messages:
+                yield message
+
+        stub = self._pure()[0]
+        product = _StreamProduct()
+        try:
+            async for response in stub.MultiplyStream(
+                requests(), timeout=deadline, metadata=self._metadata
+            ):
+                product.add(response)
+        except grpc.RpcError as error:
+            raise MatmulError.from_call(error) from error
+        return product.result(wire)
+
+    async def upload(
+        self,
+        array: npt.ArrayLike,
+        *,
+        device: Optional[int] = None,
+        ttl: Optional[float] = None,
+        dtype: Any = None,
+        timeout: Optional[float] = None,
+    ) -> Handle:
+        """:meth:`Client.upload`, awaited (the array is copied before the
+        first await)."""
+        x = np.asarray(array)
+        if x.ndim not in (2, 3):
+            raise ValueError(
+                f"array has {x.ndim} dimension(s) (shape {x.shape}); a stored tensor is "
+                f"2-D [rows, cols] or 3-D [batch, rows, cols]"
+            )
+        if device is not None and (isinstance(device, bool) or not isinstance(device, (int, np.integer))):
+            raise TypeError(f"device: expected None or a device index, got {type(device).__name__}")
+        deadline = self._deadline(timeout)
+        if self._native is not None:
+            args = _native_upload_args(x, dtype, device, ttl, deadline)
+            native = self._native
+            value = await _await_native(lambda done: native.upload_async(*args, done))
+            return _handle_from_native(value, self)
+        request = matmul_pb2.UploadRequest(
+            tensor=encode_tensor(x, resolve_single_wire_type(x, dtype, "array")),
+            ttl_seconds=ttl_seconds(ttl, "ttl"),
+        )
+        if device is not None:
+            request.device = int(device)
+        stub = self._pure()[0]
+        try:
+            response = await stub.Upload(request, timeout=deadline, metadata=self._metadata)
+        except grpc.RpcError as error:
+            raise MatmulError.from_call(error) from error
+        return Handle.from_proto(response.handle, self)
+
+    async def download(self, handle: HandleOrId, *, timeout: Optional[float] = None) -> np.ndarray:
+        """:meth:`Client.download`, awaited."""
+        ident = handle_id(handle)
+        deadline = self._deadline(timeout)
+        if self._native is not None:
+            native = self._native
+            seconds = None if deadline is None else float(deadline)
+            value = await _await_native(lambda done: native.download_async(ident, seconds, done))
+            return _downloaded(value)
+        stub = self._pure()[0]
+        try:
+            response = await stub.Download(
+                matmul_pb2.DownloadRequest(handle=ident), timeout=deadline, metadata=self._metadata
+            )
+        except grpc.RpcError as error:
+            raise MatmulError.from_call(error) from error
+        tensor = response.tensor
+        name = DTYPE_NAMES.get(tensor.dtype)
+        if name is None:
+            raise MatmulError(grpc.StatusCode.INTERNAL, f"the server sent a tensor of unknown dtype {tensor.dtype}")
+        return from_tensor(tensor, stored_wire_type(name))
+
+    async def delete(self, handle: HandleOrId, *, timeout: Optional[float] = None) -> None:
+        """:meth:`Client.delete`, awaited."""
+        ident = handle_id(handle)
+        deadline = self._deadline(timeout)
+        if self._native is not None:
+            native = self._native
+            seconds = None if deadline is None else float(deadline)
+            await _await_native(lambda done: native.delete_async(ident, seconds, done))
+            return
+        stub = self._pure()[0]
+        try:
+            await stub.Delete(
+                matmul_pb2.DeleteRequest(handle=ident), timeout=deadline, metadata=self._metadata
+            )
+        except grpc.RpcError as error:
+            raise MatmulError.from_call(error) from error
+
+    async def server_info(self, *, timeout: Optional[float] = None) -> ServerInfo:
+        """:meth:`Client.server_info`, awaited (over grpc.aio)."""
+        stub = self._pure()[0]
+        try:
+            response = await stub.GetServerInfo(
+                matmul_pb2.GetServerInfoRequest(),
+                timeout=self._deadline(timeout),
+                metadata=self._metadata,
+            )
+        except grpc.RpcError as error:
+            raise MatmulError.from_call(error) from error
+        return ServerInfo.from_proto(response)
+
+    async def health(self, service: str = "", *, timeout: Optional[float] = None) -> str:
+        """:meth:`Client.health`, awaited (over grpc.aio)."""
+        health = self._pure()[1]
+        try:
+            response = await health.Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=self._deadline(timeout)
+            )
+        except grpc.RpcError as error:
+            raise MatmulError.from_call(error) from error
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
+
+    async def close(self) -> None:
+        """Closes the client. Native calls in flight finish first (each
+        holds the native client); grpc.aio calls in flight are cancelled."""
+        self._native = None
+        if self._channel is not None:
+            channel, self._channel = self._channel, None
+            await channel.close()
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    def _deadline(self, timeout: Optional[float]) -> Optional[float]:
+        return self._timeout if timeout is None else timeout
+
+    def _pure(self) -> Tuple[Any, Any]:
+        """The grpc.aio stubs, on a channel made at first use (inside the loop)."""
+        if self._channel is None:
+            config = tls_config(self._tls)
+            merged = channel_options(self._options, config)
+            if config is None:
+                self._channel = grpc.aio.insecure_channel(self._target, options=merged)
+            else:
+                self._channel = grpc.aio.secure_channel(
+                    self._target, config.credentials(), options=merged
+                )
+            self._stub = matmul_pb2_grpc.MatmulServiceStub(self._channel)
+            self._health = health_pb2_grpc.HealthStub(self._channel)
+        return self._stub, self._health
+
+
+async def _await_native(start: Callable[[Callable[[bool, Any], None]], Any]) -> Any:
+    """Starts a native asynchronous call with ``start(done)`` and awaits its
+    outcome. ``done(ok, value)`` runs on a gRPC thread (with the GIL, taken
+    for it alone) and only schedules the result on this loop. Cancelling the
+    awaiting task cancels the call where the library can (``call.cancel``)."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+
+    def resolve(ok: bool, value: Any) -> None:  # On the loop's thread.
+        if future.done():
+            return  # Cancelled meanwhile.
+        if ok:
+            future.set_result(value)
+        else:
+            future.set_exception(_native_status(*value))
+
+    def done(ok: bool, value: Any) -> None:  # On a gRPC thread.
+        try:
+            loop.call_soon_threadsafe(resolve, ok, value)
+        except RuntimeError:
+            pass  # The loop is closed: nobody awaits the result any more.
+
+    call = start(done)
+    try:
+        return await future
+    except asyncio.CancelledError:
+        call.cancel()
+        raise
