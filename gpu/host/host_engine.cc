@@ -8,6 +8,7 @@
 #include <variant>
 
 #include "absl/strings/str_cat.h"
+#include "common/mapped_copy.h"
 #include "gpu/layout_planner.h"
 
 namespace matmul {
@@ -247,6 +248,46 @@ void HostEngine::Run(int lane_index, Queued queued) {
     return;
   }
 
+  // Prestaged operands and a product's destination may be a client's
+  // shared-memory object, which its client can truncate under us: they are
+  // copied in and out with CopyMappedMemory (a fault there fails this job,
+  // not the process), never read by the GEMM's threads in place.
+  std::unique_ptr<std::byte[]> private_a, private_b, private_c;
+  if (plan.prestaged && plan.gemm && plan.group == nullptr) {
+    // Copies one prestaged operand into memory of this job's own.
+    auto take = [&](const std::byte*& operand, int64_t size,
+                    std::unique_ptr<std::byte[]>& copy, const char* name) {
+      copy.reset(new (std::nothrow) std::byte[static_cast<size_t>(size)]);
+      if (copy == nullptr) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "host engine: cannot allocate ", size, " bytes for ", name));
+      }
+      absl::Status s = CopyMappedMemory(copy.get(), operand,
+                                        static_cast<size_t>(size), name);
+      operand = copy.get();
+      return s;
+    };
+    if (!resident_a) written = take(a, spec.a_bytes(), private_a, "operand a");
+    if (!resident_b && written.ok()) {
+      written = take(b, spec.b_bytes(), private_b, "operand b");
+    }
+  }
+  std::byte* const destination = plan.c_to_destination ? c : nullptr;
+  if (destination != nullptr && written.ok()) {
+    private_c.reset(new (std::nothrow)
+                        std::byte[static_cast<size_t>(spec.c_bytes())]);
+    if (private_c == nullptr) {
+      written = absl::ResourceExhaustedError(
+          "host engine: cannot allocate memory for the product");
+    }
+    c = private_c.get();
+  }
+  if (!written.ok()) {
+    staging_used_.fetch_sub(bytes, std::memory_order_relaxed);
+    job.Done(written);
+    return;
+  }
+
   BeginBusy();
   if (plan.group != nullptr) {
     HostGemmGrouped(*plan.group, a, b, c);  // the members, one by one
@@ -256,6 +297,16 @@ void HostEngine::Run(int lane_index, Queued queued) {
     std::memcpy(c, a, static_cast<size_t>(spec.c_bytes()));
   }
   EndBusy();
+  if (destination != nullptr) {
+    if (absl::Status out = CopyMappedMemory(
+            destination, c, static_cast<size_t>(spec.c_bytes()), "product c");
+        !out.ok()) {
+      staging_used_.fetch_sub(bytes, std::memory_order_relaxed);
+      job.Done(out);
+      return;
+    }
+    c = destination;
+  }
   const absl::Time computed = absl::Now();
   const absl::Duration busy = computed - staged;
   timings.compute = absl::ToDoubleSeconds(busy);

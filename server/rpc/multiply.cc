@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/mapped_copy.h"
 #include "matmul/v1/matmul.pb.h"
 #include "server/request_validation.h"
 #include "server/rpc/call_helpers.h"
@@ -47,22 +48,29 @@ class MultiplyReactor final : public UnaryJobReactor {
                                               a.size(), " vs ", want_a, ", b ",
                                               b.size(), " vs ", want_b));
     }
+    // A region's bytes are copied with CopyMappedMemory: its client may
+    // truncate the object under us, which fails this request, not the
+    // server.
+    absl::Status faulted = absl::OkStatus();
     absl::Status copied = Copy([&] {
       if (!a.empty()) {
         if (in_region_[0] != nullptr) {
-          std::memcpy(a.data(), in_region_[0], a.size());
+          faulted = CopyMappedMemory(a.data(), in_region_[0], a.size(),
+                                     "operand a (shared memory)");
         } else {
           CopyPieces(wire_.a.data, a.data());
         }
       }
-      if (!b.empty()) {
+      if (!b.empty() && faulted.ok()) {
         if (in_region_[1] != nullptr) {
-          std::memcpy(b.data(), in_region_[1], b.size());
+          faulted = CopyMappedMemory(b.data(), in_region_[1], b.size(),
+                                     "operand b (shared memory)");
         } else {
           CopyPieces(wire_.b.data, b.data());
         }
       }
     });
+    if (copied.ok()) copied = faulted;
     if (copied.ok()) {
       state_.copied_operand_bytes.fetch_add(
           static_cast<int64_t>(a.size() + b.size()), std::memory_order_relaxed);
