@@ -51,3 +51,25 @@ bench_point() {
     --channels "$ch" --duration "$secs" --warmup 1 --timeout 30 "$@" >"$f" 2>&1
   grep -E "^ *[0-9]" "$f" | tee -a "$out/$logfile" || tail -n 3 "$f" | tee -a "$out/$logfile"
 }
+
+# The server's stage means and its mean Multiply time, in ms, from
+# /metrics on 127.0.0.1:9464, on one line after the label given.
+stage_means() {
+  python3 - "$1" <<'PY'
+import re, sys, urllib.request
+text = urllib.request.urlopen("http://127.0.0.1:9464/metrics").read().decode()
+sums, counts = {}, {}
+for line in text.splitlines():
+    m = re.match(r'matmul_stage_duration_seconds_(sum|count)\{.*stage="(\w+)".*\} (\S+)', line)
+    if m:
+        (sums if m[1] == "sum" else counts)[m[2]] = float(m[3])
+req = [0.0, 0.0]
+for line in text.splitlines():
+    m = re.match(r'matmul_request_duration_seconds_(sum|count)\{.*method="Multiply".*\} (\S+)', line)
+    if m:
+        req[m[1] == "count"] += float(m[2])
+sums["request"], counts["request"] = req
+print(sys.argv[1] + " server means (ms): " + ", ".join(
+    f"{k} {1e3 * sums[k] / counts[k]:.3f}" for k in sums if counts.get(k)))
+PY
+}

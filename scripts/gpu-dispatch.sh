@@ -41,23 +41,7 @@ for round in $(seq 1 "${ROUNDS:-2}"); do
     log "== round $round, $mode $(mode_args "$mode")"
     bench_point "$out/bench-$mode-$round-n256.txt" 256 1 1 4
     # The server's stage means over the n=256 requests (and their warm-up).
-    python3 - <<'PY' | tee -a "$out/dispatch.txt"
-import re, urllib.request
-text = urllib.request.urlopen("http://127.0.0.1:9464/metrics").read().decode()
-sums, counts = {}, {}
-for line in text.splitlines():
-    m = re.match(r'matmul_stage_duration_seconds_(sum|count)\{.*stage="(\w+)".*\} (\S+)', line)
-    if m:
-        (sums if m[1] == "sum" else counts)[m[2]] = float(m[3])
-req = [0.0, 0.0]
-for line in text.splitlines():
-    m = re.match(r'matmul_request_duration_seconds_(sum|count)\{.*method="Multiply".*\} (\S+)', line)
-    if m:
-        req[m[1] == "count"] += float(m[2])
-sums["request"], counts["request"] = req
-print("n=256 server means (ms): " + ", ".join(
-    f"{k} {1e3 * sums[k] / counts[k]:.3f}" for k in sums if counts.get(k)))
-PY
+    stage_means "n=256" | tee -a "$out/dispatch.txt"
     bench_point "$out/bench-$mode-$round-n64.txt" 64 64 8 3
     bench_point "$out/bench-$mode-$round-n1024.txt" 1024 32 16 2
     stop_server

@@ -20,26 +20,6 @@ mkdir -p "$out"
 # shellcheck source=scripts/gpu-common.sh
 . "$(dirname "$0")/gpu-common.sh"
 
-stage_means() {
-  python3 - <<'PY'
-import re, urllib.request
-text = urllib.request.urlopen("http://127.0.0.1:9464/metrics").read().decode()
-sums, counts = {}, {}
-for line in text.splitlines():
-    m = re.match(r'matmul_stage_duration_seconds_(sum|count)\{.*stage="(\w+)".*\} (\S+)', line)
-    if m:
-        (sums if m[1] == "sum" else counts)[m[2]] = float(m[3])
-req = [0.0, 0.0]
-for line in text.splitlines():
-    m = re.match(r'matmul_request_duration_seconds_(sum|count)\{.*method="Multiply".*\} (\S+)', line)
-    if m:
-        req[m[1] == "count"] += float(m[2])
-sums["request"], counts["request"] = req
-print("n=256 c=1 server means (ms): " + ", ".join(
-    f"{k} {1e3 * sums[k] / counts[k]:.3f}" for k in sums if counts.get(k)))
-PY
-}
-
 log "== $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -1)"
 log "== transport ceiling before (REQUEST_BYTES THREADS CHANNELS)"
 ceiling "32768 64 8" "524288 64 16" "524288 1 1" "8388608 32 16"
@@ -48,7 +28,7 @@ for round in $(seq 1 "${ROUNDS:-2}"); do
     log "-- $s, round $round"
     SERVER_BIN=$s start_server "$out/server-$s-$round.log" --metrics-port 9464
     bench_point "$out/bench-$s-$round-n256-c1.txt" 256 1 1 3
-    log "$s $(stage_means)"
+    log "$s $(stage_means "n=256 c=1")"
     bench_point "$out/bench-$s-$round-n64-c64.txt" 64 64 8 3
     bench_point "$out/bench-$s-$round-n256-c64.txt" 256 64 16 3
     bench_point "$out/bench-$s-$round-n1024-c32.txt" 1024 32 16 3

@@ -329,6 +329,7 @@ TEST(BatchingEngineGroupedTest, MixedShapesQueuedWhileBusyGoOutAsOneJob) {
   auto fake_owned = std::make_unique<testing::FakeEngine>();
   testing::FakeEngine* fake = fake_owned.get();
   BatchingOptions options;
+  options.grouped = true;
   options.window = absl::Seconds(60);
   BatchingEngine engine(std::move(fake_owned), options);
   absl::BitGen gen;
@@ -372,6 +373,7 @@ TEST(BatchingEngineGroupedTest, OneMembersFailureLeavesTheOthersAlone) {
   auto fake_owned = std::make_unique<testing::FakeEngine>();
   testing::FakeEngine* fake = fake_owned.get();
   BatchingOptions options;
+  options.grouped = true;
   options.window = absl::Seconds(60);
   BatchingEngine engine(std::move(fake_owned), options);
   absl::BitGen gen;
@@ -518,6 +520,7 @@ TEST(BatchingEngineGroupedTest, CompanionsStayWithinTheByteBound) {
   HostEngineOptions host;
   host.lanes = 1;
   BatchingOptions options;
+  options.grouped = true;
   options.window = absl::Seconds(60);
   const MatmulSpec big =
       MakeSpec(DType::kFloat32, 1, 1, 64, 64, 64, false, false, false);

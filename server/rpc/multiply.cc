@@ -173,8 +173,8 @@ absl::Status MultiplyReactor::ResolveShared(const MatmulSpec& spec) {
     }
     if (!held) regions_[i] = SharedMemoryRegion::Use(std::move(region));
   }
-  // The product must not overwrite an operand while it is being read (the
-  // host engine computes in place).
+  // The product must not overwrite an operand: what the operand holds when
+  // it is read would then depend on the order of the engine's copies.
   for (int i = 0; i < 2; ++i) {
     if (at[2] != nullptr && at[i] != nullptr && at[2] < at[i] + bytes[i] &&
         at[i] < at[2] + bytes[2]) {

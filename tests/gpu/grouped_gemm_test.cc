@@ -158,6 +158,7 @@ TEST(GroupedGemmBatchingTest, MixedShapesWhileBusyRunAsOneGroupedLaunch) {
   ASSERT_NE(cuda, nullptr);
   BatchingOptions options;
   options.slots = 1;
+  options.grouped = true;
   options.window = absl::Seconds(60);
   BatchingEngine engine(std::move(cuda), options);
   absl::BitGen gen;
