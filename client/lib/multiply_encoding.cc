@@ -72,4 +72,28 @@ grpc::ByteBuffer EncodeMultiplyRequestView(const v1::MultiplyRequest& request,
   return grpc::ByteBuffer(slices.data(), slices.size());
 }
 
+grpc::ByteBuffer EncodeOperandChunk(uint64_t request_id, v1::Operand operand,
+                                    int64_t offset, absl::string_view data,
+                                    std::shared_ptr<const void> owner) {
+  // OperandChunk's fields, then its data's key and length.
+  std::string chunk;
+  wire::PutKey(chunk, v1::OperandChunk::kOperandFieldNumber, wire::kVarint);
+  wire::PutVarint(chunk, static_cast<uint64_t>(operand));
+  wire::PutKey(chunk, v1::OperandChunk::kOffsetFieldNumber, wire::kVarint);
+  wire::PutVarint(chunk, static_cast<uint64_t>(offset));
+  wire::PutKey(chunk, v1::OperandChunk::kDataFieldNumber,
+               wire::kLengthDelimited);
+  wire::PutVarint(chunk, data.size());
+  std::string header;
+  wire::PutKey(header, v1::MultiplyStreamRequest::kRequestIdFieldNumber,
+               wire::kVarint);
+  wire::PutVarint(header, request_id);
+  wire::PutKey(header, v1::MultiplyStreamRequest::kChunkFieldNumber,
+               wire::kLengthDelimited);
+  wire::PutVarint(header, chunk.size() + data.size());
+  header += chunk;
+  grpc::Slice slices[2] = {grpc::Slice(header), SliceOver(data, owner)};
+  return grpc::ByteBuffer(slices, data.empty() ? 1 : 2);
+}
+
 }  // namespace matmul

@@ -13,6 +13,7 @@
 
 #include <grpcpp/support/byte_buffer.h>
 
+#include <cstdint>
 #include <memory>
 
 #include "absl/strings/string_view.h"
@@ -37,6 +38,13 @@ grpc::ByteBuffer EncodeMultiplyRequestView(const v1::MultiplyRequest& header,
                                            absl::string_view a_data,
                                            absl::string_view b_data,
                                            std::shared_ptr<const void> owner);
+
+// A MultiplyStreamRequest carrying an OperandChunk of `operand` at `offset`,
+// encoded the same way: `data` follows as a slice over the caller's memory,
+// not copied, holding a reference to `owner` until gRPC lets go of it.
+grpc::ByteBuffer EncodeOperandChunk(uint64_t request_id, v1::Operand operand,
+                                    int64_t offset, absl::string_view data,
+                                    std::shared_ptr<const void> owner);
 
 }  // namespace matmul
 

@@ -385,6 +385,12 @@ def test_unreachable_server(tmp_path):
      "--a-handle is empty"),
     (["multiply", "--target", "x:1", "--a", "a", "--b", "b", "--out", "c",
       "--client-id", "caf\u00e9"], "client id"),
+    (["multiply", "--target", "x:1", "--a", "a", "--b", "b", "--out", "c",
+      "--stripes", "2"], "--stripes applies only with --stream"),
+    (["multiply", "--target", "x:1", "--a", "a", "--b", "b", "--out", "c",
+      "--stream", "--stripes", "0"], "--stripes takes 1 to 16, got \"0\""),
+    (["multiply", "--target", "x:1", "--a", "a", "--b", "b", "--out", "c",
+      "--stream", "--stripes", "17"], "--stripes takes 1 to 16, got \"17\""),
     (["upload", "--target", "x:1"], "--a is required"),
     (["upload", "--target", "x:1", "--a", "a", "--device", "gpu0"],
      "--device takes a device index"),
@@ -424,6 +430,7 @@ def test_help():
         assert r.returncode == 0, r.stderr
         assert "usage:" in r.stdout
         assert "--a-handle=ID" in r.stdout and "--chunk-mib=N" in r.stdout
+        assert "--stripes=K" in r.stdout
 
 
 def test_sigterm_stops_the_server_cleanly(tmp_path):

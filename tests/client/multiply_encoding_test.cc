@@ -181,5 +181,51 @@ TEST(MultiplyEncodingTest, ViewSendsCallerMemoryAndHoldsTheOwner) {
   EXPECT_TRUE(watch.expired());  // released with the last slice
 }
 
+TEST(MultiplyEncodingTest, OperandChunkReadsBackAndSendsCallerMemory) {
+  const std::string data = Pattern(1000, 4);
+  for (const int64_t offset : {int64_t{0}, int64_t{4}, int64_t{1} << 33}) {
+    auto owner = std::make_shared<int>(0);
+    std::weak_ptr<int> watch = owner;
+    grpc::ByteBuffer encoded =
+        EncodeOperandChunk(300, v1::OPERAND_B, offset, data, std::move(owner));
+    EXPECT_FALSE(watch.expired());  // the data's slice holds it
+    std::vector<grpc::Slice> slices;
+    ASSERT_TRUE(encoded.Dump(&slices).ok());
+    ASSERT_EQ(slices.size(), 2u);  // framing, then the caller's bytes
+    EXPECT_EQ(reinterpret_cast<const char*>(slices[1].begin()), data.data());
+    EXPECT_EQ(slices[1].size(), data.size());
+
+    const std::string bytes = Flatten(encoded);
+    v1::MultiplyStreamRequest parsed;
+    ASSERT_TRUE(parsed.ParseFromString(bytes));
+    EXPECT_EQ(parsed.request_id(), 300u);
+    ASSERT_TRUE(parsed.has_chunk());
+    EXPECT_EQ(parsed.chunk().operand(), v1::OPERAND_B);
+    EXPECT_EQ(parsed.chunk().offset(), offset);
+    EXPECT_EQ(parsed.chunk().data(), data);
+
+    // The server's decoder reads the same.
+    std::vector<ByteChunk> chunks;
+    for (size_t i = 0; i < bytes.size(); i += 5) {
+      chunks.emplace_back(reinterpret_cast<const uint8_t*>(bytes.data()) + i,
+                          std::min<size_t>(5, bytes.size() - i));
+    }
+    absl::StatusOr<WireStreamRequest> wire =
+        DecodeMultiplyStreamRequest(chunks);
+    ASSERT_TRUE(wire.ok()) << wire.status();
+    EXPECT_EQ(wire->request_id, 300u);
+    EXPECT_EQ(wire->kind, WireStreamRequest::Kind::kChunk);
+    EXPECT_EQ(wire->operand, v1::OPERAND_B);
+    EXPECT_EQ(wire->offset, offset);
+    std::string read(static_cast<size_t>(wire->data_bytes), '\0');
+    CopyPieces(wire->data, reinterpret_cast<std::byte*>(read.data()));
+    EXPECT_EQ(read, data);
+
+    slices.clear();
+    encoded.Clear();
+    EXPECT_TRUE(watch.expired());  // released with the last slice
+  }
+}
+
 }  // namespace
 }  // namespace matmul

@@ -464,3 +464,9 @@ def test_multiply_streamed_errors(client: Client) -> None:
     assert "5" in mismatch.value.details
     with pytest.raises(ValueError):
         client.multiply_streamed(a, a.T, chunk_bytes=0)
+    # Striping takes 1 to 16 calls; refused before anything is sent.
+    for stripes in (0, -1, 17):
+        with pytest.raises(ValueError, match=f"stripes={stripes}: expected 1 to 16"):
+            client.multiply_streamed(a, a.T, stripes=stripes)
+    with pytest.raises(TypeError):
+        client.multiply_streamed(a, a.T, stripes=2.0)

@@ -178,13 +178,21 @@ class AsyncClient:
         dtype: Any = None,
         timeout: Optional[float] = None,
         chunk_bytes: int = 4 << 20,
+        stripes: int = 1,
     ) -> np.ndarray:
         """:meth:`Client.multiply_streamed`, awaited. On the native core the
         library's (blocking, GIL-free) streamed call runs on the loop's
         default executor; cancelling the task stops the wait, not the
-        stream. On grpc.aio cancelling cancels the stream."""
+        stream. On grpc.aio cancelling cancels the stream. ``stripes`` > 1
+        needs the native core (ValueError on grpc.aio)."""
         if chunk_bytes <= 0:
             raise ValueError(f"chunk_bytes={chunk_bytes}: expected a positive size")
+        stripes = _client._check_stripes(stripes)
+        if stripes > 1 and self._native is None:
+            raise ValueError(
+                f"stripes={stripes}: striping needs the native core (matmul_client._native); "
+                "the grpc.aio path sends one stream"
+            )
         deadline = self._deadline(timeout)
         if self._native is not None:
             args, wire = _native_args(
@@ -194,7 +202,10 @@ class AsyncClient:
             loop = asyncio.get_running_loop()
             try:
                 product = await loop.run_in_executor(
-                    None, lambda: native.multiply_streamed(*args[:11], int(chunk_bytes))
+                    None,
+                    lambda: native.multiply_streamed(
+                        *args[:11], int(chunk_bytes), **({"stripes": stripes} if stripes > 1 else {})
+                    ),
                 )
             except _client._native.StatusError as error:
                 raise _client._native_error(error) from None

@@ -454,7 +454,7 @@ class NativeClient {
                               bool transpose_a, bool transpose_b, int compute,
                               std::optional<double> timeout,
                               const py::dtype& result_dtype,
-                              int64_t chunk_bytes) {
+                              int64_t chunk_bytes, int stripes) {
     std::optional<WireOperand> wires[2];
     const py::object* arrays[2] = {&a, &b};
     const std::string* handles[2] = {&a_handle, &b_handle};
@@ -487,7 +487,10 @@ class NativeClient {
           tensors[0] ? Operand(*tensors[0]) : Operand::Handle(a_handle);
       const Operand ob =
           tensors[1] ? Operand(*tensors[1]) : Operand::Handle(b_handle);
-      product = client_->MultiplyStreamed(oa, ob, options, chunk_bytes);
+      StreamOptions stream;
+      stream.chunk_bytes = chunk_bytes;
+      stream.stripes = stripes;
+      product = client_->MultiplyStreamed(oa, ob, options, stream);
     }
     return ToPython(FromStatusOr(std::move(product)), result_dtype);
   }
@@ -662,7 +665,8 @@ PYBIND11_MODULE(_native, m) {
            py::arg("a_dtype"), py::arg("a_handle"), py::arg("b"),
            py::arg("b_dtype"), py::arg("b_handle"), py::arg("transpose_a"),
            py::arg("transpose_b"), py::arg("compute"), py::arg("timeout"),
-           py::arg("result_dtype"), py::arg("chunk_bytes"))
+           py::arg("result_dtype"), py::arg("chunk_bytes"),
+           py::arg("stripes") = 1)
       .def("upload", &NativeClient::Upload, py::arg("array"), py::arg("dtype"),
            py::arg("device"), py::arg("ttl_seconds"), py::arg("timeout"))
       .def("upload_async", &NativeClient::UploadAsync, py::arg("array"),
