@@ -2,6 +2,7 @@
 
 #include <grpcpp/create_channel.h>
 #include <grpcpp/impl/client_unary_call.h>
+#include <grpcpp/impl/codegen/proto_utils.h>
 #include <grpcpp/impl/rpc_method.h>
 #include <grpcpp/support/channel_arguments.h>
 #include <grpcpp/support/sync_stream.h>
@@ -23,6 +24,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "absl/types/span.h"
 #include "client/lib/multiply_encoding.h"
 #include "client/lib/tensor_proto.h"
 #include "common/status_macros.h"
@@ -42,8 +44,9 @@ const char kMultiplyStreamMethod[] = "/matmul.v1.MatmulService/MultiplyStream";
 // Bytes of a striped multiply's key (the protocol takes 16 to 64).
 constexpr size_t kStripeKeyBytes = 16;
 
-using StreamCall =
-    grpc::ClientReaderWriter<grpc::ByteBuffer, v1::MultiplyStreamResponse>;
+// Both ways raw: chunks are framed by EncodeOperandChunk and read by
+// DecodeResultChunk, the rest goes through protobuf.
+using StreamCall = grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>;
 
 // A random stripe key, from the kernel's random source.
 absl::StatusOr<std::string> RandomStripeKey() {
@@ -593,11 +596,10 @@ absl::StatusOr<HostTensor> MatmulClient::MultiplyStreamed(
   // what comes back here.
   const auto run = [&](int s) {
     Call& call = *calls[s];
-    call.stream.reset(grpc::internal::ClientReaderWriterFactory<
-                      grpc::ByteBuffer,
-                      v1::MultiplyStreamResponse>::Create(channels[s].get(),
-                                                          method,
-                                                          &call.context));
+    call.stream.reset(
+        grpc::internal::ClientReaderWriterFactory<
+            grpc::ByteBuffer, grpc::ByteBuffer>::Create(channels[s].get(),
+                                                        method, &call.context));
     StreamCall& stream = *call.stream;
     std::thread writer([&, s] {
       bool ok = stream.Write(first_message[s == 0 ? 0 : 1]);
@@ -611,8 +613,41 @@ absl::StatusOr<HostTensor> MatmulClient::MultiplyStreamed(
     });
     char* base = nullptr;  // the product's bytes, once this call described it
     int64_t size = 0;
+    // Writes a product chunk where it goes: from gRPC's slices (pieces),
+    // one copy.
+    const auto place = [&](int64_t at, int64_t n,
+                           absl::Span<const absl::string_view> pieces) {
+      if (base == nullptr || at < 0 || at > size || n > size - at) {
+        fail(absl::DataLossError(absl::StrCat(
+            "the server sent a product chunk of ", n, " bytes at offset ", at,
+            " outside the ", size, "-byte product")));
+        return;
+      }
+      char* to = base + at;
+      for (absl::string_view piece : pieces) {
+        std::memcpy(to, piece.data(), piece.size());
+        to += piece.size();
+      }
+      received.fetch_add(n);
+    };
+    grpc::ByteBuffer message;
+    ResultChunkView chunk;
     v1::MultiplyStreamResponse response;
-    while (stream.Read(&response)) {
+    while (stream.Read(&message)) {
+      if (DecodeResultChunk(message, &chunk)) {
+        place(chunk.offset, chunk.data_bytes, chunk.data);
+        chunk.slices.clear();
+        continue;
+      }
+      chunk.slices.clear();
+      if (!grpc::GenericDeserialize<grpc::ProtoBufferReader,
+                                    v1::MultiplyStreamResponse>(&message,
+                                                                &response)
+               .ok()) {
+        fail(absl::InternalError(
+            "the server sent a MultiplyStreamResponse that does not parse"));
+        continue;
+      }
       if (response.has_error()) {
         fail(
             absl::Status(static_cast<absl::StatusCode>(response.error().code()),
@@ -648,18 +683,11 @@ absl::StatusOr<HostTensor> MatmulClient::MultiplyStreamed(
           size = expected;
         }
         if (!mismatch.ok()) fail(std::move(mismatch));
-      } else if (response.has_chunk()) {
-        const int64_t at = response.chunk().offset();
+      } else if (response.has_chunk()) {  // one DecodeResultChunk left
         const std::string& data = response.chunk().data();
-        const int64_t n = static_cast<int64_t>(data.size());
-        if (base == nullptr || at < 0 || at > size || n > size - at) {
-          fail(absl::DataLossError(absl::StrCat(
-              "the server sent a product chunk of ", n, " bytes at offset ", at,
-              " outside the ", size, "-byte product")));
-          continue;
-        }
-        std::memcpy(base + at, data.data(), data.size());
-        received.fetch_add(n);
+        const absl::string_view piece(data);
+        place(response.chunk().offset(), static_cast<int64_t>(data.size()),
+              absl::MakeConstSpan(&piece, 1));
       }
     }
     writer.join();

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "gtest/gtest.h"
 #include "server/rpc/multiply_wire.h"
@@ -224,6 +225,73 @@ TEST(MultiplyEncodingTest, OperandChunkReadsBackAndSendsCallerMemory) {
     slices.clear();
     encoded.Clear();
     EXPECT_TRUE(watch.expired());  // released with the last slice
+  }
+}
+
+// `bytes` as a ByteBuffer of slices of `piece` bytes (the last shorter).
+grpc::ByteBuffer Split(const std::string& bytes, size_t piece) {
+  std::vector<grpc::Slice> slices;
+  for (size_t i = 0; i < bytes.size(); i += piece) {
+    slices.emplace_back(bytes.substr(i, piece));
+  }
+  return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
+std::string Joined(const ResultChunkView& view) {
+  std::string out;
+  for (absl::string_view piece : view.data) {
+    out.append(piece.data(), piece.size());
+  }
+  return out;
+}
+
+TEST(MultiplyEncodingTest, ResultChunksAreReadInPlaceAndTheRestLeftToProtobuf) {
+  const std::string data = Pattern(3000, 5);
+  v1::MultiplyStreamResponse response;
+  response.set_request_id(77);
+  response.mutable_chunk()->set_offset(int64_t{1} << 35);
+  response.mutable_chunk()->set_data(data);
+  const std::string bytes = response.SerializeAsString();
+  // Any split, down to one byte a slice: the header's varints cross slices.
+  for (size_t piece : {size_t{1}, size_t{3}, size_t{64}, bytes.size()}) {
+    SCOPED_TRACE(piece);
+    ResultChunkView view;
+    ASSERT_TRUE(DecodeResultChunk(Split(bytes, piece), &view));
+    EXPECT_EQ(view.request_id, 77u);
+    EXPECT_EQ(view.offset, int64_t{1} << 35);
+    EXPECT_EQ(view.data_bytes, 3000);
+    EXPECT_EQ(Joined(view), data);
+  }
+  // The server's framing: a prefix, then the data in slices of its own.
+  const std::string prefix = FrameResultChunk(9, 4096, 3000);
+  std::vector<grpc::Slice> slices = {grpc::Slice(prefix),
+                                     grpc::Slice(data.substr(0, 1000)),
+                                     grpc::Slice(data.substr(1000))};
+  ResultChunkView view;
+  ASSERT_TRUE(DecodeResultChunk(grpc::ByteBuffer(slices.data(), 3), &view));
+  EXPECT_EQ(view.request_id, 9u);
+  EXPECT_EQ(view.offset, 4096);
+  EXPECT_EQ(view.data.size(), 2u);  // one piece per slice: not copied
+  EXPECT_EQ(Joined(view), data);
+  // An empty chunk at offset 0 (protobuf writes neither field).
+  v1::MultiplyStreamResponse empty;
+  empty.mutable_chunk();
+  ASSERT_TRUE(DecodeResultChunk(Split(empty.SerializeAsString(), 100), &view));
+  EXPECT_EQ(view.offset, 0);
+  EXPECT_EQ(view.data_bytes, 0);
+
+  // Not a chunk, or not one this reader follows: protobuf's.
+  v1::MultiplyStreamResponse result;
+  result.set_request_id(1);
+  result.mutable_result()->set_bytes(400);
+  v1::MultiplyStreamResponse error;
+  error.mutable_error()->set_code(3);
+  std::string twice = bytes + bytes;  // two chunks: protobuf merges them
+  std::string truncated = bytes.substr(0, bytes.size() - 1);
+  for (const std::string& other :
+       {result.SerializeAsString(), error.SerializeAsString(), twice, truncated,
+        std::string()}) {
+    EXPECT_FALSE(DecodeResultChunk(Split(other, 7), &view));
   }
 }
 
