@@ -442,6 +442,28 @@ absl::StatusOr<HostTensor> MatmulClient::MultiplyStreamed(
 absl::StatusOr<HostTensor> MatmulClient::MultiplyStreamed(
     const Operand& a, const Operand& b, const MultiplyOptions& options,
     const StreamOptions& stream) {
+  StreamedOperand views[2];
+  const Operand* operands[2] = {&a, &b};
+  for (int op = 0; op < 2; ++op) {
+    if (operands[op]->is_handle()) {
+      if (operands[op]->handle().empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(op == 0 ? "a" : "b", ": the handle id is empty"));
+      }
+      views[op].handle = operands[op]->handle();
+      continue;
+    }
+    const HostTensor& t = *operands[op]->tensor();
+    views[op].shape = t.shape;
+    views[op].dtype = t.dtype;
+    views[op].data = t.data;
+  }
+  return MultiplyStreamedView(views[0], views[1], options, stream);
+}
+
+absl::StatusOr<HostTensor> MatmulClient::MultiplyStreamedView(
+    const StreamedOperand& a, const StreamedOperand& b,
+    const MultiplyOptions& options, const StreamOptions& stream) {
   if (options.keep_result) {
     return absl::InvalidArgumentError(
         "MultiplyOptions.keep_result is set: MultiplyStreamed returns data");
@@ -458,23 +480,25 @@ absl::StatusOr<HostTensor> MatmulClient::MultiplyStreamed(
                      " MultiplyStream calls, got ", stripes));
   }
   RETURN_IF_ERROR(CheckClientId(options.client_id));
-  const Operand* operands[2] = {&a, &b};
+  const StreamedOperand* operands[2] = {&a, &b};
   v1::MultiplyStreamRequest start;
   start.set_request_id(1);
   v1::MultiplyRequest* request = start.mutable_start()->mutable_request();
   start.mutable_start()->set_result_chunk_bytes(chunk_bytes);
   for (int op = 0; op < 2; ++op) {
-    if (operands[op]->is_handle()) {
-      if (operands[op]->handle().empty()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(op == 0 ? "a" : "b", ": the handle id is empty"));
-      }
+    const StreamedOperand& t = *operands[op];
+    if (!t.handle.empty()) {
       (op == 0 ? request->mutable_a_handle() : request->mutable_b_handle())
-          ->assign(operands[op]->handle());
+          ->assign(t.handle);
       continue;
     }
-    const HostTensor& t = *operands[op]->tensor();
-    RETURN_IF_ERROR(CheckHostTensor(t));
+    ASSIGN_OR_RETURN(const int64_t bytes, NumBytes(t.shape, t.dtype));
+    if (static_cast<uint64_t>(bytes) != t.data.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(op == 0 ? "a" : "b", ": shape ", ShapeString(t.shape),
+                       " of ", DTypeName(t.dtype), " needs ", bytes,
+                       " bytes of data, got ", t.data.size()));
+    }
     v1::Tensor* header = op == 0 ? request->mutable_a() : request->mutable_b();
     for (int64_t d : t.shape) header->add_shape(d);
     header->set_dtype(DTypeToProto(t.dtype));
@@ -500,16 +524,15 @@ absl::StatusOr<HostTensor> MatmulClient::MultiplyStreamed(
   };
   std::vector<Piece> pieces;
   for (int op = 0; op < 2; ++op) {
-    if (operands[op]->is_handle()) continue;
-    const HostTensor& t = *operands[op]->tensor();
+    if (!operands[op]->handle.empty()) continue;
+    const StreamedOperand& t = *operands[op];
     const int64_t elem = static_cast<int64_t>(DTypeSize(t.dtype));
     const int64_t step = std::max(elem, chunk_bytes / elem * elem);
     const int64_t size = static_cast<int64_t>(t.data.size());
     for (int64_t at = 0; at < size; at += step) {
       pieces.push_back(
           {op == 0 ? v1::OPERAND_A : v1::OPERAND_B, at,
-           absl::string_view(t.data).substr(static_cast<size_t>(at),
-                                            static_cast<size_t>(step))});
+           t.data.substr(static_cast<size_t>(at), static_cast<size_t>(step))});
     }
   }
 
@@ -531,9 +554,9 @@ absl::StatusOr<HostTensor> MatmulClient::MultiplyStreamed(
   absl::Cleanup join_allocator = [&allocator] {
     if (allocator.joinable()) allocator.join();
   };
-  if (!a.is_handle() && !b.is_handle()) {
-    const std::vector<int64_t>& as = a.tensor()->shape;
-    const std::vector<int64_t>& bs = b.tensor()->shape;
+  if (a.handle.empty() && b.handle.empty()) {
+    const std::vector<int64_t>& as = a.shape;
+    const std::vector<int64_t>& bs = b.shape;
     if ((as.size() == 2 || as.size() == 3) &&
         (bs.size() == 2 || bs.size() == 3)) {
       const int64_t m = options.transpose_a ? as.back() : as[as.size() - 2];
@@ -542,7 +565,7 @@ absl::StatusOr<HostTensor> MatmulClient::MultiplyStreamed(
                                      bs.size() == 3 ? bs[0] : int64_t{1});
       const double bytes = static_cast<double>(batch) * static_cast<double>(m) *
                            static_cast<double>(n) *
-                           static_cast<double>(DTypeSize(a.tensor()->dtype));
+                           static_cast<double>(DTypeSize(a.dtype));
       if (bytes > 0 && bytes <= static_cast<double>(int64_t{4} << 30)) {
         allocator = std::thread([&c, size = static_cast<size_t>(bytes)] {
           c.data.assign(size, '\0');

@@ -163,6 +163,18 @@ struct StreamOptions {
   int stripes = 1;
 };
 
+// An operand of MultiplyStreamedView: a stored tensor's handle, or a tensor
+// in the caller's memory, sent from there (not copied).
+struct StreamedOperand {
+  // A stored tensor's id; when set, shape, dtype and data are not used.
+  std::string handle;
+  std::vector<int64_t> shape;
+  DType dtype = DType::kFloat32;
+  // product(shape) * DTypeSize(dtype) row-major bytes; must stay alive and
+  // unchanged until the call returns.
+  absl::string_view data;
+};
+
 struct UploadOptions {
   // Device to store the tensor on (GetServerInfo's device index); unset:
   // the server picks the least loaded. Operands of one multiply must live on
@@ -297,6 +309,12 @@ class MatmulClient {
                                               const Operand& b,
                                               const MultiplyOptions& options,
                                               const StreamOptions& stream);
+
+  // The same on operands in the caller's memory (a NumPy array's buffer):
+  // no copy of them is made on the client.
+  absl::StatusOr<HostTensor> MultiplyStreamedView(
+      const StreamedOperand& a, const StreamedOperand& b,
+      const MultiplyOptions& options, const StreamOptions& stream);
 
   // Multiply on a prebuilt request, sent as it is (operands as data or
   // handles, keep_result, result_ttl_seconds: the request's own). Only

@@ -14,8 +14,10 @@
 //
 // An operand may instead be a stored tensor's handle (the array None), and
 // keep=True returns the kept product's handle as a tuple (StoredTuple).
-// multiply_streamed and upload copy each array once into the library's
-// HostTensor (without the GIL); download returns the library's buffer.
+// multiply_streamed sends the arrays from their own buffers too (the
+// library's MultiplyStreamedView); upload copies each array once into the
+// library's HostTensor (without the GIL); download returns the library's
+// buffer.
 //
 // The *_async methods start the library's asynchronous call and return at
 // once (a Call, whose cancel() cancels a multiply); the library completes
@@ -446,8 +448,8 @@ class NativeClient {
     return call;
   }
 
-  // Each operand is an array (copied once into a HostTensor, without the
-  // GIL) or, when it is None, the stored tensor `x_handle`.
+  // Each operand is an array (sent from its buffer) or, when it is None,
+  // the stored tensor `x_handle`.
   py::object MultiplyStreamed(const py::object& a, int a_dtype,
                               const std::string& a_handle, const py::object& b,
                               int b_dtype, const std::string& b_handle,
@@ -474,23 +476,27 @@ class NativeClient {
     options.compute = compute == v1::COMPUTE_MODE_TF32 ? ComputeMode::kTf32
                                                        : ComputeMode::kStrict;
     options.timeout = Timeout(timeout);
+    // Sent from the arrays' own buffers: `a` and `b` are referenced by this
+    // call's arguments until it returns, and the library returns only once
+    // gRPC has let go of them.
+    StreamedOperand views[2];
+    for (int i = 0; i < 2; ++i) {
+      if (!wires[i].has_value()) {
+        views[i].handle = *handles[i];
+        continue;
+      }
+      views[i].shape = wires[i]->shape;
+      views[i].dtype = wires[i]->dtype;
+      views[i].data = wires[i]->data;
+    }
+    StreamOptions stream;
+    stream.chunk_bytes = chunk_bytes;
+    stream.stripes = stripes;
     absl::StatusOr<HostTensor> product;
     {
-      // `a` and `b` are referenced by this call's arguments until it
-      // returns, so their buffers outlive the copies made here.
       py::gil_scoped_release release;
-      std::optional<HostTensor> tensors[2];
-      for (int i = 0; i < 2; ++i) {
-        if (wires[i].has_value()) tensors[i] = CopyTensor(*wires[i]);
-      }
-      const Operand oa =
-          tensors[0] ? Operand(*tensors[0]) : Operand::Handle(a_handle);
-      const Operand ob =
-          tensors[1] ? Operand(*tensors[1]) : Operand::Handle(b_handle);
-      StreamOptions stream;
-      stream.chunk_bytes = chunk_bytes;
-      stream.stripes = stripes;
-      product = client_->MultiplyStreamed(oa, ob, options, stream);
+      product =
+          client_->MultiplyStreamedView(views[0], views[1], options, stream);
     }
     return ToPython(FromStatusOr(std::move(product)), result_dtype);
   }
