@@ -277,6 +277,8 @@ TEST(MultiplyStreamStripeTest, StripedProductsMatchTheReference) {
   }
   EXPECT_EQ(server->service().stripes().opened(), 3);
   EXPECT_EQ(server->service().stripes().joined(), 1 + 2 + 3);
+  EXPECT_EQ(server->service().metrics()->stripes(false), 3u);
+  EXPECT_EQ(server->service().metrics()->stripes(true), 1u + 2u + 3u);
   EXPECT_EQ(server->service().inflight_requests(), 0);
 }
 

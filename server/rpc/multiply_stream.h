@@ -50,8 +50,9 @@
 //
 // The reactor lives until gRPC is done with it (OnDone) and every job it
 // submitted has finished: a reference count. Its message side (reading,
-// starts, chunks, writing) is multiply_stream.cc; its engine side (the
-// step jobs and their completions) multiply_stream_steps.cc.
+// starts, writing) is multiply_stream.cc, the chunks it takes
+// multiply_stream_chunks.cc; its engine side (the step jobs and their
+// completions) multiply_stream_steps.cc.
 #ifndef MATMUL_SERVER_RPC_MULTIPLY_STREAM_H_
 #define MATMUL_SERVER_RPC_MULTIPLY_STREAM_H_
 

@@ -115,6 +115,7 @@ void MultiplyStreamReactor::AttachJoin(uint64_t join_id,
     owner->Unref();
     return;
   }
+  state_.metrics->RecordStripe(true);
   auto record = std::make_shared<Multiply>();
   record->id = join_id;
   record->started = std::chrono::steady_clock::now();
