@@ -456,6 +456,32 @@ def test_multiply_streamed_with_a_stored_operand_and_transposes(client: Client) 
     stored.delete()
 
 
+@pytest.mark.parametrize("stripes", [2, 4])
+def test_multiply_streamed_striped_matches_numpy(client: Client, stripes: int) -> None:
+    rng = np.random.default_rng(7)
+    a = rng.standard_normal((3, 67, 45)).astype(np.float32)
+    b = rng.standard_normal((45, 33)).astype(np.float32)
+    # Chunks far smaller than the operands: spread over every call.
+    c = client.multiply_streamed(a, b, chunk_bytes=1000, stripes=stripes)
+    assert c.shape == (3, 67, 33) and c.dtype == np.float32
+    np.testing.assert_allclose(c, np.matmul(a.astype(np.float64), b), rtol=1e-4, atol=1e-4)
+    # The same bytes as one stream.
+    np.testing.assert_array_equal(c, client.multiply_streamed(a, b, chunk_bytes=1000))
+    # float64, transposed, a stored operand.
+    x = rng.standard_normal((40, 30))
+    y = rng.standard_normal((20, 40))
+    stored = client.upload(y)
+    c = client.multiply_streamed(
+        x, stored, transpose_a=True, transpose_b=True, chunk_bytes=512, stripes=stripes
+    )
+    np.testing.assert_allclose(c, x.T @ y.T, rtol=1e-12, atol=1e-12)
+    stored.delete()
+    # The server's error, with its code.
+    with pytest.raises(MatmulError) as mismatch:
+        client.multiply_streamed(a, a, stripes=stripes)
+    assert mismatch.value.code == grpc.StatusCode.INVALID_ARGUMENT
+
+
 def test_multiply_streamed_errors(client: Client) -> None:
     a = np.ones((4, 5), np.float32)
     with pytest.raises(MatmulError) as mismatch:
