@@ -7,15 +7,18 @@
 #include <grpcpp/support/channel_arguments.h>
 #include <grpcpp/support/sync_stream.h>
 #include <grpcpp/support/validate_service_config.h>
+#include <sys/mman.h>
 #include <sys/random.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/ascii.h"
@@ -41,6 +44,12 @@ constexpr int kMaxChannels = 1024;
 const char kMultiplyMethod[] = "/matmul.v1.MatmulService/Multiply";
 // MultiplyStream, sent to with encoded requests (EncodeOperandChunk).
 const char kMultiplyStreamMethod[] = "/matmul.v1.MatmulService/MultiplyStream";
+// madvise's MADV_POPULATE_WRITE (Linux 5.14), where the headers lack it.
+#ifdef MADV_POPULATE_WRITE
+constexpr int kPopulateWrite = MADV_POPULATE_WRITE;
+#else
+constexpr int kPopulateWrite = 23;
+#endif
 // Bytes of a striped multiply's key (the protocol takes 16 to 64).
 constexpr size_t kStripeKeyBytes = 16;
 
@@ -62,6 +71,39 @@ absl::StatusOr<std::string> RandomStripeKey() {
     got += static_cast<size_t>(n);
   }
   return key;
+}
+
+// Sizes `data` to `size` zero bytes. A large buffer's pages are first
+// faulted in by the kernel (MADV_POPULATE_WRITE), as transparent huge pages
+// where the system allows them (MADV_HUGEPAGE), from several threads: page
+// by page, the product of a 16384 x 16384 float32 multiply (1 GiB) took the
+// client ~0.7 s on the H200 host. Where the kernel refuses either advice
+// (before Linux 5.14, THP off) the zeroing faults the pages in as before.
+void AllocateZeroed(std::string& data, size_t size) {
+  constexpr size_t kLarge = size_t{64} << 20;
+  constexpr uintptr_t kPage = 4096;
+  constexpr uintptr_t kHugePage = uintptr_t{2} << 20;
+  if (size >= kLarge) {
+    data.reserve(size);
+    const uintptr_t at = reinterpret_cast<uintptr_t>(data.data());
+    const uintptr_t begin = (at + kPage - 1) & ~(kPage - 1);
+    const uintptr_t end = (at + size) & ~(kPage - 1);
+    madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
+    const unsigned threads =
+        std::clamp(std::thread::hardware_concurrency() / 2, 1u, 8u);
+    // Pieces of whole huge pages, one per thread.
+    const uintptr_t piece =
+        ((end - begin) / threads + kHugePage - 1) & ~(kHugePage - 1);
+    std::vector<std::thread> populate;
+    for (uintptr_t from = begin; from < end; from += piece) {
+      const uintptr_t to = std::min(end, from + piece);
+      populate.emplace_back([from, to] {
+        madvise(reinterpret_cast<void*>(from), to - from, kPopulateWrite);
+      });
+    }
+    for (std::thread& t : populate) t.join();
+  }
+  data.assign(size, '\0');
 }
 
 // `message` serialized into a ByteBuffer.
@@ -568,7 +610,7 @@ absl::StatusOr<HostTensor> MatmulClient::MultiplyStreamedView(
                            static_cast<double>(DTypeSize(a.dtype));
       if (bytes > 0 && bytes <= static_cast<double>(int64_t{4} << 30)) {
         allocator = std::thread([&c, size = static_cast<size_t>(bytes)] {
-          c.data.assign(size, '\0');
+          AllocateZeroed(c.data, size);
         });
       }
     }

@@ -1479,5 +1479,37 @@ TEST_F(StreamedServerTest, StripedErrorsComeBackWithTheServersCode) {
   ExpectNear(*c, Reference2D(a, b, false, false), 1e-4);
 }
 
+TEST_F(StreamedServerTest, A64MiBProductIsWholeOneStreamOrFour) {
+  // An outer product (k = 1: each entry one float32 multiply, exact): small
+  // operands, a 64 MiB product, whose buffer the client prepares while the
+  // operands are on the wire (its pages faulted in ahead, see
+  // AllocateZeroed).
+  const int64_t n = 4096;
+  const HostTensor a = testing::Random({n, 1}, DType::kFloat32, gen_);
+  const HostTensor b = testing::Random({1, n}, DType::kFloat32, gen_);
+  std::vector<float> av(n), bv(n);
+  std::memcpy(av.data(), a.data.data(), a.data.size());
+  std::memcpy(bv.data(), b.data.data(), b.data.size());
+  std::unique_ptr<MatmulClient> client = NewClient(4);
+  ASSERT_NE(client, nullptr);
+  for (int stripes : {1, 4}) {
+    SCOPED_TRACE(absl::StrCat(stripes, " stripe(s)"));
+    StreamOptions stream;
+    stream.stripes = stripes;
+    absl::StatusOr<HostTensor> c = client->MultiplyStreamed(a, b, {}, stream);
+    ASSERT_TRUE(c.ok()) << c.status();
+    ASSERT_EQ(c->shape, (std::vector<int64_t>{n, n}));
+    ASSERT_EQ(c->data.size(), size_t{64} << 20);
+    const std::vector<float> got = Values(*c);
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        wrong += got[i * n + j] != av[i] * bv[j];
+      }
+    }
+    EXPECT_EQ(wrong, 0);
+  }
+}
+
 }  // namespace
 }  // namespace matmul
