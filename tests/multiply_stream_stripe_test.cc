@@ -127,7 +127,8 @@ std::vector<v1::MultiplyStreamRequest> Chunks(v1::Operand op,
 // What one call got for one request id.
 struct Answer {
   bool described = false;
-  int64_t bytes = 0;  // the product's, from the header
+  int64_t bytes = 0;   // the product's, from the header
+  std::string handle;  // a kept product's
   std::vector<std::pair<int64_t, std::string>> chunks;
   std::optional<v1::MultiplyStreamError> error;
 };
@@ -156,6 +157,7 @@ class Call {
           EXPECT_FALSE(a.described) << "two result headers";
           a.described = true;
           a.bytes = r.result().bytes();
+          a.handle = r.result().c_handle().id();
         } else if (r.has_chunk()) {
           EXPECT_TRUE(a.described) << "a chunk before its result";
           a.chunks.emplace_back(r.chunk().offset(), r.chunk().data());
@@ -550,6 +552,85 @@ TEST(MultiplyStreamStripeTest, MissingBytesFailOnceEveryStreamHasClosed) {
                           "1 before operand a arrived: 64 of 256 bytes"));
   }
   EXPECT_EQ(server->service().inflight_requests(), 0);
+}
+
+// keep_result: every stream gets the header, with the same handle, and no
+// chunks follow.
+TEST(MultiplyStreamStripeTest, AKeptProductAnswersEveryStreamWithItsHandle) {
+  std::unique_ptr<MatmulServer> server = StartServer();
+  ASSERT_NE(server, nullptr);
+  absl::BitGen gen;
+  const HostTensor a = Random(DType::kFloat32, {12, 10}, gen);
+  const HostTensor b = Random(DType::kFloat32, {10, 6}, gen);
+  const std::string key = Key(gen);
+  std::vector<std::unique_ptr<Call>> calls;
+  for (int i = 0; i < 3; ++i) {
+    calls.push_back(std::make_unique<Call>(server->port(), i, "keeper"));
+  }
+  v1::MultiplyStreamRequest start = Start(1, a, b, 0, key, 3);
+  start.mutable_start()->mutable_request()->set_keep_result(true);
+  ASSERT_TRUE(calls[0]->Write(start));
+  ASSERT_TRUE(calls[1]->Write(Join(2, key)));
+  ASSERT_TRUE(calls[2]->Write(Join(3, key)));
+  for (auto& m : Chunks(v1::OPERAND_A, a, 4 * 10)) {
+    m.set_request_id(3);
+    ASSERT_TRUE(calls[2]->Write(m));
+  }
+  for (auto& m : Chunks(v1::OPERAND_B, b, 4 * 6)) {
+    m.set_request_id(2);
+    ASSERT_TRUE(calls[1]->Write(m));
+  }
+  for (auto& call : calls) call->WritesDone();
+  std::string handle;
+  for (int i = 0; i < 3; ++i) {
+    grpc::Status status;
+    std::map<uint64_t, Answer> got = calls[i]->Finish(&status);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    ASSERT_EQ(got.size(), 1u);
+    const Answer& answer = got[1 + i];
+    ASSERT_FALSE(answer.error.has_value()) << answer.error->message();
+    EXPECT_TRUE(answer.described);
+    EXPECT_TRUE(answer.chunks.empty());
+    ASSERT_FALSE(answer.handle.empty());
+    if (i == 0) handle = answer.handle;
+    EXPECT_EQ(answer.handle, handle);
+  }
+  EXPECT_EQ(server->service().inflight_requests(), 0);
+}
+
+// A drain lets a striped multiply that is open finish on all its streams,
+// then ends each of them UNAVAILABLE.
+TEST(MultiplyStreamStripeTest, ADrainFinishesAStripedMultiplyFirst) {
+  std::unique_ptr<MatmulServer> server = StartServer();  // 10 s drain
+  ASSERT_NE(server, nullptr);
+  absl::BitGen gen;
+  const HostTensor a = Random(DType::kFloat32, {256, 256}, gen);
+  const HostTensor b = Random(DType::kFloat32, {256, 128}, gen);
+  const std::string key = Key(gen);
+  Call c0(server->port(), 0, "drained");
+  Call c1(server->port(), 1, "drained");
+  ASSERT_TRUE(c0.Write(Start(1, a, b, 16 << 10, key, 2)));
+  ASSERT_TRUE(c1.Write(Join(2, key)));
+  std::vector<v1::MultiplyStreamRequest> chunks =
+      Chunks(v1::OPERAND_A, a, 32 << 10);
+  for (auto& m : Chunks(v1::OPERAND_B, b, 32 << 10)) chunks.push_back(m);
+  for (size_t j = 0; j < chunks.size(); ++j) {
+    chunks[j].set_request_id(1 + j % 2);
+    ASSERT_TRUE((j % 2 == 0 ? c0 : c1).Write(chunks[j]));
+  }
+  const int64_t operands = static_cast<int64_t>(a.data.size() + b.data.size());
+  ASSERT_TRUE(Eventually(
+      [&] { return server->service().copied_operand_bytes() == operands; }));
+  std::thread shutdown([&] { server->Shutdown(); });
+  grpc::Status s0, s1;
+  std::map<uint64_t, Answer> got0 = c0.Finish(&s0);
+  std::map<uint64_t, Answer> got1 = c1.Finish(&s1);
+  shutdown.join();
+  EXPECT_EQ(s0.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(s1.error_code(), grpc::StatusCode::UNAVAILABLE);
+  ASSERT_FALSE(got0[1].error.has_value()) << got0[1].error->message();
+  ASSERT_FALSE(got1[2].error.has_value()) << got1[2].error->message();
+  ExpectProduct(a, b, Assemble({&got0[1], &got1[2]}, 256 * 128 * 4));
 }
 
 }  // namespace
