@@ -234,10 +234,19 @@ TEST(MultiplyStreamStripeTest, StripedProductsMatchTheReference) {
   std::unique_ptr<MatmulServer> server = StartServer();
   ASSERT_NE(server, nullptr);
   absl::BitGen gen;
-  for (int k : {2, 3, 4}) {
-    SCOPED_TRACE(absl::StrCat(k, " stripes"));
-    const HostTensor a = Random(DType::kFloat32, {67, 45}, gen);
-    const HostTensor b = Random(DType::kFloat32, {45, 53}, gen);
+  struct Case {
+    int k;
+    int64_t m, kdim, n, result_chunk;
+  };
+  // The last one's A (1 MiB) goes in row panels.
+  for (const Case& c :
+       {Case{2, 67, 45, 53, 4 * 97}, Case{3, 67, 45, 53, 4 * 97},
+        Case{4, 67, 45, 53, 4 * 97}, Case{3, 512, 512, 40, 4 * 1000}}) {
+    const int k = c.k;
+    SCOPED_TRACE(absl::StrCat(k, " stripes, m=", c.m));
+    const HostTensor a = Random(DType::kFloat32, {c.m, c.kdim}, gen);
+    const HostTensor b = Random(DType::kFloat32, {c.kdim, c.n}, gen);
+    const int64_t c_bytes = c.m * c.n * 4;
     const std::string key = Key(gen);
     std::vector<std::unique_ptr<Call>> calls;
     for (int i = 0; i < k; ++i) {
@@ -246,12 +255,18 @@ TEST(MultiplyStreamStripeTest, StripedProductsMatchTheReference) {
     // Each call its own request id; chunks of both operands, shuffled,
     // spread round-robin.
     auto id = [](int i) { return static_cast<uint64_t>(100 + 7 * i); };
-    ASSERT_TRUE(calls[0]->Write(Start(id(0), a, b, 4 * 97, key, k)));
+    ASSERT_TRUE(calls[0]->Write(Start(id(0), a, b, c.result_chunk, key, k)));
     for (int i = 1; i < k; ++i) ASSERT_TRUE(calls[i]->Write(Join(id(i), key)));
-    std::vector<v1::MultiplyStreamRequest> chunks =
-        Chunks(v1::OPERAND_A, a, 4 * 61);
-    for (auto& m : Chunks(v1::OPERAND_B, b, 4 * 43)) chunks.push_back(m);
-    std::shuffle(chunks.begin(), chunks.end(), gen);
+    std::vector<v1::MultiplyStreamRequest> chunks;
+    if (c.m < 100) {
+      chunks = Chunks(v1::OPERAND_A, a, 4 * 61);
+      for (auto& m : Chunks(v1::OPERAND_B, b, 4 * 43)) chunks.push_back(m);
+      std::shuffle(chunks.begin(), chunks.end(), gen);
+    } else {
+      // B first, then A in order: the way row panels go fastest.
+      chunks = Chunks(v1::OPERAND_B, b, 4 * 1001);
+      for (auto& m : Chunks(v1::OPERAND_A, a, 4 * 4099)) chunks.push_back(m);
+    }
     for (size_t j = 0; j < chunks.size(); ++j) {
       const int i = static_cast<int>(j % k);
       chunks[j].set_request_id(id(i));
@@ -270,17 +285,17 @@ TEST(MultiplyStreamStripeTest, StripedProductsMatchTheReference) {
       const Answer& got = answers[i][id(i)];
       ASSERT_FALSE(got.error.has_value()) << got.error->message();
       ASSERT_TRUE(got.described);
-      EXPECT_EQ(got.bytes, 67 * 53 * 4);
-      // 37 product chunks: every stream carries some.
+      EXPECT_EQ(got.bytes, c_bytes);
+      // 37 or 21 product chunks: every stream carries some.
       EXPECT_FALSE(got.chunks.empty()) << "stripe " << i;
       parts.push_back(&got);
     }
-    ExpectProduct(a, b, Assemble(parts, 67 * 53 * 4));
+    ExpectProduct(a, b, Assemble(parts, c_bytes));
   }
-  EXPECT_EQ(server->service().stripes().opened(), 3);
-  EXPECT_EQ(server->service().stripes().joined(), 1 + 2 + 3);
-  EXPECT_EQ(server->service().metrics()->stripes(false), 3u);
-  EXPECT_EQ(server->service().metrics()->stripes(true), 1u + 2u + 3u);
+  EXPECT_EQ(server->service().stripes().opened(), 4);
+  EXPECT_EQ(server->service().stripes().joined(), 1 + 2 + 3 + 2);
+  EXPECT_EQ(server->service().metrics()->stripes(false), 4u);
+  EXPECT_EQ(server->service().metrics()->stripes(true), 1u + 2u + 3u + 2u);
   EXPECT_EQ(server->service().inflight_requests(), 0);
 }
 
