@@ -299,6 +299,67 @@ TEST(MultiplyStreamStripeTest, StripedProductsMatchTheReference) {
   EXPECT_EQ(server->service().inflight_requests(), 0);
 }
 
+// Several striped multiplies at once over the same three calls, each
+// started on a different one (so every call owns one and joins others),
+// their chunks interleaved: each product is whole and right.
+TEST(MultiplyStreamStripeTest, StripedMultipliesShareTheirCalls) {
+  std::unique_ptr<MatmulServer> server = StartServer();
+  ASSERT_NE(server, nullptr);
+  absl::BitGen gen;
+  constexpr int kCalls = 3, kMultiplies = 6;
+  std::vector<std::unique_ptr<Call>> calls;
+  for (int i = 0; i < kCalls; ++i) {
+    calls.push_back(std::make_unique<Call>(server->port(), i, "sharer"));
+  }
+  // Multiply j's request id on call i.
+  auto id = [](int j, int i) { return static_cast<uint64_t>(1000 * j + i); };
+  std::vector<HostTensor> as, bs;
+  std::vector<v1::MultiplyStreamRequest> chunks;
+  for (int j = 0; j < kMultiplies; ++j) {
+    as.push_back(Random(DType::kFloat32, {30 + j, 40}, gen));
+    bs.push_back(Random(DType::kFloat32, {40, 20 + 2 * j}, gen));
+    const std::string key = Key(gen);
+    const int owner = j % kCalls;
+    ASSERT_TRUE(calls[owner]->Write(
+        Start(id(j, owner), as[j], bs[j], 4 * 50, key, kCalls)));
+    for (int i = 0; i < kCalls; ++i) {
+      if (i == owner) continue;
+      ASSERT_TRUE(calls[i]->Write(Join(id(j, i), key)));
+    }
+    int n = 0;
+    for (auto op : {v1::OPERAND_A, v1::OPERAND_B}) {
+      for (auto& m : Chunks(op, op == v1::OPERAND_A ? as[j] : bs[j], 4 * 33)) {
+        m.set_request_id(id(j, n++ % kCalls));  // the call is id % 1000
+        chunks.push_back(std::move(m));
+      }
+    }
+  }
+  std::shuffle(chunks.begin(), chunks.end(), gen);
+  for (const auto& m : chunks) {
+    ASSERT_TRUE(calls[m.request_id() % 1000]->Write(m));
+  }
+  for (auto& call : calls) call->WritesDone();
+  std::vector<std::map<uint64_t, Answer>> got;
+  for (auto& call : calls) {
+    grpc::Status status;
+    got.push_back(call->Finish(&status));
+    EXPECT_TRUE(status.ok()) << status.error_message();
+  }
+  for (int j = 0; j < kMultiplies; ++j) {
+    SCOPED_TRACE(j);
+    std::vector<const Answer*> parts;
+    for (int i = 0; i < kCalls; ++i) {
+      const Answer& a = got[i][id(j, i)];
+      ASSERT_FALSE(a.error.has_value()) << a.error->message();
+      ASSERT_TRUE(a.described);
+      parts.push_back(&a);
+    }
+    ExpectProduct(as[j], bs[j],
+                  Assemble(parts, as[j].shape[0] * bs[j].shape[1] * 4));
+  }
+  EXPECT_EQ(server->service().inflight_requests(), 0);
+}
+
 // A join that comes before its start waits for it (its stream reads on
 // only then); the start's own stream may send no chunks at all.
 TEST(MultiplyStreamStripeTest, AJoinBeforeItsStartWaitsForIt) {
