@@ -31,6 +31,9 @@ from matmul_client._proto.matmul.v1 import matmul_pb2, matmul_pb2_grpc
 from matmul_client.aio import AsyncClient
 
 _WAIT_S = 30  # bound on every wait; never reached when passing
+# The deadline of calls that a test cancels: past every wait of the test, so
+# that only a cancellation can end them while it waits.
+_CANCELLED_CALL_TIMEOUT_S = 3 * _WAIT_S
 
 
 def make_async_client(target: str, engine: str, **kwargs: Any) -> AsyncClient:
@@ -256,7 +259,7 @@ def test_cancelling_the_task_cancels_the_rpc(holding, engine: str) -> None:
     servicer, target = holding
 
     async def main() -> None:
-        async with make_async_client(target, engine, timeout=_WAIT_S) as c:
+        async with make_async_client(target, engine, timeout=_CANCELLED_CALL_TIMEOUT_S) as c:
             task = asyncio.ensure_future(c.multiply(_A, _B))
             loop = asyncio.get_running_loop()
             entered = await loop.run_in_executor(None, servicer.entered.acquire, True, _WAIT_S)
@@ -315,7 +318,7 @@ def test_cancelling_any_call_cancels_its_rpc(holding, engine: str, method: str) 
     }
 
     async def main() -> None:
-        async with make_async_client(target, engine, timeout=_WAIT_S) as c:
+        async with make_async_client(target, engine, timeout=_CANCELLED_CALL_TIMEOUT_S) as c:
             await _cancel_while_held(c, servicer, lambda: calls[method](c))
             # A second one, with nothing left of the first.
             await _cancel_while_held(c, servicer, lambda: calls[method](c))
