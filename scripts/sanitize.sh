@@ -62,7 +62,8 @@ run_asan() {
 }
 
 # gtest binaries that run gRPC servers or channels in-process.
-TSAN_EXCLUDED=(server_test multiply_stream_test matmul_client_test metrics_endpoint_test
+TSAN_EXCLUDED=(server_test multiply_stream_test multiply_stream_stripe_test
+               matmul_client_test metrics_endpoint_test
                stored_tensor_client_test metrics_device_health_test
                device_health_server_test shared_memory_test
                shared_memory_client_test)

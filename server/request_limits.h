@@ -18,6 +18,8 @@ struct RequestLimits {
   int64_t max_batch = int64_t{1} << 20;
   // Operand + result bytes held in flight by the whole server.
   int64_t max_inflight_bytes = int64_t{8} << 30;
+  // How long a MultiplyStreamJoin waits for its striped multiply's start.
+  int64_t stripe_join_timeout_ms = 10000;
 };
 
 }  // namespace matmul

@@ -272,6 +272,19 @@ std::vector<prometheus::MetricFamily> ServerMetrics::Collect() const {
   }
   out.push_back(std::move(payload));
 
+  prometheus::MetricFamily stripes = Family(
+      "matmul_stream_stripes_total",
+      "Striped MultiplyStream multiplies opened (kind=start), and the calls "
+      "that joined them (kind=join).",
+      prometheus::MetricType::Counter);
+  for (const bool join : {false, true}) {
+    prometheus::ClientMetric metric =
+        WithLabels({{"kind", join ? "join" : "start"}});
+    metric.counter.value = static_cast<double>(this->stripes(join));
+    stripes.metric.push_back(std::move(metric));
+  }
+  out.push_back(std::move(stripes));
+
   prometheus::MetricFamily regions = Family(
       "matmul_shared_memory_regions",
       "Shared-memory regions mapped now: registered, or unregistered and "

@@ -8,6 +8,7 @@
 //   matmul_client_gpu_seconds_total{client},
 //   matmul_client_bytes_total{client,direction}   counters (ClientUsage)
 //   matmul_payload_bytes_total{path,direction}    counter
+//   matmul_stream_stripes_total{kind}             counter
 //   matmul_shared_memory_regions,
 //   matmul_shared_memory_bytes                    gauges
 //
@@ -163,6 +164,14 @@ class ServerMetrics final : public prometheus::Collectable {
     return payload_bytes_[PayloadIndex(path, direction)].load(
         std::memory_order_relaxed);
   }
+  // A striped MultiplyStream multiply opened (`join` false), or another
+  // call joined one.
+  void RecordStripe(bool join) {
+    stripes_[join ? 1 : 0].fetch_add(1, std::memory_order_relaxed);
+  }
+  uint64_t stripes(bool join) const {
+    return stripes_[join ? 1 : 0].load(std::memory_order_relaxed);
+  }
   // Updated by the shared-memory regions themselves (they may outlive
   // their registry while a multiply uses them, hence shared).
   const std::shared_ptr<SharedMemoryGauges>& shared_memory_gauges() const {
@@ -191,6 +200,7 @@ class ServerMetrics final : public prometheus::Collectable {
   std::array<std::unique_ptr<AtomicHistogram>, kNumStages> stages_;
   std::array<std::atomic<uint64_t>, kNumRejectReasons> rejections_{};
   std::array<std::atomic<uint64_t>, kNumPayloadPaths * 2> payload_bytes_{};
+  std::array<std::atomic<uint64_t>, 2> stripes_{};
   const std::shared_ptr<SharedMemoryGauges> shared_memory_gauges_ =
       std::make_shared<SharedMemoryGauges>();
   ClientUsage client_usage_;

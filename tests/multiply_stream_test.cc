@@ -3,6 +3,7 @@
 #include <grpcpp/create_channel.h>
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -262,6 +263,56 @@ TEST(MultiplyStreamTest, ManyMultipliesShareOneStreamInterleaved) {
   }
 }
 
+// An operand's chunks may come in any order, of any sizes, A's and B's
+// mixed: the product is the same. Chunks that overlap (a duplicate among
+// them) or run past the end fail their multiply, naming operand and bytes.
+TEST(MultiplyStreamTest, ChunksInAnyOrderMatchTheReference) {
+  std::unique_ptr<MatmulServer> server = StartServer();
+  ASSERT_NE(server, nullptr);
+  auto stub = Stub(server->port());
+  absl::BitGen gen;
+  const HostTensor a = Random(DType::kFloat32, {37, 29}, gen);
+  const HostTensor b = Random(DType::kFloat32, {29, 41}, gen);
+  grpc::ClientContext context;
+  std::unique_ptr<Stream> stream = stub->MultiplyStream(&context);
+  std::vector<v1::MultiplyStreamRequest> chunks;
+  for (auto& m : Chunks(1, v1::OPERAND_A, a, 4 * 7)) chunks.push_back(m);
+  for (auto& m : Chunks(1, v1::OPERAND_B, b, 4 * 13)) chunks.push_back(m);
+  std::shuffle(chunks.begin(), chunks.end(), gen);
+  ASSERT_TRUE(stream->Write(Start(1, a, b, 4 * 100)));
+  for (const auto& m : chunks) ASSERT_TRUE(stream->Write(m));
+  // 2: B's last chunk twice.
+  ASSERT_TRUE(stream->Write(Start(2, a, b, 0)));
+  std::vector<v1::MultiplyStreamRequest> b_chunks =
+      Chunks(2, v1::OPERAND_B, b, 400);
+  ASSERT_TRUE(stream->Write(b_chunks.back()));
+  ASSERT_TRUE(stream->Write(b_chunks.back()));
+  // 3: an offset that is not whole elements.
+  ASSERT_TRUE(stream->Write(Start(3, a, b, 0)));
+  v1::MultiplyStreamRequest odd = Chunks(3, v1::OPERAND_A, a, 8)[0];
+  odd.mutable_chunk()->set_offset(6);
+  ASSERT_TRUE(stream->Write(odd));
+  stream->WritesDone();
+  std::map<uint64_t, Answer> answers = ReadAll(*stream);
+  ASSERT_TRUE(stream->Finish().ok());
+  ASSERT_FALSE(answers[1].error.has_value()) << answers[1].error->message();
+  EXPECT_EQ(answers[1].received,
+            static_cast<int64_t>(answers[1].c.data.size()));
+  ExpectProduct(a, b, false, false, answers[1].c);
+  ASSERT_TRUE(answers[2].error.has_value());
+  EXPECT_EQ(answers[2].error->code(), grpc::StatusCode::INVALID_ARGUMENT);
+  const int64_t last = static_cast<int64_t>(b_chunks.size() - 1) * 400;
+  EXPECT_THAT(answers[2].error->message(),
+              HasSubstr(absl::StrCat("operand b: the chunk of bytes [", last,
+                                     ", ", b.data.size(), ") overlaps bytes [",
+                                     last, ", ", b.data.size(), ")")));
+  ASSERT_TRUE(answers[3].error.has_value());
+  EXPECT_THAT(answers[3].error->message(),
+              HasSubstr("chunk.offset: expected a whole number of 4-byte "
+                        "elements in operand a, got 6"));
+  EXPECT_EQ(server->service().inflight_requests(), 0);
+}
+
 TEST(MultiplyStreamTest, StoredOperandsAndKeptProducts) {
   std::unique_ptr<MatmulServer> server = StartServer();
   ASSERT_NE(server, nullptr);
@@ -314,9 +365,10 @@ TEST(MultiplyStreamTest, BadMessagesFailTheirMultiplyOnly) {
 
   // 1: a chunk for a request never started.
   ASSERT_TRUE(stream->Write(Chunks(1, v1::OPERAND_A, a, 64)[0]));
-  // 2: chunks out of order.
+  // 2: a chunk that overlaps one before (out of order is fine).
   ASSERT_TRUE(stream->Write(Start(2, a, b, 0)));
   ASSERT_TRUE(stream->Write(Chunks(2, v1::OPERAND_A, a, 64)[1]));
+  ASSERT_TRUE(stream->Write(Chunks(2, v1::OPERAND_A, a, 96)[0]));
   // 3: a chunk that is not whole elements.
   ASSERT_TRUE(stream->Write(Start(3, a, b, 0)));
   v1::MultiplyStreamRequest odd = Chunks(3, v1::OPERAND_A, a, 64)[0];
@@ -362,12 +414,14 @@ TEST(MultiplyStreamTest, BadMessagesFailTheirMultiplyOnly) {
   };
   expect_error(1, grpc::StatusCode::INVALID_ARGUMENT, "not open");
   expect_error(2, grpc::StatusCode::INVALID_ARGUMENT,
-               "chunk.offset: expected 0");
+               "operand a: the chunk of bytes [0, 96) overlaps bytes [64, "
+               "128) that arrived before");
   expect_error(3, grpc::StatusCode::INVALID_ARGUMENT, "whole number");
   expect_error(4, grpc::StatusCode::INVALID_ARGUMENT,
                "a.data: expected no bytes");
   expect_error(5, grpc::StatusCode::INVALID_ARGUMENT,
-               "more than its 128 bytes");
+               "operand b: the chunk of 8 bytes at offset 128 runs past its "
+               "end at 128 bytes");
   expect_error(6, grpc::StatusCode::INVALID_ARGUMENT, "");
   expect_error(8, grpc::StatusCode::INVALID_ARGUMENT,
                "closed the stream before operand a");

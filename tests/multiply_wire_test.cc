@@ -209,67 +209,155 @@ TEST(MultiplyWireTest, ResponseFramingParsesAsAMultiplyResponse) {
   }
 }
 
-TEST(MultiplyWireTest, StreamRequestsDecodeAsProtobufDoes) {
-  std::mt19937 gen(11);
-  for (int i = 0; i < 300; ++i) {
-    v1::MultiplyStreamRequest message;
-    message.set_request_id(gen() % 3 == 0 ? 0 : gen());
-    if (i % 2 == 0) {
-      *message.mutable_start()->mutable_request() = RandomRequest(gen);
-      message.mutable_start()->set_result_chunk_bytes(gen() % 5000);
-    } else {
+v1::MultiplyStreamRequest RandomStreamRequest(std::mt19937& gen) {
+  v1::MultiplyStreamRequest message;
+  message.set_request_id(gen() % 3 == 0 ? 0 : gen());
+  // Stripe keys: empty, short, or 16-64 arbitrary bytes (not UTF-8).
+  auto key = [&gen]() {
+    std::string k(gen() % 4 == 0 ? 0 : gen() % 70, '\0');
+    for (char& c : k) c = static_cast<char>(gen());
+    return k;
+  };
+  switch (gen() % 4) {
+    case 0:
+      break;  // no member
+    case 1: {
+      v1::MultiplyStreamStart* start = message.mutable_start();
+      *start->mutable_request() = RandomRequest(gen);
+      start->set_result_chunk_bytes(gen() % 5000);
+      if (gen() % 2) start->set_stripe_key(key());
+      // Mostly 0-16, sometimes negative or huge (validation's business).
+      const int kind = gen() % 8;
+      start->set_stripes(kind == 0   ? -static_cast<int32_t>(gen() % 1000)
+                         : kind == 1 ? static_cast<int32_t>(gen() >> 1)
+                                     : static_cast<int32_t>(gen() % 17));
+      break;
+    }
+    case 2:
       message.mutable_chunk()->set_operand(static_cast<v1::Operand>(gen() % 3));
       message.mutable_chunk()->set_offset(gen() % 100000);
       message.mutable_chunk()->set_data(
           std::string(gen() % 300, static_cast<char>(gen())));
-    }
-    std::string bytes = message.SerializeAsString();
-    if (i % 5 == 0) {
-      // A repeated member merges into the first, as in protobuf.
-      v1::MultiplyStreamRequest more;
-      if (message.has_start()) {
-        more.mutable_start()->mutable_request()->set_transpose_a(true);
-      } else {
-        more.mutable_chunk()->set_offset(7);
-      }
-      bytes += more.SerializeAsString();
-      message.MergeFrom(more);
-    }
-    absl::StatusOr<WireStreamRequest> wire =
-        DecodeMultiplyStreamRequest(Split(bytes, gen));
-    ASSERT_TRUE(wire.ok()) << wire.status();
-    EXPECT_EQ(wire->request_id, message.request_id());
-    if (message.has_start()) {
+      break;
+    case 3:
+      message.mutable_join();  // present even with an empty key
+      if (gen() % 4 != 0) message.mutable_join()->set_stripe_key(key());
+      break;
+  }
+  return message;
+}
+
+// The stream decoder agrees with protobuf on `bytes`: both fail, or both
+// succeed with the same member and fields.
+void ExpectStreamSameAsProtobuf(const std::string& bytes, std::mt19937& gen) {
+  v1::MultiplyStreamRequest message;
+  const bool protobuf_ok = message.ParseFromString(bytes);
+  absl::StatusOr<WireStreamRequest> wire =
+      DecodeMultiplyStreamRequest(Split(bytes, gen));
+  ASSERT_EQ(wire.ok(), protobuf_ok) << wire.status();
+  if (!protobuf_ok) {
+    EXPECT_EQ(wire.status().code(), absl::StatusCode::kInvalidArgument);
+    return;
+  }
+  EXPECT_EQ(wire->request_id, message.request_id());
+  switch (message.kind_case()) {
+    case v1::MultiplyStreamRequest::kStart:
       ASSERT_EQ(wire->kind, WireStreamRequest::Kind::kStart);
       EXPECT_EQ(wire->result_chunk_bytes, message.start().result_chunk_bytes());
+      EXPECT_EQ(wire->stripe_key, message.start().stripe_key());
+      EXPECT_EQ(wire->stripes, message.start().stripes());
       EXPECT_EQ(wire->start.transpose_a,
                 message.start().request().transpose_a());
       EXPECT_EQ(
           wire->start.a.data_bytes,
           static_cast<int64_t>(message.start().request().a().data().size()));
       EXPECT_EQ(wire->start.b_handle, message.start().request().b_handle());
-    } else {
+      break;
+    case v1::MultiplyStreamRequest::kChunk: {
       ASSERT_EQ(wire->kind, WireStreamRequest::Kind::kChunk);
       EXPECT_EQ(wire->operand, message.chunk().operand());
       EXPECT_EQ(wire->offset, message.chunk().offset());
       std::string data(static_cast<size_t>(wire->data_bytes), '\0');
       CopyPieces(wire->data, reinterpret_cast<std::byte*>(data.data()));
       EXPECT_EQ(data, message.chunk().data());
+      break;
     }
+    case v1::MultiplyStreamRequest::kJoin:
+      ASSERT_EQ(wire->kind, WireStreamRequest::Kind::kJoin);
+      EXPECT_EQ(wire->stripe_key, message.join().stripe_key());
+      break;
+    case v1::MultiplyStreamRequest::KIND_NOT_SET:
+      EXPECT_EQ(wire->kind, WireStreamRequest::Kind::kNone);
+      break;
+  }
+}
+
+TEST(MultiplyWireTest, StreamRequestsDecodeAsProtobufDoes) {
+  std::mt19937 gen(11);
+  for (int i = 0; i < 600; ++i) {
+    v1::MultiplyStreamRequest message = RandomStreamRequest(gen);
+    std::string bytes = message.SerializeAsString();
+    if (i % 5 == 0) {
+      // A repeated member merges into the first, as in protobuf.
+      v1::MultiplyStreamRequest more;
+      if (message.has_start()) {
+        more.mutable_start()->mutable_request()->set_transpose_a(true);
+        if (i % 2) more.mutable_start()->set_stripes(3);
+      } else if (message.has_join()) {
+        more.mutable_join()->set_stripe_key(std::string(20, 'k'));
+      } else {
+        more.mutable_chunk()->set_offset(7);
+      }
+      bytes += more.SerializeAsString();
+    }
+    if (i % 7 == 0) {
+      // Another member follows and replaces it.
+      bytes += RandomStreamRequest(gen).SerializeAsString();
+    }
+    ExpectStreamSameAsProtobuf(bytes, gen);
   }
   // A member that follows another replaces it.
   v1::MultiplyStreamRequest first;
   first.mutable_start()->mutable_request()->set_a_handle("h");
+  first.mutable_start()->set_stripe_key(std::string(16, 'x'));
+  first.mutable_start()->set_stripes(4);
   v1::MultiplyStreamRequest second;
   second.mutable_chunk()->set_offset(3);
+  v1::MultiplyStreamRequest third;
+  third.mutable_join();
   absl::StatusOr<WireStreamRequest> wire = DecodeMultiplyStreamRequest(
       Split(first.SerializeAsString() + second.SerializeAsString(), gen));
   ASSERT_TRUE(wire.ok());
   EXPECT_EQ(wire->kind, WireStreamRequest::Kind::kChunk);
+  ExpectStreamSameAsProtobuf(first.SerializeAsString() +
+                                 third.SerializeAsString() +
+                                 first.SerializeAsString(),
+                             gen);
+  ExpectStreamSameAsProtobuf(
+      first.SerializeAsString() + third.SerializeAsString(), gen);
   // Malformed bytes are INVALID_ARGUMENT.
   const std::string bad = "\x1a\x05\x18\xff";
   EXPECT_EQ(DecodeMultiplyStreamRequest(Split(bad, gen)).status().code(),
             absl::StatusCode::kInvalidArgument);
+  const std::string bad_join = "\x22\x03\x0a\x05x";  // key runs past
+  EXPECT_EQ(DecodeMultiplyStreamRequest(Split(bad_join, gen)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(MultiplyWireTest, StreamRequestsAgreeWithProtobufOnCorruptedBytes) {
+  std::mt19937 gen(12);
+  for (int i = 0; i < 20000; ++i) {
+    std::string bytes = RandomStreamRequest(gen).SerializeAsString();
+    if (bytes.empty()) continue;
+    if (i % 10 == 0) {
+      bytes.resize(gen() % bytes.size());  // truncated
+    } else {
+      for (int flips = 1 + gen() % 4; flips > 0; --flips) {
+        bytes[gen() % bytes.size()] = static_cast<char>(gen());
+      }
+    }
+    ExpectStreamSameAsProtobuf(bytes, gen);
+  }
 }
 
 TEST(MultiplyWireTest, ResultChunkFramingParsesAsAStreamResponse) {

@@ -90,6 +90,10 @@ class MatmulServiceImpl final : public MatmulServiceBase {
 
   bool draining() const { return state_.admission.draining(); }
 
+  // The striped MultiplyStream multiplies: open now, their joins matched,
+  // and joins waiting for their start.
+  const StripeRegistry& stripes() const { return state_.stripes; }
+
   // Work admitted and not yet finished (multiplies, streamed multiplies,
   // transfers).
   int64_t inflight_requests() const {

@@ -40,11 +40,15 @@ MultiplyStreamReactor::MultiplyStreamReactor(
 }
 
 int64_t MultiplyStreamReactor::HeldBytes(const Multiply& m) {
-  const int64_t operands = std::min(m.need[0] + m.need[1], kMaxHeldChunkBytes);
+  // A striped multiply's chunks are held in the window of each of its
+  // streams, and its product chunks fill a window per stream.
+  const int64_t windows = std::max(1, m.stripes);
+  const int64_t operands =
+      std::min(m.need[0] + m.need[1], windows * kMaxHeldChunkBytes);
   const int64_t product =
       m.keep ? 0
-             : std::min(m.spec.c_bytes(),
-                        kMaxResultChunksInFlight * m.result_chunk_bytes);
+             : std::min(m.spec.c_bytes(), windows * kMaxResultChunksInFlight *
+                                              m.result_chunk_bytes);
   return operands + product;
 }
 
@@ -76,12 +80,22 @@ void MultiplyStreamReactor::OnReadDone(bool ok) {
     if (!ok) {
       read_done_ = true;
       // Multiplies still missing bytes can never complete.
-      std::vector<std::shared_ptr<Multiply>> incomplete;
+      std::vector<std::shared_ptr<Multiply>> incomplete, striped;
       for (const auto& [id, m] : open_) {
-        if (m->received[0] < m->need[0] || m->received[1] < m->need[1]) {
+        if (m->owner != nullptr) {
+          // A joined multiply: its owner decides.
+          Post(m->owner, [owned = m->owned,
+                          s = m->stripe_index](MultiplyStreamReactor& owner) {
+            owner.StripeSideClosed(owned, s);
+          });
+        } else if (m->stripes > 1) {
+          m->stripe[0].side_closed = true;
+          striped.push_back(m);
+        } else if (m->received[0] < m->need[0] || m->received[1] < m->need[1]) {
           incomplete.push_back(m);
         }
       }
+      for (const auto& m : striped) CheckStarved(m);
       for (const auto& m : incomplete) {
         const int op = m->received[0] < m->need[0] ? 0 : 1;
         Fail(m, absl::InvalidArgumentError(absl::StrCat(
@@ -125,10 +139,14 @@ void MultiplyStreamReactor::Handle(std::vector<grpc::Slice> slices,
     case WireStreamRequest::Kind::kChunk:
       HandleChunk(*request, slices, actions);
       return;
+    case WireStreamRequest::Kind::kJoin:
+      HandleJoin(*request);
+      return;
     case WireStreamRequest::Kind::kNone:
       SendError(request->request_id,
                 absl::InvalidArgumentError(
-                    "MultiplyStreamRequest: neither start nor chunk is set"));
+                    "MultiplyStreamRequest: none of start, chunk and join is "
+                    "set"));
       return;
   }
 }
@@ -231,6 +249,32 @@ void MultiplyStreamReactor::HandleStart(const WireStreamRequest& request,
     m->keep = true;
     m->keep_ttl = *ttl;
   }
+  if (request.stripe_key.empty()) {
+    if (request.stripes != 0 && request.stripes != 1) {
+      reject_request(absl::InvalidArgumentError(absl::StrCat(
+          "start.stripes: expected 0 or 1 without a stripe_key, got ",
+          request.stripes)));
+      return;
+    }
+  } else {
+    if (request.stripe_key.size() < 16 || request.stripe_key.size() > 64) {
+      reject_request(absl::InvalidArgumentError(
+          absl::StrCat("start.stripe_key: expected 16 to 64 bytes, got ",
+                       request.stripe_key.size())));
+      return;
+    }
+    if (request.stripes < 2 || request.stripes > 16) {
+      reject_request(absl::InvalidArgumentError(absl::StrCat(
+          "start.stripes: expected 2 to 16 with a stripe_key, got ",
+          request.stripes)));
+      return;
+    }
+    m->stripes = request.stripes;
+    m->stripe_key = request.stripe_key;
+    m->stripe.resize(m->stripes);
+    m->stripe[0].request_id = id;
+    m->stripe[0].joined = true;
+  }
   m->c_shape = spec->c_is_3d
                    ? std::vector<int64_t>{spec->batch, spec->m, spec->n}
                    : std::vector<int64_t>{spec->m, spec->n};
@@ -261,6 +305,23 @@ void MultiplyStreamReactor::HandleStart(const WireStreamRequest& request,
     return;
   }
   m->lease = std::move(*lease);
+  if (m->stripes > 1) {
+    std::vector<StripeRegistry::Resolution> resolved;
+    if (absl::Status opened = state_.stripes.Open(
+            client_, m->stripe_key, m->stripes, this, m, &resolved);
+        !opened.ok()) {
+      m->lease.Release();
+      reject(RejectReason::kInvalid, opened);
+      return;
+    }
+    state_.metrics->RecordStripe(false);
+    // Joins that came first go on (they call back with StripeJoined).
+    if (!resolved.empty()) {
+      outbox_.push_back([resolved = std::move(resolved)]() mutable {
+        StripeRegistry::Deliver(resolved);
+      });
+    }
+  }
   engine_.store(m->lease.engine(), std::memory_order_release);
   open_[id] = m;
   if (m->buffer_bytes > 0) {
@@ -268,82 +329,6 @@ void MultiplyStreamReactor::HandleStart(const WireStreamRequest& request,
   } else {
     m->allocated = true;  // both operands are stored tensors
     MaybeMultiply(m, actions);
-  }
-}
-
-void MultiplyStreamReactor::HandleChunk(const WireStreamRequest& request,
-                                        std::vector<grpc::Slice>& slices,
-                                        Actions& actions) {
-  const uint64_t id = request.request_id;
-  auto it = open_.find(id);
-  if (it == open_.end()) {
-    if (failed_.contains(id)) return;  // its error was sent already
-    SendError(
-        id, absl::InvalidArgumentError(absl::StrCat(
-                "chunk for request_id ", id,
-                ", which is not open on this stream (send its start first)")));
-    RememberFailed(id);
-    return;
-  }
-  std::shared_ptr<Multiply> m = it->second;
-  if (m->multiply_submitted) {
-    Fail(m, absl::InvalidArgumentError(absl::StrCat(
-                "chunk for request_id ", id, " after all its operand bytes")));
-    return;
-  }
-  const int op = request.operand - v1::OPERAND_A;
-  if (request.operand != v1::OPERAND_A && request.operand != v1::OPERAND_B) {
-    Fail(m, absl::InvalidArgumentError(absl::StrCat(
-                "chunk.operand: expected OPERAND_A or OPERAND_B, got ",
-                request.operand)));
-    return;
-  }
-  const char* name = OperandName(op);
-  const int64_t elem = m->spec.elem_size();
-  if (!m->staged[op]) {
-    Fail(m, absl::InvalidArgumentError(
-                absl::StrCat("chunk for operand ", name, ", which is given by ",
-                             name, "_handle and takes no chunks")));
-    return;
-  }
-  if (request.offset != m->received[op]) {
-    Fail(m, absl::InvalidArgumentError(absl::StrCat(
-                "chunk.offset: expected ", m->received[op], " (operand ", name,
-                "'s chunks come in order), got ", request.offset)));
-    return;
-  }
-  if (request.data_bytes <= 0 || request.data_bytes % elem != 0) {
-    Fail(m, absl::InvalidArgumentError(absl::StrCat(
-                "chunk.data: expected a positive whole number of ", elem,
-                "-byte elements, got ", request.data_bytes, " bytes")));
-    return;
-  }
-  if (request.data_bytes > m->need[op] - m->received[op]) {
-    Fail(m, absl::InvalidArgumentError(
-                absl::StrCat("operand ", name, ": chunks carry more than its ",
-                             m->need[op], " bytes (", m->received[op],
-                             " so far, then ", request.data_bytes, ")")));
-    return;
-  }
-  const double now = SecondsSince(m->started);
-  if (m->chunks++ == 0) m->first_chunk_s = now;
-  Chunk chunk;
-  chunk.slices = std::move(slices);
-  chunk.data = request.data;
-  chunk.at = m->at[op] + request.offset;
-  chunk.bytes = request.data_bytes;
-  m->received[op] += request.data_bytes;
-  held_chunk_bytes_ += chunk.bytes;
-  if (m->received[0] == m->need[0] && m->received[1] == m->need[1]) {
-    m->last_chunk_s = now;
-    m->uploaded_by_last_chunk = m->uploaded;
-  }
-  if (m->allocated) {
-    const int64_t held = chunk.bytes;
-    ++m->uploads_in_flight;
-    actions.jobs.push_back(NewJob(m, Step::kUpload, held, &chunk));
-  } else {
-    m->waiting.push_back(std::move(chunk));
   }
 }
 
@@ -382,6 +367,7 @@ void MultiplyStreamReactor::Fail(const std::shared_ptr<Multiply>& m,
   if (m->received[0] < m->need[0] || m->received[1] < m->need[1]) {
     RememberFailed(m->id);
   }
+  if (m->stripes > 1) EndStripes(m, status);
   Close(m, ToGrpcStatus(status).error_code());
 }
 
@@ -391,6 +377,43 @@ void MultiplyStreamReactor::Close(const std::shared_ptr<Multiply>& m,
   m->closed = true;
   if (auto it = open_.find(m->id); it != open_.end() && it->second == m) {
     open_.erase(it);
+  }
+  if (m->owner != nullptr) {
+    // A joined record: unless its owner ended it, the multiply fails there
+    // (and on its other streams).
+    if (!m->owner_done && code != grpc::StatusCode::OK) {
+      Post(m->owner,
+           [owned = m->owned, s = m->stripe_index,
+            why = absl::CancelledError(absl::StrCat(
+                "stripe ", m->stripe_index,
+                "'s call of this striped multiply (request_id ", m->id,
+                " there) ended (",
+                absl::StatusCodeToString(static_cast<absl::StatusCode>(code)),
+                ")"))](MultiplyStreamReactor& owner) {
+             owner.StripeEnded(owned, s, why);
+           });
+    }
+    m->owner->Unref();  // Post holds its own reference
+    m->owner = nullptr;
+    m->owned.reset();
+    return;
+  }
+  if (m->stripes > 1 && !m->stripes_ended) {
+    // This call ended (cancelled, cut, or a bad message): the multiply
+    // fails on the joined streams.
+    EndStripes(
+        m, absl::CancelledError(absl::StrCat(
+               "stripe 0's call of this striped multiply (request_id ", m->id,
+               " there) ended (",
+               absl::StatusCodeToString(static_cast<absl::StatusCode>(code)),
+               ")")));
+  }
+  for (Chunk& chunk : m->waiting) {
+    if (chunk.held_by != nullptr) {
+      DropChunk(chunk);
+    } else {
+      held_chunk_bytes_ -= chunk.bytes;
+    }
   }
   const double seconds = SecondsSince(m->started);
   state_.metrics->RecordRequest(RpcMethod::kMultiplyStream, code, seconds);
@@ -416,16 +439,19 @@ void MultiplyStreamReactor::Close(const std::shared_ptr<Multiply>& m,
   m->lease.Release();  // budget, request count, and quota unless stored
 }
 
-void MultiplyStreamReactor::Queue(grpc::ByteBuffer message, bool result_chunk) {
+void MultiplyStreamReactor::Queue(grpc::ByteBuffer message, bool result_chunk,
+                                  std::shared_ptr<Multiply> striped) {
   if (!result_chunk) ++unsent_replies_;
-  writes_.push_back({std::move(message), result_chunk});
+  writes_.push_back({std::move(message), result_chunk, std::move(striped)});
 }
 
 void MultiplyStreamReactor::Settle(Actions& actions) {
+  for (auto& call : outbox_) actions.calls.push_back(std::move(call));
+  outbox_.clear();
   if (finished_) return;
   // Reading stops while the chunks held or the answers the client has not
   // taken are at their bounds; HTTP/2 flow control then holds the client.
-  if (!reading_ && !read_done_ && !cancelled_ &&
+  if (!reading_ && !read_done_ && !cancelled_ && !join_waiting_ &&
       held_chunk_bytes_ < kMaxHeldChunkBytes &&
       unsent_replies_ < kMaxUnsentReplies) {
     reading_ = true;
@@ -435,13 +461,14 @@ void MultiplyStreamReactor::Settle(Actions& actions) {
     writing_ = true;
     write_buffer_ = std::move(writes_.front().message);
     writing_result_chunk_ = writes_.front().result_chunk;
+    writing_striped_ = std::move(writes_.front().striped);
     writes_.pop_front();
     actions.write = true;
-  } else if (!writing_ && read_done_ && open_.empty()) {
+  } else if (!writing_ && read_done_ && open_.empty() && !join_waiting_) {
     finished_ = true;
     actions.finish = true;
     actions.finish_status = grpc::Status::OK;
-  } else if (!writing_ && draining_ && open_.empty()) {
+  } else if (!writing_ && draining_ && open_.empty() && !join_waiting_) {
     // Every answer is out; the client may still have meant to send more.
     finished_ = true;
     actions.finish = true;
@@ -478,11 +505,15 @@ void MultiplyStreamReactor::CutForDrain() {
           "the server is shutting down and its drain ended before this "
           "stream's multiplies finished; retry them"));
     }
+    Settle(actions);  // the calls to other calls
   }
   Perform(actions);
 }
 
 void MultiplyStreamReactor::Perform(Actions& actions) {
+  // First, so that a joiner has queued a multiply's result header before
+  // the downloads of its chunks are submitted.
+  for (auto& call : actions.calls) call();
   for (std::unique_ptr<MatmulJob>& job : actions.jobs) {
     refs_.fetch_add(1, std::memory_order_relaxed);
     engine_.load(std::memory_order_acquire)->Submit(std::move(job));
@@ -498,7 +529,10 @@ void MultiplyStreamReactor::OnWriteDone(bool ok) {
     absl::MutexLock lock(&mu_);
     writing_ = false;
     write_buffer_.Clear();
-    if (writing_result_chunk_) {
+    if (writing_striped_ != nullptr) {
+      ResultChunkGone(writing_striped_);
+      writing_striped_.reset();
+    } else if (writing_result_chunk_) {
       --result_chunks_in_flight_;
     } else {
       --unsent_replies_;
@@ -507,7 +541,9 @@ void MultiplyStreamReactor::OnWriteDone(bool ok) {
     if (!ok) {
       // The client is gone: nothing more can be sent.
       for (const PendingWrite& w : writes_) {
-        if (w.result_chunk) {
+        if (w.striped != nullptr) {
+          ResultChunkGone(w.striped);
+        } else if (w.result_chunk) {
           --result_chunks_in_flight_;
         } else {
           --unsent_replies_;
@@ -523,6 +559,7 @@ void MultiplyStreamReactor::OnWriteDone(bool ok) {
         actions.finish_status =
             grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
       }
+      Settle(actions);  // the calls to other calls
     } else {
       PumpDownloads(actions);
       Settle(actions);
@@ -548,12 +585,15 @@ void MultiplyStreamReactor::OnCancel() {
       actions.finish_status =
           grpc::Status(grpc::StatusCode::CANCELLED, "the stream was cancelled");
     }
+    Settle(actions);  // the calls to other calls
   }
+  state_.stripes.Forget(this);  // a join it had waiting
   Perform(actions);
 }
 
 void MultiplyStreamReactor::OnDone() {
   state_.calls.Remove(this);
+  state_.stripes.Forget(this);
   Unref();
 }
 

@@ -31,10 +31,28 @@
 // product the result-chunk window can hold). The lease is held until the
 // multiply is answered or fails.
 //
+// Chunks may come in any order: each operand's coverage is tracked, and a
+// chunk that overlaps another or runs past the end fails its multiply.
+//
+// Striping (MultiplyStreamStart.stripe_key): one multiply carried by
+// several calls. The call its start came on owns it (the Multiply, its
+// lease, its engine steps); each joining call (MultiplyStreamJoin) keeps a
+// record of it in its open_ (`owner` set) and forwards the chunks it reads
+// under the join's request_id to the owner, holding them in its own chunk
+// window until the owner has staged them. Once every join has come and the
+// product is ready, the owner sends the result header on every stream and
+// gives each product chunk to the stream with the fewest unwritten; each
+// joiner's record closes when its share is queued. A failure on any call
+// fails the multiply on all of them. Calls reach each other only through
+// their outbox: closures run once the lock is released (Perform), each
+// holding a reference on the call it reaches; the cross-call side is
+// multiply_stream_stripes.cc, the registry of open keys stripe_registry.h.
+//
 // The reactor lives until gRPC is done with it (OnDone) and every job it
 // submitted has finished: a reference count. Its message side (reading,
-// starts, chunks, writing) is multiply_stream.cc; its engine side (the
-// step jobs and their completions) multiply_stream_steps.cc.
+// starts, writing) is multiply_stream.cc, the chunks it takes
+// multiply_stream_chunks.cc; its engine side (the step jobs and their
+// completions) multiply_stream_steps.cc.
 #ifndef MATMUL_SERVER_RPC_MULTIPLY_STREAM_H_
 #define MATMUL_SERVER_RPC_MULTIPLY_STREAM_H_
 
@@ -42,6 +60,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -56,15 +75,18 @@
 #include "grpcpp/grpcpp.h"
 #include "matmul/v1/matmul.pb.h"
 #include "server/admission/admission.h"
+#include "server/rpc/byte_coverage.h"
 #include "server/rpc/call_registry.h"
 #include "server/rpc/multiply_wire.h"
 #include "server/rpc/service_state.h"
+#include "server/rpc/stripe_registry.h"
 
 namespace matmul {
 
 class MultiplyStreamReactor final
     : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>,
-      public DrainableCall {
+      public DrainableCall,
+      public StripeCall {
  public:
   static constexpr int64_t kMaxHeldChunkBytes = int64_t{256} << 20;
   static constexpr int kMaxResultChunksInFlight = 8;
@@ -92,6 +114,10 @@ class MultiplyStreamReactor final
   void Draining() override;
   void CutForDrain() override;
 
+  // StripeCall: a join that waited for its start is decided.
+  void JoinResolved(uint64_t join_id,
+                    absl::StatusOr<StripeMatch> match) override;
+
   // A received chunk: its bytes (pieces of the message's slices, which it
   // holds) and where they go in the multiply's device tensor.
   struct Chunk {
@@ -99,6 +125,9 @@ class MultiplyStreamReactor final
     std::vector<ByteChunk> data;
     int64_t at = 0;
     int64_t bytes = 0;
+    // The joining call that read it and holds it in its chunk window
+    // (referenced), or null: this call.
+    MultiplyStreamReactor* held_by = nullptr;
   };
 
   // One multiply of the stream. Guarded by the reactor's mu_.
@@ -112,7 +141,8 @@ class MultiplyStreamReactor final
     bool staged[2] = {false, false};  // sent in chunks
     int64_t need[2] = {0, 0};         // bytes expected
     int64_t received[2] = {0, 0};
-    int64_t at[2] = {0, 0};  // offset in `buffer`
+    ByteCoverage coverage[2];  // which of their bytes arrived
+    int64_t at[2] = {0, 0};    // offset in `buffer`
     int64_t buffer_bytes = 0;
     int device = -1;
     std::shared_ptr<ResidentTensor> buffer;  // both staged operands
@@ -138,6 +168,37 @@ class MultiplyStreamReactor final
     double computed_s = -1;
     int64_t uploaded_by_last_chunk = 0;
     int64_t chunks = 0;
+    bool described = false;  // its result header is queued
+
+    // Striping, on the owning call (stripes > 1): the streams that carry
+    // it, [0] this one, [i] the i-th join once it has come.
+    struct Stripe {
+      MultiplyStreamReactor* call = nullptr;  // referenced; null for [0]
+      uint64_t request_id = 0;
+      std::shared_ptr<Multiply> record;  // its record there (its lock)
+      bool joined = false;
+      bool side_closed = false;  // the client closed that call's side
+      int chunks_out = 0;        // product chunks given it, not yet written
+      int64_t chunks_sent = 0;   // product chunks given it
+    };
+    int stripes = 1;
+    std::string stripe_key;
+    std::vector<Stripe> stripe;
+    int joins = 0;
+    int result_chunks_out = 0;   // downloads in flight + chunks unwritten
+    bool stripes_ended = false;  // the joiners were told how it ended
+    absl::Status end_status;     // why it failed, for joins still to come
+
+    // A joined record, on a joining call: the owning call (referenced
+    // until the record closes), its multiply (opaque here: the owner's
+    // lock guards it) and which stripe this call is.
+    bool joined_record = false;
+    MultiplyStreamReactor* owner = nullptr;
+    std::shared_ptr<Multiply> owned;
+    int stripe_index = 0;
+    int64_t share_chunks = -1;  // product chunks coming here, once known
+    int64_t share_got = 0;
+    bool owner_done = false;  // the owner ended it: nothing to tell it
   };
   // The engine's view of one step of a multiply
   // (multiply_stream_steps.cc).
@@ -151,9 +212,34 @@ class MultiplyStreamReactor final
   // Engine side (StepJob).
   absl::Status Abandoned() const;
   // `offset`: the step's byte offset (where a downloaded chunk goes).
+  // `held_by`: the joining call whose window held an upload's chunk.
   void StepDone(const std::shared_ptr<Multiply>& multiply, Step step,
                 int64_t held_bytes, int64_t offset,
+                MultiplyStreamReactor* held_by,
                 absl::StatusOr<JobResult> result);
+
+  // Striping, between calls (multiply_stream_stripes.cc); each takes the
+  // lock of the call it is called on. On the owning call, from a joiner
+  // (`multiply` is the owner's, as the joiner's record names it):
+  void StripeJoined(const std::shared_ptr<Multiply>& multiply, int stripe,
+                    MultiplyStreamReactor* joiner, uint64_t join_id,
+                    std::shared_ptr<Multiply> record);
+  void StripeChunk(const std::shared_ptr<Multiply>& multiply, int operand,
+                   int64_t offset, Chunk chunk);
+  void StripeSideClosed(const std::shared_ptr<Multiply>& multiply, int stripe);
+  void StripeEnded(const std::shared_ptr<Multiply>& multiply, int stripe,
+                   const absl::Status& why);
+  void StripeChunkWritten(const std::shared_ptr<Multiply>& multiply,
+                          int stripe);
+  // On a joining call, from the owner (`record` is this call's):
+  void StripeHeld(int64_t bytes);
+  void StripeHeader(const std::shared_ptr<Multiply>& record,
+                    grpc::ByteBuffer message);
+  void StripeResultChunk(const std::shared_ptr<Multiply>& record,
+                         grpc::ByteBuffer message);
+  void StripeShareDone(const std::shared_ptr<Multiply>& record, int64_t chunks);
+  void StripeFailed(const std::shared_ptr<Multiply>& record,
+                    const absl::Status& status);
 
  private:
   // What to do once the lock is released.
@@ -163,6 +249,8 @@ class MultiplyStreamReactor final
     bool write = false;
     bool finish = false;
     grpc::Status finish_status;
+    // Calls into other calls (and the registry), run first.
+    std::vector<std::function<void()>> calls;
   };
 
   ~MultiplyStreamReactor() override = default;
@@ -175,6 +263,44 @@ class MultiplyStreamReactor final
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HandleChunk(const WireStreamRequest& request,
                    std::vector<grpc::Slice>& slices, Actions& actions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void HandleJoin(const WireStreamRequest& request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Checks a chunk of `m` (read here, or forwarded by a joiner) and
+  // stages it.
+  void TakeChunk(const std::shared_ptr<Multiply>& m, int operand,
+                 int64_t offset, Chunk chunk, Actions& actions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A chunk that will not be staged: its joiner's window gets it back.
+  void DropChunk(Chunk& chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs `f` on `call` once the lock is released, holding a reference.
+  void Post(MultiplyStreamReactor* call,
+            std::function<void(MultiplyStreamReactor&)> f)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The join `join_id` matched: its record, and the owner told.
+  void AttachJoin(uint64_t join_id, const StripeMatch& match)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sends the result header (on every stream of a striped multiply, once
+  // all have joined) and starts its downloads.
+  void MaybeAnswer(const std::shared_ptr<Multiply>& m, Actions& actions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sends a downloaded product chunk on one of the multiply's streams.
+  void SendResultChunk(const std::shared_ptr<Multiply>& m, int64_t offset,
+                       JobResult result) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A result chunk was written (or dropped) on this call.
+  void ResultChunkGone(const std::shared_ptr<Multiply>& striped)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A striped multiply fails once every stream has closed its side with
+  // operand bytes still missing.
+  void CheckStarved(const std::shared_ptr<Multiply>& m)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Tells the joiners of `m` how it ended (ok: their shares are queued)
+  // and lets go of them.
+  void EndStripes(const std::shared_ptr<Multiply>& m,
+                  const absl::Status& status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A joiner's record whose share is all queued closes.
+  void MaybeCloseShare(const std::shared_ptr<Multiply>& record)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Submits the multiply once every operand byte is on the device.
   void MaybeMultiply(const std::shared_ptr<Multiply>& m, Actions& actions)
@@ -195,7 +321,8 @@ class MultiplyStreamReactor final
   void Close(const std::shared_ptr<Multiply>& m, grpc::StatusCode code)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Queues a response message; Settle starts writing it.
-  void Queue(grpc::ByteBuffer message, bool result_chunk)
+  void Queue(grpc::ByteBuffer message, bool result_chunk,
+             std::shared_ptr<Multiply> striped = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The job for one step; an upload takes `chunk` (moved from).
   std::unique_ptr<MatmulJob> NewJob(const std::shared_ptr<Multiply>& m,
@@ -229,6 +356,9 @@ class MultiplyStreamReactor final
   struct PendingWrite {
     grpc::ByteBuffer message;
     bool result_chunk = false;
+    // A striped multiply's chunk (the owner's multiply, or a joiner's
+    // record): counted there, not in result_chunks_in_flight_.
+    std::shared_ptr<Multiply> striped;
   };
   std::deque<PendingWrite> writes_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, std::shared_ptr<Multiply>> open_
@@ -244,6 +374,11 @@ class MultiplyStreamReactor final
   int64_t held_chunk_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   int result_chunks_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   bool writing_result_chunk_ ABSL_GUARDED_BY(mu_) = false;
+  std::shared_ptr<Multiply> writing_striped_ ABSL_GUARDED_BY(mu_);
+  // A join waiting for its start: nothing is read meanwhile.
+  bool join_waiting_ ABSL_GUARDED_BY(mu_) = false;
+  // Calls into other calls, for the next Perform.
+  std::vector<std::function<void()>> outbox_ ABSL_GUARDED_BY(mu_);
 };
 
 // Starts one MultiplyStream call; gRPC owns the returned reactor.

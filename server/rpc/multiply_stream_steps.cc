@@ -74,7 +74,7 @@ class MultiplyStreamReactor::StepJob final : public MatmulJob {
       reactor_->state_.metrics->client_usage().Record(
           reactor_->client_, result->timings(), JobBusBytes(description()));
     }
-    reactor_->StepDone(multiply_, step_, held_bytes_, offset_,
+    reactor_->StepDone(multiply_, step_, held_bytes_, offset_, chunk_.held_by,
                        std::move(result));
   }
   absl::Status Abandoned() const override { return reactor_->Abandoned(); }
@@ -136,17 +136,35 @@ std::unique_ptr<MatmulJob> MultiplyStreamReactor::NewJob(
 void MultiplyStreamReactor::StepDone(const std::shared_ptr<Multiply>& m,
                                      Step step, int64_t held_bytes,
                                      int64_t offset,
+                                     MultiplyStreamReactor* held_by,
                                      absl::StatusOr<JobResult> result) {
   Actions actions;
   {
     absl::MutexLock lock(&mu_);
-    held_chunk_bytes_ -= held_bytes;
+    if (held_by != nullptr) {
+      // Staged: the joiner that read the chunk may read on.
+      Post(held_by, [held_bytes](MultiplyStreamReactor& joiner) {
+        joiner.StripeHeld(held_bytes);
+      });
+      held_by->Unref();  // the chunk's; Post holds its own
+    } else {
+      held_chunk_bytes_ -= held_bytes;
+    }
     if (step == Step::kUpload) --m->uploads_in_flight;
     if (step == Step::kDownload) --m->downloads_in_flight;
+    // A download that sends nothing gives its place in the window back.
+    auto download_gone = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      if (step != Step::kDownload) return;
+      if (m->stripes > 1) {
+        --m->result_chunks_out;
+      } else {
+        --result_chunks_in_flight_;
+      }
+    };
     if (m->closed || finished_) {
-      if (step == Step::kDownload) --result_chunks_in_flight_;
+      download_gone();
     } else if (!result.ok()) {
-      if (step == Step::kDownload) --result_chunks_in_flight_;
+      download_gone();
       Fail(m, result.status());
     } else {
       switch (step) {
@@ -202,44 +220,14 @@ void MultiplyStreamReactor::StepDone(const std::shared_ptr<Multiply>& m,
             Fail(m, absl::InternalError("the engine kept no product"));
             break;
           }
-          v1::MultiplyStreamResponse response;
-          response.set_request_id(m->id);
-          v1::MultiplyStreamResult* r = response.mutable_result();
-          for (int64_t d : m->c_shape) r->add_shape(d);
-          r->set_dtype(static_cast<v1::Dtype>(DTypeToProto(m->spec.dtype)));
-          r->set_bytes(m->spec.c_bytes());
-          r->mutable_placement()->set_device(m->placement.device);
-          r->mutable_placement()->set_stream(m->placement.stream);
-          if (m->keep) {
-            const HandleRegistry::Entry entry =
-                state_.handles.Add(m->lease.TakeReservation(), m->product,
-                                   m->c_shape, m->keep_ttl);
-            FillHandle(entry, r->mutable_c_handle());
-            Queue(Serialize(response), false);
-            Close(m, grpc::StatusCode::OK);
-            break;
-          }
-          Queue(Serialize(response), false);
-          PumpDownloads(actions);
+          MaybeAnswer(m, actions);
           break;
         }
         case Step::kDownload: {
-          // Sent straight from staging; the staging goes back to the
-          // engine when gRPC has sent it.
-          auto* held = new JobResult(std::move(*result));
-          const std::string prefix =
-              FrameResultChunk(m->id, offset, held->c().size());
-          state_.metrics->RecordPayload(PayloadPath::kStream,
-                                        PayloadDirection::kOut,
-                                        static_cast<int64_t>(held->c().size()));
-          grpc::Slice parts[2] = {
-              grpc::Slice(prefix),
-              grpc::Slice(
-                  const_cast<std::byte*>(held->c().data()), held->c().size(),
-                  [](void* p) { delete static_cast<JobResult*>(p); }, held)};
-          Queue(grpc::ByteBuffer(parts, 2), true);
+          SendResultChunk(m, offset, std::move(*result));
           if (m->downloads_in_flight == 0 &&
               m->next_download == m->spec.c_bytes()) {
+            if (m->stripes > 1) EndStripes(m, absl::OkStatus());
             Close(m, grpc::StatusCode::OK);
           }
           PumpDownloads(actions);
@@ -266,17 +254,101 @@ void MultiplyStreamReactor::MaybeMultiply(const std::shared_ptr<Multiply>& m,
 
 void MultiplyStreamReactor::PumpDownloads(Actions& actions) {
   for (const auto& [id, m] : open_) {
-    if (result_chunks_in_flight_ >= kMaxResultChunksInFlight) return;
-    if (m->product == nullptr || m->keep) continue;
-    while (result_chunks_in_flight_ < kMaxResultChunksInFlight &&
-           m->next_download < m->spec.c_bytes()) {
+    if (!m->described || m->product == nullptr || m->keep) continue;
+    // A striped multiply has a window per stream (charged in HeldBytes);
+    // the others share this stream's.
+    const bool striped = m->stripes > 1;
+    int& out = striped ? m->result_chunks_out : result_chunks_in_flight_;
+    const int window = striped ? m->stripes * kMaxResultChunksInFlight
+                               : kMaxResultChunksInFlight;
+    while (out < window && m->next_download < m->spec.c_bytes()) {
       std::unique_ptr<MatmulJob> job = NewJob(m, Step::kDownload, 0, nullptr);
       m->next_download += job->spec().c_bytes();
       ++m->downloads_in_flight;
-      ++result_chunks_in_flight_;
+      ++out;
       actions.jobs.push_back(std::move(job));
     }
   }
+}
+
+void MultiplyStreamReactor::MaybeAnswer(const std::shared_ptr<Multiply>& m,
+                                        Actions& actions) {
+  if (m->closed || m->described || m->product == nullptr) return;
+  // A striped multiply answers once every stream has joined.
+  if (m->stripes > 1 && m->joins < m->stripes - 1) return;
+  m->described = true;
+  v1::MultiplyStreamResponse response;
+  v1::MultiplyStreamResult* r = response.mutable_result();
+  for (int64_t d : m->c_shape) r->add_shape(d);
+  r->set_dtype(static_cast<v1::Dtype>(DTypeToProto(m->spec.dtype)));
+  r->set_bytes(m->spec.c_bytes());
+  r->mutable_placement()->set_device(m->placement.device);
+  r->mutable_placement()->set_stream(m->placement.stream);
+  if (m->keep) {
+    const HandleRegistry::Entry entry = state_.handles.Add(
+        m->lease.TakeReservation(), m->product, m->c_shape, m->keep_ttl);
+    FillHandle(entry, r->mutable_c_handle());
+  }
+  response.set_request_id(m->id);
+  Queue(Serialize(response), false);
+  for (int s = 1; s < m->stripes; ++s) {
+    Multiply::Stripe& stripe = m->stripe[s];
+    response.set_request_id(stripe.request_id);
+    Post(stripe.call, [record = stripe.record, message = Serialize(response)](
+                          MultiplyStreamReactor& joiner) {
+      joiner.StripeHeader(record, message);
+    });
+  }
+  if (m->keep) {
+    if (m->stripes > 1) EndStripes(m, absl::OkStatus());
+    Close(m, grpc::StatusCode::OK);
+    return;
+  }
+  PumpDownloads(actions);
+}
+
+void MultiplyStreamReactor::SendResultChunk(const std::shared_ptr<Multiply>& m,
+                                            int64_t offset, JobResult result) {
+  // The stream it goes on: this one, or for a striped multiply the one
+  // with the fewest of its chunks unwritten (then the fewest sent).
+  int to = 0;
+  for (int s = 1; s < m->stripes; ++s) {
+    const Multiply::Stripe& a = m->stripe[s];
+    const Multiply::Stripe& best = m->stripe[to];
+    if (a.chunks_out < best.chunks_out ||
+        (a.chunks_out == best.chunks_out && a.chunks_sent < best.chunks_sent)) {
+      to = s;
+    }
+  }
+  const uint64_t request_id = m->stripes > 1 ? m->stripe[to].request_id : m->id;
+  // Sent straight from staging; the staging goes back to the engine when
+  // gRPC has sent it.
+  auto* held = new JobResult(std::move(result));
+  const std::string prefix =
+      FrameResultChunk(request_id, offset, held->c().size());
+  state_.metrics->RecordPayload(PayloadPath::kStream, PayloadDirection::kOut,
+                                static_cast<int64_t>(held->c().size()));
+  grpc::Slice parts[2] = {
+      grpc::Slice(prefix),
+      grpc::Slice(
+          const_cast<std::byte*>(held->c().data()), held->c().size(),
+          [](void* p) { delete static_cast<JobResult*>(p); }, held)};
+  grpc::ByteBuffer message(parts, 2);
+  if (m->stripes == 1) {
+    Queue(std::move(message), true);
+    return;
+  }
+  Multiply::Stripe& stripe = m->stripe[to];
+  ++stripe.chunks_out;
+  ++stripe.chunks_sent;
+  if (to == 0) {
+    Queue(std::move(message), true, m);
+    return;
+  }
+  Post(stripe.call, [record = stripe.record, message = std::move(message)](
+                        MultiplyStreamReactor& joiner) {
+    joiner.StripeResultChunk(record, message);
+  });
 }
 
 }  // namespace matmul

@@ -284,16 +284,22 @@ bool IsUtf8(absl::string_view s) {
   return true;
 }
 
-absl::Status ReadUtf8String(Reader& r, int64_t end, std::string* out,
-                            absl::string_view what) {
-  absl::StatusOr<int64_t> string_end = ReadLength(r, end);
-  if (!string_end.ok()) return string_end.status();
+// Reads a length-delimited bytes field (the length is next) into `out`.
+absl::Status ReadBytes(Reader& r, int64_t end, std::string* out) {
+  absl::StatusOr<int64_t> bytes_end = ReadLength(r, end);
+  if (!bytes_end.ok()) return bytes_end.status();
   std::vector<ByteChunk> pieces;
-  r.Take(*string_end - r.pos(), &pieces);
+  r.Take(*bytes_end - r.pos(), &pieces);
   out->clear();
   for (const ByteChunk& piece : pieces) {
     out->append(reinterpret_cast<const char*>(piece.data()), piece.size());
   }
+  return absl::OkStatus();
+}
+
+absl::Status ReadUtf8String(Reader& r, int64_t end, std::string* out,
+                            absl::string_view what) {
+  if (absl::Status s = ReadBytes(r, end, out); !s.ok()) return s;
   // proto3 strings must be UTF-8; protobuf refuses the message if not.
   if (!IsUtf8(*out)) return Malformed(r, absl::StrCat(what, " is not UTF-8"));
   return absl::OkStatus();
@@ -393,6 +399,8 @@ absl::StatusOr<WireStreamRequest> DecodeMultiplyStreamRequest(
       if (request.kind != WireStreamRequest::Kind::kStart) {
         request.start_pieces.clear();
         request.result_chunk_bytes = 0;
+        request.stripe_key.clear();
+        request.stripes = 0;
       }
       request.kind = WireStreamRequest::Kind::kStart;
       while (r.pos() < *start_end) {
@@ -413,6 +421,15 @@ absl::StatusOr<WireStreamRequest> DecodeMultiplyStreamRequest(
           uint64_t v;
           if (absl::Status s = ReadVarint(r, *start_end, &v); !s.ok()) return s;
           request.result_chunk_bytes = static_cast<int64_t>(v);
+        } else if (f == 3 && wt == kLengthDelimited) {
+          if (absl::Status s = ReadBytes(r, *start_end, &request.stripe_key);
+              !s.ok()) {
+            return s;
+          }
+        } else if (f == 4 && wt == kVarint) {
+          uint64_t v;
+          if (absl::Status s = ReadVarint(r, *start_end, &v); !s.ok()) return s;
+          request.stripes = static_cast<int32_t>(static_cast<uint32_t>(v));
         } else if (absl::Status s = SkipAny(r, *start_end, f, wt, 0); !s.ok()) {
           return s;
         }
@@ -444,6 +461,26 @@ absl::StatusOr<WireStreamRequest> DecodeMultiplyStreamRequest(
           request.data_bytes = *data_end - r.pos();
           r.Take(request.data_bytes, &request.data);
         } else if (absl::Status s = SkipAny(r, *chunk_end, f, wt, 0); !s.ok()) {
+          return s;
+        }
+      }
+    } else if (field == 4 && wire_type == kLengthDelimited) {
+      // MultiplyStreamJoin.
+      absl::StatusOr<int64_t> join_end = ReadLength(r, end);
+      if (!join_end.ok()) return join_end.status();
+      if (request.kind != WireStreamRequest::Kind::kJoin) {
+        request.stripe_key.clear();
+      }
+      request.kind = WireStreamRequest::Kind::kJoin;
+      while (r.pos() < *join_end) {
+        int f, wt;
+        if (absl::Status s = ReadKey(r, *join_end, &f, &wt); !s.ok()) return s;
+        if (f == 1 && wt == kLengthDelimited) {
+          if (absl::Status s = ReadBytes(r, *join_end, &request.stripe_key);
+              !s.ok()) {
+            return s;
+          }
+        } else if (absl::Status s = SkipAny(r, *join_end, f, wt, 0); !s.ok()) {
           return s;
         }
       }

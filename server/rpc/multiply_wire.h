@@ -75,13 +75,16 @@ absl::StatusOr<WireMultiplyRequest> DecodeMultiplyRequest(
 // chunks it was decoded from, which must outlive it. Like protobuf, the last
 // member of the oneof that occurs wins.
 struct WireStreamRequest {
-  enum class Kind { kNone, kStart, kChunk };
+  enum class Kind { kNone, kStart, kChunk, kJoin };
   uint64_t request_id = 0;
   Kind kind = Kind::kNone;
   // kStart: the multiply (its operands' data empty if the client obeys).
   WireMultiplyRequest start;
   std::vector<ByteChunk> start_pieces;  // where `start` was decoded from
   int64_t result_chunk_bytes = 0;
+  int32_t stripes = 0;
+  // kStart: MultiplyStreamStart.stripe_key; kJoin: MultiplyStreamJoin's.
+  std::string stripe_key;
   // kChunk.
   int operand = 0;  // raw matmul.v1.Operand value
   int64_t offset = 0;

@@ -15,6 +15,7 @@
 #include "server/handle_registry.h"
 #include "server/request_limits.h"
 #include "server/rpc/call_registry.h"
+#include "server/rpc/stripe_registry.h"
 #include "server/server_metrics.h"
 #include "server/shared_memory/region_registry.h"
 
@@ -31,7 +32,8 @@ struct ServiceState {
                 SharedMemoryLimits{
                     handle_limits.max_shared_memory_regions_per_client},
                 metrics->shared_memory_gauges()),
-        admission(request_limits.max_inflight_bytes, &handles, metrics.get()) {}
+        admission(request_limits.max_inflight_bytes, &handles, metrics.get()),
+        stripes(absl::Milliseconds(request_limits.stripe_join_timeout_ms)) {}
 
   ServiceState(const ServiceState&) = delete;
   ServiceState& operator=(const ServiceState&) = delete;
@@ -48,6 +50,8 @@ struct ServiceState {
   Admission admission;
   // The calls a drain ends itself.
   CallRegistry calls;
+  // Open striped MultiplyStream multiplies, for their joins.
+  StripeRegistry stripes;
   // Bytes copied in user space (see MatmulServiceImpl::copied_operand_bytes).
   std::atomic<int64_t> copied_operand_bytes{0};
   std::atomic<int64_t> copied_result_bytes{0};

@@ -17,6 +17,14 @@
 // engine calls it), cublasSgemm, and cublasLtMatmul with descriptors and an
 // algorithm chosen once (cublasLtMatmulAlgoGetHeuristic) and reused.
 // Prints mean and p50 per call, microseconds.
+// Then two probes of what could lower a job's host cost:
+//   - threads: the same queued jobs from T host threads at once, each with
+//     its own stream, cuBLAS handle and buffers (T = 1, 2, 4, 8): whether
+//     the calls of different streams' jobs run in parallel on the host (then
+//     more dispatch threads help) or serialize in the driver;
+//   - graph: the job's copies and GEMM captured once into a CUDA graph (fixed
+//     buffers) and replayed with one cudaGraphLaunch per job, idle and
+//     queued: what a job costs the host when its work is prerecorded.
 //
 //   matmul-enqueue-cost [--n 256] [--jobs 2000]
 #include <cublasLt.h>
@@ -30,6 +38,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -287,6 +296,126 @@ int main(int argc, char** argv) {
       "algorithm) mean %.2f p50 %.2f\n",
       Mean(gemm_ex), P50(gemm_ex), Mean(sgemm), P50(sgemm), Mean(lt_matmul),
       P50(lt_matmul));
+
+  // Threads: T threads, each its own stream, handle, buffers and events,
+  // each running `jobs` queued jobs (8 in flight) of the calls above.
+  auto threaded_rate = [&](int threads) {
+    struct Lane {
+      cudaStream_t stream;
+      cublasHandle_t handle;
+      std::byte* host;
+      cudaEvent_t end[kEventSets];
+    };
+    std::vector<Lane> lanes(threads);
+    for (Lane& l : lanes) {
+      CHECK_CUDA(cudaStreamCreateWithFlags(&l.stream, cudaStreamNonBlocking));
+      CHECK_CUBLAS(cublasCreate(&l.handle));
+      CHECK_CUBLAS(cublasSetStream(l.handle, l.stream));
+      CHECK_CUDA(cudaMallocHost(&l.host, 3 * bytes));
+      std::memset(l.host, 0, 3 * bytes);
+      for (cudaEvent_t& e : l.end) {
+        CHECK_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+      }
+    }
+    auto run = [&](Lane& l, int count) {
+      CHECK_CUDA(cudaSetDevice(0));
+      for (int i = 0; i < count; ++i) {
+        if (i >= 8)
+          CHECK_CUDA(cudaEventSynchronize(l.end[(i - 8) % kEventSets]));
+        void* mem = nullptr;
+        CHECK_CUDA(cudaMallocFromPoolAsync(&mem, 3 * bytes, pool, l.stream));
+        auto* d = static_cast<std::byte*>(mem);
+        CHECK_CUDA(cudaMemcpyAsync(d, l.host, 2 * bytes, cudaMemcpyHostToDevice,
+                                   l.stream));
+        CHECK_CUBLAS(cublasGemmEx(
+            l.handle, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, d + bytes,
+            CUDA_R_32F, n, d, CUDA_R_32F, n, &beta, d + 2 * bytes, CUDA_R_32F,
+            n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        CHECK_CUDA(cudaMemcpyAsync(l.host + 2 * bytes, d + 2 * bytes, bytes,
+                                   cudaMemcpyDeviceToHost, l.stream));
+        CHECK_CUDA(cudaEventRecord(l.end[i % kEventSets], l.stream));
+        CHECK_CUDA(cudaFreeAsync(mem, l.stream));
+        CHECK_CUDA(cudaLaunchHostFunc(l.stream, OnDone, nullptr));
+      }
+      CHECK_CUDA(cudaStreamSynchronize(l.stream));
+    };
+    for (Lane& l : lanes) run(l, 100);  // warm-up
+    const Clock::time_point t0 = Clock::now();
+    std::vector<std::thread> pool_threads;
+    for (Lane& l : lanes) pool_threads.emplace_back(run, std::ref(l), jobs);
+    for (std::thread& t : pool_threads) t.join();
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    for (Lane& l : lanes) {
+      for (cudaEvent_t& e : l.end) CHECK_CUDA(cudaEventDestroy(e));
+      CHECK_CUDA(cudaFreeHost(l.host));
+      CHECK_CUBLAS(cublasDestroy(l.handle));
+      CHECK_CUDA(cudaStreamDestroy(l.stream));
+    }
+    return static_cast<double>(jobs) * threads / s;
+  };
+  std::printf(
+      "threads (each its own stream; jobs of H2D A+B, cublasGemmEx, "
+      "D2H C, event, alloc/free, host function; 8 in flight each):\n");
+  const double one = threaded_rate(1);
+  std::printf("  1 thread : %8.0f jobs/s\n", one);
+  for (int threads : {2, 4, 8}) {
+    const double rate = threaded_rate(threads);
+    std::printf("  %d threads: %8.0f jobs/s (%.2fx one thread)\n", threads,
+                rate, rate / one);
+  }
+
+  // Graph: the copies and the GEMM captured once (fixed device buffers
+  // dev[], pinned `host`), replayed per job.
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  CHECK_CUDA(
+      cudaMemcpyAsync(dev[0], host, bytes, cudaMemcpyHostToDevice, stream));
+  CHECK_CUDA(cudaMemcpyAsync(dev[1], host + bytes, bytes,
+                             cudaMemcpyHostToDevice, stream));
+  CHECK_CUBLAS(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha,
+                            dev[1], CUDA_R_32F, n, dev[0], CUDA_R_32F, n, &beta,
+                            dev[2], CUDA_R_32F, n, CUBLAS_COMPUTE_32F,
+                            CUBLAS_GEMM_DEFAULT));
+  CHECK_CUDA(cudaMemcpyAsync(host + 2 * bytes, dev[2], bytes,
+                             cudaMemcpyDeviceToHost, stream));
+  CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+  CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  std::vector<double> graph_idle, graph_queued;
+  for (int i = 0; i < jobs + 100; ++i) {
+    const Clock::time_point t0 = Clock::now();
+    CHECK_CUDA(cudaGraphLaunch(exec, stream));
+    CHECK_CUDA(cudaLaunchHostFunc(stream, OnDone, nullptr));
+    const Clock::time_point t1 = Clock::now();
+    CHECK_CUDA(cudaStreamSynchronize(stream));
+    if (i >= 100) {
+      graph_idle.push_back(
+          std::chrono::duration<double, std::micro>(t1 - t0).count());
+    }
+  }
+  const Clock::time_point g0 = Clock::now();
+  for (int i = 0; i < jobs; ++i) {
+    if (i >= 8)
+      CHECK_CUDA(cudaEventSynchronize(events[(i - 8) % kEventSets][3]));
+    const Clock::time_point t0 = Clock::now();
+    CHECK_CUDA(cudaGraphLaunch(exec, stream));
+    CHECK_CUDA(cudaEventRecord(events[i % kEventSets][3], stream));
+    CHECK_CUDA(cudaLaunchHostFunc(stream, OnDone, nullptr));
+    graph_queued.push_back(
+        std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+  }
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  const double graph_s =
+      std::chrono::duration<double>(Clock::now() - g0).count();
+  std::printf(
+      "graph (H2D A, H2D B, cublasGemmEx, D2H C captured once; "
+      "cudaGraphLaunch + cudaLaunchHostFunc per job, host us): idle mean "
+      "%.2f p50 %.2f; queued mean %.2f p50 %.2f, %.0f jobs/s\n",
+      Mean(graph_idle), P50(graph_idle), Mean(graph_queued), P50(graph_queued),
+      jobs / graph_s);
+  CHECK_CUDA(cudaGraphExecDestroy(exec));
+  CHECK_CUDA(cudaGraphDestroy(graph));
+
   for (auto& set : events) {
     for (cudaEvent_t& e : set) CHECK_CUDA(cudaEventDestroy(e));
   }

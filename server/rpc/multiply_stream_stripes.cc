@@ -1,0 +1,364 @@
+// MultiplyStreamReactor, striping: one multiply carried by several calls
+// (see the header's comment). The owning call keeps the multiply; joining
+// calls keep a record of it and talk to the owner, and the owner to them,
+// only through Post (run once the caller's lock is released, holding a
+// reference on the callee), so no call ever takes another's lock while
+// holding its own.
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "server/rpc/grpc_status.h"
+#include "server/rpc/multiply_stream.h"
+
+namespace matmul {
+
+void MultiplyStreamReactor::Post(
+    MultiplyStreamReactor* call,
+    std::function<void(MultiplyStreamReactor&)> f) {
+  call->Ref();
+  outbox_.push_back([call, f = std::move(f)]() {
+    f(*call);
+    call->Unref();
+  });
+}
+
+void MultiplyStreamReactor::DropChunk(Chunk& chunk) {
+  if (chunk.held_by == nullptr) return;
+  Post(chunk.held_by, [bytes = chunk.bytes](MultiplyStreamReactor& joiner) {
+    joiner.StripeHeld(bytes);
+  });
+  chunk.held_by->Unref();  // the chunk's; Post holds its own
+  chunk.held_by = nullptr;
+  chunk.slices.clear();
+  chunk.data.clear();
+}
+
+void MultiplyStreamReactor::HandleJoin(const WireStreamRequest& request) {
+  const uint64_t id = request.request_id;
+  if (auto it = open_.find(id); it != open_.end()) {
+    Fail(it->second,
+         absl::InvalidArgumentError(absl::StrCat(
+             "request_id ", id, " was joined again while still open")));
+    return;
+  }
+  failed_.erase(id);
+  auto refuse = [&](const absl::Status& status)
+                    ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                      state_.admission.RecordRejection(RequestFault(status));
+                      SendError(id, status);
+                      RememberFailed(id);  // its chunks are dropped quietly
+                    };
+  if (static_cast<int>(open_.size()) >= kMaxOpenMultiplies) {
+    refuse(absl::ResourceExhaustedError(absl::StrCat(
+        "this stream already has ", open_.size(),
+        " multiplies open, the most it may; wait for one to finish")));
+    return;
+  }
+  const size_t key = request.stripe_key.size();
+  if (key < 16 || key > 64) {
+    refuse(absl::InvalidArgumentError(
+        absl::StrCat("join.stripe_key: expected 16 to 64 bytes, got ", key)));
+    return;
+  }
+  absl::StatusOr<std::optional<StripeMatch>> match =
+      state_.stripes.Join(client_, request.stripe_key, this, id);
+  if (!match.ok()) {
+    refuse(match.status());
+  } else if (!match->has_value()) {
+    // Its start has not come yet: read nothing more until it does (or the
+    // registry times the join out); JoinResolved goes on.
+    join_waiting_ = true;
+  } else {
+    AttachJoin(id, **match);
+  }
+}
+
+void MultiplyStreamReactor::JoinResolved(uint64_t join_id,
+                                         absl::StatusOr<StripeMatch> match) {
+  Actions actions;
+  {
+    absl::MutexLock lock(&mu_);
+    join_waiting_ = false;
+    if (!match.ok()) {
+      if (!finished_) {
+        state_.admission.RecordRejection(RequestFault(match.status()));
+        SendError(join_id, match.status());
+        RememberFailed(join_id);
+      }
+    } else {
+      AttachJoin(join_id, *match);
+    }
+    Settle(actions);
+  }
+  Perform(actions);
+}
+
+void MultiplyStreamReactor::AttachJoin(uint64_t join_id,
+                                       const StripeMatch& match) {
+  // The match's reference on the owner passes to the record.
+  auto* owner = static_cast<MultiplyStreamReactor*>(match.owner);
+  std::shared_ptr<Multiply> owned =
+      std::static_pointer_cast<Multiply>(match.multiply);
+  if (finished_) {
+    // This call ended before the join was decided: the multiply cannot
+    // have all its streams.
+    Post(owner, [owned, s = match.stripe](MultiplyStreamReactor& o) {
+      o.StripeEnded(owned, s,
+                    absl::CancelledError(absl::StrCat(
+                        "stripe ", s,
+                        "'s call of this striped multiply ended before it "
+                        "joined")));
+    });
+    owner->Unref();
+    return;
+  }
+  state_.metrics->RecordStripe(true);
+  auto record = std::make_shared<Multiply>();
+  record->id = join_id;
+  record->started = std::chrono::steady_clock::now();
+  record->joined_record = true;
+  record->owner = owner;
+  record->owned = owned;
+  record->stripe_index = match.stripe;
+  open_[join_id] = record;
+  Ref();  // the owner's reference on this call, handed over in StripeJoined
+  Post(owner, [owned, s = match.stripe, joiner = this, join_id,
+               record](MultiplyStreamReactor& o) {
+    o.StripeJoined(owned, s, joiner, join_id, record);
+  });
+}
+
+void MultiplyStreamReactor::StripeJoined(const std::shared_ptr<Multiply>& m,
+                                         int stripe,
+                                         MultiplyStreamReactor* joiner,
+                                         uint64_t join_id,
+                                         std::shared_ptr<Multiply> record) {
+  Actions actions;
+  {
+    absl::MutexLock lock(&mu_);
+    if (m->closed || m->stripes_ended || stripe <= 0 || stripe >= m->stripes) {
+      absl::Status why =
+          m->end_status.ok()
+              ? absl::CancelledError(
+                    "the striped multiply ended before this stream joined")
+              : m->end_status;
+      Post(joiner, [record, why](MultiplyStreamReactor& j) {
+        j.StripeFailed(record, why);
+      });
+      joiner->Unref();
+    } else {
+      Multiply::Stripe& s = m->stripe[stripe];
+      s.call = joiner;  // with the reference AttachJoin took
+      s.request_id = join_id;
+      s.record = std::move(record);
+      s.joined = true;
+      ++m->joins;
+      MaybeAnswer(m, actions);
+      CheckStarved(m);
+    }
+    Settle(actions);
+  }
+  Perform(actions);
+}
+
+void MultiplyStreamReactor::StripeChunk(const std::shared_ptr<Multiply>& m,
+                                        int operand, int64_t offset,
+                                        Chunk chunk) {
+  Actions actions;
+  {
+    absl::MutexLock lock(&mu_);
+    if (m->closed || finished_) {
+      DropChunk(chunk);
+    } else {
+      TakeChunk(m, operand, offset, std::move(chunk), actions);
+    }
+    Settle(actions);
+  }
+  Perform(actions);
+}
+
+void MultiplyStreamReactor::StripeSideClosed(const std::shared_ptr<Multiply>& m,
+                                             int stripe) {
+  Actions actions;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!m->closed && stripe > 0 && stripe < m->stripes) {
+      m->stripe[stripe].side_closed = true;
+      CheckStarved(m);
+    }
+    Settle(actions);
+  }
+  Perform(actions);
+}
+
+void MultiplyStreamReactor::StripeEnded(const std::shared_ptr<Multiply>& m,
+                                        int stripe, const absl::Status& why) {
+  Actions actions;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!m->closed) {
+      if (stripe > 0 && stripe < m->stripes) {
+        // Its call is gone: nothing more goes to it.
+        Multiply::Stripe& s = m->stripe[stripe];
+        if (s.call != nullptr) s.call->Unref();
+        s.call = nullptr;
+        s.joined = false;
+      }
+      Fail(m, why);
+    }
+    Settle(actions);
+  }
+  Perform(actions);
+}
+
+void MultiplyStreamReactor::StripeChunkWritten(
+    const std::shared_ptr<Multiply>& m, int stripe) {
+  Actions actions;
+  {
+    absl::MutexLock lock(&mu_);
+    --m->result_chunks_out;
+    if (stripe >= 0 && stripe < m->stripes) --m->stripe[stripe].chunks_out;
+    if (!m->closed) PumpDownloads(actions);
+    Settle(actions);
+  }
+  Perform(actions);
+}
+
+void MultiplyStreamReactor::ResultChunkGone(
+    const std::shared_ptr<Multiply>& striped) {
+  if (!striped->joined_record) {
+    // This call's own multiply.
+    --striped->result_chunks_out;
+    --striped->stripe[0].chunks_out;
+    return;
+  }
+  if (striped->closed) return;  // its multiply has ended on the owner too
+  Post(striped->owner, [owned = striped->owned, s = striped->stripe_index](
+                           MultiplyStreamReactor& owner) {
+    owner.StripeChunkWritten(owned, s);
+  });
+}
+
+void MultiplyStreamReactor::StripeHeld(int64_t bytes) {
+  Actions actions;
+  {
+    absl::MutexLock lock(&mu_);
+    held_chunk_bytes_ -= std::max<int64_t>(bytes, 0);
+    Settle(actions);
+  }
+  Perform(actions);
+}
+
+void MultiplyStreamReactor::StripeHeader(
+    const std::shared_ptr<Multiply>& record, grpc::ByteBuffer message) {
+  Actions actions;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!finished_ && !record->closed) {
+      record->described = true;
+      Queue(std::move(message), false);
+    }
+    Settle(actions);
+  }
+  Perform(actions);
+}
+
+void MultiplyStreamReactor::StripeResultChunk(
+    const std::shared_ptr<Multiply>& record, grpc::ByteBuffer message) {
+  Actions actions;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!finished_ && !record->closed) {
+      Queue(std::move(message), true, record);
+      ++record->share_got;
+      MaybeCloseShare(record);
+    }
+    // Else the message goes (its staging with it); the multiply has failed.
+    Settle(actions);
+  }
+  Perform(actions);
+}
+
+void MultiplyStreamReactor::StripeShareDone(
+    const std::shared_ptr<Multiply>& record, int64_t chunks) {
+  Actions actions;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!record->closed) {
+      record->share_chunks = chunks;
+      MaybeCloseShare(record);
+    }
+    Settle(actions);
+  }
+  Perform(actions);
+}
+
+void MultiplyStreamReactor::MaybeCloseShare(
+    const std::shared_ptr<Multiply>& record) {
+  if (record->share_chunks < 0 || record->share_got < record->share_chunks) {
+    return;
+  }
+  record->owner_done = true;
+  Close(record, grpc::StatusCode::OK);
+}
+
+void MultiplyStreamReactor::StripeFailed(
+    const std::shared_ptr<Multiply>& record, const absl::Status& status) {
+  Actions actions;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!finished_ && !record->closed) {
+      SendError(record->id, status);
+      RememberFailed(record->id);  // chunks still coming are dropped
+      record->owner_done = true;
+      Close(record, ToGrpcStatus(status).error_code());
+    }
+    Settle(actions);
+  }
+  Perform(actions);
+}
+
+void MultiplyStreamReactor::CheckStarved(const std::shared_ptr<Multiply>& m) {
+  if (m->closed || m->stripes <= 1) return;
+  if (m->received[0] == m->need[0] && m->received[1] == m->need[1]) return;
+  // Streams yet to join may still bring bytes.
+  if (m->joins < m->stripes - 1) return;
+  for (const Multiply::Stripe& s : m->stripe) {
+    if (!s.side_closed) return;
+  }
+  const int op = m->received[0] < m->need[0] ? 0 : 1;
+  Fail(m,
+       absl::InvalidArgumentError(absl::StrCat(
+           "the client closed all ", m->stripes, " streams of striped request ",
+           m->id, " before operand ", op == 0 ? "a" : "b",
+           " arrived: ", m->received[op], " of ", m->need[op], " bytes")));
+}
+
+void MultiplyStreamReactor::EndStripes(const std::shared_ptr<Multiply>& m,
+                                       const absl::Status& status) {
+  if (m->stripes_ended) return;
+  m->stripes_ended = true;
+  m->end_status = status;
+  state_.stripes.Close(client_, m->stripe_key, m.get());
+  for (int i = 1; i < m->stripes; ++i) {
+    Multiply::Stripe& s = m->stripe[i];
+    if (s.call == nullptr) continue;
+    if (status.ok()) {
+      Post(s.call, [record = s.record,
+                    chunks = s.chunks_sent](MultiplyStreamReactor& joiner) {
+        joiner.StripeShareDone(record, chunks);
+      });
+    } else {
+      Post(s.call, [record = s.record, status](MultiplyStreamReactor& joiner) {
+        joiner.StripeFailed(record, status);
+      });
+    }
+    s.call->Unref();  // Post holds its own
+    s.call = nullptr;
+  }
+}
+
+}  // namespace matmul
