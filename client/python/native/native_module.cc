@@ -18,11 +18,13 @@
 // HostTensor (without the GIL); download returns the library's buffer.
 //
 // The *_async methods start the library's asynchronous call and return at
-// once (a Call, whose cancel() cancels a multiply); the library completes
+// once (a Call, whose cancel() cancels the RPC); the library completes
 // them on a gRPC thread, which takes the GIL only to call done(ok, value)
-// (value: the result, or (code, message)). matmul_client.aio hands that to
-// its event loop with call_soon_threadsafe; Client.multiply_async to a
-// concurrent.futures.Future.
+// (value: the result, or (code, message)). multiply_streamed_async runs the
+// library's blocking MultiplyStreamed on a thread of its own, which ends
+// with the call (promptly once cancelled). matmul_client.aio hands the
+// outcome to its event loop with call_soon_threadsafe;
+// Client.multiply_async to a concurrent.futures.Future.
 //
 // A failed call raises StatusError(code, message), code the gRPC status code
 // as an int; _client.py turns it into MatmulError.
@@ -492,6 +494,60 @@ class NativeClient {
     return ToPython(FromStatusOr(std::move(product)), result_dtype);
   }
 
+  // MultiplyStreamed without blocking: the library's blocking call runs on
+  // a thread of its own (which copies the arrays, then drops them), and
+  // done(ok, value) gets its outcome; Call.cancel() cancels the stream
+  // (MultiplyOptions::canceller), which ends the thread promptly.
+  PyCall MultiplyStreamedAsync(const py::object& a, int a_dtype,
+                               const std::string& a_handle, const py::object& b,
+                               int b_dtype, const std::string& b_handle,
+                               bool transpose_a, bool transpose_b, int compute,
+                               std::optional<double> timeout,
+                               const py::dtype& result_dtype,
+                               int64_t chunk_bytes, const py::object& done) {
+    std::optional<WireOperand> wires[2];
+    const py::object* arrays[2] = {&a, &b};
+    const std::string* handles[2] = {&a_handle, &b_handle};
+    const int dtypes[2] = {a_dtype, b_dtype};
+    for (int i = 0; i < 2; ++i) {
+      const char* name = i == 0 ? "a" : "b";
+      if (!arrays[i]->is_none()) {
+        wires[i] = CheckOperand(py::reinterpret_borrow<py::array>(*arrays[i]),
+                                dtypes[i], name);
+      } else if (handles[i]->empty()) {
+        throw py::value_error(absl::StrCat(name, ": no array and no handle"));
+      }
+    }
+    MultiplyOptions options;
+    options.transpose_a = transpose_a;
+    options.transpose_b = transpose_b;
+    options.compute = compute == v1::COMPUTE_MODE_TF32 ? ComputeMode::kTf32
+                                                       : ComputeMode::kStrict;
+    options.timeout = Timeout(timeout);
+    options.canceller = std::make_shared<CallCanceller>();
+    PyCall call(options.canceller);
+    std::shared_ptr<const Held> held(new Held{done, result_dtype, Self()},
+                                     ReleaseHeld);
+    // The arrays stay referenced until the thread has copied them.
+    std::shared_ptr<const void> refs(new PythonRefs{a, b}, ReleaseRefs);
+    std::thread([this, wa = std::move(wires[0]), wb = std::move(wires[1]),
+                 a_handle, b_handle, options = std::move(options), chunk_bytes,
+                 held = std::move(held), refs = std::move(refs)]() mutable {
+      std::optional<HostTensor> ta, tb;
+      if (wa.has_value()) ta = CopyTensor(*wa);
+      if (wb.has_value()) tb = CopyTensor(*wb);
+      refs.reset();  // the arrays, released with the GIL (ReleaseRefs)
+      const Operand oa = ta ? Operand(*ta) : Operand::Handle(a_handle);
+      const Operand ob = tb ? Operand(*tb) : Operand::Handle(b_handle);
+      absl::StatusOr<HostTensor> product =
+          client_->MultiplyStreamed(oa, ob, options, chunk_bytes);
+      ta.reset();
+      tb.reset();
+      Complete(std::move(held), FromStatusOr(std::move(product)));
+    }).detach();
+    return call;
+  }
+
   static UploadOptions MakeUploadOptions(int device, int64_t ttl_seconds,
                                          std::optional<double> timeout) {
     UploadOptions options;
@@ -518,8 +574,9 @@ class NativeClient {
                      int64_t ttl_seconds, std::optional<double> timeout,
                      const py::object& done) {
     const WireOperand w = CheckOperand(x, dtype, "array");
-    const UploadOptions options =
-        MakeUploadOptions(device, ttl_seconds, timeout);
+    UploadOptions options = MakeUploadOptions(device, ttl_seconds, timeout);
+    options.canceller = std::make_shared<CallCanceller>();
+    PyCall call(options.canceller);
     std::shared_ptr<const Held> held(new Held{done, py::none(), Self()},
                                      ReleaseHeld);
     {
@@ -530,7 +587,7 @@ class NativeClient {
             Complete(std::move(held), FromStatusOr(std::move(s)));
           });
     }
-    return PyCall(nullptr);
+    return call;
   }
 
   // (array, dtype enum): the array in the tensor's little-endian wire dtype.
@@ -545,6 +602,7 @@ class NativeClient {
 
   PyCall DownloadAsync(const std::string& id, std::optional<double> timeout,
                        const py::object& done) {
+    auto canceller = std::make_shared<CallCanceller>();
     std::shared_ptr<const Held> held(new Held{done, py::none(), Self()},
                                      ReleaseHeld);
     {
@@ -553,9 +611,10 @@ class NativeClient {
           id, Timeout(timeout),
           [held = std::move(held)](absl::StatusOr<HostTensor> t) mutable {
             Complete(std::move(held), FromStatusOr(std::move(t)));
-          });
+          },
+          canceller);
     }
-    return PyCall(nullptr);
+    return PyCall(std::move(canceller));
   }
 
   void Delete(const std::string& id, std::optional<double> timeout) {
@@ -569,6 +628,7 @@ class NativeClient {
 
   PyCall DeleteAsync(const std::string& id, std::optional<double> timeout,
                      const py::object& done) {
+    auto canceller = std::make_shared<CallCanceller>();
     std::shared_ptr<const Held> held(new Held{done, py::none(), Self()},
                                      ReleaseHeld);
     {
@@ -579,9 +639,10 @@ class NativeClient {
             Outcome out;
             out.status = std::move(status);
             Complete(std::move(held), std::move(out));
-          });
+          },
+          canceller);
     }
-    return PyCall(nullptr);
+    return PyCall(std::move(canceller));
   }
 
   int channel_count() const { return client_->channel_count(); }
@@ -663,6 +724,11 @@ PYBIND11_MODULE(_native, m) {
            py::arg("b_dtype"), py::arg("b_handle"), py::arg("transpose_a"),
            py::arg("transpose_b"), py::arg("compute"), py::arg("timeout"),
            py::arg("result_dtype"), py::arg("chunk_bytes"))
+      .def("multiply_streamed_async", &NativeClient::MultiplyStreamedAsync,
+           py::arg("a"), py::arg("a_dtype"), py::arg("a_handle"), py::arg("b"),
+           py::arg("b_dtype"), py::arg("b_handle"), py::arg("transpose_a"),
+           py::arg("transpose_b"), py::arg("compute"), py::arg("timeout"),
+           py::arg("result_dtype"), py::arg("chunk_bytes"), py::arg("done"))
       .def("upload", &NativeClient::Upload, py::arg("array"), py::arg("dtype"),
            py::arg("device"), py::arg("ttl_seconds"), py::arg("timeout"))
       .def("upload_async", &NativeClient::UploadAsync, py::arg("array"),
