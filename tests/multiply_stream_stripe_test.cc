@@ -127,7 +127,8 @@ std::vector<v1::MultiplyStreamRequest> Chunks(v1::Operand op,
 // What one call got for one request id.
 struct Answer {
   bool described = false;
-  int64_t bytes = 0;  // the product's, from the header
+  int64_t bytes = 0;   // the product's, from the header
+  std::string handle;  // a kept product's
   std::vector<std::pair<int64_t, std::string>> chunks;
   std::optional<v1::MultiplyStreamError> error;
 };
@@ -156,6 +157,7 @@ class Call {
           EXPECT_FALSE(a.described) << "two result headers";
           a.described = true;
           a.bytes = r.result().bytes();
+          a.handle = r.result().c_handle().id();
         } else if (r.has_chunk()) {
           EXPECT_TRUE(a.described) << "a chunk before its result";
           a.chunks.emplace_back(r.chunk().offset(), r.chunk().data());
@@ -232,10 +234,19 @@ TEST(MultiplyStreamStripeTest, StripedProductsMatchTheReference) {
   std::unique_ptr<MatmulServer> server = StartServer();
   ASSERT_NE(server, nullptr);
   absl::BitGen gen;
-  for (int k : {2, 3, 4}) {
-    SCOPED_TRACE(absl::StrCat(k, " stripes"));
-    const HostTensor a = Random(DType::kFloat32, {67, 45}, gen);
-    const HostTensor b = Random(DType::kFloat32, {45, 53}, gen);
+  struct Case {
+    int k;
+    int64_t m, kdim, n, result_chunk;
+  };
+  // The last one's A (1 MiB) goes in row panels.
+  for (const Case& c :
+       {Case{2, 67, 45, 53, 4 * 97}, Case{3, 67, 45, 53, 4 * 97},
+        Case{4, 67, 45, 53, 4 * 97}, Case{3, 512, 512, 40, 4 * 1000}}) {
+    const int k = c.k;
+    SCOPED_TRACE(absl::StrCat(k, " stripes, m=", c.m));
+    const HostTensor a = Random(DType::kFloat32, {c.m, c.kdim}, gen);
+    const HostTensor b = Random(DType::kFloat32, {c.kdim, c.n}, gen);
+    const int64_t c_bytes = c.m * c.n * 4;
     const std::string key = Key(gen);
     std::vector<std::unique_ptr<Call>> calls;
     for (int i = 0; i < k; ++i) {
@@ -244,12 +255,18 @@ TEST(MultiplyStreamStripeTest, StripedProductsMatchTheReference) {
     // Each call its own request id; chunks of both operands, shuffled,
     // spread round-robin.
     auto id = [](int i) { return static_cast<uint64_t>(100 + 7 * i); };
-    ASSERT_TRUE(calls[0]->Write(Start(id(0), a, b, 4 * 97, key, k)));
+    ASSERT_TRUE(calls[0]->Write(Start(id(0), a, b, c.result_chunk, key, k)));
     for (int i = 1; i < k; ++i) ASSERT_TRUE(calls[i]->Write(Join(id(i), key)));
-    std::vector<v1::MultiplyStreamRequest> chunks =
-        Chunks(v1::OPERAND_A, a, 4 * 61);
-    for (auto& m : Chunks(v1::OPERAND_B, b, 4 * 43)) chunks.push_back(m);
-    std::shuffle(chunks.begin(), chunks.end(), gen);
+    std::vector<v1::MultiplyStreamRequest> chunks;
+    if (c.m < 100) {
+      chunks = Chunks(v1::OPERAND_A, a, 4 * 61);
+      for (auto& m : Chunks(v1::OPERAND_B, b, 4 * 43)) chunks.push_back(m);
+      std::shuffle(chunks.begin(), chunks.end(), gen);
+    } else {
+      // B first, then A in order: the way row panels go fastest.
+      chunks = Chunks(v1::OPERAND_B, b, 4 * 1001);
+      for (auto& m : Chunks(v1::OPERAND_A, a, 4 * 4099)) chunks.push_back(m);
+    }
     for (size_t j = 0; j < chunks.size(); ++j) {
       const int i = static_cast<int>(j % k);
       chunks[j].set_request_id(id(i));
@@ -268,17 +285,78 @@ TEST(MultiplyStreamStripeTest, StripedProductsMatchTheReference) {
       const Answer& got = answers[i][id(i)];
       ASSERT_FALSE(got.error.has_value()) << got.error->message();
       ASSERT_TRUE(got.described);
-      EXPECT_EQ(got.bytes, 67 * 53 * 4);
-      // 37 product chunks: every stream carries some.
+      EXPECT_EQ(got.bytes, c_bytes);
+      // 37 or 21 product chunks: every stream carries some.
       EXPECT_FALSE(got.chunks.empty()) << "stripe " << i;
       parts.push_back(&got);
     }
-    ExpectProduct(a, b, Assemble(parts, 67 * 53 * 4));
+    ExpectProduct(a, b, Assemble(parts, c_bytes));
   }
-  EXPECT_EQ(server->service().stripes().opened(), 3);
-  EXPECT_EQ(server->service().stripes().joined(), 1 + 2 + 3);
-  EXPECT_EQ(server->service().metrics()->stripes(false), 3u);
-  EXPECT_EQ(server->service().metrics()->stripes(true), 1u + 2u + 3u);
+  EXPECT_EQ(server->service().stripes().opened(), 4);
+  EXPECT_EQ(server->service().stripes().joined(), 1 + 2 + 3 + 2);
+  EXPECT_EQ(server->service().metrics()->stripes(false), 4u);
+  EXPECT_EQ(server->service().metrics()->stripes(true), 1u + 2u + 3u + 2u);
+  EXPECT_EQ(server->service().inflight_requests(), 0);
+}
+
+// Several striped multiplies at once over the same three calls, each
+// started on a different one (so every call owns one and joins others),
+// their chunks interleaved: each product is whole and right.
+TEST(MultiplyStreamStripeTest, StripedMultipliesShareTheirCalls) {
+  std::unique_ptr<MatmulServer> server = StartServer();
+  ASSERT_NE(server, nullptr);
+  absl::BitGen gen;
+  constexpr int kCalls = 3, kMultiplies = 6;
+  std::vector<std::unique_ptr<Call>> calls;
+  for (int i = 0; i < kCalls; ++i) {
+    calls.push_back(std::make_unique<Call>(server->port(), i, "sharer"));
+  }
+  // Multiply j's request id on call i.
+  auto id = [](int j, int i) { return static_cast<uint64_t>(1000 * j + i); };
+  std::vector<HostTensor> as, bs;
+  std::vector<v1::MultiplyStreamRequest> chunks;
+  for (int j = 0; j < kMultiplies; ++j) {
+    as.push_back(Random(DType::kFloat32, {30 + j, 40}, gen));
+    bs.push_back(Random(DType::kFloat32, {40, 20 + 2 * j}, gen));
+    const std::string key = Key(gen);
+    const int owner = j % kCalls;
+    ASSERT_TRUE(calls[owner]->Write(
+        Start(id(j, owner), as[j], bs[j], 4 * 50, key, kCalls)));
+    for (int i = 0; i < kCalls; ++i) {
+      if (i == owner) continue;
+      ASSERT_TRUE(calls[i]->Write(Join(id(j, i), key)));
+    }
+    int n = 0;
+    for (auto op : {v1::OPERAND_A, v1::OPERAND_B}) {
+      for (auto& m : Chunks(op, op == v1::OPERAND_A ? as[j] : bs[j], 4 * 33)) {
+        m.set_request_id(id(j, n++ % kCalls));  // the call is id % 1000
+        chunks.push_back(std::move(m));
+      }
+    }
+  }
+  std::shuffle(chunks.begin(), chunks.end(), gen);
+  for (const auto& m : chunks) {
+    ASSERT_TRUE(calls[m.request_id() % 1000]->Write(m));
+  }
+  for (auto& call : calls) call->WritesDone();
+  std::vector<std::map<uint64_t, Answer>> got;
+  for (auto& call : calls) {
+    grpc::Status status;
+    got.push_back(call->Finish(&status));
+    EXPECT_TRUE(status.ok()) << status.error_message();
+  }
+  for (int j = 0; j < kMultiplies; ++j) {
+    SCOPED_TRACE(j);
+    std::vector<const Answer*> parts;
+    for (int i = 0; i < kCalls; ++i) {
+      const Answer& a = got[i][id(j, i)];
+      ASSERT_FALSE(a.error.has_value()) << a.error->message();
+      ASSERT_TRUE(a.described);
+      parts.push_back(&a);
+    }
+    ExpectProduct(as[j], bs[j],
+                  Assemble(parts, as[j].shape[0] * bs[j].shape[1] * 4));
+  }
   EXPECT_EQ(server->service().inflight_requests(), 0);
 }
 
@@ -550,6 +628,85 @@ TEST(MultiplyStreamStripeTest, MissingBytesFailOnceEveryStreamHasClosed) {
                           "1 before operand a arrived: 64 of 256 bytes"));
   }
   EXPECT_EQ(server->service().inflight_requests(), 0);
+}
+
+// keep_result: every stream gets the header, with the same handle, and no
+// chunks follow.
+TEST(MultiplyStreamStripeTest, AKeptProductAnswersEveryStreamWithItsHandle) {
+  std::unique_ptr<MatmulServer> server = StartServer();
+  ASSERT_NE(server, nullptr);
+  absl::BitGen gen;
+  const HostTensor a = Random(DType::kFloat32, {12, 10}, gen);
+  const HostTensor b = Random(DType::kFloat32, {10, 6}, gen);
+  const std::string key = Key(gen);
+  std::vector<std::unique_ptr<Call>> calls;
+  for (int i = 0; i < 3; ++i) {
+    calls.push_back(std::make_unique<Call>(server->port(), i, "keeper"));
+  }
+  v1::MultiplyStreamRequest start = Start(1, a, b, 0, key, 3);
+  start.mutable_start()->mutable_request()->set_keep_result(true);
+  ASSERT_TRUE(calls[0]->Write(start));
+  ASSERT_TRUE(calls[1]->Write(Join(2, key)));
+  ASSERT_TRUE(calls[2]->Write(Join(3, key)));
+  for (auto& m : Chunks(v1::OPERAND_A, a, 4 * 10)) {
+    m.set_request_id(3);
+    ASSERT_TRUE(calls[2]->Write(m));
+  }
+  for (auto& m : Chunks(v1::OPERAND_B, b, 4 * 6)) {
+    m.set_request_id(2);
+    ASSERT_TRUE(calls[1]->Write(m));
+  }
+  for (auto& call : calls) call->WritesDone();
+  std::string handle;
+  for (int i = 0; i < 3; ++i) {
+    grpc::Status status;
+    std::map<uint64_t, Answer> got = calls[i]->Finish(&status);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    ASSERT_EQ(got.size(), 1u);
+    const Answer& answer = got[1 + i];
+    ASSERT_FALSE(answer.error.has_value()) << answer.error->message();
+    EXPECT_TRUE(answer.described);
+    EXPECT_TRUE(answer.chunks.empty());
+    ASSERT_FALSE(answer.handle.empty());
+    if (i == 0) handle = answer.handle;
+    EXPECT_EQ(answer.handle, handle);
+  }
+  EXPECT_EQ(server->service().inflight_requests(), 0);
+}
+
+// A drain lets a striped multiply that is open finish on all its streams,
+// then ends each of them UNAVAILABLE.
+TEST(MultiplyStreamStripeTest, ADrainFinishesAStripedMultiplyFirst) {
+  std::unique_ptr<MatmulServer> server = StartServer();  // 10 s drain
+  ASSERT_NE(server, nullptr);
+  absl::BitGen gen;
+  const HostTensor a = Random(DType::kFloat32, {256, 256}, gen);
+  const HostTensor b = Random(DType::kFloat32, {256, 128}, gen);
+  const std::string key = Key(gen);
+  Call c0(server->port(), 0, "drained");
+  Call c1(server->port(), 1, "drained");
+  ASSERT_TRUE(c0.Write(Start(1, a, b, 16 << 10, key, 2)));
+  ASSERT_TRUE(c1.Write(Join(2, key)));
+  std::vector<v1::MultiplyStreamRequest> chunks =
+      Chunks(v1::OPERAND_A, a, 32 << 10);
+  for (auto& m : Chunks(v1::OPERAND_B, b, 32 << 10)) chunks.push_back(m);
+  for (size_t j = 0; j < chunks.size(); ++j) {
+    chunks[j].set_request_id(1 + j % 2);
+    ASSERT_TRUE((j % 2 == 0 ? c0 : c1).Write(chunks[j]));
+  }
+  const int64_t operands = static_cast<int64_t>(a.data.size() + b.data.size());
+  ASSERT_TRUE(Eventually(
+      [&] { return server->service().copied_operand_bytes() == operands; }));
+  std::thread shutdown([&] { server->Shutdown(); });
+  grpc::Status s0, s1;
+  std::map<uint64_t, Answer> got0 = c0.Finish(&s0);
+  std::map<uint64_t, Answer> got1 = c1.Finish(&s1);
+  shutdown.join();
+  EXPECT_EQ(s0.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(s1.error_code(), grpc::StatusCode::UNAVAILABLE);
+  ASSERT_FALSE(got0[1].error.has_value()) << got0[1].error->message();
+  ASSERT_FALSE(got1[2].error.has_value()) << got1[2].error->message();
+  ExpectProduct(a, b, Assemble({&got0[1], &got1[2]}, 256 * 128 * 4));
 }
 
 }  // namespace

@@ -313,6 +313,50 @@ TEST(MultiplyStreamTest, ChunksInAnyOrderMatchTheReference) {
   EXPECT_EQ(server->service().inflight_requests(), 0);
 }
 
+// Row panels: with B on the device, the product rows of the A rows that
+// have arrived are computed and sent while the rest of A is still to come
+// (an A of 1 MiB or more, 2-D, not transposed). Here the client sends B and
+// the first half of A, reads the result header and a product chunk of
+// those rows, and only then sends the rest (the call's deadline bounds the
+// wait if the server held the product back).
+TEST(MultiplyStreamTest, RowPanelsAreSentBeforeTheRestOfAArrives) {
+  std::unique_ptr<MatmulServer> server = StartServer();
+  ASSERT_NE(server, nullptr);
+  auto stub = Stub(server->port());
+  absl::BitGen gen;
+  const HostTensor a = Random(DType::kFloat32, {1024, 256}, gen);  // 1 MiB
+  const HostTensor b = Random(DType::kFloat32, {256, 64}, gen);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(60));
+  std::unique_ptr<Stream> stream = stub->MultiplyStream(&context);
+  ASSERT_TRUE(stream->Write(Start(1, a, b, 4096)));
+  for (const auto& m : Chunks(1, v1::OPERAND_B, b, 8192)) {
+    ASSERT_TRUE(stream->Write(m));
+  }
+  std::vector<v1::MultiplyStreamRequest> a_chunks =
+      Chunks(1, v1::OPERAND_A, a, 8192);  // 8 rows each
+  const size_t half = a_chunks.size() / 2;
+  for (size_t i = 0; i < half; ++i) ASSERT_TRUE(stream->Write(a_chunks[i]));
+  std::map<uint64_t, Answer> answers;
+  ReadInto(*stream, answers, [&] { return answers[1].chunks > 0; });
+  ASSERT_FALSE(answers[1].error.has_value()) << answers[1].error->message();
+  ASSERT_TRUE(answers[1].described);
+  ASSERT_EQ(answers[1].chunks, 1);
+  // It came from the rows sent: the first half of C.
+  EXPECT_LE(answers[1].received, 512 * 64 * 4);
+  for (size_t i = half; i < a_chunks.size(); ++i) {
+    ASSERT_TRUE(stream->Write(a_chunks[i]));
+  }
+  stream->WritesDone();
+  ReadInto(*stream, answers);
+  const grpc::Status status = stream->Finish();
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  ASSERT_FALSE(answers[1].error.has_value()) << answers[1].error->message();
+  EXPECT_EQ(answers[1].received, 1024 * 64 * 4);
+  ExpectProduct(a, b, false, false, answers[1].c);
+}
+
 TEST(MultiplyStreamTest, StoredOperandsAndKeptProducts) {
   std::unique_ptr<MatmulServer> server = StartServer();
   ASSERT_NE(server, nullptr);

@@ -205,23 +205,29 @@ absl::Status SetOperand(const Operand& operand, const char* name,
   return absl::OkStatus();
 }
 
-// An asynchronous unary call: owns what gRPC needs until the reaction.
+// An asynchronous unary call: owns what gRPC needs until the reaction (and,
+// with a canceller, until a Cancel that is using its context returns).
 template <typename Request, typename Response>
 struct AsyncCall {
   grpc::ClientContext context;
   Request request;
   Response response;
   absl::AnyInvocable<void(absl::StatusOr<Response>) &&> done;
+  std::shared_ptr<AsyncCall> self;  // released by the reaction
 };
 
 // Starts `call` with `start(context, request, response, reaction)` (a stub's
-// async method) and hands the outcome to call->done; deletes the call
+// async method) and hands the outcome to call->done; releases the call
 // before done runs.
 template <typename Request, typename Response, typename Start>
-void StartAsync(AsyncCall<Request, Response>* call, Start start) {
+void StartAsync(std::shared_ptr<AsyncCall<Request, Response>> shared,
+                Start start) {
+  AsyncCall<Request, Response>* call = shared.get();
+  call->self = std::move(shared);
   start(&call->context, &call->request, &call->response,
         [call](grpc::Status status) {
-          std::unique_ptr<AsyncCall<Request, Response>> owned(call);
+          std::shared_ptr<AsyncCall<Request, Response>> owned =
+              std::move(call->self);
           auto done = std::move(owned->done);
           absl::StatusOr<Response> result =
               status.ok() ? absl::StatusOr<Response>(std::move(owned->response))
@@ -246,6 +252,27 @@ absl::Status FromGrpcStatus(const grpc::Status& status) {
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
                       status.error_message());
 }
+
+class CallCanceller::Borrowed {
+ public:
+  Borrowed(CallCanceller* canceller, grpc::ClientContext* context) {
+    if (canceller == nullptr) return;
+    context_ = std::shared_ptr<grpc::ClientContext>(
+        context, [this](grpc::ClientContext*) { released_.Notify(); });
+    canceller->Attach(context_);
+  }
+  ~Borrowed() {
+    if (context_ == nullptr) return;
+    context_.reset();
+    released_.WaitForNotification();  // no Cancel uses the context now
+  }
+  Borrowed(const Borrowed&) = delete;
+  Borrowed& operator=(const Borrowed&) = delete;
+
+ private:
+  absl::Notification released_;
+  std::shared_ptr<grpc::ClientContext> context_;
+};
 
 absl::StatusOr<int64_t> TtlSeconds(absl::Duration ttl, absl::string_view what) {
   if (ttl == absl::ZeroDuration()) return 0;
@@ -633,6 +660,10 @@ absl::StatusOr<HostTensor> MatmulClient::MultiplyStreamedView(
     calls.push_back(std::make_unique<Call>());
     PrepareContext(calls.back()->context, options.timeout, options.client_id);
   }
+  // options.canceller cancels call 0; its end (CANCELLED) then cancels the
+  // others like any error. Let go of before the contexts are.
+  std::optional<CallCanceller::Borrowed> cancellable;
+  cancellable.emplace(options.canceller.get(), &calls[0]->context);
 
   absl::Mutex mu;
   absl::Status failed;     // the first error, guarded by mu
@@ -763,7 +794,8 @@ absl::StatusOr<HostTensor> MatmulClient::MultiplyStreamedView(
   for (int s = 1; s < stripes; ++s) others.emplace_back(run, s);
   run(0);
   for (std::thread& t : others) t.join();
-  calls.clear();  // the calls are over: gRPC may let go of the slices
+  cancellable.reset();  // no Cancel uses call 0's context past here
+  calls.clear();        // the calls are over: gRPC may let go of the slices
   owner.reset();
 
   absl::MutexLock lock(&mu);
@@ -979,15 +1011,19 @@ void MatmulClient::UploadAsync(const HostTensor& tensor,
     return;
   }
   using Call = AsyncCall<v1::UploadRequest, v1::UploadResponse>;
-  auto* call = new Call;
+  auto call = std::make_shared<Call>();
   call->request = *std::move(request);
   call->done = [done = std::move(done)](
                    absl::StatusOr<v1::UploadResponse> response) mutable {
     std::move(done)(StoredFromUpload(std::move(response)));
   };
   PrepareContext(call->context, options.timeout, options.client_id);
+  if (options.canceller != nullptr) {
+    options.canceller->Attach(
+        std::shared_ptr<grpc::ClientContext>(call, &call->context));
+  }
   v1::MatmulService::Stub::async_interface* async = NextStub().async();
-  StartAsync(call, [async](auto&&... args) {
+  StartAsync(std::move(call), [async](auto&&... args) {
     async->Upload(std::forward<decltype(args)>(args)...);
   });
 }
@@ -1006,21 +1042,26 @@ absl::StatusOr<HostTensor> MatmulClient::Download(const std::string& id,
 }
 
 void MatmulClient::DownloadAsync(const std::string& id, absl::Duration timeout,
-                                 TensorDone done) {
+                                 TensorDone done,
+                                 std::shared_ptr<CallCanceller> canceller) {
   if (id.empty()) {
     std::move(done)(absl::InvalidArgumentError("the handle id is empty"));
     return;
   }
   using Call = AsyncCall<v1::DownloadRequest, v1::DownloadResponse>;
-  auto* call = new Call;
+  auto call = std::make_shared<Call>();
   call->request.set_handle(id);
   call->done = [done = std::move(done)](
                    absl::StatusOr<v1::DownloadResponse> response) mutable {
     std::move(done)(TensorFromDownload(std::move(response)));
   };
   PrepareContext(call->context, timeout, "");
+  if (canceller != nullptr) {
+    canceller->Attach(
+        std::shared_ptr<grpc::ClientContext>(call, &call->context));
+  }
   v1::MatmulService::Stub::async_interface* async = NextStub().async();
-  StartAsync(call, [async](auto&&... args) {
+  StartAsync(std::move(call), [async](auto&&... args) {
     async->Download(std::forward<decltype(args)>(args)...);
   });
 }
@@ -1037,21 +1078,26 @@ absl::Status MatmulClient::Delete(const std::string& id,
 }
 
 void MatmulClient::DeleteAsync(const std::string& id, absl::Duration timeout,
-                               StatusDone done) {
+                               StatusDone done,
+                               std::shared_ptr<CallCanceller> canceller) {
   if (id.empty()) {
     std::move(done)(absl::InvalidArgumentError("the handle id is empty"));
     return;
   }
   using Call = AsyncCall<v1::DeleteRequest, v1::DeleteResponse>;
-  auto* call = new Call;
+  auto call = std::make_shared<Call>();
   call->request.set_handle(id);
   call->done = [done = std::move(done)](
                    absl::StatusOr<v1::DeleteResponse> response) mutable {
     std::move(done)(response.status());
   };
   PrepareContext(call->context, timeout, "");
+  if (canceller != nullptr) {
+    canceller->Attach(
+        std::shared_ptr<grpc::ClientContext>(call, &call->context));
+  }
   v1::MatmulService::Stub::async_interface* async = NextStub().async();
-  StartAsync(call, [async](auto&&... args) {
+  StartAsync(std::move(call), [async](auto&&... args) {
     async->Delete(std::forward<decltype(args)>(args)...);
   });
 }

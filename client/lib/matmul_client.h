@@ -102,17 +102,23 @@ struct ClientOptions {
   std::string client_id;
 };
 
-// Cancels one asynchronous Multiply (MultiplyOptions::canceller) from any
-// thread, at any time: before it starts (it then fails CANCELLED at once),
-// while it runs (gRPC's TryCancel: CANCELLED unless it finished first), or
-// after it finished (nothing happens). Its `done` still runs exactly once,
-// possibly on the thread that calls Cancel. One canceller per call.
+// Cancels one call from any thread, at any time: an asynchronous Multiply
+// (MultiplyOptions::canceller), MultiplyStreamed (the same option; the
+// blocked caller returns CANCELLED), UploadAsync (UploadOptions::canceller),
+// DownloadAsync or DeleteAsync (their `canceller` argument). Before the call
+// starts it then fails CANCELLED at once; while it runs, gRPC's TryCancel
+// (CANCELLED unless it finished first); after it finished nothing happens.
+// An asynchronous call's `done` still runs exactly once, possibly on the
+// thread that calls Cancel. One canceller per call.
 class CallCanceller {
  public:
   void Cancel();
 
  private:
   friend class MatmulClient;
+  // For a blocking call whose context is on its caller's stack: attached
+  // for the object's life, whose end waits for a Cancel using the context.
+  class Borrowed;
   // The call's context, kept alive while Cancel uses it.
   void Attach(std::shared_ptr<grpc::ClientContext> context);
 
@@ -140,7 +146,8 @@ struct MultiplyOptions {
   // ClientOptions::client_id.
   std::string client_id;
   // Asynchronous calls (MultiplyAsync, MultiplyAndKeepAsync,
-  // MultiplyEncodedAsync): cancels the call when cancelled.
+  // MultiplyEncodedAsync) and MultiplyStreamed: cancels the call when
+  // cancelled.
   std::shared_ptr<CallCanceller> canceller;
 };
 
@@ -188,6 +195,8 @@ struct UploadOptions {
   std::string client_id;
   // Becomes the call's deadline; InfiniteDuration() for none.
   absl::Duration timeout = absl::InfiniteDuration();
+  // UploadAsync: cancels the call when cancelled.
+  std::shared_ptr<CallCanceller> canceller;
 };
 
 // A tensor stored on the server (matmul.v1.TensorHandle).
@@ -349,17 +358,19 @@ class MatmulClient {
                    StoredDone done);
 
   // A stored tensor's data. NOT_FOUND for an unknown, deleted or expired
-  // handle.
+  // handle. The asynchronous call is cancelled by `canceller`, if any.
   absl::StatusOr<HostTensor> Download(
       const std::string& id, absl::Duration timeout = absl::InfiniteDuration());
   void DownloadAsync(const std::string& id, absl::Duration timeout,
-                     TensorDone done);
+                     TensorDone done,
+                     std::shared_ptr<CallCanceller> canceller = nullptr);
 
   // Frees a stored tensor. NOT_FOUND if it does not exist (any more).
   absl::Status Delete(const std::string& id,
                       absl::Duration timeout = absl::InfiniteDuration());
   void DeleteAsync(const std::string& id, absl::Duration timeout,
-                   StatusDone done);
+                   StatusDone done,
+                   std::shared_ptr<CallCanceller> canceller = nullptr);
 
   // The server's engine, devices and limits.
   absl::StatusOr<v1::GetServerInfoResponse> GetServerInfo(

@@ -287,6 +287,12 @@ void MultiplyStreamReactor::HandleStart(const WireStreamRequest& request,
                                 kOperandAlignment * kOperandAlignment
                           : 0;
   m->buffer_bytes = m->staged[1] ? m->at[1] + m->need[1] : m->need[0];
+  // Row panels need op(A)'s rows contiguous (2-D, not transposed) and a
+  // product that is sent, not kept as one tensor.
+  m->paneled = m->staged[0] && !m->keep && !spec->c_is_3d && spec->batch == 1 &&
+               spec->a_batch == 1 && !spec->transpose_a && spec->m >= 2 &&
+               m->need[0] >= kMinPanelBytes;
+  m->panel_rows = std::max<int64_t>(1, (spec->m + kPanels - 1) / kPanels);
   for (const auto& t : m->operand) {
     if (t != nullptr) m->device = t->device();
   }
@@ -396,6 +402,7 @@ void MultiplyStreamReactor::Close(const std::shared_ptr<Multiply>& m,
     m->owner->Unref();  // Post holds its own reference
     m->owner = nullptr;
     m->owned.reset();
+    m->early.clear();  // their staging goes back
     return;
   }
   if (m->stripes > 1 && !m->stripes_ended) {
@@ -432,10 +439,11 @@ void MultiplyStreamReactor::Close(const std::shared_ptr<Multiply>& m,
         m->computed_s, seconds));
   }
   m->waiting.clear();
+  m->early.clear();
   m->operand[0].reset();
   m->operand[1].reset();
   m->buffer.reset();
-  m->product.reset();
+  m->panels.clear();
   m->lease.Release();  // budget, request count, and quota unless stored
 }
 

@@ -6,7 +6,9 @@
 //   chunks -> one upload job per chunk, writing it at its offset in that
 //             tensor: its H2D runs while the next chunk is still arriving
 //   last   -> multiply views of the tensor (or stored tensors named by
-//             handle), keeping the product on the device
+//             handle), keeping the product on the device; for a large A,
+//             once B is whole, one multiply per row panel of A as its rows
+//             arrive, so the GEMM overlaps the rest of the upload
 //   result -> download jobs, each reading one result chunk into staging,
 //             sent from there as a slice of the response (no copy)
 // so an operand's size is bounded by device memory, not by a message, and
@@ -94,6 +96,10 @@ class MultiplyStreamReactor final
   static constexpr int kMaxUnsentReplies = 64;
   static constexpr size_t kMaxRememberedFailures = 4096;
   static constexpr int64_t kDefaultResultChunkBytes = int64_t{4} << 20;
+  // Row panels: an A of at least kMinPanelBytes is multiplied in panels
+  // of at least 1/kPanels of its rows.
+  static constexpr int64_t kMinPanelBytes = int64_t{1} << 20;
+  static constexpr int64_t kPanels = 8;
 
   MultiplyStreamReactor(ServiceState& state,
                         grpc::CallbackServerContext* context);
@@ -150,15 +156,31 @@ class MultiplyStreamReactor final
     std::vector<Chunk> waiting;  // arrived before the allocation finished
     int uploads_in_flight = 0;
     int64_t uploaded = 0;
-    bool multiply_submitted = false;
-    std::shared_ptr<ResidentTensor> product;
+    ByteCoverage on_device[2];  // which operand bytes are uploaded
+    // The product, in panels of op(A)'s rows: one panel with all of them,
+    // or (`paneled`: A large, 2-D, not transposed, the product not kept)
+    // several, each multiplied once B and its rows of A are on the device
+    // and sent while the rest of A is still uploading.
+    struct Panel {
+      int64_t row0 = 0;
+      int64_t rows = 0;
+      std::shared_ptr<ResidentTensor> a;        // its rows of A
+      std::shared_ptr<ResidentTensor> product;  // until its downloads go
+      int64_t next_download = 0;  // bytes of its product given downloads
+    };
+    bool paneled = false;
+    int64_t panel_rows = 0;  // the fewest rows a panel waits for
+    std::vector<Panel> panels;
+    int64_t rows_submitted = 0;
+    int64_t rows_computed = 0;
+    bool multiply_submitted = false;  // every row's panel is submitted
     Placement placement;
     bool keep = false;
     // The in-flight budget and quota this multiply holds (admission core).
     Lease lease;
     absl::Duration keep_ttl;
     int64_t result_chunk_bytes = 0;
-    int64_t next_download = 0;
+    int64_t downloaded = 0;  // product bytes given to downloads
     int downloads_in_flight = 0;
     bool closed = false;
     // For the log line of large multiplies.
@@ -197,7 +219,10 @@ class MultiplyStreamReactor final
     std::shared_ptr<Multiply> owned;
     int stripe_index = 0;
     int64_t share_chunks = -1;  // product chunks coming here, once known
-    int64_t share_got = 0;
+    int64_t share_got = 0;      // of them queued
+    // Chunks that overtook the result header (from another thread of the
+    // owner's): queued after it.
+    std::vector<grpc::ByteBuffer> early;
     bool owner_done = false;  // the owner ended it: nothing to tell it
   };
   // The engine's view of one step of a multiply
@@ -302,7 +327,8 @@ class MultiplyStreamReactor final
   // A joiner's record whose share is all queued closes.
   void MaybeCloseShare(const std::shared_ptr<Multiply>& record)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Submits the multiply once every operand byte is on the device.
+  // Submits the multiply once every operand byte is on the device, or for
+  // a paneled multiply each panel once B and its rows of A are.
   void MaybeMultiply(const std::shared_ptr<Multiply>& m, Actions& actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Starts downloads of products while the result-chunk budget allows.
@@ -324,9 +350,11 @@ class MultiplyStreamReactor final
   void Queue(grpc::ByteBuffer message, bool result_chunk,
              std::shared_ptr<Multiply> striped = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The job for one step; an upload takes `chunk` (moved from).
+  // The job for one step; an upload takes `chunk` (moved from); a
+  // multiply or a download is of panel `panel`.
   std::unique_ptr<MatmulJob> NewJob(const std::shared_ptr<Multiply>& m,
-                                    Step step, int64_t held_bytes, Chunk* chunk)
+                                    Step step, int64_t held_bytes, Chunk* chunk,
+                                    size_t panel = 0)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Decides whether to read on, and whether the call can end.
   void Settle(Actions& actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

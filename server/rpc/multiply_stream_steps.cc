@@ -20,6 +20,12 @@
 namespace matmul {
 namespace {
 
+// The bytes of a panel's product: all of it for a panel of every row (a
+// batched product included), else its rows.
+int64_t PanelBytes(const MatmulSpec& s, int64_t rows) {
+  return rows == s.m ? s.c_bytes() : rows * s.n * s.elem_size();
+}
+
 MatmulSpec VectorSpec(DType dtype, int64_t elements, bool download) {
   MatmulSpec s;
   s.dtype = dtype;
@@ -90,7 +96,7 @@ class MultiplyStreamReactor::StepJob final : public MatmulJob {
 
 std::unique_ptr<MatmulJob> MultiplyStreamReactor::NewJob(
     const std::shared_ptr<Multiply>& m, Step step, int64_t held_bytes,
-    Chunk* chunk) {
+    Chunk* chunk, size_t panel) {
   JobDescription work;
   int64_t offset = 0;
   Chunk bytes_in;
@@ -112,19 +118,25 @@ std::unique_ptr<MatmulJob> MultiplyStreamReactor::NewJob(
       bytes_in = std::move(*chunk);
       break;
     case Step::kMultiply: {
+      // `offset`: the panel's first row.
+      const Multiply::Panel& p = m->panels[panel];
       MultiplyOp multiply;
-      multiply.resident_a = m->operand[0];
+      multiply.resident_a = p.a;
       multiply.resident_b = m->operand[1];
       multiply.keep_result = true;
       work.op = std::move(multiply);
       work.spec = m->spec;
+      work.spec.m = p.rows;
+      offset = p.row0;
       break;
     }
     case Step::kDownload: {
-      const int64_t bytes =
-          std::min(m->result_chunk_bytes, m->spec.c_bytes() - m->next_download);
-      offset = m->next_download;
-      work.op = DownloadOp{m->product, offset};
+      // `offset`: where the chunk goes in the whole product.
+      Multiply::Panel& p = m->panels[panel];
+      const int64_t bytes = std::min(
+          m->result_chunk_bytes, PanelBytes(m->spec, p.rows) - p.next_download);
+      offset = p.row0 * m->spec.n * elem + p.next_download;
+      work.op = DownloadOp{p.product, p.next_download};
       work.spec = VectorSpec(dtype, bytes / elem, true);
       break;
     }
@@ -204,21 +216,33 @@ void MultiplyStreamReactor::StepDone(const std::shared_ptr<Multiply>& m,
           MaybeMultiply(m, actions);
           break;
         }
-        case Step::kUpload:
+        case Step::kUpload: {
           m->uploaded += held_bytes;
+          // `offset` is the chunk's place in the buffer: B's lie past A's.
+          const int op = m->staged[1] && offset >= m->at[1] ? 1 : 0;
+          m->on_device[op].Add(offset - m->at[op], held_bytes);
           MaybeMultiply(m, actions);
           break;
+        }
         case Step::kMultiply: {
-          m->computed_s = SecondsSince(m->started);
-          m->product = result->resident();
-          m->placement = result->placement();
-          // The operands' memory can go now.
-          m->operand[0].reset();
-          m->operand[1].reset();
-          m->buffer.reset();
-          if (m->product == nullptr) {
+          // `offset`: the panel's first row.
+          auto p = std::find_if(
+              m->panels.begin(), m->panels.end(),
+              [offset](const Multiply::Panel& p) { return p.row0 == offset; });
+          if (p == m->panels.end() || result->resident() == nullptr) {
             Fail(m, absl::InternalError("the engine kept no product"));
             break;
+          }
+          p->product = result->resident();
+          p->a.reset();
+          if (m->rows_computed == 0) m->placement = result->placement();
+          m->rows_computed += p->rows;
+          if (m->rows_computed == m->spec.m) {
+            m->computed_s = SecondsSince(m->started);
+            // The operands' memory can go now.
+            m->operand[0].reset();
+            m->operand[1].reset();
+            m->buffer.reset();
           }
           MaybeAnswer(m, actions);
           break;
@@ -226,7 +250,7 @@ void MultiplyStreamReactor::StepDone(const std::shared_ptr<Multiply>& m,
         case Step::kDownload: {
           SendResultChunk(m, offset, std::move(*result));
           if (m->downloads_in_flight == 0 &&
-              m->next_download == m->spec.c_bytes()) {
+              m->downloaded == m->spec.c_bytes()) {
             if (m->stripes > 1) EndStripes(m, absl::OkStatus());
             Close(m, grpc::StatusCode::OK);
           }
@@ -243,37 +267,73 @@ void MultiplyStreamReactor::StepDone(const std::shared_ptr<Multiply>& m,
 
 void MultiplyStreamReactor::MaybeMultiply(const std::shared_ptr<Multiply>& m,
                                           Actions& actions) {
-  if (!m->allocated || m->multiply_submitted || m->uploads_in_flight > 0 ||
-      !m->waiting.empty() || m->received[0] < m->need[0] ||
-      m->received[1] < m->need[1]) {
-    return;
+  if (!m->allocated || m->multiply_submitted) return;
+  if (m->on_device[1].covered() < m->need[1]) return;  // B first
+  const MatmulSpec& s = m->spec;
+  int64_t ready = s.m;  // rows of op(A) on the device, from the first
+  if (m->on_device[0].covered() < m->need[0]) {
+    if (!m->paneled) return;
+    ready = m->on_device[0].FirstGap() / (s.k * s.elem_size());
+    if (ready - m->rows_submitted < m->panel_rows) return;
   }
-  m->multiply_submitted = true;
-  actions.jobs.push_back(NewJob(m, Step::kMultiply, 0, nullptr));
+  Multiply::Panel p;
+  p.row0 = m->rows_submitted;
+  p.rows = ready - m->rows_submitted;
+  if (p.rows == s.m) {
+    p.a = m->operand[0];
+  } else {
+    absl::StatusOr<std::shared_ptr<ResidentTensor>> rows = ResidentView::Create(
+        m->operand[0], p.row0 * s.k * s.elem_size(), s.dtype, 1, p.rows, s.k);
+    if (!rows.ok()) {
+      Fail(m, absl::InternalError(rows.status().message()));
+      return;
+    }
+    p.a = *rows;
+  }
+  m->rows_submitted = ready;
+  m->multiply_submitted = ready == s.m;
+  m->panels.push_back(std::move(p));
+  actions.jobs.push_back(
+      NewJob(m, Step::kMultiply, 0, nullptr, m->panels.size() - 1));
 }
 
 void MultiplyStreamReactor::PumpDownloads(Actions& actions) {
   for (const auto& [id, m] : open_) {
-    if (!m->described || m->product == nullptr || m->keep) continue;
+    if (!m->described || m->keep) continue;
     // A striped multiply has a window per stream (charged in HeldBytes);
     // the others share this stream's.
     const bool striped = m->stripes > 1;
     int& out = striped ? m->result_chunks_out : result_chunks_in_flight_;
     const int window = striped ? m->stripes * kMaxResultChunksInFlight
                                : kMaxResultChunksInFlight;
-    while (out < window && m->next_download < m->spec.c_bytes()) {
-      std::unique_ptr<MatmulJob> job = NewJob(m, Step::kDownload, 0, nullptr);
-      m->next_download += job->spec().c_bytes();
-      ++m->downloads_in_flight;
-      ++out;
-      actions.jobs.push_back(std::move(job));
+    for (size_t i = 0; i < m->panels.size() && out < window; ++i) {
+      Multiply::Panel& p = m->panels[i];
+      if (p.product == nullptr) continue;  // not computed, or all sent
+      const int64_t bytes = PanelBytes(m->spec, p.rows);
+      while (out < window && p.next_download < bytes) {
+        std::unique_ptr<MatmulJob> job =
+            NewJob(m, Step::kDownload, 0, nullptr, i);
+        p.next_download += job->spec().c_bytes();
+        m->downloaded += job->spec().c_bytes();
+        ++m->downloads_in_flight;
+        ++out;
+        actions.jobs.push_back(std::move(job));
+      }
+      // Its download jobs hold the product now.
+      if (p.next_download == bytes) p.product.reset();
     }
   }
 }
 
 void MultiplyStreamReactor::MaybeAnswer(const std::shared_ptr<Multiply>& m,
                                         Actions& actions) {
-  if (m->closed || m->described || m->product == nullptr) return;
+  if (m->closed || m->rows_computed == 0) return;
+  if (m->described) {
+    PumpDownloads(actions);  // a later panel
+    return;
+  }
+  // A kept product is whole: one panel.
+  if (m->keep && m->rows_computed < m->spec.m) return;
   // A striped multiply answers once every stream has joined.
   if (m->stripes > 1 && m->joins < m->stripes - 1) return;
   m->described = true;
@@ -285,8 +345,9 @@ void MultiplyStreamReactor::MaybeAnswer(const std::shared_ptr<Multiply>& m,
   r->mutable_placement()->set_device(m->placement.device);
   r->mutable_placement()->set_stream(m->placement.stream);
   if (m->keep) {
-    const HandleRegistry::Entry entry = state_.handles.Add(
-        m->lease.TakeReservation(), m->product, m->c_shape, m->keep_ttl);
+    const HandleRegistry::Entry entry =
+        state_.handles.Add(m->lease.TakeReservation(), m->panels[0].product,
+                           m->c_shape, m->keep_ttl);
     FillHandle(entry, r->mutable_c_handle());
   }
   response.set_request_id(m->id);

@@ -257,9 +257,15 @@ void MultiplyStreamReactor::StripeHeader(
   Actions actions;
   {
     absl::MutexLock lock(&mu_);
-    if (!finished_ && !record->closed) {
+    if (!finished_ && !record->closed && !record->described) {
       record->described = true;
       Queue(std::move(message), false);
+      for (grpc::ByteBuffer& chunk : record->early) {
+        Queue(std::move(chunk), true, record);
+        ++record->share_got;
+      }
+      record->early.clear();
+      MaybeCloseShare(record);
     }
     Settle(actions);
   }
@@ -272,9 +278,13 @@ void MultiplyStreamReactor::StripeResultChunk(
   {
     absl::MutexLock lock(&mu_);
     if (!finished_ && !record->closed) {
-      Queue(std::move(message), true, record);
-      ++record->share_got;
-      MaybeCloseShare(record);
+      if (record->described) {
+        Queue(std::move(message), true, record);
+        ++record->share_got;
+        MaybeCloseShare(record);
+      } else {
+        record->early.push_back(std::move(message));
+      }
     }
     // Else the message goes (its staging with it); the multiply has failed.
     Settle(actions);
@@ -298,7 +308,8 @@ void MultiplyStreamReactor::StripeShareDone(
 
 void MultiplyStreamReactor::MaybeCloseShare(
     const std::shared_ptr<Multiply>& record) {
-  if (record->share_chunks < 0 || record->share_got < record->share_chunks) {
+  if (!record->described || record->share_chunks < 0 ||
+      record->share_got < record->share_chunks) {
     return;
   }
   record->owner_done = true;

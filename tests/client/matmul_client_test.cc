@@ -1,11 +1,11 @@
 // Tests of MatmulClient against a fake MatmulService (in-process, port 0),
 // so that error codes, deadlines, channel rotation, malformed replies and
 // what goes on the wire (handles, keep_result, TTLs, x-matmul-client
-// metadata) can be driven and seen precisely; plus the HostTensor <-> proto
-// and dtype conversions. MultiplyStreamed (striped or not) runs against a
-// real MatmulServer in the process (host engine, or MATMUL_TEST_ENGINE);
-// stored tensors are exercised by stored_tensor_client_test.cc, and the
-// CLI end to end by cli_e2e_test.py.
+// metadata, cancellation) can be driven and seen precisely; plus the
+// HostTensor <-> proto and dtype conversions. MultiplyStreamed (striped or
+// not) runs against a real MatmulServer in the process (host engine, or
+// MATMUL_TEST_ENGINE); stored tensors are exercised by
+// stored_tensor_client_test.cc, and the CLI end to end by cli_e2e_test.py.
 #include "client/lib/matmul_client.h"
 
 #include <grpcpp/security/server_credentials.h>
@@ -154,6 +154,7 @@ class FakeService final : public v1::MatmulService::CallbackService {
   grpc::ServerUnaryReactor* Upload(grpc::CallbackServerContext* context,
                                    const v1::UploadRequest* request,
                                    v1::UploadResponse* response) override {
+    if (holding()) return new HeldCall(this);
     v1::TensorHandle* handle = response->mutable_handle();
     {
       absl::MutexLock lock(&mu_);
@@ -175,6 +176,7 @@ class FakeService final : public v1::MatmulService::CallbackService {
   grpc::ServerUnaryReactor* Download(grpc::CallbackServerContext* context,
                                      const v1::DownloadRequest* request,
                                      v1::DownloadResponse* response) override {
+    if (holding()) return new HeldCall(this);
     grpc::Status status;
     {
       absl::MutexLock lock(&mu_);
@@ -195,6 +197,7 @@ class FakeService final : public v1::MatmulService::CallbackService {
   grpc::ServerUnaryReactor* Delete(grpc::CallbackServerContext* context,
                                    const v1::DeleteRequest* request,
                                    v1::DeleteResponse*) override {
+    if (holding()) return new HeldCall(this);
     grpc::Status status;
     {
       absl::MutexLock lock(&mu_);
@@ -206,6 +209,14 @@ class FakeService final : public v1::MatmulService::CallbackService {
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     reactor->Finish(status);
     return reactor;
+  }
+
+  // Reads a stream to its end (WritesDone), then holds it until the client
+  // cancels it.
+  grpc::ServerBidiReactor<v1::MultiplyStreamRequest,
+                          v1::MultiplyStreamResponse>*
+  MultiplyStream(grpc::CallbackServerContext*) override {
+    return new HeldStream(this);
   }
 
   grpc::ServerUnaryReactor* GetServerInfo(
@@ -235,6 +246,20 @@ class FakeService final : public v1::MatmulService::CallbackService {
   void Malformed() {
     absl::MutexLock lock(&mu_);
     malformed_ = true;
+  }
+  // Upload, Download and Delete are held until cancelled from now on.
+  void Hold() {
+    absl::MutexLock lock(&mu_);
+    holding_ = true;
+  }
+  // Calls held (streams: read to their end) and held calls cancelled.
+  int held() {
+    absl::MutexLock lock(&mu_);
+    return held_;
+  }
+  int cancelled() {
+    absl::MutexLock lock(&mu_);
+    return cancelled_;
   }
   std::set<std::string> peers() {
     absl::MutexLock lock(&mu_);
@@ -273,6 +298,61 @@ class FakeService final : public v1::MatmulService::CallbackService {
   v1::UploadRequest last_upload_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, v1::Tensor> stored_ ABSL_GUARDED_BY(mu_);
   int next_id_ ABSL_GUARDED_BY(mu_) = 0;
+  bool holding_ ABSL_GUARDED_BY(mu_) = false;
+  int held_ ABSL_GUARDED_BY(mu_) = 0;
+  int cancelled_ ABSL_GUARDED_BY(mu_) = 0;
+
+  bool holding() {
+    absl::MutexLock lock(&mu_);
+    if (holding_) ++held_;
+    return holding_;
+  }
+  void Cancelled() {
+    absl::MutexLock lock(&mu_);
+    ++cancelled_;
+  }
+
+  // A unary call that ends only when the client cancels it.
+  class HeldCall : public grpc::ServerUnaryReactor {
+   public:
+    explicit HeldCall(FakeService* service) : service_(service) {}
+    void OnCancel() override {
+      service_->Cancelled();
+      Finish(grpc::Status::CANCELLED);
+    }
+    void OnDone() override { delete this; }
+
+   private:
+    FakeService* const service_;
+  };
+
+  class HeldStream
+      : public grpc::ServerBidiReactor<v1::MultiplyStreamRequest,
+                                       v1::MultiplyStreamResponse> {
+   public:
+    explicit HeldStream(FakeService* service) : service_(service) {
+      StartRead(&request_);
+    }
+    void OnReadDone(bool ok) override {
+      if (ok) {
+        StartRead(&request_);
+      } else if (!cancelled_) {
+        absl::MutexLock lock(&service_->mu_);
+        ++service_->held_;
+      }
+    }
+    void OnCancel() override {
+      cancelled_ = true;
+      service_->Cancelled();
+      Finish(grpc::Status::CANCELLED);
+    }
+    void OnDone() override { delete this; }
+
+   private:
+    FakeService* const service_;
+    v1::MultiplyStreamRequest request_;
+    std::atomic<bool> cancelled_{false};
+  };
 };
 
 ClientOptions Channels(int n) {
@@ -449,6 +529,130 @@ TEST_F(MatmulClientTest, CallCancellerCancelsAnAsyncMultiply) {
   done.WaitForNotification();
   EXPECT_EQ(status.code(), absl::StatusCode::kCancelled);
   options.canceller->Cancel();  // after the end: nothing happens
+}
+
+// Waits (bounded) until `get()` reaches `n`.
+template <typename Get>
+void WaitUntil(Get get, int n) {
+  for (int i = 0; i < 3000 && get() < n; ++i) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_EQ(get(), n);
+}
+
+TEST_F(MatmulClientTest, CallCancellerCancelsUploadDownloadAndDelete) {
+  std::unique_ptr<MatmulClient> client = NewClient();
+  service_.Hold();
+  // Starts call `i` (0 upload, 1 download, 2 delete) with `canceller`; its
+  // status goes to `status`, then `done` is notified.
+  auto start = [&](int i, std::shared_ptr<CallCanceller> canceller,
+                   absl::Status& status, absl::Notification& done) {
+    if (i == 0) {
+      UploadOptions options;
+      options.timeout = absl::Seconds(30);  // bounds a failing test
+      options.canceller = std::move(canceller);
+      client->UploadAsync(a_, options, [&](absl::StatusOr<StoredTensor> s) {
+        status = s.status();
+        done.Notify();
+      });
+    } else if (i == 1) {
+      client->DownloadAsync(
+          "h-any", absl::Seconds(30),
+          [&](absl::StatusOr<HostTensor> t) {
+            status = t.status();
+            done.Notify();
+          },
+          std::move(canceller));
+    } else {
+      client->DeleteAsync(
+          "h-any", absl::Seconds(30),
+          [&](absl::Status s) {
+            status = s;
+            done.Notify();
+          },
+          std::move(canceller));
+    }
+  };
+  for (int i = 0; i < 3; ++i) {
+    SCOPED_TRACE(i);
+    // Cancelled before it starts: CANCELLED at once.
+    auto early = std::make_shared<CallCanceller>();
+    early->Cancel();
+    absl::Status early_status;
+    absl::Notification early_done;
+    start(i, early, early_status, early_done);
+    early_done.WaitForNotification();
+    EXPECT_EQ(early_status.code(), absl::StatusCode::kCancelled);
+
+    // Cancelled while the server holds it: the server's call ends
+    // cancelled, and so does the client's.
+    const int held = service_.held();
+    const int cancelled = service_.cancelled();
+    auto canceller = std::make_shared<CallCanceller>();
+    absl::Status status;
+    absl::Notification done;
+    start(i, canceller, status, done);
+    WaitUntil([&] { return service_.held(); }, held + 1);
+    EXPECT_FALSE(done.HasBeenNotified());
+    canceller->Cancel();
+    done.WaitForNotification();
+    EXPECT_EQ(status.code(), absl::StatusCode::kCancelled) << status;
+    WaitUntil([&] { return service_.cancelled(); }, cancelled + 1);
+    canceller->Cancel();  // after the end: nothing happens
+  }
+  EXPECT_EQ(service_.stored(), 0u);
+}
+
+TEST_F(MatmulClientTest, CallCancellerCancelsMultiplyStreamed) {
+  std::unique_ptr<MatmulClient> client = NewClient();
+  MultiplyOptions options;
+  options.timeout = absl::Seconds(30);  // bounds a failing test
+  options.canceller = std::make_shared<CallCanceller>();
+  options.canceller->Cancel();
+  EXPECT_EQ(client->MultiplyStreamed(a_, b_, options, 4).status().code(),
+            absl::StatusCode::kCancelled);
+
+  // The fake holds a stream once it has read it to its end: only a
+  // cancellation (or, in a failing test, the deadline) ends the blocked
+  // call.
+  options.canceller = std::make_shared<CallCanceller>();
+  absl::Status status;
+  std::thread caller(
+      [&] { status = client->MultiplyStreamed(a_, b_, options, 4).status(); });
+  WaitUntil([&] { return service_.held(); }, 1);
+  options.canceller->Cancel();
+  caller.join();
+  EXPECT_EQ(status.code(), absl::StatusCode::kCancelled) << status;
+  WaitUntil([&] { return service_.cancelled(); }, 1);
+  options.canceller->Cancel();  // after the end: nothing happens
+  // Without a canceller it runs as ever (to the fake's hold, past the
+  // deadline here).
+  options.canceller = nullptr;
+  options.timeout = absl::Milliseconds(200);
+  EXPECT_EQ(client->MultiplyStreamed(a_, b_, options, 4).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST_F(MatmulClientTest, CallCancellerCancelsEveryCallOfAStripedMultiply) {
+  // The fake holds each of the three calls (the start and both joins) once
+  // it has read it to its end; cancelling ends call 0, whose end cancels
+  // the other two.
+  std::unique_ptr<MatmulClient> client = NewClient();
+  MultiplyOptions options;
+  options.timeout = absl::Seconds(30);  // bounds a failing test
+  options.canceller = std::make_shared<CallCanceller>();
+  StreamOptions stream;
+  stream.stripes = 3;
+  stream.chunk_bytes = 4;
+  absl::Status status;
+  std::thread caller([&] {
+    status = client->MultiplyStreamed(a_, b_, options, stream).status();
+  });
+  WaitUntil([&] { return service_.held(); }, 3);
+  options.canceller->Cancel();
+  caller.join();
+  EXPECT_EQ(status.code(), absl::StatusCode::kCancelled) << status;
+  WaitUntil([&] { return service_.cancelled(); }, 3);
 }
 
 TEST_F(MatmulClientTest, MultiplyAsyncManyInFlight) {

@@ -650,6 +650,10 @@ void StreamDifferential(absl::Span<const ByteChunk> chunks, const uint8_t* data,
       if (wire->result_chunk_bytes != parsed.start().result_chunk_bytes()) {
         FailWire("stream: result_chunk_bytes differs", "");
       }
+      if (wire->stripe_key != parsed.start().stripe_key() ||
+          wire->stripes != parsed.start().stripes()) {
+        FailWire("stream: stripe_key or stripes differs", "");
+      }
       Differential(wire->start_pieces, &parsed.start().request());
       break;
     case v1::MultiplyStreamRequest::kChunk: {
@@ -670,6 +674,14 @@ void StreamDifferential(absl::Span<const ByteChunk> chunks, const uint8_t* data,
       }
       break;
     }
+    case v1::MultiplyStreamRequest::kJoin:
+      if (wire->kind != WireStreamRequest::Kind::kJoin) {
+        FailWire("stream: join not seen", "");
+      }
+      if (wire->stripe_key != parsed.join().stripe_key()) {
+        FailWire("stream: join's stripe_key differs", "");
+      }
+      break;
     case v1::MultiplyStreamRequest::KIND_NOT_SET:
       if (wire->kind != WireStreamRequest::Kind::kNone) {
         FailWire("stream: a kind protobuf does not see", "");

@@ -4,28 +4,36 @@ deadlines and cancellation, on both engines (the native core's asynchronous
 calls, and grpc.aio).
 
 Deadlines and cancellation are seen from the server's side: a small Python
-gRPC server in this process (``HoldingServer``) holds each Multiply until
-the test lets it go, and records when the RPC ended; a cancelled call ends
-while its handler is still holding it, which only a cancellation can do.
+gRPC server in this process (``HoldingServicer``) holds each call
+(Multiply, MultiplyStream, Upload, Download, Delete) until the test lets it
+go, and records when the RPC ended; a cancelled call ends while its handler
+is still holding it, which only a cancellation can do. A big streamed
+multiply cancelled mid-flight on a real server shows there as a
+MultiplyStream multiply ended CANCELLED (its /metrics).
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import re
 import threading
-from typing import Any, Iterator, List, Tuple
+import urllib.request
+from typing import Any, Callable, Iterator, List, Tuple
 
 import grpc
 import numpy as np
 import pytest
 
-from conftest import ENGINES, _free_port
+from conftest import ENGINES, ServerProcess, _free_port
 from matmul_client import MatmulError
 from matmul_client._proto.matmul.v1 import matmul_pb2, matmul_pb2_grpc
 from matmul_client.aio import AsyncClient
 
 _WAIT_S = 30  # bound on every wait; never reached when passing
+# The deadline of calls that a test cancels: past every wait of the test, so
+# that only a cancellation can end them while it waits.
+_CANCELLED_CALL_TIMEOUT_S = 3 * _WAIT_S
 
 
 def make_async_client(target: str, engine: str, **kwargs: Any) -> AsyncClient:
@@ -158,16 +166,18 @@ def test_errors_carry_the_grpc_code(server, small_server, engine: str) -> None:
 
 
 class HoldingServicer(matmul_pb2_grpc.MatmulServiceServicer):
-    """Multiply: holds each call until ``release`` is set, recording that it
-    entered and, through the RPC's termination callback, whether it ended
-    while still held (cancelled or past its deadline); then answers A.B."""
+    """Holds each call (once it has its whole request) until ``release`` is
+    set, recording that it entered and, through the RPC's termination
+    callback, whether it ended while still held (cancelled or past its
+    deadline); then answers: Multiply A.B, Upload a handle, Download a 2x2
+    tensor, Delete nothing; MultiplyStream fails UNIMPLEMENTED."""
 
     def __init__(self) -> None:
         self.entered = threading.Semaphore(0)
         self.ended_while_held = threading.Semaphore(0)
         self.release = threading.Event()
 
-    def Multiply(self, request, context):  # noqa: N802 - the RPC's name
+    def _hold(self, context: grpc.ServicerContext) -> None:
         held = threading.Event()
         held.set()
 
@@ -179,6 +189,36 @@ class HoldingServicer(matmul_pb2_grpc.MatmulServiceServicer):
         self.entered.release()
         self.release.wait(_WAIT_S)
         held.clear()
+
+    def Upload(self, request, context):  # noqa: N802 - the RPC's name
+        self._hold(context)
+        return matmul_pb2.UploadResponse(
+            handle=matmul_pb2.TensorHandle(
+                id="h-held", shape=request.tensor.shape, dtype=request.tensor.dtype,
+                device=-1, bytes=len(request.tensor.data),
+            )
+        )
+
+    def Download(self, request, context):  # noqa: N802 - the RPC's name
+        self._hold(context)
+        data = np.zeros((2, 2), "<f4")
+        return matmul_pb2.DownloadResponse(
+            tensor=matmul_pb2.Tensor(shape=data.shape, dtype=matmul_pb2.DTYPE_FLOAT32, data=data.tobytes())
+        )
+
+    def Delete(self, request, context):  # noqa: N802 - the RPC's name
+        self._hold(context)
+        return matmul_pb2.DeleteResponse()
+
+    def MultiplyStream(self, request_iterator, context):  # noqa: N802 - the RPC's name
+        for _ in request_iterator:  # until the client's last chunk
+            pass
+        self._hold(context)
+        context.abort(grpc.StatusCode.UNIMPLEMENTED, "the holding server computes no streams")
+        yield matmul_pb2.MultiplyStreamResponse()  # never reached: a generator
+
+    def Multiply(self, request, context):  # noqa: N802 - the RPC's name
+        self._hold(context)
         a = np.frombuffer(request.a.data, "<f4").reshape(tuple(request.a.shape))
         b = np.frombuffer(request.b.data, "<f4").reshape(tuple(request.b.shape))
         c = (a @ b).astype("<f4")
@@ -226,7 +266,7 @@ def test_cancelling_the_task_cancels_the_rpc(holding, engine: str) -> None:
     servicer, target = holding
 
     async def main() -> None:
-        async with make_async_client(target, engine, timeout=_WAIT_S) as c:
+        async with make_async_client(target, engine, timeout=_CANCELLED_CALL_TIMEOUT_S) as c:
             task = asyncio.ensure_future(c.multiply(_A, _B))
             loop = asyncio.get_running_loop()
             entered = await loop.run_in_executor(None, servicer.entered.acquire, True, _WAIT_S)
@@ -240,6 +280,160 @@ def test_cancelling_the_task_cancels_the_rpc(holding, engine: str) -> None:
             servicer.release.set()
             # The client works on after a cancellation.
             np.testing.assert_array_equal(await c.multiply(_A, _B), _A @ _B)
+
+    run(main())
+
+
+async def _settled(c: AsyncClient) -> None:
+    """Waits (bounded) until every native call of ``c`` has handed back its
+    outcome: a cancelled call's thread, or gRPC's, is done with it."""
+    for _ in range(_WAIT_S * 100):
+        if c._in_flight == 0:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{c._in_flight} native call(s) never came back")
+
+
+async def _cancel_while_held(
+    c: AsyncClient, servicer: HoldingServicer, call: Callable[[], Any]
+) -> None:
+    """Starts ``call()`` as a task, cancels it while the server holds it,
+    and checks that the task raised CancelledError, the server's RPC ended
+    while still held (cancelled, not answered) and the native call ended."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(call())
+    entered = await loop.run_in_executor(None, servicer.entered.acquire, True, _WAIT_S)
+    assert entered, "the server never saw the call"
+    assert not task.done()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    ended = await loop.run_in_executor(None, servicer.ended_while_held.acquire, True, _WAIT_S)
+    assert ended, "the server's call did not end: the RPC was not cancelled"
+    await _settled(c)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("method", ["multiply_streamed", "upload", "download", "delete"])
+def test_cancelling_any_call_cancels_its_rpc(holding, engine: str, method: str) -> None:
+    servicer, target = holding
+    calls = {
+        "multiply_streamed": lambda c: c.multiply_streamed(_A, _B, chunk_bytes=8),
+        "upload": lambda c: c.upload(_A, ttl=60),
+        "download": lambda c: c.download("h-held"),
+        "delete": lambda c: c.delete("h-held"),
+    }
+
+    async def main() -> None:
+        async with make_async_client(target, engine, timeout=_CANCELLED_CALL_TIMEOUT_S) as c:
+            await _cancel_while_held(c, servicer, lambda: calls[method](c))
+            # A second one, with nothing left of the first.
+            await _cancel_while_held(c, servicer, lambda: calls[method](c))
+            servicer.release.set()
+            # The client works on after the cancellations.
+            if method == "upload":
+                assert (await c.upload(_A, ttl=60)).id == "h-held"
+            elif method == "download":
+                np.testing.assert_array_equal(await c.download("h-held"), np.zeros((2, 2)))
+            elif method == "delete":
+                await c.delete("h-held")
+            else:
+                with pytest.raises(MatmulError) as raised:
+                    await c.multiply_streamed(_A, _B)
+                assert raised.value.code is grpc.StatusCode.UNIMPLEMENTED
+            np.testing.assert_array_equal(await c.multiply(_A, _B), _A @ _B)
+
+    run(main())
+
+
+# --- a big streamed multiply cancelled mid-flight on a real server ----------------
+
+
+@pytest.fixture(scope="module")
+def metrics_server() -> Iterator[ServerProcess]:
+    """A matmul-server of this module's own, with /metrics."""
+    server = ServerProcess(metrics=True)
+    yield server
+    assert server.stop() == 0, server.output()
+
+
+def _series(server: ServerProcess, name: str, **labels: str) -> float:
+    """The value of one series of ``name`` with exactly ``labels`` on the
+    server's /metrics; 0 when it is not there yet."""
+    assert server.metrics_port is not None
+    url = f"http://127.0.0.1:{server.metrics_port}/metrics"
+    direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with direct.open(url, timeout=5) as reply:
+        text = reply.read().decode()
+    for line in text.splitlines():
+        match = re.fullmatch(rf"{name}(?:\{{(.*)\}})? (\S+)", line)
+        if match and dict(re.findall(r'(\w+)="([^"]*)"', match.group(1) or "")) == labels:
+            return float(match.group(2))
+    return 0.0
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_cancelling_a_big_streamed_multiply_stops_it_on_the_server(metrics_server, engine: str) -> None:
+    server = metrics_server
+    n = 3072  # 36 MiB operands in 256 KiB chunks; a GEMM of seconds on the host engine
+    a = np.ones((n, n), np.float32)
+    b = np.ones((n, n), np.float32)
+    small = np.arange(12, dtype=np.float32).reshape(3, 4)
+
+    def read(name: str, **labels: str) -> float:
+        return _series(server, name, **labels)
+
+    def unanswered() -> float:
+        # A multiply of a stream the client cancels ends CANCELLED, or
+        # INVALID_ARGUMENT when the server's read failed first, with
+        # operand bytes missing ("the client closed the stream before ...").
+        return sum(
+            read("matmul_requests_total", method="MultiplyStream", code=code)
+            for code in ("CANCELLED", "INVALID_ARGUMENT")
+        )
+
+    def finished_ok() -> float:
+        return read("matmul_requests_total", method="MultiplyStream", code="OK")
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+
+        async def metric(get: Callable[[], float]) -> float:
+            return await loop.run_in_executor(None, get)  # HTTP: off the loop
+
+        async def until(get: Callable[[], float], predicate: Callable[[float], bool], what: str) -> float:
+            for _ in range(_WAIT_S * 50):
+                value = await metric(get)
+                if predicate(value):
+                    return value
+                await asyncio.sleep(0.02)
+            raise AssertionError(f"{what}: still {value}")
+
+        async with make_async_client(server.target, engine, timeout=4 * _WAIT_S) as c:
+            unanswered_before = await metric(unanswered)
+            ok_before = await metric(finished_ok)
+            in_before = await metric(lambda: read("matmul_payload_bytes_total", path="stream", direction="in"))
+            task = asyncio.ensure_future(c.multiply_streamed(a, b, chunk_bytes=256 << 10))
+            # Mid-flight: the server has operand chunks of it.
+            await until(
+                lambda: read("matmul_payload_bytes_total", path="stream", direction="in"),
+                lambda v: v > in_before, "no operand chunk reached the server",
+            )
+            # The loop is free meanwhile: another call runs to its end.
+            np.testing.assert_array_equal(await c.multiply(small, small.T.copy()), small @ small.T)
+            assert not task.done(), "the big multiply ended before it was cancelled"
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            # The server saw the stream's multiply end unanswered.
+            await until(unanswered, lambda v: v == unanswered_before + 1, "no unanswered MultiplyStream")
+            await _settled(c)  # the native call's thread is done
+            await until(lambda: read("matmul_inflight_requests"), lambda v: v == 0, "requests in flight")
+            assert await metric(finished_ok) == ok_before
+            # The client and the server work on.
+            got = await c.multiply_streamed(small, small.T.copy(), chunk_bytes=16)
+            np.testing.assert_array_equal(got, small @ small.T)
+            assert await metric(finished_ok) == ok_before + 1
 
     run(main())
 

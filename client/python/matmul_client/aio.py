@@ -13,13 +13,12 @@ is an asynchronous call of the C++ client library: nothing blocks the event
 loop and no thread pool is involved. The library completes the call on one
 of gRPC's threads, which takes the GIL only to hand the outcome to the loop
 (``loop.call_soon_threadsafe``); operands go out from their own buffers, as
-with :class:`Client`. Cancelling the awaiting task cancels the RPC of
-:meth:`AsyncClient.multiply` (the server sees CANCELLED); an
-upload, download or delete that is cancelled stops being awaited but runs
-to its end on the server (the library offers no cancellation for those).
-:meth:`AsyncClient.multiply_streamed` runs the library's blocking streamed
-call on the loop's default executor (the library has no asynchronous
-MultiplyStream); cancelling it stops the wait, not the stream.
+with :class:`Client`. :meth:`AsyncClient.multiply_streamed` runs the
+library's blocking streamed call on a native thread of its own (not the
+loop's executor), which ends with the call. Cancelling the awaiting task
+cancels the RPC of every call (multiply, multiply_streamed, upload, download,
+delete; the server sees CANCELLED): the task raises CancelledError at once,
+and the native call ends promptly after it, leaving nothing blocked.
 ``server_info`` and ``health`` use a ``grpc.aio`` channel.
 
 Without the native core (not built, MATMUL_CLIENT_NATIVE=0, native=False,
@@ -38,12 +37,12 @@ import grpc.aio
 import numpy as np
 import numpy.typing as npt
 
-from . import _client
 from ._channel import ChannelOption, TlsArgument, channel_options, tls_config
 from ._client import (
     CLIENT_ID_METADATA_KEY,
     Operand,
     _check_client_id,
+    _check_stripes,
     _downloaded,
     _handle_from_native,
     _make_native,
@@ -109,6 +108,7 @@ class AsyncClient:
             self._native, why = _make_native(target, tls, options, self._client_id)
             if self._native is None and native:
                 raise ValueError(f"native=True, but {why}")
+        self._in_flight = 0  # native calls whose outcome has not come back
         self._channel: Optional[grpc.aio.Channel] = None
         self._stub: Any = None
         self._health: Any = None
@@ -145,7 +145,7 @@ class AsyncClient:
                 a, b, transpose_a, transpose_b, compute, dtype, keep, result_ttl, deadline
             )
             native = self._native
-            value = await _await_native(lambda done: native.multiply_async(*args, done))
+            value = await self._await_native(lambda done: native.multiply_async(*args, done))
             if keep:
                 return _handle_from_native(value, self)
             return _native_array(value, wire)
@@ -181,13 +181,13 @@ class AsyncClient:
         stripes: int = 1,
     ) -> np.ndarray:
         """:meth:`Client.multiply_streamed`, awaited. On the native core the
-        library's (blocking, GIL-free) streamed call runs on the loop's
-        default executor; cancelling the task stops the wait, not the
-        stream. On grpc.aio cancelling cancels the stream. ``stripes`` > 1
+        library's (blocking, GIL-free) streamed call runs on a native thread
+        of its own. Cancelling the task cancels the stream (on both cores);
+        the operands must not change until the call is done. ``stripes`` > 1
         needs the native core (ValueError on grpc.aio)."""
         if chunk_bytes <= 0:
             raise ValueError(f"chunk_bytes={chunk_bytes}: expected a positive size")
-        stripes = _client._check_stripes(stripes)
+        stripes = _check_stripes(stripes)
         if stripes > 1 and self._native is None:
             raise ValueError(
                 f"stripes={stripes}: striping needs the native core (matmul_client._native); "
@@ -199,16 +199,11 @@ class AsyncClient:
                 a, b, transpose_a, transpose_b, compute, dtype, False, None, deadline
             )
             native = self._native
-            loop = asyncio.get_running_loop()
-            try:
-                product = await loop.run_in_executor(
-                    None,
-                    lambda: native.multiply_streamed(
-                        *args[:11], int(chunk_bytes), **({"stripes": stripes} if stripes > 1 else {})
-                    ),
+            product = await self._await_native(
+                lambda done: native.multiply_streamed_async(
+                    *args[:11], int(chunk_bytes), done, stripes=stripes
                 )
-            except _client._native.StatusError as error:
-                raise _client._native_error(error) from None
+            )
             return _native_array(product, wire)
         request, wire = _multiply_request(a, b, transpose_a, transpose_b, compute, dtype)
         messages, step = _stream_messages(request, chunk_bytes)
@@ -238,7 +233,7 @@ class AsyncClient:
         timeout: Optional[float] = None,
     ) -> Handle:
         """:meth:`Client.upload`, awaited (the array is copied before the
-        first await)."""
+        first await). Cancelling the task cancels the RPC."""
         x = np.asarray(array)
         if x.ndim not in (2, 3):
             raise ValueError(
@@ -251,7 +246,7 @@ class AsyncClient:
         if self._native is not None:
             args = _native_upload_args(x, dtype, device, ttl, deadline)
             native = self._native
-            value = await _await_native(lambda done: native.upload_async(*args, done))
+            value = await self._await_native(lambda done: native.upload_async(*args, done))
             return _handle_from_native(value, self)
         request = matmul_pb2.UploadRequest(
             tensor=encode_tensor(x, resolve_single_wire_type(x, dtype, "array")),
@@ -267,13 +262,14 @@ class AsyncClient:
         return Handle.from_proto(response.handle, self)
 
     async def download(self, handle: HandleOrId, *, timeout: Optional[float] = None) -> np.ndarray:
-        """:meth:`Client.download`, awaited."""
+        """:meth:`Client.download`, awaited. Cancelling the task cancels the
+        RPC."""
         ident = handle_id(handle)
         deadline = self._deadline(timeout)
         if self._native is not None:
             native = self._native
             seconds = None if deadline is None else float(deadline)
-            value = await _await_native(lambda done: native.download_async(ident, seconds, done))
+            value = await self._await_native(lambda done: native.download_async(ident, seconds, done))
             return _downloaded(value)
         stub = self._pure()[0]
         try:
@@ -289,13 +285,14 @@ class AsyncClient:
         return from_tensor(tensor, stored_wire_type(name))
 
     async def delete(self, handle: HandleOrId, *, timeout: Optional[float] = None) -> None:
-        """:meth:`Client.delete`, awaited."""
+        """:meth:`Client.delete`, awaited. Cancelling the task cancels the
+        RPC (the tensor may or may not be deleted then)."""
         ident = handle_id(handle)
         deadline = self._deadline(timeout)
         if self._native is not None:
             native = self._native
             seconds = None if deadline is None else float(deadline)
-            await _await_native(lambda done: native.delete_async(ident, seconds, done))
+            await self._await_native(lambda done: native.delete_async(ident, seconds, done))
             return
         stub = self._pure()[0]
         try:
@@ -343,6 +340,39 @@ class AsyncClient:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
+    async def _await_native(self, start: Callable[[Callable[[bool, Any], None]], Any]) -> Any:
+        """Starts a native asynchronous call with ``start(done)`` and awaits
+        its outcome. ``done(ok, value)`` runs on a gRPC (or the call's own)
+        thread, with the GIL taken for it alone, and only schedules the
+        outcome on this loop. Cancelling the awaiting task cancels the call
+        (``call.cancel()``) and raises at once; the call's outcome still
+        comes back later (``_in_flight`` counts the calls it has not)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+
+        def resolve(ok: bool, value: Any) -> None:  # On the loop's thread.
+            self._in_flight -= 1
+            if future.done():
+                return  # Cancelled meanwhile.
+            if ok:
+                future.set_result(value)
+            else:
+                future.set_exception(_native_status(*value))
+
+        def done(ok: bool, value: Any) -> None:  # On a native thread.
+            try:
+                loop.call_soon_threadsafe(resolve, ok, value)
+            except RuntimeError:
+                pass  # The loop is closed: nobody awaits the result any more.
+
+        call = start(done)
+        self._in_flight += 1
+        try:
+            return await future
+        except asyncio.CancelledError:
+            call.cancel()
+            raise
+
     def _deadline(self, timeout: Optional[float]) -> Optional[float]:
         return self._timeout if timeout is None else timeout
 
@@ -361,32 +391,3 @@ class AsyncClient:
             self._health = health_pb2_grpc.HealthStub(self._channel)
         return self._stub, self._health
 
-
-async def _await_native(start: Callable[[Callable[[bool, Any], None]], Any]) -> Any:
-    """Starts a native asynchronous call with ``start(done)`` and awaits its
-    outcome. ``done(ok, value)`` runs on a gRPC thread (with the GIL, taken
-    for it alone) and only schedules the result on this loop. Cancelling the
-    awaiting task cancels the call where the library can (``call.cancel``)."""
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future[Any] = loop.create_future()
-
-    def resolve(ok: bool, value: Any) -> None:  # On the loop's thread.
-        if future.done():
-            return  # Cancelled meanwhile.
-        if ok:
-            future.set_result(value)
-        else:
-            future.set_exception(_native_status(*value))
-
-    def done(ok: bool, value: Any) -> None:  # On a gRPC thread.
-        try:
-            loop.call_soon_threadsafe(resolve, ok, value)
-        except RuntimeError:
-            pass  # The loop is closed: nobody awaits the result any more.
-
-    call = start(done)
-    try:
-        return await future
-    except asyncio.CancelledError:
-        call.cancel()
-        raise

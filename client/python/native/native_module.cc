@@ -20,11 +20,13 @@
 // buffer.
 //
 // The *_async methods start the library's asynchronous call and return at
-// once (a Call, whose cancel() cancels a multiply); the library completes
+// once (a Call, whose cancel() cancels the RPC); the library completes
 // them on a gRPC thread, which takes the GIL only to call done(ok, value)
-// (value: the result, or (code, message)). matmul_client.aio hands that to
-// its event loop with call_soon_threadsafe; Client.multiply_async to a
-// concurrent.futures.Future.
+// (value: the result, or (code, message)). multiply_streamed_async runs the
+// library's blocking MultiplyStreamed on a thread of its own, which ends
+// with the call (promptly once cancelled). matmul_client.aio hands the
+// outcome to its event loop with call_soon_threadsafe;
+// Client.multiply_async to a concurrent.futures.Future.
 //
 // A failed call raises StatusError(code, message), code the gRPC status code
 // as an int; _client.py turns it into MatmulError.
@@ -501,6 +503,69 @@ class NativeClient {
     return ToPython(FromStatusOr(std::move(product)), result_dtype);
   }
 
+  // MultiplyStreamed without blocking: the library's blocking call runs on
+  // a thread of its own (which sends the arrays from their buffers, holding
+  // them until the call has returned), and done(ok, value) gets its
+  // outcome; Call.cancel() cancels the stream (MultiplyOptions::canceller),
+  // which ends the thread promptly.
+  PyCall MultiplyStreamedAsync(const py::object& a, int a_dtype,
+                               const std::string& a_handle, const py::object& b,
+                               int b_dtype, const std::string& b_handle,
+                               bool transpose_a, bool transpose_b, int compute,
+                               std::optional<double> timeout,
+                               const py::dtype& result_dtype,
+                               int64_t chunk_bytes, const py::object& done,
+                               int stripes) {
+    std::optional<WireOperand> wires[2];
+    const py::object* arrays[2] = {&a, &b};
+    const std::string* handles[2] = {&a_handle, &b_handle};
+    const int dtypes[2] = {a_dtype, b_dtype};
+    for (int i = 0; i < 2; ++i) {
+      const char* name = i == 0 ? "a" : "b";
+      if (!arrays[i]->is_none()) {
+        wires[i] = CheckOperand(py::reinterpret_borrow<py::array>(*arrays[i]),
+                                dtypes[i], name);
+      } else if (handles[i]->empty()) {
+        throw py::value_error(absl::StrCat(name, ": no array and no handle"));
+      }
+    }
+    MultiplyOptions options;
+    options.transpose_a = transpose_a;
+    options.transpose_b = transpose_b;
+    options.compute = compute == v1::COMPUTE_MODE_TF32 ? ComputeMode::kTf32
+                                                       : ComputeMode::kStrict;
+    options.timeout = Timeout(timeout);
+    options.canceller = std::make_shared<CallCanceller>();
+    PyCall call(options.canceller);
+    std::shared_ptr<const Held> held(new Held{done, result_dtype, Self()},
+                                     ReleaseHeld);
+    // The arrays stay referenced until the call has returned (the library
+    // returns once gRPC has let go of their bytes).
+    std::shared_ptr<const void> refs(new PythonRefs{a, b}, ReleaseRefs);
+    StreamedOperand views[2];
+    for (int i = 0; i < 2; ++i) {
+      if (!wires[i].has_value()) {
+        views[i].handle = *handles[i];
+        continue;
+      }
+      views[i].shape = wires[i]->shape;
+      views[i].dtype = wires[i]->dtype;
+      views[i].data = wires[i]->data;
+    }
+    StreamOptions stream;
+    stream.chunk_bytes = chunk_bytes;
+    stream.stripes = stripes;
+    std::thread([this, va = std::move(views[0]), vb = std::move(views[1]),
+                 options = std::move(options), stream, held = std::move(held),
+                 refs = std::move(refs)]() mutable {
+      absl::StatusOr<HostTensor> product =
+          client_->MultiplyStreamedView(va, vb, options, stream);
+      refs.reset();  // the arrays, released with the GIL (ReleaseRefs)
+      Complete(std::move(held), FromStatusOr(std::move(product)));
+    }).detach();
+    return call;
+  }
+
   static UploadOptions MakeUploadOptions(int device, int64_t ttl_seconds,
                                          std::optional<double> timeout) {
     UploadOptions options;
@@ -527,8 +592,9 @@ class NativeClient {
                      int64_t ttl_seconds, std::optional<double> timeout,
                      const py::object& done) {
     const WireOperand w = CheckOperand(x, dtype, "array");
-    const UploadOptions options =
-        MakeUploadOptions(device, ttl_seconds, timeout);
+    UploadOptions options = MakeUploadOptions(device, ttl_seconds, timeout);
+    options.canceller = std::make_shared<CallCanceller>();
+    PyCall call(options.canceller);
     std::shared_ptr<const Held> held(new Held{done, py::none(), Self()},
                                      ReleaseHeld);
     {
@@ -539,7 +605,7 @@ class NativeClient {
             Complete(std::move(held), FromStatusOr(std::move(s)));
           });
     }
-    return PyCall(nullptr);
+    return call;
   }
 
   // (array, dtype enum): the array in the tensor's little-endian wire dtype.
@@ -554,6 +620,7 @@ class NativeClient {
 
   PyCall DownloadAsync(const std::string& id, std::optional<double> timeout,
                        const py::object& done) {
+    auto canceller = std::make_shared<CallCanceller>();
     std::shared_ptr<const Held> held(new Held{done, py::none(), Self()},
                                      ReleaseHeld);
     {
@@ -562,9 +629,10 @@ class NativeClient {
           id, Timeout(timeout),
           [held = std::move(held)](absl::StatusOr<HostTensor> t) mutable {
             Complete(std::move(held), FromStatusOr(std::move(t)));
-          });
+          },
+          canceller);
     }
-    return PyCall(nullptr);
+    return PyCall(std::move(canceller));
   }
 
   void Delete(const std::string& id, std::optional<double> timeout) {
@@ -578,6 +646,7 @@ class NativeClient {
 
   PyCall DeleteAsync(const std::string& id, std::optional<double> timeout,
                      const py::object& done) {
+    auto canceller = std::make_shared<CallCanceller>();
     std::shared_ptr<const Held> held(new Held{done, py::none(), Self()},
                                      ReleaseHeld);
     {
@@ -588,9 +657,10 @@ class NativeClient {
             Outcome out;
             out.status = std::move(status);
             Complete(std::move(held), std::move(out));
-          });
+          },
+          canceller);
     }
-    return PyCall(nullptr);
+    return PyCall(std::move(canceller));
   }
 
   int channel_count() const { return client_->channel_count(); }
@@ -672,6 +742,12 @@ PYBIND11_MODULE(_native, m) {
            py::arg("b_dtype"), py::arg("b_handle"), py::arg("transpose_a"),
            py::arg("transpose_b"), py::arg("compute"), py::arg("timeout"),
            py::arg("result_dtype"), py::arg("chunk_bytes"),
+           py::arg("stripes") = 1)
+      .def("multiply_streamed_async", &NativeClient::MultiplyStreamedAsync,
+           py::arg("a"), py::arg("a_dtype"), py::arg("a_handle"), py::arg("b"),
+           py::arg("b_dtype"), py::arg("b_handle"), py::arg("transpose_a"),
+           py::arg("transpose_b"), py::arg("compute"), py::arg("timeout"),
+           py::arg("result_dtype"), py::arg("chunk_bytes"), py::arg("done"),
            py::arg("stripes") = 1)
       .def("upload", &NativeClient::Upload, py::arg("array"), py::arg("dtype"),
            py::arg("device"), py::arg("ttl_seconds"), py::arg("timeout"))
