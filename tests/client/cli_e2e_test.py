@@ -693,10 +693,12 @@ def test_stream_with_stripes_over_many_chunks(server, tmp_path):
     want = a.astype(np.float64) @ b.astype(np.float64)
     assert relative_error(c, want) < TOLERANCE["float32"]
     assert "over 8 striped streams" in stdout
-    # Against the unstriped stream: the same bytes.
+    # Against the unstriped stream: the same product (not always the same
+    # bytes: the server computes row panels as A's rows arrive, and the
+    # panels depend on the order they came in).
     single, _ = multiply(server, tmp_path, a, b, "--stream", "--chunk-mib", "1",
                          name="single")
-    np.testing.assert_array_equal(c, single)
+    assert relative_error(c, single) < TOLERANCE["float32"]
 
 
 def test_unary_request_over_the_message_limit_says_use_stream(tmp_path):
