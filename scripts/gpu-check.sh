@@ -2,7 +2,8 @@
 # One device call that checks a change to gpu/ on the H200:
 #   1. the GPU tests: cuda_engine_test and the tests of the CUDA engine's
 #      parts, then server_test and
-#      multiply_stream_test on the CUDA engine (MATMUL_TEST_ENGINE=cuda);
+#      multiply_stream_test and multiply_stream_stripe_test on the CUDA engine
+#      (MATMUL_TEST_ENGINE=cuda);
 #   2. matmul-bench at n=256 c=1, n=64 c=64, n=1024 c=32 and n=4096 c=16
 #      against matmul-server-before (the server as it was before the change,
 #      when the bundle has it) and matmul-server, one after the other, twice
@@ -37,7 +38,7 @@ for t in cuda_engine_test cuda_status_test timing_test stream_pool_test \
   log "$t rc=$?"
   gtest_line "$t" "$logs/$t.log"
 done
-for t in server_test multiply_stream_test; do
+for t in server_test multiply_stream_test multiply_stream_stripe_test; do
   MATMUL_TEST_ENGINE=cuda timeout 300 $R "$t" >"$logs/$t-cuda.log" 2>&1
   log "$t (cuda) rc=$?"
   gtest_line "$t" "$logs/$t-cuda.log"

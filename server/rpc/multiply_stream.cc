@@ -79,7 +79,11 @@ void MultiplyStreamReactor::OnReadDone(bool ok) {
     reading_ = false;
     if (!ok) {
       read_done_ = true;
-      // Multiplies still missing bytes can never complete.
+      // Multiplies still missing bytes can never complete. A read that
+      // failed because the client cancelled the call is not a short
+      // operand: OnCancel answers those multiplies CANCELLED (which of the
+      // two runs first is gRPC's choice).
+      const bool cancelled = cancelled_ || context_->IsCancelled();
       std::vector<std::shared_ptr<Multiply>> incomplete, striped;
       for (const auto& [id, m] : open_) {
         if (m->owner != nullptr) {
@@ -91,7 +95,8 @@ void MultiplyStreamReactor::OnReadDone(bool ok) {
         } else if (m->stripes > 1) {
           m->stripe[0].side_closed = true;
           striped.push_back(m);
-        } else if (m->received[0] < m->need[0] || m->received[1] < m->need[1]) {
+        } else if (!cancelled && (m->received[0] < m->need[0] ||
+                                  m->received[1] < m->need[1])) {
           incomplete.push_back(m);
         }
       }

@@ -30,8 +30,9 @@
 // fit, the call's deadline, the quota of a kept product, and the in-flight
 // budget, charged up front from the declared shapes with HeldBytes (the
 // most of its operands the chunk window can hold, plus the most of its
-// product the result-chunk window can hold). The lease is held until the
-// multiply is answered or fails.
+// product the result-chunk window can hold; a striped multiply, one of
+// each per stream). The lease is held until the multiply is answered or
+// fails.
 //
 // Chunks may come in any order: each operand's coverage is tracked, and a
 // chunk that overlaps another or runs past the end fails its multiply.

@@ -384,12 +384,13 @@ def test_cancelling_a_big_streamed_multiply_stops_it_on_the_server(metrics_serve
         return _series(server, name, **labels)
 
     def unanswered() -> float:
-        # A multiply of a stream the client cancels ends CANCELLED, or
-        # INVALID_ARGUMENT when the server's read failed first, with
-        # operand bytes missing ("the client closed the stream before ...").
+        # A multiply of a stream the client cancels ends CANCELLED, also
+        # when the server's failed read comes before its OnCancel (it used
+        # to count INVALID_ARGUMENT then, "the client closed the stream
+        # before ...", in 6 of 8 runs).
         return sum(
             read("matmul_requests_total", method="MultiplyStream", code=code)
-            for code in ("CANCELLED", "INVALID_ARGUMENT")
+            for code in ("CANCELLED",)
         )
 
     def finished_ok() -> float:
