@@ -14,6 +14,10 @@
 # OUT/summary.txt as it happens; logs to OUT/logs.tgz.
 #
 #   scripts/gpu-stream.sh OUT
+#   STRIPES="1 2 4 8" scripts/gpu-stream.sh OUT   step 1 at each --stripes K
+#     (one multiply striped over K MultiplyStream calls on K connections);
+#     default "1": one stream, as before. MATMUL_STREAM_CHUNKS="16" narrows
+#     step 1's chunk sizes (default "4 16 64").
 # A smoke run without a GPU: MATMUL_STREAM_N=512 MATMUL_STREAM_MID=256
 #   MATMUL_STREAM_ENGINE=host MATMUL_RUN=env PATH=build/bin:$PATH ...
 set -u
@@ -22,6 +26,8 @@ R=${MATMUL_RUN:-.gpubundle/run}
 big=${MATMUL_STREAM_N:-16384}
 mid=${MATMUL_STREAM_MID:-8192}
 engine=${MATMUL_STREAM_ENGINE:-cuda}
+stripes_list=${STRIPES:-1}
+chunks_list=${MATMUL_STREAM_CHUNKS:-4 16 64}
 work=$(mktemp -d)
 data=$(mktemp -d)
 
@@ -104,10 +110,16 @@ T=127.0.0.1:50051
 
 log "== ${big}^2 float32 over MultiplyStream"
 first=1
-for mib in 4 16 64; do
+for k in $stripes_list; do
+for mib in $chunks_list; do
+  striping=()
+  if [ "$k" != 1 ]; then
+    striping=(--stripes "$k")
+    log "-- --stripes $k --chunk-mib $mib"
+  fi
   timeout 120 $R matmul-cli multiply --target $T --a "$data/a16k.npy" \
     --b "$data/b16k.npy" --out "$data/c16k.npy" --stream --chunk-mib $mib \
-    2>&1 | tee -a "$out/summary.txt"
+    ${striping[@]+"${striping[@]}"} 2>&1 | tee -a "$out/summary.txt"
   if [ $first = 1 ]; then
     python3 -c "import urllib.request,sys; sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:9464/timeline?seconds=20').read().decode())" \
       >"$out/timeline-16k.json" 2>>"$out/summary.txt"
@@ -118,6 +130,7 @@ for mib in 4 16 64; do
   rm -f "$data/c16k.npy"
   grep "stream request" "$work/server.log" | tail -1 | tee -a "$out/summary.txt"
   save
+done
 done
 
 log "== ${mid}^2 float32: unary Multiply vs MultiplyStream"

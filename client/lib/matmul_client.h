@@ -46,6 +46,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -148,6 +149,37 @@ struct MultiplyOptions {
   // MultiplyEncodedAsync) and MultiplyStreamed: cancels the call when
   // cancelled.
   std::shared_ptr<CallCanceller> canceller;
+};
+
+// Most MultiplyStream calls one streamed multiply may be striped over
+// (matmul.v1 MultiplyStreamStart.stripes).
+inline constexpr int kMaxStreamStripes = 16;
+
+// How MultiplyStreamed moves a multiply.
+struct StreamOptions {
+  // Operand chunks, and the product's, of about this many bytes (whole
+  // elements). Must be positive.
+  int64_t chunk_bytes = int64_t{4} << 20;
+  // MultiplyStream calls the multiply travels on, each on its own HTTP/2
+  // connection, so that it is not bound by one connection's rate: 1 to
+  // kMaxStreamStripes. The client's channels (ClientOptions::channels)
+  // carry them; where there are fewer, the client opens the missing
+  // connections on first use (same target and settings) and keeps them for
+  // later striped calls. The server must support striping (a server
+  // without it fails the call).
+  int stripes = 1;
+};
+
+// An operand of MultiplyStreamedView: a stored tensor's handle, or a tensor
+// in the caller's memory, sent from there (not copied).
+struct StreamedOperand {
+  // A stored tensor's id; when set, shape, dtype and data are not used.
+  std::string handle;
+  std::vector<int64_t> shape;
+  DType dtype = DType::kFloat32;
+  // product(shape) * DTypeSize(dtype) row-major bytes; must stay alive and
+  // unchanged until the call returns.
+  absl::string_view data;
 };
 
 struct UploadOptions {
@@ -272,6 +304,27 @@ class MatmulClient {
       const Operand& a, const Operand& b, const MultiplyOptions& options = {},
       int64_t chunk_bytes = int64_t{4} << 20);
 
+  // The same with stream.stripes MultiplyStream calls on as many
+  // connections (StreamOptions): the first opens the multiply with a random
+  // 16-byte stripe key, the others join it; the operands' chunks go out
+  // round-robin over them, one thread per call sending its chunks in offset
+  // order, and the product's chunks come back on all of them, each written
+  // where it belongs. The first error of any call cancels the others and is
+  // returned. INVALID_ARGUMENT for stripes outside [1, kMaxStreamStripes] or
+  // a chunk size that is not positive. The operands' bytes go to the socket
+  // from the tensors' own memory (not copied); this returns once gRPC has
+  // let go of them.
+  absl::StatusOr<HostTensor> MultiplyStreamed(const Operand& a,
+                                              const Operand& b,
+                                              const MultiplyOptions& options,
+                                              const StreamOptions& stream);
+
+  // The same on operands in the caller's memory (a NumPy array's buffer):
+  // no copy of them is made on the client.
+  absl::StatusOr<HostTensor> MultiplyStreamedView(
+      const StreamedOperand& a, const StreamedOperand& b,
+      const MultiplyOptions& options, const StreamOptions& stream);
+
   // Multiply on a prebuilt request, sent as it is (operands as data or
   // handles, keep_result, result_ttl_seconds: the request's own). Only
   // options.timeout and options.client_id are used.
@@ -333,8 +386,18 @@ class MatmulClient {
   // PrepareContext.
   friend class SharedMemorySession;
 
+  // Makes channel `index` of the client (Create's target and settings, its
+  // own connection).
+  using ChannelMaker = std::function<std::shared_ptr<grpc::Channel>(int)>;
+
   MatmulClient(std::vector<std::shared_ptr<grpc::Channel>> channels,
-               std::string client_id);
+               std::string client_id, ChannelMaker make_channel);
+
+  // `k` channels on distinct connections for a striped call: the client's
+  // own, starting at the round-robin position, then as many extra ones as
+  // it takes (opened on first use, kept).
+  std::vector<std::shared_ptr<grpc::Channel>> StripeChannels(int k)
+      ABSL_LOCKS_EXCLUDED(stripe_mu_);
 
   // Sends an encoded request for Multiply, with a protobuf response.
   using MultiplyStub =
@@ -354,6 +417,11 @@ class MatmulClient {
   std::vector<std::unique_ptr<MultiplyStub>> multiply_stubs_;
   std::atomic<uint64_t> next_stub_{0};
   const std::string client_id_;
+  const ChannelMaker make_channel_;
+  absl::Mutex stripe_mu_;
+  // Channels past ClientOptions::channels that striped calls opened.
+  std::vector<std::shared_ptr<grpc::Channel>> extra_channels_
+      ABSL_GUARDED_BY(stripe_mu_);
 };
 
 // Builds the request MatmulClient::Multiply sends: each operand's data

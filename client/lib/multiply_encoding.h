@@ -13,7 +13,9 @@
 
 #include <grpcpp/support/byte_buffer.h>
 
+#include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "absl/strings/string_view.h"
 #include "matmul/v1/matmul.pb.h"
@@ -37,6 +39,30 @@ grpc::ByteBuffer EncodeMultiplyRequestView(const v1::MultiplyRequest& header,
                                            absl::string_view a_data,
                                            absl::string_view b_data,
                                            std::shared_ptr<const void> owner);
+
+// A MultiplyStreamRequest carrying an OperandChunk of `operand` at `offset`,
+// encoded the same way: `data` follows as a slice over the caller's memory,
+// not copied, holding a reference to `owner` until gRPC lets go of it.
+grpc::ByteBuffer EncodeOperandChunk(uint64_t request_id, v1::Operand operand,
+                                    int64_t offset, absl::string_view data,
+                                    std::shared_ptr<const void> owner);
+
+// A MultiplyStreamResponse that carries a ResultChunk, read from gRPC's
+// slices without copying its data: `data` are the pieces of the chunk's
+// bytes, in order, inside `slices` (held here).
+struct ResultChunkView {
+  uint64_t request_id = 0;
+  int64_t offset = 0;
+  std::vector<grpc::Slice> slices;
+  std::vector<absl::string_view> data;
+  int64_t data_bytes = 0;
+};
+
+// Reads `message` as a MultiplyStreamResponse carrying a ResultChunk into
+// `view`. False for any other message (a result, an error) and for one
+// this reader does not follow (malformed, or a field repeated): parse those
+// with protobuf.
+bool DecodeResultChunk(const grpc::ByteBuffer& message, ResultChunkView* view);
 
 }  // namespace matmul
 

@@ -83,6 +83,9 @@ ABSL_FLAG(bool, stream, false,
           "bounds the operands or the product");
 ABSL_FLAG(std::string, chunk_mib, "4",
           "--stream's chunk size, MiB (1 to 1024)");
+ABSL_FLAG(std::string, stripes, "1",
+          "--stream over this many MultiplyStream calls, each on its own "
+          "connection (1 to 16)");
 ABSL_FLAG(bool, shared_memory, false,
           "Hand A, B and C to the server through a shared-memory region "
           "(a unix: target on the server's host)");
@@ -101,7 +104,7 @@ const std::vector<FlagGroup>& CliFlags() {
       {"Computation",
        {"transpose_a", "transpose_b", "compute=strict|tf32", "dtype=DTYPE",
         "bf16_out=float32|bits"}},
-      {"Streaming", {"stream", "chunk_mib=N"}},
+      {"Streaming", {"stream", "chunk_mib=N", "stripes=K"}},
       {"Same host", {"shared_memory"}},
   };
   return *groups;
@@ -114,7 +117,8 @@ constexpr char kUsage[] =
              [--transpose-a] [--transpose-b] [--compute strict|tf32]
              [--timeout SECONDS] [--client-id NAME]
              [--dtype auto|float32|float64|float16|bfloat16]
-             [--bf16-out float32|bits] [--stream [--chunk-mib N]]
+             [--bf16-out float32|bits]
+             [--stream [--chunk-mib N] [--stripes K]]
              [--shared-memory] [--grpc-arg NAME=INT[,NAME=INT...]]
   matmul-cli upload --target HOST:PORT --a A.npy [--device N] [--ttl SECONDS]
              [--dtype auto|float32|float64|float16|bfloat16]
@@ -154,7 +158,11 @@ bfloat16 bits, and a bfloat16 result (or download) is written as float32
 --stream sends the multiply over MultiplyStream: operands and product travel
 in chunks of --chunk-mib MiB (default 4), so no message size bounds them
 (a 16384 x 16384 float32 product needs it), and the server copies each
-chunk to the GPU while the next one is on the wire.
+chunk to the GPU while the next one is on the wire. --stripes K (2 to 16)
+stripes the multiply over K MultiplyStream calls, each on its own
+connection: the chunks go out round-robin over them and the product comes
+back over all of them, so one connection's rate does not bound it (the
+server must support striping).
 
 --shared-memory (a unix:PATH target, on the server's host, same user)
 registers a POSIX shared-memory region with the server, puts A and B in it,
@@ -346,8 +354,10 @@ absl::StatusOr<absl::Duration> ParseTtl(const Args& flags) {
 }
 
 // The client for --target (and --client-id), or the error to print.
-absl::StatusOr<std::unique_ptr<MatmulClient>> ClientFor(const Args& flags) {
+absl::StatusOr<std::unique_ptr<MatmulClient>> ClientFor(const Args& flags,
+                                                        int channels = 1) {
   ClientOptions options;
+  options.channels = channels;
   options.client_id = flags.Get("client-id");
   absl::StatusOr<GrpcArgs> grpc_args = ParseGrpcArgs(flags.Get("grpc-arg"));
   if (!grpc_args.ok()) {
@@ -424,7 +434,7 @@ int RunMultiply(const std::vector<std::string>& args) {
   FlagSpec spec;
   spec.valued = {"target", "a",         "b",         "a-handle", "b-handle",
                  "out",    "compute",   "timeout",   "dtype",    "bf16-out",
-                 "ttl",    "client-id", "chunk-mib", "grpc-arg"};
+                 "ttl",    "client-id", "chunk-mib", "grpc-arg", "stripes"};
   spec.switches = {"transpose-a", "transpose-b", "keep", "stream",
                    "shared-memory"};
   spec.required = {"target"};
@@ -463,6 +473,15 @@ int RunMultiply(const std::vector<std::string>& args) {
       chunk_mib > 1024) {
     return Usage(absl::StrCat("--chunk-mib takes 1 to 1024, got \"",
                               flags->Get("chunk-mib"), "\""));
+  }
+  if (!stream && has("stripes")) {
+    return Usage("--stripes applies only with --stream");
+  }
+  int stripes = 0;
+  if (!absl::SimpleAtoi(flags->Get("stripes"), &stripes) || stripes < 1 ||
+      stripes > kMaxStreamStripes) {
+    return Usage(absl::StrCat("--stripes takes 1 to ", kMaxStreamStripes,
+                              ", got \"", flags->Get("stripes"), "\""));
   }
 
   MultiplyOptions options;
@@ -550,7 +569,9 @@ int RunMultiply(const std::vector<std::string>& args) {
     request.set_result_ttl_seconds(*seconds);
   }
 
-  absl::StatusOr<std::unique_ptr<MatmulClient>> client = ClientFor(*flags);
+  // One connection per stripe.
+  absl::StatusOr<std::unique_ptr<MatmulClient>> client =
+      ClientFor(*flags, stripes);
   if (!client.ok()) return Fail(client.status().message());
   if (shared) {
     absl::StatusOr<SharedMultiplyResult> result = MultiplyThroughSharedMemory(
@@ -574,8 +595,11 @@ int RunMultiply(const std::vector<std::string>& args) {
       return streamed_handle[i].empty() ? Operand(streamed[i])
                                         : Operand::Handle(streamed_handle[i]);
     };
+    StreamOptions stream_options;
+    stream_options.chunk_bytes = chunk_mib << 20;
+    stream_options.stripes = stripes;
     absl::StatusOr<HostTensor> c = (*client)->MultiplyStreamed(
-        operand(0), operand(1), options, chunk_mib << 20);
+        operand(0), operand(1), options, stream_options);
     const absl::Duration elapsed = absl::Now() - start;
     if (!c.ok()) return FailRpc(c.status());
     const std::string out_path = flags->values.at("out");
@@ -583,9 +607,11 @@ int RunMultiply(const std::vector<std::string>& args) {
     absl::StatusOr<std::string> written_as =
         WriteResult(out_path, *std::move(c), *bf16_bits);
     if (!written_as.ok()) return Fail(written_as.status().message());
-    absl::PrintF("%s: shape %s, %s, %.3f ms, streamed in %d MiB chunks\n",
-                 out_path, ShapeString(c_shape), *written_as,
-                 absl::ToDoubleMilliseconds(elapsed), chunk_mib);
+    absl::PrintF(
+        "%s: shape %s, %s, %.3f ms, streamed in %d MiB chunks%s\n", out_path,
+        ShapeString(c_shape), *written_as, absl::ToDoubleMilliseconds(elapsed),
+        chunk_mib,
+        stripes > 1 ? absl::StrCat(" over ", stripes, " striped streams") : "");
     return 0;
   }
   const int64_t request_bytes = static_cast<int64_t>(request.ByteSizeLong());

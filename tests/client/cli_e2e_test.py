@@ -385,6 +385,12 @@ def test_unreachable_server(tmp_path):
      "--a-handle is empty"),
     (["multiply", "--target", "x:1", "--a", "a", "--b", "b", "--out", "c",
       "--client-id", "caf\u00e9"], "client id"),
+    (["multiply", "--target", "x:1", "--a", "a", "--b", "b", "--out", "c",
+      "--stripes", "2"], "--stripes applies only with --stream"),
+    (["multiply", "--target", "x:1", "--a", "a", "--b", "b", "--out", "c",
+      "--stream", "--stripes", "0"], "--stripes takes 1 to 16, got \"0\""),
+    (["multiply", "--target", "x:1", "--a", "a", "--b", "b", "--out", "c",
+      "--stream", "--stripes", "17"], "--stripes takes 1 to 16, got \"17\""),
     (["upload", "--target", "x:1"], "--a is required"),
     (["upload", "--target", "x:1", "--a", "a", "--device", "gpu0"],
      "--device takes a device index"),
@@ -424,6 +430,7 @@ def test_help():
         assert r.returncode == 0, r.stderr
         assert "usage:" in r.stdout
         assert "--a-handle=ID" in r.stdout and "--chunk-mib=N" in r.stdout
+        assert "--stripes=K" in r.stdout
 
 
 def test_sigterm_stops_the_server_cleanly(tmp_path):
@@ -652,6 +659,46 @@ def test_bool_and_complex_npy_are_refused(server, tmp_path, array, kind):
     assert r.stderr.startswith("error: reading --b "), r.stderr
     assert "unsupported dtype" in r.stderr and kind in r.stderr, r.stderr
     assert not (tmp_path / "c.npy").exists()
+
+
+@pytest.mark.parametrize("stripes", [1, 2, 4])
+@pytest.mark.parametrize("a_shape,b_shape,ta,tb", [
+    ((300, 200), (200, 150), False, False),
+    ((120, 90), (70, 120), True, True),
+    ((3, 40, 60), (60, 50), False, False),
+])
+def test_stream_with_stripes_matches_numpy(server, tmp_path, stripes, a_shape,
+                                           b_shape, ta, tb):
+    # --chunk-mib 1 on operands of 60-240 KB: one chunk each, so every call
+    # but the first may carry nothing but its join; the product still
+    # comes back whole.
+    a = RNG.standard_normal(a_shape).astype(np.float32)
+    b = RNG.standard_normal(b_shape).astype(np.float32)
+    flags = (["--transpose-a"] if ta else []) + (["--transpose-b"] if tb else [])
+    c, stdout = multiply(server, tmp_path, a, b, "--stream", "--chunk-mib", "1",
+                         "--stripes", str(stripes), *flags)
+    want = np.matmul(op(a.astype(np.float64), ta), op(b.astype(np.float64), tb))
+    assert c.dtype == np.float32 and c.shape == want.shape
+    assert relative_error(c, want) < TOLERANCE["float32"]
+    assert "streamed in 1 MiB chunks" in stdout
+    assert ("over %d striped streams" % stripes in stdout) == (stripes > 1), stdout
+
+
+def test_stream_with_stripes_over_many_chunks(server, tmp_path):
+    # 4 MiB operands in 1 MiB chunks: four chunks each, over eight calls.
+    a = RNG.standard_normal((1024, 1024)).astype(np.float32)
+    b = RNG.standard_normal((1024, 1024)).astype(np.float32)
+    c, stdout = multiply(server, tmp_path, a, b, "--stream", "--chunk-mib", "1",
+                         "--stripes", "8")
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    assert relative_error(c, want) < TOLERANCE["float32"]
+    assert "over 8 striped streams" in stdout
+    # Against the unstriped stream: the same product (not always the same
+    # bytes: the server computes row panels as A's rows arrive, and the
+    # panels depend on the order they came in).
+    single, _ = multiply(server, tmp_path, a, b, "--stream", "--chunk-mib", "1",
+                         name="single")
+    assert relative_error(c, single) < TOLERANCE["float32"]
 
 
 def test_unary_request_over_the_message_limit_says_use_stream(tmp_path):

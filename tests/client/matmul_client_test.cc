@@ -1,9 +1,11 @@
 // Tests of MatmulClient against a fake MatmulService (in-process, port 0),
 // so that error codes, deadlines, channel rotation, malformed replies and
 // what goes on the wire (handles, keep_result, TTLs, x-matmul-client
-// metadata, cancellation) can be driven and seen precisely; plus the HostTensor
-// <-> proto and dtype conversions. The real server is exercised by
-// stored_tensor_client_test.cc and end to end by cli_e2e_test.py.
+// metadata, cancellation) can be driven and seen precisely; plus the
+// HostTensor <-> proto and dtype conversions. MultiplyStreamed (striped or
+// not) runs against a real MatmulServer in the process (host engine, or
+// MATMUL_TEST_ENGINE); stored tensors are exercised by
+// stored_tensor_client_test.cc, and the CLI end to end by cli_e2e_test.py.
 #include "client/lib/matmul_client.h"
 
 #include <grpcpp/security/server_credentials.h>
@@ -34,6 +36,8 @@
 #include "common/float16.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/matmul_server.h"
+#include "tests/client/client_test_support.h"
 
 namespace matmul {
 namespace {
@@ -627,6 +631,28 @@ TEST_F(MatmulClientTest, CallCancellerCancelsMultiplyStreamed) {
   options.timeout = absl::Milliseconds(200);
   EXPECT_EQ(client->MultiplyStreamed(a_, b_, options, 4).status().code(),
             absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST_F(MatmulClientTest, CallCancellerCancelsEveryCallOfAStripedMultiply) {
+  // The fake holds each of the three calls (the start and both joins) once
+  // it has read it to its end; cancelling ends call 0, whose end cancels
+  // the other two.
+  std::unique_ptr<MatmulClient> client = NewClient();
+  MultiplyOptions options;
+  options.timeout = absl::Seconds(30);  // bounds a failing test
+  options.canceller = std::make_shared<CallCanceller>();
+  StreamOptions stream;
+  stream.stripes = 3;
+  stream.chunk_bytes = 4;
+  absl::Status status;
+  std::thread caller([&] {
+    status = client->MultiplyStreamed(a_, b_, options, stream).status();
+  });
+  WaitUntil([&] { return service_.held(); }, 3);
+  options.canceller->Cancel();
+  caller.join();
+  EXPECT_EQ(status.code(), absl::StatusCode::kCancelled) << status;
+  WaitUntil([&] { return service_.cancelled(); }, 3);
 }
 
 TEST_F(MatmulClientTest, MultiplyAsyncManyInFlight) {
@@ -1267,6 +1293,426 @@ TEST(DTypeConversionTest, RejectsInconsistentTensor) {
   HostTensor t = Float32({3}, {1, 2});
   EXPECT_EQ(ConvertDType(t, DType::kFloat64).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// ---------------------------------------------------------------------------
+// MultiplyStreamed, striped or not. Arguments that could never work fail
+// before the wire; the calls a striped multiply makes are checked against a
+// MatmulService that only records them (and fails the joins, as a server
+// without striping does); products against a real MatmulServer.
+
+TEST(MultiplyStreamedArgumentsTest, StripesOutsideOneToSixteenAreRefused) {
+  // Nothing listens there: these never reach the wire.
+  absl::StatusOr<std::unique_ptr<MatmulClient>> client =
+      MatmulClient::Create("127.0.0.1:1");
+  ASSERT_TRUE(client.ok()) << client.status();
+  const HostTensor a = Float32({2, 2}, {1, 2, 3, 4});
+  for (int stripes : {0, -1, 17, 1000}) {
+    StreamOptions stream;
+    stream.stripes = stripes;
+    absl::StatusOr<HostTensor> c =
+        (*client)->MultiplyStreamed(a, a, {}, stream);
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(c.status().message(),
+                HasSubstr(absl::StrCat("StreamOptions.stripes: expected 1 to "
+                                       "16 MultiplyStream calls, got ",
+                                       stripes)));
+  }
+  StreamOptions stream;
+  stream.stripes = 2;
+  stream.chunk_bytes = 0;
+  EXPECT_THAT((*client)->MultiplyStreamed(a, a, {}, stream).status().message(),
+              HasSubstr("chunk_bytes: expected a positive size, got 0"));
+  stream.chunk_bytes = 64;
+  MultiplyOptions keep;
+  keep.keep_result = true;
+  EXPECT_EQ((*client)->MultiplyStreamed(a, a, keep, stream).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*client)
+                ->MultiplyStreamed(a, Operand::Handle(""), {}, stream)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// Records each MultiplyStream call's first message and the operand chunks
+// it carried. A join waits (bounded) until its start has come, then is
+// answered with a MultiplyStreamError (as by a server without striping);
+// the call that started the multiply is never answered: once the client
+// has closed its side, it waits (bounded) to be cancelled and records
+// whether it was. Thread-safe.
+class StripeRecordingService final : public v1::MatmulService::Service {
+ public:
+  grpc::Status MultiplyStream(
+      grpc::ServerContext* context,
+      grpc::ServerReaderWriter<v1::MultiplyStreamResponse,
+                               v1::MultiplyStreamRequest>* stream) override {
+    v1::MultiplyStreamRequest request;
+    bool first = true;
+    bool started = false;
+    while (stream->Read(&request)) {
+      absl::MutexLock lock(&mu_);
+      if (first) {
+        first_messages_.push_back(request);
+        first = false;
+      }
+      if (request.has_start()) {
+        started = true;
+        keys_.insert(request.start().stripe_key());
+      } else if (request.has_join()) {
+        const std::string key = request.join().stripe_key();
+        auto started_ = [this, &key]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return keys_.count(key) > 0;
+        };
+        for (int i = 0; i < 1000 && !started_(); ++i) {
+          mu_.AwaitWithTimeout(absl::Condition(&started_),
+                               absl::Milliseconds(10));
+        }
+        v1::MultiplyStreamResponse error;
+        error.set_request_id(request.request_id());
+        error.mutable_error()->set_code(
+            static_cast<int>(absl::StatusCode::kFailedPrecondition));
+        error.mutable_error()->set_message("scripted: joins are refused");
+        stream->Write(error);
+      } else if (request.has_chunk()) {
+        chunks_.push_back(
+            {request.chunk().operand(), request.chunk().offset(),
+             static_cast<int64_t>(request.chunk().data().size())});
+      }
+    }
+    if (started) {
+      for (int i = 0; i < 3000 && !context->IsCancelled(); ++i) {
+        absl::SleepFor(absl::Milliseconds(10));
+      }
+      absl::MutexLock lock(&mu_);
+      ++starts_ended_;
+      if (context->IsCancelled()) ++starts_cancelled_;
+    }
+    return grpc::Status::OK;
+  }
+
+  struct Chunk {
+    int operand;
+    int64_t offset;
+    int64_t bytes;
+  };
+  std::vector<v1::MultiplyStreamRequest> first_messages() {
+    absl::MutexLock lock(&mu_);
+    return first_messages_;
+  }
+  std::vector<Chunk> chunks() {
+    absl::MutexLock lock(&mu_);
+    return chunks_;
+  }
+  // Waits (bounded) until `n` calls that started a multiply have ended;
+  // returns how many of those were cancelled.
+  int StartsCancelled(int n) {
+    absl::MutexLock lock(&mu_);
+    auto ended = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return starts_ended_ >= n;
+    };
+    mu_.AwaitWithTimeout(absl::Condition(&ended), absl::Seconds(60));
+    return starts_cancelled_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<v1::MultiplyStreamRequest> first_messages_ ABSL_GUARDED_BY(mu_);
+  std::vector<Chunk> chunks_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> keys_ ABSL_GUARDED_BY(mu_);
+  int starts_ended_ ABSL_GUARDED_BY(mu_) = 0;
+  int starts_cancelled_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+TEST(MultiplyStreamedStripesTest, AStartJoinsOnSeparateCallsAnErrorEndsAll) {
+  StripeRecordingService service;
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                           &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  // One channel: the client opens the other three connections itself.
+  absl::StatusOr<std::unique_ptr<MatmulClient>> client =
+      MatmulClient::Create(absl::StrCat("127.0.0.1:", port));
+  ASSERT_TRUE(client.ok()) << client.status();
+  const HostTensor a = Float32({2, 3}, {1, 2, 3, 4, 5, 6});
+  const HostTensor b = Float32({3, 2}, {1, 0, 0, 1, 1, 1});
+  StreamOptions stream;
+  stream.stripes = 4;
+  stream.chunk_bytes = 4;  // one element a chunk: 12 chunks
+  MultiplyOptions options;
+  options.timeout = absl::Seconds(120);  // a hang fails, late
+  for (int i = 0; i < 2; ++i) {
+    absl::StatusOr<HostTensor> c =
+        (*client)->MultiplyStreamed(a, b, options, stream);
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kFailedPrecondition)
+        << c.status();
+    EXPECT_THAT(c.status().message(), HasSubstr("scripted: joins are refused"));
+    // The call that opened the multiply was cancelled, not left open.
+    EXPECT_EQ(service.StartsCancelled(i + 1), i + 1);
+  }
+  server->Shutdown(absl::ToChronoTime(absl::Now()));
+  EXPECT_EQ((*client)->channel_count(), 1);
+
+  // One start per multiply, each with its own 16-byte key; the joins that
+  // reached the server (at least the one answered) name one of them. (The
+  // others may have been cancelled before their first message.)
+  std::vector<std::string> keys;
+  std::map<std::string, int> joins;
+  for (const v1::MultiplyStreamRequest& m : service.first_messages()) {
+    if (m.has_join()) {
+      ++joins[m.join().stripe_key()];
+      continue;
+    }
+    ASSERT_TRUE(m.has_start()) << m.DebugString();
+    keys.push_back(m.start().stripe_key());
+    EXPECT_EQ(m.start().stripe_key().size(), 16u);
+    EXPECT_EQ(m.start().stripes(), 4);
+    EXPECT_EQ(m.start().request().a().shape_size(), 2);
+    EXPECT_TRUE(m.start().request().a().data().empty());
+  }
+  ASSERT_EQ(keys.size(), 2u);
+  EXPECT_NE(keys[0], keys[1]);
+  ASSERT_EQ(joins.size(), 2u);
+  for (const std::string& key : keys) {
+    EXPECT_GE(joins[key], 1);
+    EXPECT_LE(joins[key], 3);
+  }
+  // Whatever chunks went out before the error each hold one whole element
+  // inside its operand.
+  for (const StripeRecordingService::Chunk& chunk : service.chunks()) {
+    EXPECT_EQ(chunk.bytes, 4);
+    EXPECT_TRUE(chunk.operand == v1::OPERAND_A ||
+                chunk.operand == v1::OPERAND_B);
+    EXPECT_GE(chunk.offset, 0);
+    EXPECT_LT(chunk.offset, 24);
+  }
+}
+
+// op(a) . op(b) of 2-D operands, in float64.
+std::vector<double> Reference2D(const HostTensor& a, const HostTensor& b,
+                                bool ta, bool tb) {
+  const std::vector<double> av = testing::AsDoubles(a);
+  const std::vector<double> bv = testing::AsDoubles(b);
+  const int64_t m = ta ? a.shape[1] : a.shape[0];
+  const int64_t k = ta ? a.shape[0] : a.shape[1];
+  const int64_t n = tb ? b.shape[0] : b.shape[1];
+  std::vector<double> c(m * n, 0.0);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t q = 0; q < k; ++q) {
+      const double x = ta ? av[q * m + i] : av[i * k + q];
+      for (int64_t j = 0; j < n; ++j) {
+        c[i * n + j] += x * (tb ? bv[j * k + q] : bv[q * n + j]);
+      }
+    }
+  }
+  return c;
+}
+
+void ExpectNear(const HostTensor& got, const std::vector<double>& want,
+                double tolerance) {
+  const std::vector<double> g = testing::AsDoubles(got);
+  ASSERT_EQ(g.size(), want.size());
+  double worst = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    worst = std::max(worst, std::abs(g[i] - want[i]) / (1 + std::abs(want[i])));
+  }
+  EXPECT_LE(worst, tolerance);
+}
+
+// MultiplyStreamed against a real MatmulServer in this process (host
+// engine, or MATMUL_TEST_ENGINE) on 127.0.0.1:0.
+class StreamedServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ServerOptions options;
+    options.listen_address = "127.0.0.1:0";
+    options.drain_timeout = absl::Seconds(10);
+    absl::StatusOr<std::unique_ptr<MatmulServer>> server =
+        MatmulServer::Start(options, testing::Provider());
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+    target_ = absl::StrCat("127.0.0.1:", server_->port());
+  }
+  void TearDown() override {
+    if (server_ != nullptr) server_->Shutdown();
+  }
+
+  std::unique_ptr<MatmulClient> NewClient(int channels = 1) {
+    absl::StatusOr<std::unique_ptr<MatmulClient>> client =
+        MatmulClient::Create(target_, Channels(channels));
+    EXPECT_TRUE(client.ok()) << client.status();
+    return client.ok() ? *std::move(client) : nullptr;
+  }
+
+  std::unique_ptr<MatmulServer> server_;
+  std::string target_;
+  absl::BitGen gen_;
+};
+
+TEST_F(StreamedServerTest, OneStreamMatchesTheReference) {
+  std::unique_ptr<MatmulClient> client = NewClient();
+  ASSERT_NE(client, nullptr);
+  const HostTensor a = testing::Random({70, 90}, DType::kFloat32, gen_);
+  const HostTensor b = testing::Random({90, 50}, DType::kFloat32, gen_);
+  // Chunks of one element, of a few rows, not a whole number of elements,
+  // and bigger than the operands.
+  for (int64_t chunk :
+       {int64_t{4}, int64_t{1000}, int64_t{4097}, int64_t{1} << 20}) {
+    SCOPED_TRACE(absl::StrCat("chunk_bytes ", chunk));
+    StreamOptions stream;
+    stream.chunk_bytes = chunk;
+    absl::StatusOr<HostTensor> c = client->MultiplyStreamed(a, b, {}, stream);
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ(c->shape, (std::vector<int64_t>{70, 50}));
+    ExpectNear(*c, Reference2D(a, b, false, false), 1e-4);
+  }
+  // The old signature says the same.
+  MultiplyOptions transposed;
+  transposed.transpose_a = true;
+  const HostTensor at = testing::Random({90, 70}, DType::kFloat32, gen_);
+  absl::StatusOr<HostTensor> c =
+      client->MultiplyStreamed(at, b, transposed, 512);
+  ASSERT_TRUE(c.ok()) << c.status();
+  ExpectNear(*c, Reference2D(at, b, true, false), 1e-4);
+  // An error of the server comes back with its code.
+  const HostTensor bad = testing::Random({80, 50}, DType::kFloat32, gen_);
+  EXPECT_EQ(client->MultiplyStreamed(a, bad).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(StreamedServerTest, StripedMultipliesMatchTheReference) {
+  const HostTensor a = testing::Random({130, 96}, DType::kFloat32, gen_);
+  const HostTensor b = testing::Random({96, 110}, DType::kFloat32, gen_);
+  const std::vector<double> want = Reference2D(a, b, false, false);
+  // As many channels as stripes, and fewer: the client opens the rest.
+  for (int channels : {1, 4}) {
+    std::unique_ptr<MatmulClient> client = NewClient(channels);
+    ASSERT_NE(client, nullptr);
+    for (int stripes : {2, 3, 4}) {
+      for (int64_t chunk : {int64_t{400}, int64_t{4096}, int64_t{1} << 20}) {
+        SCOPED_TRACE(absl::StrCat(channels, " channel(s), ", stripes,
+                                  " stripes, chunk_bytes ", chunk));
+        StreamOptions stream;
+        stream.stripes = stripes;
+        stream.chunk_bytes = chunk;
+        absl::StatusOr<HostTensor> c =
+            client->MultiplyStreamed(a, b, {}, stream);
+        ASSERT_TRUE(c.ok()) << c.status();
+        EXPECT_EQ(c->shape, (std::vector<int64_t>{130, 110}));
+        ExpectNear(*c, want, 1e-4);
+      }
+    }
+    EXPECT_EQ(client->channel_count(), channels);
+  }
+}
+
+TEST_F(StreamedServerTest, StripedTransposedFloat64AndManyChunks) {
+  std::unique_ptr<MatmulClient> client = NewClient(2);
+  ASSERT_NE(client, nullptr);
+  const HostTensor at = testing::Random({64, 48}, DType::kFloat64, gen_);
+  const HostTensor bt = testing::Random({40, 64}, DType::kFloat64, gen_);
+  MultiplyOptions options;
+  options.transpose_a = true;
+  options.transpose_b = true;
+  StreamOptions stream;
+  stream.stripes = 2;
+  stream.chunk_bytes = 1000;
+  absl::StatusOr<HostTensor> c =
+      client->MultiplyStreamed(at, bt, options, stream);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->shape, (std::vector<int64_t>{48, 40}));
+  ExpectNear(*c, Reference2D(at, bt, true, true), 1e-12);
+
+  // Sixteen stripes, hundreds of chunks each way, the product's spread
+  // over all of them.
+  const HostTensor a = testing::Random({256, 384}, DType::kFloat32, gen_);
+  const HostTensor b = testing::Random({384, 320}, DType::kFloat32, gen_);
+  stream.stripes = 16;
+  stream.chunk_bytes = 1024;
+  c = client->MultiplyStreamed(a, b, {}, stream);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->shape, (std::vector<int64_t>{256, 320}));
+  ExpectNear(*c, Reference2D(a, b, false, false), 1e-4);
+}
+
+TEST_F(StreamedServerTest, StripedConcurrentMultipliesFromOneClient) {
+  std::unique_ptr<MatmulClient> client = NewClient(2);
+  ASSERT_NE(client, nullptr);
+  const HostTensor a = testing::Random({60, 70}, DType::kFloat32, gen_);
+  const HostTensor b = testing::Random({70, 80}, DType::kFloat32, gen_);
+  const std::vector<double> want = Reference2D(a, b, false, false);
+  std::vector<absl::StatusOr<HostTensor>> results(6);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 6; ++i) {
+    threads.emplace_back([&, i] {
+      StreamOptions stream;
+      stream.stripes = 2 + i % 3;
+      stream.chunk_bytes = 1024;
+      results[i] = client->MultiplyStreamed(a, b, {}, stream);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const absl::StatusOr<HostTensor>& c : results) {
+    ASSERT_TRUE(c.ok()) << c.status();
+    ExpectNear(*c, want, 1e-4);
+  }
+}
+
+TEST_F(StreamedServerTest, StripedErrorsComeBackWithTheServersCode) {
+  std::unique_ptr<MatmulClient> client = NewClient(4);
+  ASSERT_NE(client, nullptr);
+  const HostTensor a = testing::Random({50, 60}, DType::kFloat32, gen_);
+  const HostTensor bad = testing::Random({61, 30}, DType::kFloat32, gen_);
+  StreamOptions stream;
+  stream.stripes = 4;
+  stream.chunk_bytes = 512;
+  absl::StatusOr<HostTensor> c = client->MultiplyStreamed(a, bad, {}, stream);
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument)
+      << c.status();
+  // An unknown handle: NOT_FOUND, from whichever call saw it first.
+  c = client->MultiplyStreamed(a, Operand::Handle("no-such-handle"), {},
+                               stream);
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kNotFound) << c.status();
+  // And the client still works.
+  const HostTensor b = testing::Random({60, 30}, DType::kFloat32, gen_);
+  c = client->MultiplyStreamed(a, b, {}, stream);
+  ASSERT_TRUE(c.ok()) << c.status();
+  ExpectNear(*c, Reference2D(a, b, false, false), 1e-4);
+}
+
+TEST_F(StreamedServerTest, A64MiBProductIsWholeOneStreamOrFour) {
+  // An outer product (k = 1: each entry one float32 multiply, exact): small
+  // operands, a 64 MiB product, whose buffer the client prepares while the
+  // operands are on the wire (its pages faulted in ahead, see
+  // AllocateZeroed).
+  const int64_t n = 4096;
+  const HostTensor a = testing::Random({n, 1}, DType::kFloat32, gen_);
+  const HostTensor b = testing::Random({1, n}, DType::kFloat32, gen_);
+  std::vector<float> av(n), bv(n);
+  std::memcpy(av.data(), a.data.data(), a.data.size());
+  std::memcpy(bv.data(), b.data.data(), b.data.size());
+  std::unique_ptr<MatmulClient> client = NewClient(4);
+  ASSERT_NE(client, nullptr);
+  for (int stripes : {1, 4}) {
+    SCOPED_TRACE(absl::StrCat(stripes, " stripe(s)"));
+    StreamOptions stream;
+    stream.stripes = stripes;
+    absl::StatusOr<HostTensor> c = client->MultiplyStreamed(a, b, {}, stream);
+    ASSERT_TRUE(c.ok()) << c.status();
+    ASSERT_EQ(c->shape, (std::vector<int64_t>{n, n}));
+    ASSERT_EQ(c->data.size(), size_t{64} << 20);
+    const std::vector<float> got = Values(*c);
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        wrong += got[i * n + j] != av[i] * bv[j];
+      }
+    }
+    EXPECT_EQ(wrong, 0);
+  }
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "gtest/gtest.h"
 #include "server/rpc/multiply_wire.h"
@@ -179,6 +180,119 @@ TEST(MultiplyEncodingTest, ViewSendsCallerMemoryAndHoldsTheOwner) {
   slices.clear();
   encoded.Clear();
   EXPECT_TRUE(watch.expired());  // released with the last slice
+}
+
+TEST(MultiplyEncodingTest, OperandChunkReadsBackAndSendsCallerMemory) {
+  const std::string data = Pattern(1000, 4);
+  for (const int64_t offset : {int64_t{0}, int64_t{4}, int64_t{1} << 33}) {
+    auto owner = std::make_shared<int>(0);
+    std::weak_ptr<int> watch = owner;
+    grpc::ByteBuffer encoded =
+        EncodeOperandChunk(300, v1::OPERAND_B, offset, data, std::move(owner));
+    EXPECT_FALSE(watch.expired());  // the data's slice holds it
+    std::vector<grpc::Slice> slices;
+    ASSERT_TRUE(encoded.Dump(&slices).ok());
+    ASSERT_EQ(slices.size(), 2u);  // framing, then the caller's bytes
+    EXPECT_EQ(reinterpret_cast<const char*>(slices[1].begin()), data.data());
+    EXPECT_EQ(slices[1].size(), data.size());
+
+    const std::string bytes = Flatten(encoded);
+    v1::MultiplyStreamRequest parsed;
+    ASSERT_TRUE(parsed.ParseFromString(bytes));
+    EXPECT_EQ(parsed.request_id(), 300u);
+    ASSERT_TRUE(parsed.has_chunk());
+    EXPECT_EQ(parsed.chunk().operand(), v1::OPERAND_B);
+    EXPECT_EQ(parsed.chunk().offset(), offset);
+    EXPECT_EQ(parsed.chunk().data(), data);
+
+    // The server's decoder reads the same.
+    std::vector<ByteChunk> chunks;
+    for (size_t i = 0; i < bytes.size(); i += 5) {
+      chunks.emplace_back(reinterpret_cast<const uint8_t*>(bytes.data()) + i,
+                          std::min<size_t>(5, bytes.size() - i));
+    }
+    absl::StatusOr<WireStreamRequest> wire =
+        DecodeMultiplyStreamRequest(chunks);
+    ASSERT_TRUE(wire.ok()) << wire.status();
+    EXPECT_EQ(wire->request_id, 300u);
+    EXPECT_EQ(wire->kind, WireStreamRequest::Kind::kChunk);
+    EXPECT_EQ(wire->operand, v1::OPERAND_B);
+    EXPECT_EQ(wire->offset, offset);
+    std::string read(static_cast<size_t>(wire->data_bytes), '\0');
+    CopyPieces(wire->data, reinterpret_cast<std::byte*>(read.data()));
+    EXPECT_EQ(read, data);
+
+    slices.clear();
+    encoded.Clear();
+    EXPECT_TRUE(watch.expired());  // released with the last slice
+  }
+}
+
+// `bytes` as a ByteBuffer of slices of `piece` bytes (the last shorter).
+grpc::ByteBuffer Split(const std::string& bytes, size_t piece) {
+  std::vector<grpc::Slice> slices;
+  for (size_t i = 0; i < bytes.size(); i += piece) {
+    slices.emplace_back(bytes.substr(i, piece));
+  }
+  return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
+std::string Joined(const ResultChunkView& view) {
+  std::string out;
+  for (absl::string_view piece : view.data) {
+    out.append(piece.data(), piece.size());
+  }
+  return out;
+}
+
+TEST(MultiplyEncodingTest, ResultChunksAreReadInPlaceAndTheRestLeftToProtobuf) {
+  const std::string data = Pattern(3000, 5);
+  v1::MultiplyStreamResponse response;
+  response.set_request_id(77);
+  response.mutable_chunk()->set_offset(int64_t{1} << 35);
+  response.mutable_chunk()->set_data(data);
+  const std::string bytes = response.SerializeAsString();
+  // Any split, down to one byte a slice: the header's varints cross slices.
+  for (size_t piece : {size_t{1}, size_t{3}, size_t{64}, bytes.size()}) {
+    SCOPED_TRACE(piece);
+    ResultChunkView view;
+    ASSERT_TRUE(DecodeResultChunk(Split(bytes, piece), &view));
+    EXPECT_EQ(view.request_id, 77u);
+    EXPECT_EQ(view.offset, int64_t{1} << 35);
+    EXPECT_EQ(view.data_bytes, 3000);
+    EXPECT_EQ(Joined(view), data);
+  }
+  // The server's framing: a prefix, then the data in slices of its own.
+  const std::string prefix = FrameResultChunk(9, 4096, 3000);
+  std::vector<grpc::Slice> slices = {grpc::Slice(prefix),
+                                     grpc::Slice(data.substr(0, 1000)),
+                                     grpc::Slice(data.substr(1000))};
+  ResultChunkView view;
+  ASSERT_TRUE(DecodeResultChunk(grpc::ByteBuffer(slices.data(), 3), &view));
+  EXPECT_EQ(view.request_id, 9u);
+  EXPECT_EQ(view.offset, 4096);
+  EXPECT_EQ(view.data.size(), 2u);  // one piece per slice: not copied
+  EXPECT_EQ(Joined(view), data);
+  // An empty chunk at offset 0 (protobuf writes neither field).
+  v1::MultiplyStreamResponse empty;
+  empty.mutable_chunk();
+  ASSERT_TRUE(DecodeResultChunk(Split(empty.SerializeAsString(), 100), &view));
+  EXPECT_EQ(view.offset, 0);
+  EXPECT_EQ(view.data_bytes, 0);
+
+  // Not a chunk, or not one this reader follows: protobuf's.
+  v1::MultiplyStreamResponse result;
+  result.set_request_id(1);
+  result.mutable_result()->set_bytes(400);
+  v1::MultiplyStreamResponse error;
+  error.mutable_error()->set_code(3);
+  std::string twice = bytes + bytes;  // two chunks: protobuf merges them
+  std::string truncated = bytes.substr(0, bytes.size() - 1);
+  for (const std::string& other :
+       {result.SerializeAsString(), error.SerializeAsString(), twice, truncated,
+        std::string()}) {
+    EXPECT_FALSE(DecodeResultChunk(Split(other, 7), &view));
+  }
 }
 
 }  // namespace

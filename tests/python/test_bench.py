@@ -24,7 +24,12 @@ def test_bench_reports_each_point(server, engine: str, tmp_path: Path) -> None:
     command = [sys.executable, "-m", "matmul_client.bench", "--target", server.target,
                "--shape", "8,16", "--concurrency", "1,3", "--duration", "0.3", "--warmup", "0.05",
                "--json", str(out)] + (["--pure"] if engine == "pure" else [])
-    for call, flag in (("multiply", []), ("streamed", ["--streamed"]), ("aio", ["--aio"])):
+    for call, flag in (
+        ("multiply", []),
+        ("streamed", ["--streamed"]),
+        ("streamed", ["--streamed", "--stripes", "2"]),
+        ("aio", ["--aio"]),
+    ):
         run = subprocess.run(command + flag, capture_output=True, text=True, timeout=120)
         assert run.returncode == 0, run.stdout + run.stderr
         rows = [line.split() for line in run.stdout.splitlines()[1:]]
@@ -36,6 +41,8 @@ def test_bench_reports_each_point(server, engine: str, tmp_path: Path) -> None:
         for point in points:
             assert point["engine"] == engine
             assert point["call"] == call
+            if call != "aio":
+                assert point["stripes"] == (2 if "--stripes" in flag else 1)
             assert point["requests"] > 0 and point["errors"] == {}
             assert 0 < point["p50_ms"] <= point["p99_ms"]
 
@@ -47,3 +54,6 @@ def test_bench_refuses_bad_arguments(server) -> None:
     run = subprocess.run([sys.executable, "-m", "matmul_client.bench", "--target", server.target,
                           "--aio", "--streamed"], capture_output=True, text=True, timeout=60)
     assert run.returncode == 2 and "--aio" in run.stderr
+    run = subprocess.run([sys.executable, "-m", "matmul_client.bench", "--target", server.target,
+                          "--stripes", "2"], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and "--stripes applies only with --streamed" in run.stderr

@@ -456,6 +456,34 @@ def test_multiply_streamed_with_a_stored_operand_and_transposes(client: Client) 
     stored.delete()
 
 
+@pytest.mark.parametrize("stripes", [2, 4])
+def test_multiply_streamed_striped_matches_numpy(client: Client, stripes: int) -> None:
+    rng = np.random.default_rng(7)
+    a = rng.standard_normal((3, 67, 45)).astype(np.float32)
+    b = rng.standard_normal((45, 33)).astype(np.float32)
+    # Chunks far smaller than the operands: spread over every call.
+    c = client.multiply_streamed(a, b, chunk_bytes=1000, stripes=stripes)
+    assert c.shape == (3, 67, 33) and c.dtype == np.float32
+    np.testing.assert_allclose(c, np.matmul(a.astype(np.float64), b), rtol=1e-4, atol=1e-4)
+    # The same product as one stream.
+    np.testing.assert_allclose(
+        c, client.multiply_streamed(a, b, chunk_bytes=1000), rtol=1e-5, atol=1e-5
+    )
+    # float64, transposed, a stored operand.
+    x = rng.standard_normal((40, 30))
+    y = rng.standard_normal((20, 40))
+    stored = client.upload(y)
+    c = client.multiply_streamed(
+        x, stored, transpose_a=True, transpose_b=True, chunk_bytes=512, stripes=stripes
+    )
+    np.testing.assert_allclose(c, x.T @ y.T, rtol=1e-12, atol=1e-12)
+    stored.delete()
+    # The server's error, with its code.
+    with pytest.raises(MatmulError) as mismatch:
+        client.multiply_streamed(a, a, stripes=stripes)
+    assert mismatch.value.code == grpc.StatusCode.INVALID_ARGUMENT
+
+
 def test_multiply_streamed_errors(client: Client) -> None:
     a = np.ones((4, 5), np.float32)
     with pytest.raises(MatmulError) as mismatch:
@@ -464,3 +492,9 @@ def test_multiply_streamed_errors(client: Client) -> None:
     assert "5" in mismatch.value.details
     with pytest.raises(ValueError):
         client.multiply_streamed(a, a.T, chunk_bytes=0)
+    # Striping takes 1 to 16 calls; refused before anything is sent.
+    for stripes in (0, -1, 17):
+        with pytest.raises(ValueError, match=f"stripes={stripes}: expected 1 to 16"):
+            client.multiply_streamed(a, a.T, stripes=stripes)
+    with pytest.raises(TypeError):
+        client.multiply_streamed(a, a.T, stripes=2.0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import threading
 from typing import Any, Dict, Iterator, List, Literal, Optional, Sequence, Tuple, Union, overload
 
 import grpc
@@ -230,15 +231,75 @@ def _stream_messages(
     return messages(), step
 
 
+#: Most MultiplyStream calls one streamed multiply may be striped over.
+MAX_STRIPES = 16
+
+
+def _check_stripes(stripes: Any) -> int:
+    if isinstance(stripes, bool) or not isinstance(stripes, (int, np.integer)):
+        raise TypeError(f"stripes: expected an int, got {type(stripes).__name__}")
+    if not 1 <= stripes <= MAX_STRIPES:
+        raise ValueError(f"stripes={stripes}: expected 1 to {MAX_STRIPES} MultiplyStream calls")
+    return int(stripes)
+
+
+def _striped_messages(
+    request: matmul_pb2.MultiplyRequest, chunk_bytes: int, stripes: int
+) -> List[Iterator[matmul_pb2.MultiplyStreamRequest]]:
+    """The messages of each of the ``stripes`` MultiplyStream calls that carry
+    ``request`` (whose operands' data is taken out of it): the first opens
+    the multiply under a random stripe key, the others join it, and the
+    operands' chunks go round-robin over them."""
+    operands = []
+    for name, operand in (("a", matmul_pb2.OPERAND_A), ("b", matmul_pb2.OPERAND_B)):
+        if request.HasField(name):
+            tensor = getattr(request, name)
+            operands.append((operand, tensor.data))
+            tensor.data = b""
+    elem = _ELEMENT_BYTES[request.a.dtype if request.HasField("a") else request.b.dtype]
+    step = max(elem, chunk_bytes // elem * elem)
+    key = os.urandom(16)
+    first = [
+        matmul_pb2.MultiplyStreamRequest(
+            request_id=1,
+            start=matmul_pb2.MultiplyStreamStart(
+                request=request, result_chunk_bytes=step, stripe_key=key, stripes=stripes
+            ),
+        ),
+        matmul_pb2.MultiplyStreamRequest(
+            request_id=1, join=matmul_pb2.MultiplyStreamJoin(stripe_key=key)
+        ),
+    ]
+    pieces = [(op, data, at) for op, data in operands for at in range(0, len(data), step)]
+
+    def messages(s: int) -> Iterator[matmul_pb2.MultiplyStreamRequest]:
+        yield first[0 if s == 0 else 1]
+        for operand, data, at in pieces[s::stripes]:
+            yield matmul_pb2.MultiplyStreamRequest(
+                request_id=1,
+                chunk=matmul_pb2.OperandChunk(
+                    operand=operand, offset=at, data=bytes(memoryview(data)[at : at + step])
+                ),
+            )
+
+    return [messages(s) for s in range(stripes)]
+
+
 class _StreamProduct:
-    """The product of a MultiplyStream, assembled from its responses."""
+    """The product of a MultiplyStream (or of the calls of a striped one),
+    assembled from its responses. Thread-safe."""
 
     def __init__(self) -> None:
         self.shape: Tuple[int, ...] = ()
         self.product: Optional[bytearray] = None
         self.received = 0
+        self._lock = threading.Lock()
 
     def add(self, response: matmul_pb2.MultiplyStreamResponse) -> None:
+        with self._lock:
+            self._add(response)
+
+    def _add(self, response: matmul_pb2.MultiplyStreamResponse) -> None:
         kind = response.WhichOneof("kind")
         if kind == "error":
             raise MatmulError(
@@ -246,6 +307,14 @@ class _StreamProduct:
                 response.error.message,
             )
         if kind == "result":
+            if self.product is not None:  # Each call of a striped multiply.
+                if len(self.product) != response.result.bytes:
+                    raise MatmulError(
+                        grpc.StatusCode.DATA_LOSS,
+                        f"the server described the product as {len(self.product)} bytes "
+                        f"on one stream and as {response.result.bytes} on another",
+                    )
+                return
             self.shape = tuple(response.result.shape)
             self.product = bytearray(response.result.bytes)
         elif kind == "chunk":
@@ -472,6 +541,9 @@ class Client:
         self._timeout = timeout
         self._channel = make_channel(target, tls, options)
         self._stub = matmul_pb2_grpc.MatmulServiceStub(self._channel)
+        self._channel_args = (target, tls, tuple(options))
+        self._stripe_lock = threading.Lock()
+        self._stripe_channels: List[grpc.Channel] = []
         self._health = health_pb2_grpc.HealthStub(self._channel)
         self._native: Any = None
         if native is not False:
@@ -606,6 +678,7 @@ class Client:
         dtype: Any = None,
         timeout: Optional[float] = None,
         chunk_bytes: int = 4 << 20,
+        stripes: int = 1,
     ) -> np.ndarray:
         """:meth:`multiply` over the MultiplyStream RPC: the operands go out
         and the product comes back in chunks of about ``chunk_bytes``, so
@@ -614,19 +687,32 @@ class Client:
         GPU while the next one is on the wire. Same arguments and errors as
         :meth:`multiply` (without keep); ValueError for a chunk_bytes that
         is not positive.
+
+        ``stripes`` (1 to 16): the multiply travels on that many
+        MultiplyStream calls, each on its own connection (opened on first
+        use and kept until :meth:`close`), so that one connection's rate
+        does not bound it: the chunks go out round-robin over them and the
+        product comes back over all of them. The server must support
+        striping. Both paths stripe; the pure-Python one moves its chunks
+        under the GIL, the native one does not.
         """
         if chunk_bytes <= 0:
             raise ValueError(f"chunk_bytes={chunk_bytes}: expected a positive size")
+        stripes = _check_stripes(stripes)
         if self._native is not None:
             args, wire = _native_args(
                 a, b, transpose_a, transpose_b, compute, dtype, False, None, self._deadline(timeout)
             )
             try:
-                product = self._native.multiply_streamed(*args[:11], int(chunk_bytes))
+                product = self._native.multiply_streamed(
+                    *args[:11], int(chunk_bytes), **({"stripes": stripes} if stripes > 1 else {})
+                )
             except _native.StatusError as error:
                 raise _native_error(error) from None
             return _native_array(product, wire)
         request, wire = _multiply_request(a, b, transpose_a, transpose_b, compute, dtype)
+        if stripes > 1:
+            return self._striped(request, wire, chunk_bytes, stripes, self._deadline(timeout))
         messages, _ = _stream_messages(request, chunk_bytes)
         product = _StreamProduct()
         try:
@@ -840,6 +926,68 @@ class Client:
         path, native calls in flight finish first)."""
         self._native = None
         self._channel.close()
+        with self._stripe_lock:
+            channels, self._stripe_channels = self._stripe_channels, []
+        for channel in channels:
+            channel.close()
+
+    def _striped(
+        self,
+        request: matmul_pb2.MultiplyRequest,
+        wire: WireType,
+        chunk_bytes: int,
+        stripes: int,
+        timeout: Optional[float],
+    ) -> np.ndarray:
+        """multiply_streamed over ``stripes`` calls on as many connections
+        (the pure-Python path): one thread reads each call; the first error
+        cancels the others and is raised."""
+        with self._stripe_lock:
+            target, tls, options = self._channel_args
+            while len(self._stripe_channels) < stripes:
+                # Channels that differ in an argument never share a
+                # connection.
+                index = len(self._stripe_channels)
+                self._stripe_channels.append(
+                    make_channel(
+                        target, tls,
+                        (*options, ("matmul.stripe", index), ("grpc.use_local_subchannel_pool", 1)),
+                    )
+                )
+            channels = self._stripe_channels[:stripes]
+        product = _StreamProduct()
+        calls = [
+            matmul_pb2_grpc.MatmulServiceStub(channel).MultiplyStream(
+                messages, timeout=timeout, metadata=self._metadata
+            )
+            for channel, messages in zip(channels, _striped_messages(request, chunk_bytes, stripes))
+        ]
+        errors: List[MatmulError] = []
+        lock = threading.Lock()
+
+        def read(call: Any) -> None:
+            try:
+                for response in call:
+                    product.add(response)
+                return
+            except grpc.RpcError as error:
+                failure = MatmulError.from_call(error)
+            except MatmulError as error:
+                failure = error
+            with lock:
+                errors.append(failure)
+            for other in calls:
+                other.cancel()
+
+        readers = [threading.Thread(target=read, args=(call,), daemon=True) for call in calls[1:]]
+        for reader in readers:
+            reader.start()
+        read(calls[0])
+        for reader in readers:
+            reader.join()
+        if errors:
+            raise errors[0]
+        return product.result(wire)
 
     def __enter__(self) -> "Client":
         return self

@@ -42,6 +42,7 @@ from ._client import (
     CLIENT_ID_METADATA_KEY,
     Operand,
     _check_client_id,
+    _check_stripes,
     _downloaded,
     _handle_from_native,
     _make_native,
@@ -177,13 +178,21 @@ class AsyncClient:
         dtype: Any = None,
         timeout: Optional[float] = None,
         chunk_bytes: int = 4 << 20,
+        stripes: int = 1,
     ) -> np.ndarray:
         """:meth:`Client.multiply_streamed`, awaited. On the native core the
         library's (blocking, GIL-free) streamed call runs on a native thread
         of its own. Cancelling the task cancels the stream (on both cores);
-        the operands must not change until the call is done."""
+        the operands must not change until the call is done. ``stripes`` > 1
+        needs the native core (ValueError on grpc.aio)."""
         if chunk_bytes <= 0:
             raise ValueError(f"chunk_bytes={chunk_bytes}: expected a positive size")
+        stripes = _check_stripes(stripes)
+        if stripes > 1 and self._native is None:
+            raise ValueError(
+                f"stripes={stripes}: striping needs the native core (matmul_client._native); "
+                "the grpc.aio path sends one stream"
+            )
         deadline = self._deadline(timeout)
         if self._native is not None:
             args, wire = _native_args(
@@ -191,7 +200,9 @@ class AsyncClient:
             )
             native = self._native
             product = await self._await_native(
-                lambda done: native.multiply_streamed_async(*args[:11], int(chunk_bytes), done)
+                lambda done: native.multiply_streamed_async(
+                    *args[:11], int(chunk_bytes), done, stripes=stripes
+                )
             )
             return _native_array(product, wire)
         request, wire = _multiply_request(a, b, transpose_a, transpose_b, compute, dtype)

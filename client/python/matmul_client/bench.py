@@ -2,7 +2,7 @@
 
     python -m matmul_client.bench --target HOST:PORT [--shape N[,N...]]
         [--concurrency C[,C...]] [--duration S] [--warmup S]
-        [--dtype float32|float64|float16] [--pure] [--streamed] [--aio]
+        [--dtype float32|float64|float16] [--pure] [--streamed [--stripes K]] [--aio]
         [--clients K] [--timeout S] [--json FILE]
 
 For each point (shape x concurrency), C Python threads share K Clients and
@@ -12,7 +12,8 @@ Prints one row per point: successful requests/s, payload GB/s (A and B out,
 C back; 1 GB = 1e9 bytes), latency p50/p90/p99 of the successful requests,
 and errors by gRPC code, as matmul-bench's table does. --pure runs the
 pure-Python gRPC path (Client(native=False)); otherwise the native core,
-which must import. --streamed uses multiply_streamed. --aio runs C asyncio
+which must import. --streamed uses multiply_streamed (--stripes K: each
+multiply striped over K MultiplyStream calls). --aio runs C asyncio
 tasks on one event loop (one thread) with one matmul_client.aio.AsyncClient
 instead of C threads (the "call" column says "aio").
 """
@@ -20,6 +21,7 @@ instead of C threads (the "call" column says "aio").
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import threading
@@ -57,6 +59,7 @@ def run_point(
     streamed: bool,
     timeout: float,
     seed: int = 1,
+    stripes: int = 1,
 ) -> Dict:
     """One closed-loop point; returns its figures."""
     rng = np.random.default_rng(seed)
@@ -72,7 +75,9 @@ def run_point(
 
     def worker(index: int) -> None:
         client = clients[index % len(clients)]
-        call = client.multiply_streamed if streamed else client.multiply
+        call = client.multiply
+        if streamed:
+            call = functools.partial(client.multiply_streamed, stripes=stripes)
         mine, failed = latencies[index], errors[index]
         while True:
             t0 = time.perf_counter()
@@ -193,6 +198,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64", "float16"])
     parser.add_argument("--pure", action="store_true", help="the pure-Python gRPC path, not the native core")
     parser.add_argument("--streamed", action="store_true", help="multiply_streamed instead of multiply")
+    parser.add_argument("--stripes", type=int, default=1,
+                        help="with --streamed: MultiplyStream calls per multiply, 1 to 16 (default 1)")
     parser.add_argument("--aio", action="store_true",
                         help="asyncio tasks on one loop (matmul_client.aio) instead of threads")
     parser.add_argument("--clients", type=int, default=1, help="Client objects (channels) the threads share (default 1)")
@@ -201,6 +208,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     if args.duration <= 0 or args.warmup < 0 or args.clients < 1:
         parser.error("--duration must be positive, --warmup not negative, --clients at least 1")
+    if args.stripes != 1 and not args.streamed:
+        parser.error("--stripes applies only with --streamed")
+    if not 1 <= args.stripes <= 16:
+        parser.error("--stripes takes 1 to 16")
     if args.aio and (args.streamed or args.clients != 1):
         parser.error("--aio runs multiply on one AsyncClient: no --streamed, no --clients")
     if not args.pure and NATIVE_UNAVAILABLE is not None:
@@ -220,7 +231,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                           args.duration, args.warmup, args.timeout)
                 else:
                     point = run_point(clients, n, args.dtype, c, args.duration, args.warmup,
-                                      args.streamed, args.timeout)
+                                      args.streamed, args.timeout, stripes=args.stripes)
+                    point["stripes"] = args.stripes
                 point["engine"] = engine
                 point["call"] = "aio" if args.aio else "streamed" if args.streamed else "multiply"
                 points.append(point)

@@ -14,8 +14,10 @@
 //
 // An operand may instead be a stored tensor's handle (the array None), and
 // keep=True returns the kept product's handle as a tuple (StoredTuple).
-// multiply_streamed and upload copy each array once into the library's
-// HostTensor (without the GIL); download returns the library's buffer.
+// multiply_streamed sends the arrays from their own buffers too (the
+// library's MultiplyStreamedView); upload copies each array once into the
+// library's HostTensor (without the GIL); download returns the library's
+// buffer.
 //
 // The *_async methods start the library's asynchronous call and return at
 // once (a Call, whose cancel() cancels the RPC); the library completes
@@ -448,15 +450,15 @@ class NativeClient {
     return call;
   }
 
-  // Each operand is an array (copied once into a HostTensor, without the
-  // GIL) or, when it is None, the stored tensor `x_handle`.
+  // Each operand is an array (sent from its buffer) or, when it is None,
+  // the stored tensor `x_handle`.
   py::object MultiplyStreamed(const py::object& a, int a_dtype,
                               const std::string& a_handle, const py::object& b,
                               int b_dtype, const std::string& b_handle,
                               bool transpose_a, bool transpose_b, int compute,
                               std::optional<double> timeout,
                               const py::dtype& result_dtype,
-                              int64_t chunk_bytes) {
+                              int64_t chunk_bytes, int stripes) {
     std::optional<WireOperand> wires[2];
     const py::object* arrays[2] = {&a, &b};
     const std::string* handles[2] = {&a_handle, &b_handle};
@@ -476,35 +478,44 @@ class NativeClient {
     options.compute = compute == v1::COMPUTE_MODE_TF32 ? ComputeMode::kTf32
                                                        : ComputeMode::kStrict;
     options.timeout = Timeout(timeout);
+    // Sent from the arrays' own buffers: `a` and `b` are referenced by this
+    // call's arguments until it returns, and the library returns only once
+    // gRPC has let go of them.
+    StreamedOperand views[2];
+    for (int i = 0; i < 2; ++i) {
+      if (!wires[i].has_value()) {
+        views[i].handle = *handles[i];
+        continue;
+      }
+      views[i].shape = wires[i]->shape;
+      views[i].dtype = wires[i]->dtype;
+      views[i].data = wires[i]->data;
+    }
+    StreamOptions stream;
+    stream.chunk_bytes = chunk_bytes;
+    stream.stripes = stripes;
     absl::StatusOr<HostTensor> product;
     {
-      // `a` and `b` are referenced by this call's arguments until it
-      // returns, so their buffers outlive the copies made here.
       py::gil_scoped_release release;
-      std::optional<HostTensor> tensors[2];
-      for (int i = 0; i < 2; ++i) {
-        if (wires[i].has_value()) tensors[i] = CopyTensor(*wires[i]);
-      }
-      const Operand oa =
-          tensors[0] ? Operand(*tensors[0]) : Operand::Handle(a_handle);
-      const Operand ob =
-          tensors[1] ? Operand(*tensors[1]) : Operand::Handle(b_handle);
-      product = client_->MultiplyStreamed(oa, ob, options, chunk_bytes);
+      product =
+          client_->MultiplyStreamedView(views[0], views[1], options, stream);
     }
     return ToPython(FromStatusOr(std::move(product)), result_dtype);
   }
 
   // MultiplyStreamed without blocking: the library's blocking call runs on
-  // a thread of its own (which copies the arrays, then drops them), and
-  // done(ok, value) gets its outcome; Call.cancel() cancels the stream
-  // (MultiplyOptions::canceller), which ends the thread promptly.
+  // a thread of its own (which sends the arrays from their buffers, holding
+  // them until the call has returned), and done(ok, value) gets its
+  // outcome; Call.cancel() cancels the stream (MultiplyOptions::canceller),
+  // which ends the thread promptly.
   PyCall MultiplyStreamedAsync(const py::object& a, int a_dtype,
                                const std::string& a_handle, const py::object& b,
                                int b_dtype, const std::string& b_handle,
                                bool transpose_a, bool transpose_b, int compute,
                                std::optional<double> timeout,
                                const py::dtype& result_dtype,
-                               int64_t chunk_bytes, const py::object& done) {
+                               int64_t chunk_bytes, const py::object& done,
+                               int stripes) {
     std::optional<WireOperand> wires[2];
     const py::object* arrays[2] = {&a, &b};
     const std::string* handles[2] = {&a_handle, &b_handle};
@@ -528,21 +539,28 @@ class NativeClient {
     PyCall call(options.canceller);
     std::shared_ptr<const Held> held(new Held{done, result_dtype, Self()},
                                      ReleaseHeld);
-    // The arrays stay referenced until the thread has copied them.
+    // The arrays stay referenced until the call has returned (the library
+    // returns once gRPC has let go of their bytes).
     std::shared_ptr<const void> refs(new PythonRefs{a, b}, ReleaseRefs);
-    std::thread([this, wa = std::move(wires[0]), wb = std::move(wires[1]),
-                 a_handle, b_handle, options = std::move(options), chunk_bytes,
-                 held = std::move(held), refs = std::move(refs)]() mutable {
-      std::optional<HostTensor> ta, tb;
-      if (wa.has_value()) ta = CopyTensor(*wa);
-      if (wb.has_value()) tb = CopyTensor(*wb);
-      refs.reset();  // the arrays, released with the GIL (ReleaseRefs)
-      const Operand oa = ta ? Operand(*ta) : Operand::Handle(a_handle);
-      const Operand ob = tb ? Operand(*tb) : Operand::Handle(b_handle);
+    StreamedOperand views[2];
+    for (int i = 0; i < 2; ++i) {
+      if (!wires[i].has_value()) {
+        views[i].handle = *handles[i];
+        continue;
+      }
+      views[i].shape = wires[i]->shape;
+      views[i].dtype = wires[i]->dtype;
+      views[i].data = wires[i]->data;
+    }
+    StreamOptions stream;
+    stream.chunk_bytes = chunk_bytes;
+    stream.stripes = stripes;
+    std::thread([this, va = std::move(views[0]), vb = std::move(views[1]),
+                 options = std::move(options), stream, held = std::move(held),
+                 refs = std::move(refs)]() mutable {
       absl::StatusOr<HostTensor> product =
-          client_->MultiplyStreamed(oa, ob, options, chunk_bytes);
-      ta.reset();
-      tb.reset();
+          client_->MultiplyStreamedView(va, vb, options, stream);
+      refs.reset();  // the arrays, released with the GIL (ReleaseRefs)
       Complete(std::move(held), FromStatusOr(std::move(product)));
     }).detach();
     return call;
@@ -723,12 +741,14 @@ PYBIND11_MODULE(_native, m) {
            py::arg("a_dtype"), py::arg("a_handle"), py::arg("b"),
            py::arg("b_dtype"), py::arg("b_handle"), py::arg("transpose_a"),
            py::arg("transpose_b"), py::arg("compute"), py::arg("timeout"),
-           py::arg("result_dtype"), py::arg("chunk_bytes"))
+           py::arg("result_dtype"), py::arg("chunk_bytes"),
+           py::arg("stripes") = 1)
       .def("multiply_streamed_async", &NativeClient::MultiplyStreamedAsync,
            py::arg("a"), py::arg("a_dtype"), py::arg("a_handle"), py::arg("b"),
            py::arg("b_dtype"), py::arg("b_handle"), py::arg("transpose_a"),
            py::arg("transpose_b"), py::arg("compute"), py::arg("timeout"),
-           py::arg("result_dtype"), py::arg("chunk_bytes"), py::arg("done"))
+           py::arg("result_dtype"), py::arg("chunk_bytes"), py::arg("done"),
+           py::arg("stripes") = 1)
       .def("upload", &NativeClient::Upload, py::arg("array"), py::arg("dtype"),
            py::arg("device"), py::arg("ttl_seconds"), py::arg("timeout"))
       .def("upload_async", &NativeClient::UploadAsync, py::arg("array"),
