@@ -584,15 +584,17 @@ absl::StatusOr<HostTensor> MatmulClient::MultiplyStreamedView(
     join.mutable_join()->set_stripe_key(std::move(key));
   }
 
-  // The operands' chunks, A's then B's, in offset order; chunk i goes on
-  // call i % stripes.
+  // The operands' chunks, B's then A's, in offset order; chunk i goes on
+  // call i % stripes. B goes first because the server multiplies A's rows
+  // in panels as they arrive once all of B is on the device, and sends
+  // their product rows while the rest of A is still on the wire.
   struct Piece {
     v1::Operand operand;
     int64_t offset;
     absl::string_view data;
   };
   std::vector<Piece> pieces;
-  for (int op = 0; op < 2; ++op) {
+  for (const int op : {1, 0}) {
     if (!operands[op]->handle.empty()) continue;
     const StreamedOperand& t = *operands[op];
     const int64_t elem = static_cast<int64_t>(DTypeSize(t.dtype));
