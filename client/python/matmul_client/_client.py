@@ -198,20 +198,31 @@ def _native_error(error: Exception) -> MatmulError:
     return MatmulError(_STATUS_CODES.get(code, grpc.StatusCode.UNKNOWN), message)
 
 
+def _stream_operands(
+    request: matmul_pb2.MultiplyRequest, chunk_bytes: int
+) -> Tuple[List[Tuple[int, bytes]], int]:
+    """The operands of ``request`` sent in chunks, as (Operand, data), their
+    data taken out of it, and the chunk size (whole elements near
+    ``chunk_bytes``). B comes first: once all of B is on the device the
+    server multiplies A's rows in panels as they arrive and sends their
+    product rows while the rest of A is on the wire."""
+    operands = []
+    for name, operand in (("b", matmul_pb2.OPERAND_B), ("a", matmul_pb2.OPERAND_A)):
+        if request.HasField(name):
+            tensor = getattr(request, name)
+            operands.append((operand, tensor.data))
+            tensor.data = b""
+    elem = _ELEMENT_BYTES[request.a.dtype if request.HasField("a") else request.b.dtype]
+    return operands, max(elem, chunk_bytes // elem * elem)
+
+
 def _stream_messages(
     request: matmul_pb2.MultiplyRequest, chunk_bytes: int
 ) -> Tuple[Iterator[matmul_pb2.MultiplyStreamRequest], int]:
     """The MultiplyStream messages of ``request`` (whose operands' data is
     taken out of it): the start, then each operand in chunks of about
     ``chunk_bytes`` (whole elements). Returns them and the chunk size."""
-    operands = []
-    for name, operand in (("a", matmul_pb2.OPERAND_A), ("b", matmul_pb2.OPERAND_B)):
-        if request.HasField(name):
-            tensor = getattr(request, name)
-            operands.append((operand, tensor.data))
-            tensor.data = b""
-    elem = _ELEMENT_BYTES[request.a.dtype if request.HasField("a") else request.b.dtype]
-    step = max(elem, chunk_bytes // elem * elem)
+    operands, step = _stream_operands(request, chunk_bytes)
 
     def messages() -> Iterator[matmul_pb2.MultiplyStreamRequest]:
         yield matmul_pb2.MultiplyStreamRequest(
@@ -250,14 +261,7 @@ def _striped_messages(
     ``request`` (whose operands' data is taken out of it): the first opens
     the multiply under a random stripe key, the others join it, and the
     operands' chunks go round-robin over them."""
-    operands = []
-    for name, operand in (("a", matmul_pb2.OPERAND_A), ("b", matmul_pb2.OPERAND_B)):
-        if request.HasField(name):
-            tensor = getattr(request, name)
-            operands.append((operand, tensor.data))
-            tensor.data = b""
-    elem = _ELEMENT_BYTES[request.a.dtype if request.HasField("a") else request.b.dtype]
-    step = max(elem, chunk_bytes // elem * elem)
+    operands, step = _stream_operands(request, chunk_bytes)
     key = os.urandom(16)
     first = [
         matmul_pb2.MultiplyStreamRequest(
