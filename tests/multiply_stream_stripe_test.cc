@@ -25,6 +25,7 @@
 #include "matmul/v1/matmul.grpc.pb.h"
 #include "proto/dtype_mapping.h"
 #include "server/matmul_server.h"
+#include "tests/engine_under_test.h"
 #include "tests/reference_gemm.h"
 
 namespace matmul {
@@ -41,18 +42,8 @@ std::unique_ptr<MatmulServer> StartServer() {
   options.listen_address = "127.0.0.1:0";
   options.drain_timeout = absl::Seconds(10);
   options.limits.stripe_join_timeout_ms = kJoinTimeoutMs;
-  absl::StatusOr<std::unique_ptr<MatmulServer>> server = MatmulServer::Start(
-      options, []() -> absl::StatusOr<std::unique_ptr<Engine>> {
-        const char* name = std::getenv("MATMUL_TEST_ENGINE");
-        absl::StatusOr<EngineKind> kind =
-            ParseEngineKind(name == nullptr ? "host" : name);
-        if (!kind.ok()) return kind.status();
-        EngineOptions engine;
-        engine.kind = *kind;
-        engine.streams_per_device = 3;
-        engine.staging_bytes_per_device = int64_t{256} << 20;
-        return CreateEngine(engine);
-      });
+  absl::StatusOr<std::unique_ptr<MatmulServer>> server =
+      MatmulServer::Start(options, testing::EngineUnderTestProvider(3));
   EXPECT_TRUE(server.ok()) << server.status();
   return server.ok() ? std::move(*server) : nullptr;
 }

@@ -25,6 +25,7 @@
 #include "server/matmul_server.h"
 #include "server/request_validation.h"
 #include "server/server_metrics.h"
+#include "tests/engine_under_test.h"
 #include "tests/fake_engine.h"
 #include "tests/reference_gemm.h"
 
@@ -36,23 +37,11 @@ using ::grpc::health::v1::HealthCheckResponse;
 using testing::FakeEngine;
 using ::testing::HasSubstr;
 
-// The engine these tests run against: the host engine by default, or the
-// one MATMUL_TEST_ENGINE names (e.g. "cuda" on a GPU host).
-std::string EngineUnderTest() {
-  const char* name = std::getenv("MATMUL_TEST_ENGINE");
-  return name == nullptr ? "host" : name;
-}
+// The engine these tests run against (tests/engine_under_test.h).
+using testing::EngineUnderTest;
 
 MatmulServer::EngineProvider HostProvider(int lanes = 4) {
-  return [lanes]() -> absl::StatusOr<std::unique_ptr<Engine>> {
-    EngineOptions options;
-    absl::StatusOr<EngineKind> kind = ParseEngineKind(EngineUnderTest());
-    if (!kind.ok()) return kind.status();
-    options.kind = *kind;
-    options.streams_per_device = lanes;
-    options.staging_bytes_per_device = int64_t{1} << 30;
-    return CreateEngine(options);
-  };
+  return testing::EngineUnderTestProvider(lanes, int64_t{1} << 30);
 }
 
 // Host engine results report device -1; GPUs report their index.

@@ -30,6 +30,7 @@
 #include "gtest/gtest.h"
 #include "matmul/v1/matmul.grpc.pb.h"
 #include "server/matmul_server.h"
+#include "tests/engine_under_test.h"
 #include "tests/fake_engine.h"
 #include "tests/metrics/scrape_client.h"
 #include "tests/reference_gemm.h"
@@ -73,24 +74,12 @@ class ShmObject {
   std::byte* data_ = nullptr;
 };
 
-// The engine these tests run against: the host engine by default, or the
-// one MATMUL_TEST_ENGINE names ("cuda" on a GPU host: regions are then
-// pinned and the copy engines read and write them).
-std::string EngineUnderTest() {
-  const char* name = std::getenv("MATMUL_TEST_ENGINE");
-  return name == nullptr ? "host" : name;
-}
+// The engine these tests run against (tests/engine_under_test.h; with
+// "cuda" regions are pinned and the copy engines read and write them).
+using testing::EngineUnderTest;
 
 MatmulServer::EngineProvider HostProvider() {
-  return []() -> absl::StatusOr<std::unique_ptr<Engine>> {
-    EngineOptions options;
-    absl::StatusOr<EngineKind> kind = ParseEngineKind(EngineUnderTest());
-    if (!kind.ok()) return kind.status();
-    options.kind = *kind;
-    options.streams_per_device = 2;
-    options.staging_bytes_per_device = int64_t{256} << 20;
-    return CreateEngine(options);
-  };
+  return testing::EngineUnderTestProvider(2);
 }
 
 MatmulServer::EngineProvider FakeProvider(FakeEngine** out) {

@@ -17,26 +17,14 @@
 #include "gpu/engine_factory.h"
 #include "gtest/gtest.h"
 #include "server/matmul_server.h"
+#include "tests/engine_under_test.h"
 
 namespace matmul::testing {
 
-// "host" unless MATMUL_TEST_ENGINE names another ("cuda" on a GPU host).
-inline std::string EngineUnderTest() {
-  const char* name = std::getenv("MATMUL_TEST_ENGINE");
-  return name == nullptr ? "host" : name;
-}
-
-// That engine with 2 streams and 256 MiB of staging per device.
+// The engine under test (tests/engine_under_test.h) with 2 streams and
+// 256 MiB of staging per device.
 inline MatmulServer::EngineProvider Provider() {
-  return []() -> absl::StatusOr<std::unique_ptr<Engine>> {
-    EngineOptions options;
-    absl::StatusOr<EngineKind> kind = ParseEngineKind(EngineUnderTest());
-    if (!kind.ok()) return kind.status();
-    options.kind = *kind;
-    options.streams_per_device = 2;
-    options.staging_bytes_per_device = int64_t{256} << 20;
-    return CreateEngine(options);
-  };
+  return EngineUnderTestProvider(2);
 }
 
 // Uniform values in [-1, 1) as float64, converted to `dtype`.
