@@ -40,8 +40,14 @@ def main() -> None:
         jobs[e["args"]["job"]][e["name"]] = e
     ids = sorted(jobs)
     t0 = jobs[ids[0]]["h2d"]["ts"]  # the allocation job's start
-    gemm_job = max(ids, key=lambda j: jobs[j]["gemm"]["dur"])
-    gemm = jobs[gemm_job]["gemm"]
+    # Each job has all three stages; those it did not run last next to
+    # nothing. A job is what its longest stage says: an upload (h2d), a
+    # multiply (gemm: one, or one per row panel) or a download (d2h).
+    dur = {j: {k: jobs[j][k]["dur"] for k in ("h2d", "gemm", "d2h")} for j in ids}
+    kind = {j: max(dur[j], key=dur[j].get) for j in ids[1:]}
+    panels = [j for j in kind if kind[j] == "gemm"]
+    uploads = [j for j in kind if kind[j] == "h2d"]
+    downloads = [j for j in kind if kind[j] == "d2h"]
     gib = args.chunk_mib / 1024
 
     def cumulative(kind, selected):
@@ -49,18 +55,22 @@ def main() -> None:
                       for j in selected)
         return [0.0] + ends, [0.0] + [gib * (i + 1) for i in range(len(ends))]
 
-    up_t, up_b = cumulative("h2d", [j for j in ids if ids[0] < j < gemm_job])
-    down_t, down_b = cumulative("d2h", [j for j in ids if j > gemm_job])
+    up_t, up_b = cumulative("h2d", uploads)
+    down_t, down_b = cumulative("d2h", downloads)
 
     fig, ax = plt.subplots(figsize=(10, 4.2), dpi=110)
     lo, hi = args.received
     ax.axvspan(lo, hi, color="#dddddd", label=f"operand chunks arriving ({lo:.2f}-{hi:.2f} s)")
     ax.step(up_t, up_b, where="post", color="#1f77b4", lw=2,
             label=f"operands on the GPU (H2D done, {len(up_t) - 1} chunks)")
-    g0 = (gemm["ts"] - t0) / 1e6
-    g1 = g0 + gemm["dur"] / 1e6
-    ax.axvspan(g0, g1, color="#2ca02c", alpha=0.5,
-               label=f"GEMM ({gemm['dur'] / 1e3:.0f} ms)")
+    total_ms = sum(dur[j]["gemm"] for j in panels) / 1e3
+    for i, j in enumerate(panels):
+        g0 = (jobs[j]["gemm"]["ts"] - t0) / 1e6
+        g1 = g0 + dur[j]["gemm"] / 1e6
+        ax.axvspan(g0, g1, color="#2ca02c", alpha=0.5,
+                   label=(f"GEMM ({total_ms:.0f} ms" +
+                          (f" in {len(panels)} row panels)" if len(panels) > 1 else ")"))
+                   if i == 0 else None)
     ax.step(down_t, down_b, where="post", color="#ff7f0e", lw=2,
             label=f"product copied back (D2H done, {len(down_t) - 1} chunks)")
     ax.set_xlabel("seconds since the multiply's start message")
