@@ -28,7 +28,6 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/types/span.h"
-#include "client/lib/call_canceller_borrowed.h"
 #include "client/lib/multiply_encoding.h"
 #include "client/lib/tensor_proto.h"
 #include "common/status_macros.h"

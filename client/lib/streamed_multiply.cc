@@ -26,7 +26,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
-#include "client/lib/call_canceller_borrowed.h"
 #include "client/lib/matmul_client.h"
 #include "client/lib/multiply_encoding.h"
 #include "common/status_macros.h"
@@ -106,6 +105,30 @@ grpc::ByteBuffer SerializeMessage(const google::protobuf::Message& message) {
 }
 
 }  // namespace
+
+// A blocking call's hold on its caller's canceller: for the call's
+// duration the canceller may cancel the call's context; the destructor waits
+// until no Cancel is using it.
+class CallCanceller::Borrowed {
+ public:
+  Borrowed(CallCanceller* canceller, grpc::ClientContext* context) {
+    if (canceller == nullptr) return;
+    context_ = std::shared_ptr<grpc::ClientContext>(
+        context, [this](grpc::ClientContext*) { released_.Notify(); });
+    canceller->Attach(context_);
+  }
+  ~Borrowed() {
+    if (context_ == nullptr) return;
+    context_.reset();
+    released_.WaitForNotification();  // no Cancel uses the context now
+  }
+  Borrowed(const Borrowed&) = delete;
+  Borrowed& operator=(const Borrowed&) = delete;
+
+ private:
+  absl::Notification released_;
+  std::shared_ptr<grpc::ClientContext> context_;
+};
 
 absl::StatusOr<HostTensor> MatmulClient::MultiplyStreamed(
     const Operand& a, const Operand& b, const MultiplyOptions& options,
