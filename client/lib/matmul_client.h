@@ -166,7 +166,9 @@ struct StreamOptions {
   // carry them; where there are fewer, the client opens the missing
   // connections on first use (same target and settings) and keeps them for
   // later striped calls. The server must support striping (a server
-  // without it fails the call).
+  // without it fails the call). The calls after the first wait for their
+  // connection (gRPC's wait_for_ready, bounded by MultiplyOptions::timeout)
+  // rather than fail at once when a freshly opened one fails to connect.
   int stripes = 1;
 };
 

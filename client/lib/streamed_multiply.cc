@@ -291,6 +291,11 @@ absl::StatusOr<HostTensor> MatmulClient::MultiplyStreamedView(
   for (int s = 0; s < stripes; ++s) {
     calls.push_back(std::make_unique<Call>());
     PrepareContext(calls.back()->context, options.timeout, options.client_id);
+    // A join rides a connection that may be opened just now: if its first
+    // connect fails, it waits for the channel's reconnect (bounded by the
+    // deadline; call 0's end cancels it) instead of failing the multiply
+    // UNAVAILABLE at once. Call 0 fails fast as any call does.
+    if (s > 0) calls.back()->context.set_wait_for_ready(true);
   }
   // options.canceller cancels call 0; its end (CANCELLED) then cancels the
   // others like any error. Let go of before the contexts are.
