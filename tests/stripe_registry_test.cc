@@ -86,8 +86,8 @@ class Recorder final : public StripeCall {
 const std::string kKey(20, 'k');
 
 TEST(StripeRegistryTest, JoinsFindTheirClientsMultiplyUpToItsStripes) {
+  Recorder owner, joiner;  // outlive the registry
   StripeRegistry registry(absl::Seconds(10));
-  Recorder owner, joiner;
   auto multiply = std::make_shared<int>(1);
   std::vector<StripeRegistry::Resolution> resolved;
   ASSERT_TRUE(
@@ -123,8 +123,9 @@ TEST(StripeRegistryTest, JoinsFindTheirClientsMultiplyUpToItsStripes) {
 }
 
 TEST(StripeRegistryTest, AJoinBeforeItsStartWaitsAndIsMatchedByIt) {
-  StripeRegistry registry(absl::Seconds(10));
+  // The calls outlive the registry, which lets go of what it still holds.
   Recorder owner, first, second, third;
+  StripeRegistry registry(absl::Seconds(10));
   // Three joins wait for a start of two stripes: the first is matched,
   // the others are told at once that it is full.
   for (Recorder* r : {&first, &second, &third}) {
@@ -154,8 +155,9 @@ TEST(StripeRegistryTest, AJoinBeforeItsStartWaitsAndIsMatchedByIt) {
 }
 
 TEST(StripeRegistryTest, AJoinThatFindsNothingTimesOutNotFound) {
-  StripeRegistry registry(absl::Milliseconds(50));
+  // The calls outlive the registry, which lets go of what it still holds.
   Recorder owner, other_client, unknown, forgotten;
+  StripeRegistry registry(absl::Milliseconds(50));
   std::vector<StripeRegistry::Resolution> resolved;
   ASSERT_TRUE(
       registry
