@@ -97,6 +97,11 @@ ABSL_FLAG(int64_t, completion_poll_us, 1000,
           "requests after each submit or completion, so that small requests "
           "are answered without waiting for a CUDA host function; it keeps "
           "one core busy while it polls (0: no poller)");
+ABSL_FLAG(int32_t, cuda_graphs_per_stream, 0,
+          "CUDA engine: a small multiply (at most 16 MiB of A, B and C) is "
+          "recorded once per stream and shape as a CUDA graph and replayed "
+          "with one launch; at most this many graphs per stream, the least "
+          "recently used evicted (0: every job call by call)");
 ABSL_FLAG(std::string, unix_socket, "",
           "Also listen on this unix socket path (plaintext, same host)");
 ABSL_FLAG(std::string, tls_cert, "",
@@ -151,7 +156,8 @@ const std::vector<matmul::FlagGroup>& ServerFlags() {
       {"Engine",
        {"engine=auto|cuda|host", "streams_per_device", "pinned_pool_bytes",
         "batch_window_us", "adaptive_batching", "max_batch", "grouped_batching",
-        "inline_dispatch_max_bytes", "completion_poll_us"}},
+        "inline_dispatch_max_bytes", "completion_poll_us",
+        "cuda_graphs_per_stream"}},
       {"Request limits",
        {"max_message_bytes", "max_inflight_bytes", "max_elements_per_operand"}},
       {"Stored tensors",
@@ -322,6 +328,8 @@ int main(int argc, char** argv) {
       std::max<int64_t>(0, absl::GetFlag(FLAGS_inline_dispatch_max_bytes));
   engine_options.completion_poll = absl::Microseconds(
       std::max<int64_t>(0, absl::GetFlag(FLAGS_completion_poll_us)));
+  engine_options.cuda_graphs_per_stream =
+      std::max(0, absl::GetFlag(FLAGS_cuda_graphs_per_stream));
   engine_options.staging_bytes_per_device =
       absl::GetFlag(FLAGS_pinned_pool_bytes);
 
