@@ -55,6 +55,9 @@ ABSL_FLAG(int64_t, max_inflight_bytes, int64_t{8} << 30,
           "requests get RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, max_elements_per_operand, int64_t{1} << 31,
           "Largest operand or result, elements");
+ABSL_FLAG(absl::Duration, stripe_join_timeout, absl::Seconds(10),
+          "How long a MultiplyStream call joining a striped multiply waits "
+          "for the call that starts it (NOT_FOUND after that); at most 10m");
 ABSL_FLAG(absl::Duration, drain_grace, absl::ZeroDuration(),
           "On SIGTERM: report NOT_SERVING this long before refusing new "
           "requests (let load balancers catch up)");
@@ -159,7 +162,8 @@ const std::vector<matmul::FlagGroup>& ServerFlags() {
         "inline_dispatch_max_bytes", "completion_poll_us",
         "cuda_graphs_per_stream"}},
       {"Request limits",
-       {"max_message_bytes", "max_inflight_bytes", "max_elements_per_operand"}},
+       {"max_message_bytes", "max_inflight_bytes", "max_elements_per_operand",
+        "stripe_join_timeout=DURATION"}},
       {"Stored tensors",
        {"max_stored_bytes", "max_stored_bytes_per_client",
         "max_handles_per_client", "default_handle_ttl", "max_handle_ttl",
@@ -414,6 +418,16 @@ int main(int argc, char** argv) {
     matmul::LogLine("error: --max-message-bytes must be in [1, 2147483647]");
     return 2;
   }
+  const absl::Duration join_timeout = absl::GetFlag(FLAGS_stripe_join_timeout);
+  if (join_timeout < absl::Milliseconds(1) ||
+      join_timeout > absl::Minutes(10)) {
+    matmul::LogLine(
+        absl::StrCat("error: --stripe-join-timeout must be in [1ms, 10m], got ",
+                     absl::FormatDuration(join_timeout)));
+    return 2;
+  }
+  options.limits.stripe_join_timeout_ms =
+      absl::ToInt64Milliseconds(join_timeout);
 
   matmul::LogLine(absl::StrCat("matmul-server ", matmul::ServerVersion(),
                                " (commit ", matmul::GitCommit(), ")",
