@@ -66,7 +66,8 @@ absl::StatusOr<std::unique_ptr<CudaEngine::Device>> CudaEngine::Device::Create(
       graph_lane.budget = device->memory.get();
       graph_lane.poison_c = options.poison_outputs;
       lane->graphs = std::make_unique<JobGraphCache>(
-          graph_lane, options.job_graphs_per_stream);
+          graph_lane, options.job_graphs_per_stream,
+          options.job_graph_min_sightings);
     }
     device->lanes.push_back(std::move(lane));
   }

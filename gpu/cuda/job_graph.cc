@@ -220,8 +220,9 @@ JobGraph::Outcome JobGraph::Launch(const JobHostMemory& host,
       true};
 }
 
-JobGraphCache::JobGraphCache(const JobGraphLane& lane, int capacity)
-    : lane_(lane), capacity_(capacity) {}
+JobGraphCache::JobGraphCache(const JobGraphLane& lane, int capacity,
+                             int min_sightings)
+    : lane_(lane), capacity_(capacity), min_sightings_(min_sightings) {}
 
 JobGraphCache::~JobGraphCache() {
   for (const auto& graph : graphs_)
@@ -259,6 +260,21 @@ JobGraph::Outcome JobGraphCache::Launch(const MatmulSpec& spec,
     return launch(*graphs_.front(), host, events);
   }
   if (recording_failed_ || capacity_ <= 0) return {absl::OkStatus(), false};
+  // Counted as a sighting; recorded once seen often enough.
+  auto seen = sightings_.begin();
+  while (seen != sightings_.end() && !SameWork(seen->first, spec)) ++seen;
+  if (seen == sightings_.end()) {
+    sightings_.emplace_front(spec, 0);
+    if (static_cast<int>(sightings_.size()) > 4 * capacity_) {
+      sightings_.pop_back();
+    }
+  } else {
+    sightings_.splice(sightings_.begin(), sightings_, seen);
+  }
+  if (++sightings_.front().second < min_sightings_) {
+    return {absl::OkStatus(), false};
+  }
+  sightings_.pop_front();
   if (static_cast<int>(graphs_.size()) >= capacity_) {
     lane_.budget->Release(graphs_.back()->device_bytes());
     graphs_.pop_back();

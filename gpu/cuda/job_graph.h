@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <list>
 #include <memory>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -120,8 +121,11 @@ class JobGraph {
 
 class JobGraphCache {
  public:
-  // At most `capacity` graphs; the least recently used goes first.
-  JobGraphCache(const JobGraphLane& lane, int capacity);
+  // At most `capacity` graphs; the least recently used goes first. A shape
+  // is recorded the `min_sightings`-th time it comes without a graph (so
+  // that shapes seen once, such as the odd batch size, cost no recording);
+  // until then its jobs run call by call.
+  JobGraphCache(const JobGraphLane& lane, int capacity, int min_sightings);
   ~JobGraphCache();
   JobGraphCache(const JobGraphCache&) = delete;
   JobGraphCache& operator=(const JobGraphCache&) = delete;
@@ -146,7 +150,11 @@ class JobGraphCache {
  private:
   const JobGraphLane lane_;
   const int capacity_;
-  CudaStream capture_;                           // made at the first recording
+  const int min_sightings_;
+  CudaStream capture_;  // made at the first recording
+  // Shapes seen without a graph and how often, most recent first; at most
+  // 4 * capacity_ of them.
+  std::list<std::pair<MatmulSpec, int>> sightings_;
   std::list<std::unique_ptr<JobGraph>> graphs_;  // most recently used first
   // Recording failed once (the driver or cuBLAS cannot capture it): no
   // further attempts on this lane.

@@ -33,15 +33,18 @@ using testing::RelativeError;
 using testing::ToDoubles;
 using testing::Tolerance;
 
-const int64_t kMaxGraphBytes =
-    CudaEngineOptions().job_graph_max_device_bytes;
+const int64_t kMaxGraphBytes = CudaEngineOptions().job_graph_max_device_bytes;
 
-std::unique_ptr<CudaEngine> GraphEngine(int streams, int graphs_per_stream) {
+// Records a shape the first time it comes (min_sightings 1), unless told
+// otherwise, so that a test's second job of a shape is a replay.
+std::unique_ptr<CudaEngine> GraphEngine(int streams, int graphs_per_stream,
+                                        int min_sightings = 1) {
   CudaEngineOptions options;
   options.streams_per_device = streams;
   options.pinned_bytes_per_device = int64_t{1} << 30;
   options.poison_outputs = true;  // a C never written cannot pass
   options.job_graphs_per_stream = graphs_per_stream;
+  options.job_graph_min_sightings = min_sightings;
   absl::StatusOr<std::unique_ptr<CudaEngine>> engine =
       CudaEngine::Create(options);
   EXPECT_TRUE(engine.ok()) << engine.status();
@@ -131,6 +134,30 @@ TEST(JobGraphTest, OffByDefault) {
   const GraphCounts counts = CountsOf(*engine);
   EXPECT_EQ(counts.jobs, 0);
   EXPECT_EQ(counts.recorded, 0);
+}
+
+// By default a shape is recorded the second time it comes without a graph:
+// a shape seen once (an odd batch size, say) costs no recording.
+TEST(JobGraphTest, AShapeIsRecordedOnItsSecondSighting) {
+  SKIP_WITHOUT_GPU();
+  CudaEngineOptions defaults;
+  ASSERT_EQ(defaults.job_graph_min_sightings, 2);
+  std::unique_ptr<CudaEngine> engine =
+      GraphEngine(1, 8, defaults.job_graph_min_sightings);
+  ASSERT_NE(engine, nullptr);
+  absl::BitGen gen;
+  const MatmulSpec once = Square(DType::kFloat32, 40);
+  const MatmulSpec often = Square(DType::kFloat32, 72);
+  ExpectCorrect(*engine, often, gen);  // seen once: call by call
+  ExpectCorrect(*engine, once, gen);
+  GraphCounts counts = CountsOf(*engine);
+  EXPECT_EQ(counts.jobs, 0);
+  EXPECT_EQ(counts.recorded, 0);
+  ExpectCorrect(*engine, often, gen);  // recorded and launched
+  ExpectCorrect(*engine, often, gen);  // replayed
+  counts = CountsOf(*engine);
+  EXPECT_EQ(counts.jobs, 2);
+  EXPECT_EQ(counts.recorded, 1);
 }
 
 // One stream keeping two graphs, five shapes in turn, three rounds: every
