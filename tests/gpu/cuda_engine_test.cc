@@ -67,27 +67,13 @@ class CudaEngineAccuracyTest : public ::testing::TestWithParam<Case> {
 };
 CudaEngine* CudaEngineAccuracyTest::engine_ = nullptr;
 
-// Fresh random inputs every run (absl::BitGen is seeded nondeterministically);
-// result buffers are poisoned with NaN bytes before every GEMM, and a NaN or
-// Inf anywhere makes RelativeError infinite.
 TEST_P(CudaEngineAccuracyTest, MatchesFloat64Reference) {
   SKIP_WITHOUT_GPU();
   ASSERT_NE(engine_, nullptr);
   const auto [dtype, compute, ba, bb, m, n, k, ta, tb, is3d] = GetParam();
-  const MatmulSpec spec =
-      MakeSpec(dtype, ba, bb, m, n, k, ta, tb, is3d, compute);
   absl::BitGen gen;
-  const std::string a = RandomBytes(dtype, spec.a_elements(), gen);
-  const std::string b = RandomBytes(dtype, spec.b_elements(), gen);
-  Outcome out = SubmitJob(*engine_, spec, &a, &b).get();
-  ASSERT_TRUE(out.status.ok()) << out.status;
-  ASSERT_EQ(static_cast<int64_t>(out.c.size()), spec.c_bytes());
-  const std::vector<double> ref =
-      ReferenceGemm(spec, ToDoubles(dtype, a.data(), spec.a_elements()),
-                    ToDoubles(dtype, b.data(), spec.b_elements()));
-  const double err =
-      RelativeError(ToDoubles(dtype, out.c.data(), spec.c_elements()), ref);
-  EXPECT_LT(err, Tolerance(dtype, compute)) << "relative error " << err;
+  const Outcome out = gpu_test::MultiplyAndCheck(
+      *engine_, MakeSpec(dtype, ba, bb, m, n, k, ta, tb, is3d, compute), gen);
   EXPECT_GE(out.placement.device, 0);
   EXPECT_GE(out.placement.stream, 0);
 }

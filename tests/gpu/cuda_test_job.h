@@ -1,12 +1,11 @@
-// What the CUDA engine's GPU tests share: a job that multiplies two byte
-// strings and hands back its outcome (TestJob, SubmitJob), the skip where no
-// GPU is visible, and the accuracy cases (every dtype, shapes from 1x1x1 to
-// 1024^3, batches, broadcasts and transposes).
+// What the CUDA engine's GPU tests share: submitting a multiply of two byte
+// strings (SubmitJob, over tests/engine_job.h), the skip where no GPU is
+// visible, and the accuracy cases (every dtype, shapes from 1x1x1 to 1024^3,
+// batches, broadcasts and transposes).
 #ifndef MATMUL_TESTS_GPU_CUDA_TEST_JOB_H_
 #define MATMUL_TESTS_GPU_CUDA_TEST_JOB_H_
 
 #include <cstdint>
-#include <cstring>
 #include <future>
 #include <memory>
 #include <string>
@@ -14,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/random/random.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -23,6 +23,8 @@
 #include "gpu/engine.h"
 #include "gpu/matmul_spec.h"
 #include "gtest/gtest.h"
+#include "tests/engine_job.h"
+#include "tests/reference_gemm.h"
 
 namespace matmul {
 namespace gpu_test {
@@ -32,57 +34,48 @@ namespace gpu_test {
     if (::matmul::VisibleCudaDevices() == 0) GTEST_SKIP() << "no GPU"; \
   } while (0)
 
-struct Outcome {
-  absl::Status status;
-  std::string c;
-  Placement placement;
-  StageTimings timings;
-};
+using Outcome = testing::JobOutcome;
 
-class TestJob final : public MatmulJob {
- public:
-  TestJob(const MatmulSpec& spec, const std::string* a, const std::string* b,
-          std::promise<Outcome> promise)
-      : MatmulJob(JobDescription{spec, MultiplyOp{}}),
-        a_(a),
-        b_(b),
-        promise_(std::move(promise)) {}
-
-  absl::Status WriteOperands(absl::Span<std::byte> a,
-                             absl::Span<std::byte> b) override {
-    if (a.size() != a_->size() || b.size() != b_->size()) {
-      return absl::InternalError("staging size mismatch");
-    }
-    std::memcpy(a.data(), a_->data(), a.size());
-    std::memcpy(b.data(), b_->data(), b.size());
-    return absl::OkStatus();
-  }
-  void Done(absl::StatusOr<JobResult> result) override {
-    Outcome out;
-    out.status = result.status();
-    if (result.ok()) {
-      out.c.assign(reinterpret_cast<const char*>(result->c().data()),
-                   result->c().size());
-      out.placement = result->placement();
-      out.timings = result->timings();
-    }
-    { absl::StatusOr<JobResult> release = std::move(result); }
-    promise_.set_value(std::move(out));
-  }
-
- private:
-  const std::string* a_;
-  const std::string* b_;
-  std::promise<Outcome> promise_;
-};
-
+// Submits the multiply of `a` and `b` (copied into the job).
 inline std::future<Outcome> SubmitJob(Engine& engine, const MatmulSpec& spec,
                                       const std::string* a,
                                       const std::string* b) {
   std::promise<Outcome> promise;
   std::future<Outcome> future = promise.get_future();
-  engine.Submit(std::make_unique<TestJob>(spec, a, b, std::move(promise)));
+  testing::EngineJob::Options options;
+  options.a = *a;
+  options.b = *b;
+  engine.Submit(std::make_unique<testing::EngineJob>(spec, std::move(options),
+                                                     std::move(promise)));
   return future;
+}
+
+// Multiplies fresh random operands (absl::BitGen is seeded
+// nondeterministically) and checks the product against the float64
+// reference: with the engine's poison_outputs a C never written holds NaN
+// bytes, and a NaN or Inf anywhere makes RelativeError infinite. Returns
+// the outcome for further checks.
+inline Outcome MultiplyAndCheck(Engine& engine, const MatmulSpec& spec,
+                                absl::BitGen& gen) {
+  const std::string a =
+      testing::RandomBytes(spec.dtype, spec.a_elements(), gen);
+  const std::string b =
+      testing::RandomBytes(spec.dtype, spec.b_elements(), gen);
+  Outcome out = SubmitJob(engine, spec, &a, &b).get();
+  EXPECT_TRUE(out.status.ok()) << out.status;
+  EXPECT_EQ(static_cast<int64_t>(out.c.size()), spec.c_bytes());
+  if (!out.status.ok() ||
+      static_cast<int64_t>(out.c.size()) != spec.c_bytes()) {
+    return out;
+  }
+  const std::vector<double> ref = testing::ReferenceGemm(
+      spec, testing::ToDoubles(spec.dtype, a.data(), spec.a_elements()),
+      testing::ToDoubles(spec.dtype, b.data(), spec.b_elements()));
+  const double err = testing::RelativeError(
+      testing::ToDoubles(spec.dtype, out.c.data(), spec.c_elements()), ref);
+  EXPECT_LT(err, testing::Tolerance(spec.dtype, spec.compute))
+      << "relative error " << err;
+  return out;
 }
 
 // (dtype, compute, batch_a, batch_b, m, n, k, transpose_a, transpose_b, 3d)

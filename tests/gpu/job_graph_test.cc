@@ -24,6 +24,7 @@ namespace {
 using gpu_test::AllCases;
 using gpu_test::Case;
 using gpu_test::CaseName;
+using gpu_test::MultiplyAndCheck;
 using gpu_test::Outcome;
 using gpu_test::SubmitJob;
 using testing::MakeSpec;
@@ -72,23 +73,6 @@ MatmulSpec Square(DType dtype, int64_t n) {
                   ComputeMode::kStrict);
 }
 
-// Fresh random operands for `spec`; the product is checked against the
-// float64 reference.
-void ExpectCorrect(Engine& engine, const MatmulSpec& spec, absl::BitGen& gen) {
-  const std::string a = RandomBytes(spec.dtype, spec.a_elements(), gen);
-  const std::string b = RandomBytes(spec.dtype, spec.b_elements(), gen);
-  Outcome out = SubmitJob(engine, spec, &a, &b).get();
-  ASSERT_TRUE(out.status.ok()) << out.status;
-  ASSERT_EQ(static_cast<int64_t>(out.c.size()), spec.c_bytes());
-  const std::vector<double> ref =
-      ReferenceGemm(spec, ToDoubles(spec.dtype, a.data(), spec.a_elements()),
-                    ToDoubles(spec.dtype, b.data(), spec.b_elements()));
-  const double err = RelativeError(
-      ToDoubles(spec.dtype, out.c.data(), spec.c_elements()), ref);
-  EXPECT_LT(err, Tolerance(spec.dtype, spec.compute))
-      << "relative error " << err;
-}
-
 class JobGraphAccuracyTest : public ::testing::TestWithParam<Case> {
  protected:
   static void SetUpTestSuite() {
@@ -112,8 +96,8 @@ TEST_P(JobGraphAccuracyTest, RecordedThenReplayedMatchesTheReference) {
       MakeSpec(dtype, ba, bb, m, n, k, ta, tb, is3d, compute);
   const GraphCounts before = CountsOf(*engine_);
   absl::BitGen gen;
-  ExpectCorrect(*engine_, spec, gen);
-  ExpectCorrect(*engine_, spec, gen);
+  MultiplyAndCheck(*engine_, spec, gen);
+  MultiplyAndCheck(*engine_, spec, gen);
   const GraphCounts after = CountsOf(*engine_);
   const bool replayable = DeviceBytes(spec) <= kMaxGraphBytes;
   EXPECT_EQ(after.jobs - before.jobs, replayable ? 2 : 0);
@@ -129,7 +113,7 @@ TEST(JobGraphTest, OffByDefault) {
   EXPECT_EQ(CudaEngineOptions().job_graphs_per_stream, 0);
   absl::BitGen gen;
   for (int i = 0; i < 3; ++i) {
-    ExpectCorrect(*engine, Square(DType::kFloat32, 64), gen);
+    MultiplyAndCheck(*engine, Square(DType::kFloat32, 64), gen);
   }
   const GraphCounts counts = CountsOf(*engine);
   EXPECT_EQ(counts.jobs, 0);
@@ -148,13 +132,13 @@ TEST(JobGraphTest, AShapeIsRecordedOnItsSecondSighting) {
   absl::BitGen gen;
   const MatmulSpec once = Square(DType::kFloat32, 40);
   const MatmulSpec often = Square(DType::kFloat32, 72);
-  ExpectCorrect(*engine, often, gen);  // seen once: call by call
-  ExpectCorrect(*engine, once, gen);
+  MultiplyAndCheck(*engine, often, gen);  // seen once: call by call
+  MultiplyAndCheck(*engine, once, gen);
   GraphCounts counts = CountsOf(*engine);
   EXPECT_EQ(counts.jobs, 0);
   EXPECT_EQ(counts.recorded, 0);
-  ExpectCorrect(*engine, often, gen);  // recorded and launched
-  ExpectCorrect(*engine, often, gen);  // replayed
+  MultiplyAndCheck(*engine, often, gen);  // recorded and launched
+  MultiplyAndCheck(*engine, often, gen);  // replayed
   counts = CountsOf(*engine);
   EXPECT_EQ(counts.jobs, 2);
   EXPECT_EQ(counts.recorded, 1);
@@ -170,7 +154,7 @@ TEST(JobGraphTest, MoreShapesThanAStreamKeepsAreEvictedAndStayCorrect) {
   absl::BitGen gen;
   for (int round = 0; round < 3; ++round) {
     for (int64_t n : sizes)
-      ExpectCorrect(*engine, Square(DType::kFloat32, n), gen);
+      MultiplyAndCheck(*engine, Square(DType::kFloat32, n), gen);
   }
   const GraphCounts counts = CountsOf(*engine);
   EXPECT_EQ(counts.jobs, 15);
@@ -236,8 +220,8 @@ TEST(JobGraphTest, JobsOverTheLimitRunCallByCall) {
   const MatmulSpec big = Square(DType::kFloat32, 1536);  // 27 MiB
   ASSERT_GT(DeviceBytes(big), kMaxGraphBytes);
   absl::BitGen gen;
-  ExpectCorrect(*engine, big, gen);
-  ExpectCorrect(*engine, Square(DType::kFloat32, 128), gen);
+  MultiplyAndCheck(*engine, big, gen);
+  MultiplyAndCheck(*engine, Square(DType::kFloat32, 128), gen);
   const GraphCounts counts = CountsOf(*engine);
   EXPECT_EQ(counts.jobs, 1);
   EXPECT_EQ(counts.recorded, 1);
