@@ -114,7 +114,6 @@ absl::Status JobGraph::Capture(cudaStream_t capture, const JobHostMemory& host,
       CUDA_RETURN_IF_ERROR_AT(site,
                               cudaMemcpyAsync(host.c, d.c, spec_.c_bytes(),
                                               cudaMemcpyDeviceToHost, capture));
-      RETURN_IF_ERROR(record(events.end));
       return absl::OkStatus();
     }();
     // Ends the capture whether or not the recording went through.
@@ -138,8 +137,8 @@ absl::Status JobGraph::FindNodes(const JobHostMemory& host,
                           cudaGraphGetNodes(graph_, nodes.data(), &count));
   const std::pair<const void*, const void*> copies[3] = {
       {host.a, d.a}, {host.b, d.b}, {d.c, host.c}};  // (source, destination)
-  const cudaEvent_t recorded[4] = {events.start.get(), events.h2d_done.get(),
-                                   events.gemm_done.get(), events.end.get()};
+  const cudaEvent_t recorded[3] = {events.start.get(), events.h2d_done.get(),
+                                   events.gemm_done.get()};
   for (cudaGraphNode_t node : nodes) {
     cudaGraphNodeType type;
     CUDA_RETURN_IF_ERROR_AT(site, cudaGraphNodeGetType(node, &type));
@@ -157,7 +156,7 @@ absl::Status JobGraph::FindNodes(const JobHostMemory& host,
       cudaEvent_t event = nullptr;
       CUDA_RETURN_IF_ERROR_AT(site,
                               cudaGraphEventRecordNodeGetEvent(node, &event));
-      for (int i = 0; i < 4; ++i) {
+      for (int i = 0; i < 3; ++i) {
         if (event == recorded[i]) event_[i] = node;
       }
     }
@@ -170,7 +169,7 @@ absl::Status JobGraph::FindNodes(const JobHostMemory& host,
     }
     copy_host_[i] = i < 2 ? copies[i].first : copies[i].second;
   }
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < 3; ++i) {
     if (event_[i] == nullptr) {
       return absl::InternalError(
           absl::StrCat("recording a job as a CUDA graph: event ", i,
@@ -184,9 +183,9 @@ absl::Status JobGraph::FindNodes(const JobHostMemory& host,
 JobGraph::Outcome JobGraph::Launch(const JobHostMemory& host,
                                    const EventSet& events) {
   const CudaSite site = lane_.site;
-  const cudaEvent_t wanted[4] = {events.start.get(), events.h2d_done.get(),
-                                 events.gemm_done.get(), events.end.get()};
-  for (int i = 0; i < 4; ++i) {
+  const cudaEvent_t wanted[3] = {events.start.get(), events.h2d_done.get(),
+                                 events.gemm_done.get()};
+  for (int i = 0; i < 3; ++i) {
     if (event_now_[i] == wanted[i]) continue;
     event_now_[i] = nullptr;  // unknown until the call succeeds
     absl::Status set = CudaStatus(
@@ -215,9 +214,13 @@ JobGraph::Outcome JobGraph::Launch(const JobHostMemory& host,
     if (!set.ok()) return {std::move(set), false};
     copy_host_[i] = host_of[i];
   }
-  return {
-      CudaStatus(cudaGraphLaunch(exec_, lane_.stream), "cudaGraphLaunch", site),
-      true};
+  absl::Status launched =
+      CudaStatus(cudaGraphLaunch(exec_, lane_.stream), "cudaGraphLaunch", site);
+  if (launched.ok()) {
+    launched = CudaStatus(cudaEventRecord(events.end.get(), lane_.stream),
+                          "cudaEventRecord(end)", site);
+  }
+  return {std::move(launched), true};
 }
 
 JobGraphCache::JobGraphCache(const JobGraphLane& lane, int capacity,

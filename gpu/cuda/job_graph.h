@@ -1,10 +1,11 @@
-// JobGraph and JobGraphCache: a small multiply's stream work (its four
-// events, the H2D copies of A and B, the GEMM, the D2H copy of C) recorded
-// once per lane and shape as a CUDA graph, then replayed for every later job
-// of that shape with one cudaGraphLaunch. Replaying costs the host a third
-// of the calls one by one (docs/PERFORMANCE.md section 9: the calls of an
-// n=256 job take 29-35 µs, cublasGemmEx alone 14-20; a graph launch about
-// 13.5).
+// JobGraph and JobGraphCache: a small multiply's stream work (its start,
+// h2d_done and gemm_done events, the H2D copies of A and B, the GEMM, the
+// D2H copy of C) recorded per lane and shape as a CUDA graph, then replayed
+// for later jobs of that shape with one cudaGraphLaunch and one
+// cudaEventRecord (the end event). A probe measured a graph launch at about
+// 13.5 µs of host time against 29-35 µs for an n=256 job's calls one by one
+// (docs/PERFORMANCE.md section 13); the engine with graphs has not been
+// measured yet.
 //
 // A recorded graph owns its device memory for A, B and C, so every replay
 // on the lane uses the same device addresses: the lane's stream orders one
@@ -113,10 +114,13 @@ class JobGraph {
   cudaGraphNode_t copy_[3] = {};
   cudaMemcpy3DParms copy_params_[3] = {};
   const void* copy_host_[3] = {};
-  // The event nodes in EventSet order (start, h2d_done, gemm_done, end) and
-  // the event each records now.
-  cudaGraphNode_t event_[4] = {};
-  cudaEvent_t event_now_[4] = {};
+  // The event nodes in EventSet order (start, h2d_done, gemm_done) and the
+  // event each records now. The end event is recorded on the stream after
+  // each launch (cudaEventRecord), not by a node: the poller takes an end
+  // event that reads done for a finished job, and a record call marks the
+  // event pending at once, before the graph runs.
+  cudaGraphNode_t event_[3] = {};
+  cudaEvent_t event_now_[3] = {};
 };
 
 class JobGraphCache {
