@@ -522,6 +522,9 @@ TEST(ServerScrapeTest, ParsesTargetsAndCounters) {
       "matmul_requests_total{method=\"Multiply\",code=\"OK\"} 1000\n"
       "matmul_requests_total{method=\"Multiply\",code=\"CANCELLED\"} 7\n"
       "matmul_requests_total{method=\"Upload\",code=\"OK\"} 9\n"
+      "matmul_requests_total{method=\"MultiplyStream\",code=\"OK\"} 40\n"
+      "matmul_requests_total{method=\"MultiplyStream\",code=\"CANCELLED\"} "
+      "2\n"
       "matmul_stream_jobs_total{device=\"0\",stream=\"0\",uuid=\"a\"} 40\n"
       "matmul_stream_jobs_total{device=\"0\",stream=\"1\",uuid=\"a\"} 60\n"
       "matmul_batch_size_bucket{le=\"1\"} 10\n"
@@ -533,6 +536,7 @@ TEST(ServerScrapeTest, ParsesTargetsAndCounters) {
   EXPECT_DOUBLE_EQ(before.compute_busy_s, 2.0);
   EXPECT_DOUBLE_EQ(before.device_busy_s, 3.0);
   EXPECT_DOUBLE_EQ(before.multiplies_ok, 1000);
+  EXPECT_DOUBLE_EQ(before.stream_multiplies_ok, 40);
   EXPECT_DOUBLE_EQ(before.engine_jobs, 100);
   EXPECT_DOUBLE_EQ(before.launches, 100);
   EXPECT_DOUBLE_EQ(before.launched_requests, 900);
@@ -553,6 +557,12 @@ TEST(ServerScrapeTest, ParsesTargetsAndCounters) {
   EXPECT_DOUBLE_EQ(d.grouped_launches, 5);
   // Nothing finished: no ratios.
   EXPECT_EQ(Subtract(before, before).compute_us_per_request, 0);
+  // --stream: the streamed multiplies are the denominator.
+  after.stream_multiplies_ok += 4;
+  const ServerDelta streamed = Subtract(before, after, /*streamed=*/true);
+  EXPECT_DOUBLE_EQ(streamed.multiplies_ok, 4);
+  EXPECT_NEAR(streamed.compute_us_per_request, 2500.0, 1e-9);
+  EXPECT_DOUBLE_EQ(Subtract(before, after).multiplies_ok, 500);
 }
 
 }  // namespace
