@@ -514,8 +514,11 @@ absl::StatusOr<BenchConfig> ParseBenchCommandLine(
 }
 
 int PointChannels(const BenchConfig& config, int concurrency) {
-  if (config.channels > 0) return config.channels;
-  if (!config.stream) return std::min(concurrency, kDefaultMaxChannels);
+  if (!config.stream) {
+    return config.channels > 0 ? config.channels
+                               : std::min(concurrency, kDefaultMaxChannels);
+  }
+  if (config.channels > 0) return std::max(config.channels, config.stripes);
   const int64_t wanted = int64_t{concurrency} * config.stripes;
   return static_cast<int>(std::max<int64_t>(
       std::min<int64_t>(wanted, kDefaultMaxChannels), config.stripes));

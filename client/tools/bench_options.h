@@ -67,9 +67,9 @@ absl::StatusOr<BenchConfig> ParseBenchCommandLine(
     const std::vector<std::string>& args);
 
 // HTTP/2 connections a point of `concurrency` opens: --channels, or
-// min(concurrency, 16); with --stream, min(concurrency * stripes, 16) and
-// never fewer than the stripes (each striped call takes that many
-// connections of its own).
+// min(concurrency, 16). With --stream never fewer than the stripes (each
+// striped call takes that many connections of its own; MatmulClient opens
+// the missing ones), and by default min(concurrency * stripes, 16).
 int PointChannels(const BenchConfig& config, int concurrency);
 
 // This machine's host name ("" if unknown).

@@ -696,6 +696,28 @@ def test_stream_stable_windows(server, tmp_path):
         assert "NOT stable after 3 windows" in r.stdout
 
 
+def test_stream_channels_and_interrupt(server, tmp_path):
+    """--channels below --stripes: the client opens a connection per stripe
+    all the same (and the report says so); Ctrl-C ends the point after the
+    calls in flight and reports it."""
+    out = tmp_path / "stream_int.json"
+    proc = subprocess.Popen(
+        [str(BENCH), "--target", server.target, "--shape", "32",
+         "--concurrency", "2,4", "--duration", "30", "--warmup", "0",
+         "--stream", "--stripes", "3", "--channels", "1", "--json", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 130, stdout + stderr
+    (p,) = load(out)["points"]
+    assert p["interrupted"] is True
+    assert p["streamed"] is True and p["stream"]["stripes"] == 3
+    assert p["concurrency"] == 2 and p["channels"] == 3
+    assert p["ok"] > 0 and p["errors"] == 0, p["error_messages"]
+    assert p["abandoned"] == 0
+
+
 @pytest.mark.parametrize("args,message", [
     (["--stream", "--rate", "10"], "not with --rate"),
     (["--stream", "--resident"], "not with --resident"),
