@@ -404,6 +404,35 @@ TEST(BenchReportTest, ResidentFields) {
             std::string::npos);
 }
 
+TEST(BenchReportTest, StreamFields) {
+  BenchRun run;
+  run.shape = *ParseShape("64");
+  BenchPoint point;
+  point.result.elapsed = absl::Seconds(1);
+  point.result.ok_in_window = 10;
+  // Unary: not streamed, no stream settings.
+  nlohmann::ordered_json doc =
+      nlohmann::ordered_json::parse(ReportJson(run, {point}));
+  EXPECT_EQ(doc.at("config").at("streamed"), false);
+  EXPECT_TRUE(doc.at("config").at("stream").is_null());
+  EXPECT_EQ(doc.at("points")[0].at("streamed"), false);
+  EXPECT_TRUE(doc.at("points")[0].at("stream").is_null());
+  EXPECT_EQ(RunDescription(run).find("streamed"), std::string::npos);
+
+  run.stream = StreamOptions{int64_t{1} << 20, 3};
+  doc = nlohmann::ordered_json::parse(ReportJson(run, {point}));
+  for (const nlohmann::ordered_json* j :
+       {&doc.at("config"), &doc.at("points")[0]}) {
+    EXPECT_EQ(j->at("streamed"), true);
+    EXPECT_EQ(j->at("stream").at("stripes"), 3);
+    EXPECT_EQ(j->at("stream").at("chunk_bytes"), 1 << 20);
+  }
+  EXPECT_NE(RunDescription(run).find(
+                "streamed (MultiplyStream) over 3 stripe(s), 1.0 MiB chunks"),
+            std::string::npos)
+      << RunDescription(run);
+}
+
 TEST(ShapeMixTest, ParsesAndNames) {
   absl::StatusOr<std::vector<BenchShape>> mix =
       ParseShapeMix("64,128,256x32x512,512");
