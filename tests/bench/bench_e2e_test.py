@@ -696,6 +696,39 @@ def test_stream_stable_windows(server, tmp_path):
         assert "NOT stable after 3 windows" in r.stdout
 
 
+def test_stream_errors_counted_and_chunks_under_the_message_limit(tmp_path):
+    """A server that takes messages of 4 KiB at most: 16 KiB chunks fail
+    every streamed multiply (counted by code, exit 0 as for unary), 2 KiB
+    chunks carry the same 32 KiB requests past the limit."""
+    small = Server("--max-message-bytes", "4096")
+    try:
+        out = tmp_path / "stream_errors.json"
+        r = bench("--target", small.target, "--shape", "64", "--stream",
+                  "--concurrency", "2", "--duration", "0.5", "--warmup", "0",
+                  "--json", out)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "RESOURCE_EXHAUSTED" in r.stdout
+        (p,) = load(out)["points"]
+        assert p["streamed"] is True
+        assert p["ok"] == 0 and p["requests_per_s"] == 0
+        assert p["errors"] > 0
+        assert p["errors_by_code"] == {"RESOURCE_EXHAUSTED": p["errors"]}
+        assert p["error_messages"]["RESOURCE_EXHAUSTED"]
+        assert p["latency_ms"]["count"] == 0
+
+        r = bench("--target", small.target, "--shape", "64", "--stream",
+                  "--stream-chunk-bytes", "2048", "--stripes", "2",
+                  "--concurrency", "2", "--requests", "20", "--warmup", "0",
+                  "--verify-every", "1", "--json", out)
+        assert r.returncode == 0, r.stdout + r.stderr
+        (p,) = load(out)["points"]
+        check_streamed_point(p, 2, 2048)
+        assert p["request_bytes"] == 2 * 64 * 64 * 4 > 4096
+        assert p["ok"] == 20 and p["verify"]["checked"] == 20
+    finally:
+        assert small.stop() == 0, "".join(small.log)
+
+
 def test_stream_channels_and_interrupt(server, tmp_path):
     """--channels below --stripes: the client opens a connection per stripe
     all the same (and the report says so); Ctrl-C ends the point after the
