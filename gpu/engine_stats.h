@@ -74,6 +74,11 @@ struct DeviceStats {
   int64_t staging_total_bytes = 0;
   int64_t device_memory_used_bytes = 0;
   int64_t queued_jobs = 0;  // submitted, not yet started
+  // CUDA graphs (CudaEngineOptions::job_graphs_per_stream): jobs launched
+  // through a recorded graph, graphs recorded, graphs evicted.
+  int64_t graph_jobs = 0;
+  int64_t graphs_recorded = 0;
+  int64_t graphs_evicted = 0;
 };
 
 // Launches of the batching engine by size: counts[i] launches of at most

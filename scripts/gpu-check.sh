@@ -32,7 +32,7 @@ gtest_line() {  # NAME LOG: the gtest summary lines of a log
 
 log "== 1. GPU tests"
 for t in cuda_engine_test cuda_status_test timing_test stream_pool_test \
-  device_memory_test job_layout_test grouped_gemm_test; do
+  device_memory_test job_layout_test grouped_gemm_test job_graph_test; do
   [ -x ".gpubundle/bin/$t" ] || continue
   timeout 300 $R "$t" >"$logs/$t.log" 2>&1
   log "$t rc=$?"

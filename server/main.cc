@@ -55,6 +55,9 @@ ABSL_FLAG(int64_t, max_inflight_bytes, int64_t{8} << 30,
           "requests get RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, max_elements_per_operand, int64_t{1} << 31,
           "Largest operand or result, elements");
+ABSL_FLAG(absl::Duration, stripe_join_timeout, absl::Seconds(10),
+          "How long a MultiplyStream call joining a striped multiply waits "
+          "for the call that starts it (NOT_FOUND after that); at most 10m");
 ABSL_FLAG(absl::Duration, drain_grace, absl::ZeroDuration(),
           "On SIGTERM: report NOT_SERVING this long before refusing new "
           "requests (let load balancers catch up)");
@@ -97,6 +100,11 @@ ABSL_FLAG(int64_t, completion_poll_us, 1000,
           "requests after each submit or completion, so that small requests "
           "are answered without waiting for a CUDA host function; it keeps "
           "one core busy while it polls (0: no poller)");
+ABSL_FLAG(int32_t, cuda_graphs_per_stream, 0,
+          "CUDA engine: a small multiply (at most 16 MiB of A, B and C) is "
+          "recorded once per stream and shape as a CUDA graph and replayed "
+          "with one launch; at most this many graphs per stream, the least "
+          "recently used evicted (0: every job call by call)");
 ABSL_FLAG(std::string, unix_socket, "",
           "Also listen on this unix socket path (plaintext, same host)");
 ABSL_FLAG(std::string, tls_cert, "",
@@ -151,9 +159,11 @@ const std::vector<matmul::FlagGroup>& ServerFlags() {
       {"Engine",
        {"engine=auto|cuda|host", "streams_per_device", "pinned_pool_bytes",
         "batch_window_us", "adaptive_batching", "max_batch", "grouped_batching",
-        "inline_dispatch_max_bytes", "completion_poll_us"}},
+        "inline_dispatch_max_bytes", "completion_poll_us",
+        "cuda_graphs_per_stream"}},
       {"Request limits",
-       {"max_message_bytes", "max_inflight_bytes", "max_elements_per_operand"}},
+       {"max_message_bytes", "max_inflight_bytes", "max_elements_per_operand",
+        "stripe_join_timeout=DURATION"}},
       {"Stored tensors",
        {"max_stored_bytes", "max_stored_bytes_per_client",
         "max_handles_per_client", "default_handle_ttl", "max_handle_ttl",
@@ -322,6 +332,8 @@ int main(int argc, char** argv) {
       std::max<int64_t>(0, absl::GetFlag(FLAGS_inline_dispatch_max_bytes));
   engine_options.completion_poll = absl::Microseconds(
       std::max<int64_t>(0, absl::GetFlag(FLAGS_completion_poll_us)));
+  engine_options.cuda_graphs_per_stream =
+      std::max(0, absl::GetFlag(FLAGS_cuda_graphs_per_stream));
   engine_options.staging_bytes_per_device =
       absl::GetFlag(FLAGS_pinned_pool_bytes);
 
@@ -406,6 +418,16 @@ int main(int argc, char** argv) {
     matmul::LogLine("error: --max-message-bytes must be in [1, 2147483647]");
     return 2;
   }
+  const absl::Duration join_timeout = absl::GetFlag(FLAGS_stripe_join_timeout);
+  if (join_timeout < absl::Milliseconds(1) ||
+      join_timeout > absl::Minutes(10)) {
+    matmul::LogLine(
+        absl::StrCat("error: --stripe-join-timeout must be in [1ms, 10m], got ",
+                     absl::FormatDuration(join_timeout)));
+    return 2;
+  }
+  options.limits.stripe_join_timeout_ms =
+      absl::ToInt64Milliseconds(join_timeout);
 
   matmul::LogLine(absl::StrCat("matmul-server ", matmul::ServerVersion(),
                                " (commit ", matmul::GitCommit(), ")",

@@ -166,6 +166,12 @@ EngineStats CudaEngine::stats() const {
     out.staging_total_bytes = d->pinned->capacity();
     out.device_memory_used_bytes = d->memory->reserved();
     out.queued_jobs = d->queued.load(std::memory_order_relaxed);
+    for (const auto& lane : d->lanes) {
+      if (lane->graphs == nullptr) continue;
+      out.graph_jobs += lane->graphs->launches();
+      out.graphs_recorded += lane->graphs->recorded();
+      out.graphs_evicted += lane->graphs->evicted();
+    }
     stats.devices.push_back(std::move(out));
   }
   return stats;

@@ -94,6 +94,13 @@ struct CudaEngineOptions {
   // enqueue; zero runs no poller (completion through host functions only).
   // While it polls, it keeps one CPU core busy.
   absl::Duration completion_poll = absl::Milliseconds(1);
+  // Small multiplies (staged operands, product returned, at most
+  // job_graph_max_device_bytes of device memory for A, B and C) are
+  // recorded once per stream and shape as a CUDA graph and replayed with
+  // one launch (gpu/cuda/job_graph.h). At most this many graphs per stream,
+  // the least recently used evicted; 0 turns graphs off.
+  int job_graphs_per_stream = 0;
+  int64_t job_graph_max_device_bytes = int64_t{16} << 20;
 };
 
 class CudaEngine final : public Engine {

@@ -54,6 +54,20 @@ absl::StatusOr<std::unique_ptr<CudaEngine::Device>> CudaEngine::Device::Create(
     lane->device = device.get();
     lane->index = s;
     lane->stream = &device->streams->at(s);
+    if (options.job_graphs_per_stream > 0) {
+      PooledStream& pooled = *lane->stream;
+      JobGraphLane graph_lane;
+      graph_lane.site = CudaSite{index, s};
+      graph_lane.stream = pooled.stream.get();
+      graph_lane.cublas = pooled.cublas.get();
+      graph_lane.workspace = pooled.workspace.data();
+      graph_lane.workspace_bytes = pooled.workspace.size();
+      graph_lane.memory_pool = device->memory_pool;
+      graph_lane.budget = device->memory.get();
+      graph_lane.poison_c = options.poison_outputs;
+      lane->graphs = std::make_unique<JobGraphCache>(
+          graph_lane, options.job_graphs_per_stream);
+    }
     device->lanes.push_back(std::move(lane));
   }
   return device;

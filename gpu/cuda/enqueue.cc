@@ -2,7 +2,9 @@
 // event, stream-ordered device allocations, H2D copies of the staged
 // operands, the GEMM (or nothing, for transfers), the D2H copy of the result
 // into staging, the end event, then the host function that completes the
-// job. Nothing here waits on the device.
+// job. A small multiply instead replays its shape's recorded CUDA graph
+// (job_graph.h), which does the same work in one launch. Nothing here waits
+// on the device.
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -34,90 +36,118 @@ void CudaEngine::Enqueue(InFlight* flight, const std::byte* host_a,
   }
   const JobLayout& l = flight->layout;
   void* memory = nullptr;  // transient: staged operands, returned C
-  flight->status = [&]() -> absl::Status {
-    CUDA_RETURN_IF_ERROR_AT(site, cudaEventRecord(ev.start.get(), stream));
-    RETURN_IF_ERROR(Inject(FaultInjector::Point::kDeviceAlloc, flight->job_id));
-    if (l.transient_bytes > 0) {
-      CUDA_RETURN_IF_ERROR_AT(
-          site, cudaMallocFromPoolAsync(&memory,
-                                        static_cast<size_t>(l.transient_bytes),
-                                        d->memory_pool, stream));
+  // A small multiply replays its shape's recorded graph (job_graph.h). The
+  // job keeps its device memory reservation until it completes, as if it
+  // had used its own memory; the graph's memory is reserved besides.
+  bool replayed = false;
+  JobGraphCache* graphs = flight->lane->graphs.get();
+  if (graphs != nullptr &&
+      JobGraphCache::Replayable(l, options_.job_graph_max_device_bytes)) {
+    absl::Status injected =
+        Inject(FaultInjector::Point::kDeviceAlloc, flight->job_id);
+    if (injected.ok()) {
+      injected = Inject(FaultInjector::Point::kGemm, flight->job_id);
     }
-    if (l.kept_bytes > 0) {
-      CUDA_RETURN_IF_ERROR_AT(
-          site, cudaMallocFromPoolAsync(&flight->kept,
-                                        static_cast<size_t>(l.kept_bytes),
-                                        d->memory_pool, stream));
-    }
-    auto* next = static_cast<std::byte*>(memory);
-    auto carve = [&next](int64_t bytes) {
-      std::byte* p = next;
-      next += AlignUp(bytes, kDeviceAlignment);
-      return p;
-    };
-    // The plan's byte_offset is 0 except for a download's source and an
-    // upload's target.
-    const std::byte* device_a =
-        flight->resident_a
-            ? static_cast<const std::byte*>(flight->resident_a->data()) +
-                  l.byte_offset
-        : flight->upload_target
-            ? static_cast<const std::byte*>(flight->upload_target->data()) +
-                  l.byte_offset
-        : l.keeps_a ? static_cast<std::byte*>(flight->kept)
-                    : carve(l.a_bytes);
-    const std::byte* device_b =
-        flight->resident_b
-            ? static_cast<const std::byte*>(flight->resident_b->data())
-        : l.stage_b ? carve(l.b_bytes)
-                    : nullptr;
-    if (l.stage_a) {
-      CUDA_RETURN_IF_ERROR_AT(
-          site, cudaMemcpyAsync(const_cast<std::byte*>(device_a), host_a,
-                                l.a_bytes, cudaMemcpyHostToDevice, stream));
-    }
-    if (l.stage_b) {
-      CUDA_RETURN_IF_ERROR_AT(
-          site, cudaMemcpyAsync(const_cast<std::byte*>(device_b), host_b,
-                                l.b_bytes, cudaMemcpyHostToDevice, stream));
-    }
-    if (l.allocate && options_.poison_outputs) {
-      CUDA_RETURN_IF_ERROR_AT(
-          site, cudaMemsetAsync(flight->kept, 0xff, spec.a_bytes(), stream));
-    }
-    CUDA_RETURN_IF_ERROR_AT(site, cudaEventRecord(ev.h2d_done.get(), stream));
-    const std::byte* device_c = device_a;  // download: C is A itself
-    if (l.gemm) {
-      std::byte* c =
-          l.keep ? static_cast<std::byte*>(flight->kept) : carve(l.c_bytes);
-      device_c = c;
-      if (options_.poison_outputs) {
-        CUDA_RETURN_IF_ERROR_AT(site,
-                                cudaMemsetAsync(c, 0xff, l.c_bytes, stream));
-      }
-      RETURN_IF_ERROR(Inject(FaultInjector::Point::kGemm, flight->job_id));
-      if (l.group != nullptr) {
-        // One launch for every member; its pointer table goes up first.
-        auto* table = reinterpret_cast<void**>(carve(l.table_bytes));
-        auto* host_table = reinterpret_cast<void**>(flight->lease.data() +
-                                                    l.table_staging_offset);
-        RETURN_IF_ERROR(EnqueueGroupedGemm(flight->lane->stream->cublas.get(),
-                                           stream, *l.group, device_a, device_b,
-                                           c, host_table, table, site));
-      } else {
-        RETURN_IF_ERROR(EnqueueGemm(flight->lane->stream->cublas.get(), spec,
-                                    device_a, device_b, c, site));
+    if (!injected.ok()) {
+      flight->status = std::move(injected);
+      replayed = true;  // nothing is enqueued; the job fails
+    } else {
+      JobGraph::Outcome outcome =
+          graphs->Launch(spec, l.transient_bytes,
+                         JobHostMemory{host_a, host_b, flight->host_c}, ev);
+      if (outcome.launched) {
+        flight->status = std::move(outcome.status);
+        replayed = true;
       }
     }
-    CUDA_RETURN_IF_ERROR_AT(site, cudaEventRecord(ev.gemm_done.get(), stream));
-    if (l.return_c) {
-      CUDA_RETURN_IF_ERROR_AT(
-          site, cudaMemcpyAsync(flight->host_c, device_c, l.c_bytes,
-                                cudaMemcpyDeviceToHost, stream));
-    }
-    CUDA_RETURN_IF_ERROR_AT(site, cudaEventRecord(ev.end.get(), stream));
-    return absl::OkStatus();
-  }();
+  }
+  if (!replayed)
+    flight->status = [&]() -> absl::Status {
+      CUDA_RETURN_IF_ERROR_AT(site, cudaEventRecord(ev.start.get(), stream));
+      RETURN_IF_ERROR(
+          Inject(FaultInjector::Point::kDeviceAlloc, flight->job_id));
+      if (l.transient_bytes > 0) {
+        CUDA_RETURN_IF_ERROR_AT(
+            site, cudaMallocFromPoolAsync(
+                      &memory, static_cast<size_t>(l.transient_bytes),
+                      d->memory_pool, stream));
+      }
+      if (l.kept_bytes > 0) {
+        CUDA_RETURN_IF_ERROR_AT(
+            site, cudaMallocFromPoolAsync(&flight->kept,
+                                          static_cast<size_t>(l.kept_bytes),
+                                          d->memory_pool, stream));
+      }
+      auto* next = static_cast<std::byte*>(memory);
+      auto carve = [&next](int64_t bytes) {
+        std::byte* p = next;
+        next += AlignUp(bytes, kDeviceAlignment);
+        return p;
+      };
+      // The plan's byte_offset is 0 except for a download's source and an
+      // upload's target.
+      const std::byte* device_a =
+          flight->resident_a
+              ? static_cast<const std::byte*>(flight->resident_a->data()) +
+                    l.byte_offset
+          : flight->upload_target
+              ? static_cast<const std::byte*>(flight->upload_target->data()) +
+                    l.byte_offset
+          : l.keeps_a ? static_cast<std::byte*>(flight->kept)
+                      : carve(l.a_bytes);
+      const std::byte* device_b =
+          flight->resident_b
+              ? static_cast<const std::byte*>(flight->resident_b->data())
+          : l.stage_b ? carve(l.b_bytes)
+                      : nullptr;
+      if (l.stage_a) {
+        CUDA_RETURN_IF_ERROR_AT(
+            site, cudaMemcpyAsync(const_cast<std::byte*>(device_a), host_a,
+                                  l.a_bytes, cudaMemcpyHostToDevice, stream));
+      }
+      if (l.stage_b) {
+        CUDA_RETURN_IF_ERROR_AT(
+            site, cudaMemcpyAsync(const_cast<std::byte*>(device_b), host_b,
+                                  l.b_bytes, cudaMemcpyHostToDevice, stream));
+      }
+      if (l.allocate && options_.poison_outputs) {
+        CUDA_RETURN_IF_ERROR_AT(
+            site, cudaMemsetAsync(flight->kept, 0xff, spec.a_bytes(), stream));
+      }
+      CUDA_RETURN_IF_ERROR_AT(site, cudaEventRecord(ev.h2d_done.get(), stream));
+      const std::byte* device_c = device_a;  // download: C is A itself
+      if (l.gemm) {
+        std::byte* c =
+            l.keep ? static_cast<std::byte*>(flight->kept) : carve(l.c_bytes);
+        device_c = c;
+        if (options_.poison_outputs) {
+          CUDA_RETURN_IF_ERROR_AT(site,
+                                  cudaMemsetAsync(c, 0xff, l.c_bytes, stream));
+        }
+        RETURN_IF_ERROR(Inject(FaultInjector::Point::kGemm, flight->job_id));
+        if (l.group != nullptr) {
+          // One launch for every member; its pointer table goes up first.
+          auto* table = reinterpret_cast<void**>(carve(l.table_bytes));
+          auto* host_table = reinterpret_cast<void**>(flight->lease.data() +
+                                                      l.table_staging_offset);
+          RETURN_IF_ERROR(EnqueueGroupedGemm(
+              flight->lane->stream->cublas.get(), stream, *l.group, device_a,
+              device_b, c, host_table, table, site));
+        } else {
+          RETURN_IF_ERROR(EnqueueGemm(flight->lane->stream->cublas.get(), spec,
+                                      device_a, device_b, c, site));
+        }
+      }
+      CUDA_RETURN_IF_ERROR_AT(site,
+                              cudaEventRecord(ev.gemm_done.get(), stream));
+      if (l.return_c) {
+        CUDA_RETURN_IF_ERROR_AT(
+            site, cudaMemcpyAsync(flight->host_c, device_c, l.c_bytes,
+                                  cudaMemcpyDeviceToHost, stream));
+      }
+      CUDA_RETURN_IF_ERROR_AT(site, cudaEventRecord(ev.end.get(), stream));
+      return absl::OkStatus();
+    }();
   // Freed in stream order: later work on any stream can reuse it. A free
   // that fails fails the job (its memory is then lost to the budget's
   // accounting, which only a broken context or a bug can cause).

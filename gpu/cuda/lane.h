@@ -15,6 +15,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "gpu/cuda/cuda_engine.h"
+#include "gpu/cuda/job_graph.h"
 #include "gpu/cuda/job_layout.h"
 #include "gpu/cuda/stream_pool.h"
 
@@ -24,6 +25,9 @@ struct CudaEngine::Lane {
   Device* device = nullptr;
   int index = 0;  // stream index within the device
   PooledStream* stream = nullptr;
+  // Small multiplies recorded as CUDA graphs (CudaEngineOptions::
+  // job_graphs); null when off. Used only by the thread dispatching here.
+  std::unique_ptr<JobGraphCache> graphs;
   absl::Mutex mu;
   absl::CondVar cv;
   struct Queued {

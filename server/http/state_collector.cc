@@ -123,6 +123,17 @@ std::vector<MetricFamily> EngineFamilies(const EngineStats& stats) {
       Family("matmul_device_memory_used_bytes",
              "Device memory reserved by jobs in flight (host engine: 0).",
              MetricType::Gauge);
+  MetricFamily graph_jobs =
+      Family("matmul_device_graph_jobs_total",
+             "Jobs launched by replaying a CUDA graph recorded for their "
+             "stream and shape (--cuda-graphs-per-stream; 0 when off and on "
+             "the host engine).",
+             MetricType::Counter);
+  MetricFamily graphs_recorded =
+      Family("matmul_device_graphs_recorded_total",
+             "CUDA graphs recorded, one per stream and shape first seen or "
+             "seen again after its eviction.",
+             MetricType::Counter);
   MetricFamily healthy =
       Family("matmul_device_healthy",
              "1 while the device takes jobs, 0 once it has failed (a sticky "
@@ -166,13 +177,17 @@ std::vector<MetricFamily> EngineFamilies(const EngineStats& stats) {
                  0, d.staging_total_bytes - d.staging_used_bytes)));
     AddGauge(memory, {device, uuid},
              static_cast<double>(d.device_memory_used_bytes));
+    AddCounter(graph_jobs, {device, uuid}, static_cast<double>(d.graph_jobs));
+    AddCounter(graphs_recorded, {device, uuid},
+               static_cast<double>(d.graphs_recorded));
     AddGauge(healthy, {device, uuid}, d.healthy ? 1 : 0);
   }
 
   std::vector<MetricFamily> out;
-  for (MetricFamily* f : {&queued, &streams, &stream_busy, &stream_jobs,
-                          &device_busy, &compute_busy, &copy_busy, &overlap,
-                          &transfer, &flops, &pinned, &memory, &healthy}) {
+  for (MetricFamily* f :
+       {&queued, &streams, &stream_busy, &stream_jobs, &device_busy,
+        &compute_busy, &copy_busy, &overlap, &transfer, &flops, &pinned,
+        &memory, &graph_jobs, &graphs_recorded, &healthy}) {
     if (!f->metric.empty()) out.push_back(std::move(*f));
   }
   if (stats.batching) {

@@ -111,6 +111,14 @@ def test_server_takes_underscored_and_environment_flags():
     assert "--metrics-port must be in [0, 65535]" in r.stderr
 
 
+@pytest.mark.parametrize("value", ["0s", "11m"])
+def test_server_refuses_a_stripe_join_timeout_out_of_range(value):
+    r = run("matmul-server", "--host", "127.0.0.1", "--port", "0",
+            "--stripe-join-timeout", value)
+    assert r.returncode == 2, r.stderr
+    assert "--stripe-join-timeout must be in [1ms, 10m]" in r.stderr
+
+
 def gpu_visible():
     smi = shutil.which("nvidia-smi")
     if smi is None:

@@ -20,6 +20,7 @@
 #include "gpu/cuda/cuda_resources.h"
 #include "gpu/cuda/device_registry.h"
 #include "gtest/gtest.h"
+#include "tests/gpu/cuda_test_job.h"
 #include "tests/reference_gemm.h"
 #include "tests/resident_checks.h"
 
@@ -33,54 +34,11 @@ using testing::RelativeError;
 using testing::ToDoubles;
 using testing::Tolerance;
 
-#define SKIP_WITHOUT_GPU()                                   \
-  do {                                                       \
-    if (VisibleCudaDevices() == 0) GTEST_SKIP() << "no GPU"; \
-  } while (0)
-
-struct Outcome {
-  absl::Status status;
-  std::string c;
-  Placement placement;
-  StageTimings timings;
-};
-
-class TestJob final : public MatmulJob {
- public:
-  TestJob(const MatmulSpec& spec, const std::string* a, const std::string* b,
-          std::promise<Outcome> promise)
-      : MatmulJob(JobDescription{spec, MultiplyOp{}}),
-        a_(a),
-        b_(b),
-        promise_(std::move(promise)) {}
-
-  absl::Status WriteOperands(absl::Span<std::byte> a,
-                             absl::Span<std::byte> b) override {
-    if (a.size() != a_->size() || b.size() != b_->size()) {
-      return absl::InternalError("staging size mismatch");
-    }
-    std::memcpy(a.data(), a_->data(), a.size());
-    std::memcpy(b.data(), b_->data(), b.size());
-    return absl::OkStatus();
-  }
-  void Done(absl::StatusOr<JobResult> result) override {
-    Outcome out;
-    out.status = result.status();
-    if (result.ok()) {
-      out.c.assign(reinterpret_cast<const char*>(result->c().data()),
-                   result->c().size());
-      out.placement = result->placement();
-      out.timings = result->timings();
-    }
-    { absl::StatusOr<JobResult> release = std::move(result); }
-    promise_.set_value(std::move(out));
-  }
-
- private:
-  const std::string* a_;
-  const std::string* b_;
-  std::promise<Outcome> promise_;
-};
+using gpu_test::AllCases;
+using gpu_test::Case;
+using gpu_test::CaseName;
+using gpu_test::Outcome;
+using gpu_test::SubmitJob;
 
 std::unique_ptr<CudaEngine> NewEngine(
     int streams = 4, int64_t inline_dispatch_max_bytes =
@@ -94,54 +52,6 @@ std::unique_ptr<CudaEngine> NewEngine(
       CudaEngine::Create(options);
   EXPECT_TRUE(engine.ok()) << engine.status();
   return engine.ok() ? std::move(*engine) : nullptr;
-}
-
-std::future<Outcome> SubmitJob(Engine& engine, const MatmulSpec& spec,
-                               const std::string* a, const std::string* b) {
-  std::promise<Outcome> promise;
-  std::future<Outcome> future = promise.get_future();
-  engine.Submit(std::make_unique<TestJob>(spec, a, b, std::move(promise)));
-  return future;
-}
-
-// (dtype, compute, batch_a, batch_b, m, n, k, transpose_a, transpose_b, 3d)
-using Case = std::tuple<DType, ComputeMode, int64_t, int64_t, int64_t, int64_t,
-                        int64_t, bool, bool, bool>;
-
-std::vector<Case> AllCases() {
-  struct Shape {
-    int64_t ba, bb, m, n, k;
-    bool is3d;
-  };
-  const Shape shapes[] = {
-      {1, 1, 1, 1, 1, false},       {1, 1, 1, 257, 33, false},
-      {1, 1, 257, 1, 33, false},    {1, 1, 17, 33, 9, false},
-      {1, 1, 255, 129, 511, false}, {1, 1, 1024, 1024, 1024, false},
-      {3, 3, 65, 31, 47, true},     {5, 1, 64, 48, 80, true},
-      {1, 4, 33, 65, 17, true},
-  };
-  std::vector<Case> cases;
-  for (DType dtype :
-       {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16}) {
-    for (const Shape& s : shapes) {
-      for (int t = 0; t < 4; ++t) {
-        cases.emplace_back(dtype, ComputeMode::kStrict, s.ba, s.bb, s.m, s.n,
-                           s.k, (t & 1) != 0, (t & 2) != 0, s.is3d);
-      }
-    }
-  }
-  for (const Shape& s : shapes) {
-    cases.emplace_back(DType::kFloat32, ComputeMode::kTf32, s.ba, s.bb, s.m,
-                       s.n, s.k, false, true, s.is3d);
-  }
-  return cases;
-}
-
-std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
-  const auto [dtype, compute, ba, bb, m, n, k, ta, tb, is3d] = info.param;
-  return absl::StrCat(DTypeName(dtype), "_", ComputeModeName(compute), "_b", ba,
-                      "x", bb, "_", m, "x", n, "x", k, ta ? "_ta" : "",
-                      tb ? "_tb" : "", is3d ? "_3d" : "");
 }
 
 class CudaEngineAccuracyTest : public ::testing::TestWithParam<Case> {

@@ -177,6 +177,8 @@ EngineStats TwoGpuStats() {
     device.staging_total_bytes = 4 << 20;
     device.device_memory_used_bytes = 123456;
     device.queued_jobs = 7;
+    device.graph_jobs = 40 + d;
+    device.graphs_recorded = 3;
     stats.devices.push_back(device);
   }
   return stats;
@@ -244,6 +246,14 @@ TEST(EngineFamiliesTest, ExportsEveryCounterPerDeviceAndStream) {
       s.at(
           R"(matmul_device_memory_used_bytes{device="1",uuid="GPU-00000001-1111-2222-3333-444444444444"})"),
       123456);
+  EXPECT_EQ(
+      s.at(
+          R"(matmul_device_graph_jobs_total{device="1",uuid="GPU-00000001-1111-2222-3333-444444444444"})"),
+      41);
+  EXPECT_EQ(
+      s.at(
+          R"(matmul_device_graphs_recorded_total{device="0",uuid="GPU-00000000-1111-2222-3333-444444444444"})"),
+      3);
 }
 
 TEST(EngineFamiliesTest, HostEngineWithoutPoolHasNoNegativeFreeBytes) {
