@@ -290,6 +290,19 @@ def test_no_server_fails_fast(tmp_path):
     assert time.monotonic() - start < 10
 
 
+def read_to_table_header(proc):
+    """Reads the bench's stdout up to its table's header line, which it
+    prints (and flushes) just before the first point starts, so that a
+    signal sent after it finds a point running however slowly the bench
+    got there (a loaded machine). Returns the lines read."""
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if "req/s" in line and "p99.9" in line:
+            return seen
+    raise AssertionError("no table header: " + "".join(seen))
+
+
 def test_interrupt_reports_what_it_has(server, tmp_path):
     out = tmp_path / "int.json"
     proc = subprocess.Popen(
@@ -297,9 +310,11 @@ def test_interrupt_reports_what_it_has(server, tmp_path):
          "--concurrency", "2,4", "--duration", "30", "--warmup", "0",
          "--json", str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    head = read_to_table_header(proc)
     time.sleep(1.0)
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=30)
+    stdout = "".join(head) + stdout
     assert proc.returncode == 130, stdout + stderr
     (p,) = load(out)["points"]
     assert p["interrupted"] is True
@@ -739,9 +754,11 @@ def test_stream_channels_and_interrupt(server, tmp_path):
          "--concurrency", "2,4", "--duration", "30", "--warmup", "0",
          "--stream", "--stripes", "3", "--channels", "1", "--json", str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    head = read_to_table_header(proc)
     time.sleep(1.0)
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=30)
+    stdout = "".join(head) + stdout
     assert proc.returncode == 130, stdout + stderr
     (p,) = load(out)["points"]
     assert p["interrupted"] is True
