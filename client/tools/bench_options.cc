@@ -152,9 +152,9 @@ p50/p90/p99/p99.9 of the successful requests, and errors by gRPC status code.
                   one thread per request in flight. --stripes K (1 to 16,
                   default 1) stripes each multiply over K calls on as many
                   connections. Payload as inline; the message sizes in the
-                  JSON are the payloads (chunk framing aside). Not with
-                  --rate, --resident, --shared-memory or
-                  --protobuf-requests
+                  JSON are the payloads (chunk framing aside). Concurrency
+                  at most 256; not with --rate, --resident,
+                  --shared-memory or --protobuf-requests
 
 Exit status: 0 all points ran; 1 could not run; 2 usage; 3 --verify found a
 wrong answer; 130 interrupted (Ctrl-C; a second one exits at once).
@@ -170,6 +170,9 @@ std::string HostName() {
 namespace {
 
 constexpr int kDefaultMaxChannels = 16;
+// --stream: requests in flight at most (a thread each, and two more per
+// stripe inside MatmulClient).
+constexpr int kMaxStreamConcurrency = 256;
 
 // The flags a command line gave (with dashes): the values of those that
 // take one, and the switches that are on.
@@ -360,6 +363,14 @@ absl::Status StreamOptionsFrom(const Flags& flags, BenchConfig& c) {
       return absl::InvalidArgumentError(
           absl::StrCat("--stream ", e.why, ": not with ", e.flag));
     }
+  }
+  const int most =
+      *std::max_element(c.concurrency.begin(), c.concurrency.end());
+  if (most > kMaxStreamConcurrency) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--stream runs a thread per request in flight: --concurrency is at "
+        "most ",
+        kMaxStreamConcurrency, " with it, got ", most));
   }
   absl::StatusOr<int64_t> chunk =
       ParsePositive(flags, "stream-chunk-bytes", c.stream_chunk_bytes);

@@ -778,6 +778,8 @@ def test_stream_channels_and_interrupt(server, tmp_path):
     (["--stream-chunk-bytes", "4096"],
      "--stream-chunk-bytes applies only with --stream"),
     (["--stream", "--stripes", "17"], "--stripes takes 1 to 16"),
+    (["--stream", "--concurrency", "4,257"],
+     "--concurrency is at most 256 with it, got 257"),
     (["--stream", "--stripes", "0"], "--stripes takes a positive integer"),
     (["--stream", "--stream-chunk-bytes", "0"],
      "--stream-chunk-bytes takes a positive integer"),
