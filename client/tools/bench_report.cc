@@ -87,6 +87,13 @@ Json ByCode(const Map& map) {
   return j;
 }
 
+// --stream's settings; null for unary multiplies.
+Json StreamJson(const BenchRun& run) {
+  if (!run.stream.has_value()) return nullptr;
+  return {{"stripes", run.stream->stripes},
+          {"chunk_bytes", run.stream->chunk_bytes}};
+}
+
 Json PointJson(const BenchRun& run, const BenchPoint& bp) {
   const LoadPoint& p = bp.point;
   const LoadResult& r = bp.result;
@@ -139,6 +146,8 @@ Json PointJson(const BenchRun& run, const BenchPoint& bp) {
   j["abandoned"] = r.abandoned;
   j["resident"] = std::string(ResidentName(run.resident));
   j["shared_memory"] = run.shared_memory;
+  j["streamed"] = run.stream.has_value();
+  j["stream"] = StreamJson(run);
   j["request_message_bytes"] = bp.request_message_bytes;
   j["response_message_bytes"] = r.response_message_bytes;
   j["wire_gb_per_s"] = Number(m.wire_gb_per_s);
@@ -248,6 +257,11 @@ std::string RunDescription(const BenchRun& run) {
           ? "; resident: operands stored, products returned"
           : "",
       run.shared_memory ? "; through shared memory (a region per slot)" : "",
+      run.stream.has_value()
+          ? absl::StrCat("; streamed (MultiplyStream) over ",
+                         run.stream->stripes, " stripe(s), ",
+                         HumanBytes(run.stream->chunk_bytes), " chunks")
+          : "",
       run.label.empty() ? "" : absl::StrCat("; label \"", run.label, "\""),
       "\n");
   return text;
@@ -341,6 +355,8 @@ std::string ReportJson(const BenchRun& run,
   config["verify"] = run.verify;
   config["resident"] = std::string(ResidentName(run.resident));
   config["shared_memory"] = run.shared_memory;
+  config["streamed"] = run.stream.has_value();
+  config["stream"] = StreamJson(run);
   config["client_id"] = run.client_id;
   doc["config"] = std::move(config);
   doc["server"] = ServerJson(run.server);

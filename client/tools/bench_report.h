@@ -28,6 +28,9 @@
 //   resident ("none" | "operands" | "all"), shared_memory (--shared-memory:
 //   operands and products in regions registered per slot; upload_s is then
 //   the time the registrations and copies took),
+//   streamed (--stream: each multiply over MultiplyStream calls),
+//   stream {stripes, chunk_bytes} (null unless streamed; the message sizes
+//   below are then the payloads, the chunks' framing aside),
 //   request_message_bytes, response_message_bytes (serialized Multiply
 //   messages as sent and received: with resident operands the request is a
 //   few dozen bytes of handles, with kept products so is the response),
@@ -97,6 +100,9 @@ struct BenchRun {
   Resident resident = Resident::kNone;
   // --shared-memory: operands and products in registered regions.
   bool shared_memory = false;
+  // --stream: each multiply over MultiplyStream, in chunks of about
+  // chunk_bytes, striped over `stripes` calls (unset: unary Multiply).
+  std::optional<StreamOptions> stream;
   // Sent as x-matmul-client on every call.
   std::string client_id;
   v1::GetServerInfoResponse server;

@@ -60,6 +60,9 @@ ServerCounters ParseServerCounters(absl::string_view text) {
       if (absl::StrContains(labels, "method=\"Multiply\"") &&
           absl::StrContains(labels, "code=\"OK\"")) {
         c.multiplies_ok += v;
+      } else if (absl::StrContains(labels, "method=\"MultiplyStream\"") &&
+                 absl::StrContains(labels, "code=\"OK\"")) {
+        c.stream_multiplies_ok += v;
       }
     } else if (name == "matmul_stream_jobs_total") {
       c.engine_jobs += v;
@@ -76,10 +79,12 @@ ServerCounters ParseServerCounters(absl::string_view text) {
   return c;
 }
 
-ServerDelta Subtract(const ServerCounters& before,
-                     const ServerCounters& after) {
+ServerDelta Subtract(const ServerCounters& before, const ServerCounters& after,
+                     bool streamed) {
   ServerDelta d;
-  d.multiplies_ok = after.multiplies_ok - before.multiplies_ok;
+  d.multiplies_ok =
+      streamed ? after.stream_multiplies_ok - before.stream_multiplies_ok
+               : after.multiplies_ok - before.multiplies_ok;
   d.compute_busy_s = after.compute_busy_s - before.compute_busy_s;
   d.device_busy_s = after.device_busy_s - before.device_busy_s;
   d.launches = after.launches - before.launches;

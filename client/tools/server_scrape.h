@@ -4,8 +4,9 @@
 // union of compute spans, summed over devices), engine jobs per request
 // (1 when every request is its own launch), and the batching engine's
 // launches, grouped ones included. Counts taken from the server's side of
-// the same interval (its OK Multiply count is the denominator), so the
-// warm-up, which the scrape brackets too, cancels out of the ratios.
+// the same interval (its OK Multiply count is the denominator; with
+// --stream its OK MultiplyStream multiplies), so the warm-up, which the
+// scrape brackets too, cancels out of the ratios.
 //
 // Plain values and pure functions, except Scrape (a blocking HTTP/1.1 GET).
 #ifndef MATMUL_CLIENT_TOOLS_SERVER_SCRAPE_H_
@@ -24,9 +25,12 @@ struct ServerCounters {
   double compute_busy_s = 0;  // matmul_device_compute_busy_seconds_total
   double device_busy_s = 0;   // matmul_device_busy_seconds_total
   double multiplies_ok =
-      0;                   // matmul_requests_total{method="Multiply",code="OK"}
-  double engine_jobs = 0;  // matmul_stream_jobs_total
-  double launches = 0;     // matmul_batch_size_count
+      0;  // matmul_requests_total{method="Multiply",code="OK"}
+  // matmul_requests_total{method="MultiplyStream",code="OK"}: streamed
+  // multiplies (one each, however many calls it was striped over).
+  double stream_multiplies_ok = 0;
+  double engine_jobs = 0;        // matmul_stream_jobs_total
+  double launches = 0;           // matmul_batch_size_count
   double launched_requests = 0;  // matmul_batch_size_sum
   double grouped_launches = 0;   // matmul_grouped_launches_total
   double grouped_requests = 0;   // matmul_grouped_requests_total
@@ -49,7 +53,10 @@ struct ServerDelta {
 // Reads the counters above from Prometheus text format; absent ones are 0.
 ServerCounters ParseServerCounters(absl::string_view text);
 
-ServerDelta Subtract(const ServerCounters& before, const ServerCounters& after);
+// `streamed`: the multiplies are the streamed ones (matmul-bench --stream)
+// rather than unary Multiply's.
+ServerDelta Subtract(const ServerCounters& before, const ServerCounters& after,
+                     bool streamed = false);
 
 // "HOST:PORT" or "http://HOST:PORT[/metrics]" into host, port and path
 // (default /metrics). INVALID_ARGUMENT for anything else.

@@ -290,6 +290,19 @@ def test_no_server_fails_fast(tmp_path):
     assert time.monotonic() - start < 10
 
 
+def read_to_table_header(proc):
+    """Reads the bench's stdout up to its table's header line, which it
+    prints (and flushes) just before the first point starts, so that a
+    signal sent after it finds a point running however slowly the bench
+    got there (a loaded machine). Returns the lines read."""
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if "req/s" in line and "p99.9" in line:
+            return seen
+    raise AssertionError("no table header: " + "".join(seen))
+
+
 def test_interrupt_reports_what_it_has(server, tmp_path):
     out = tmp_path / "int.json"
     proc = subprocess.Popen(
@@ -297,9 +310,11 @@ def test_interrupt_reports_what_it_has(server, tmp_path):
          "--concurrency", "2,4", "--duration", "30", "--warmup", "0",
          "--json", str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    head = read_to_table_header(proc)
     time.sleep(1.0)
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=30)
+    stdout = "".join(head) + stdout
     assert proc.returncode == 130, stdout + stderr
     (p,) = load(out)["points"]
     assert p["interrupted"] is True
@@ -565,3 +580,220 @@ def test_server_metrics_unreachable_fails(server):
               "--server-metrics", "127.0.0.1:%d" % free_port())
     assert r.returncode == 1, r.stdout + r.stderr
     assert "server metrics" in r.stderr
+
+
+# --- streamed multiplies (--stream, --stream-chunk-bytes, --stripes) --------
+
+
+def stripe_counters(server):
+    """{"start": n, "join": n}: matmul_stream_stripes_total by kind, the
+    striped multiplies the server opened and the calls that joined them."""
+    url = "http://127.0.0.1:%d/metrics" % server.metrics_port
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    found = {}
+    for kind, value in re.findall(
+            r'^matmul_stream_stripes_total\{kind="(start|join)"\}\s+(\S+)',
+            text, re.M):
+        found[kind] = float(value)
+    assert set(found) == {"start", "join"}, text
+    return found
+
+
+def check_streamed_point(p, stripes, chunk_bytes):
+    check_point_sane(p)
+    assert p["streamed"] is True
+    assert p["stream"] == {"stripes": stripes, "chunk_bytes": chunk_bytes}
+    assert p["mode"] == "closed" and p["rate"] is None
+    assert p["errors"] == 0, p["error_messages"]
+    assert p["errors_by_code"] == {}
+    assert p["abandoned"] == 0
+    assert p["resident"] == "none" and p["shared_memory"] is False
+    assert p["verify"]["enabled"] and p["verify"]["checked"] > 0
+    assert p["verify"]["mismatches"] == 0
+    # The payload goes both ways, as inline; the message sizes are it.
+    assert p["request_bytes"] > 0 and p["response_bytes"] > 0
+    assert p["request_message_bytes"] == p["request_bytes"]
+    assert p["response_message_bytes"] == p["response_bytes"]
+    # Each striped multiply takes a connection per stripe.
+    assert p["channels"] >= stripes
+
+
+@pytest.mark.parametrize("stripes", [1, 3])
+def test_stream_sweep_with_verify_and_server_metrics(tmp_path, stripes):
+    """--stream: each multiply over MultiplyStream in 1 KiB chunks (A is 7.5
+    KiB), striped over --stripes calls; the products verified, the report
+    and JSON say so, and the server saw striped multiplies only with
+    stripes > 1."""
+    s = Server(metrics_port=free_port())
+    try:
+        before = stripe_counters(s)
+        out = tmp_path / "stream.json"
+        r = bench("--target", s.target, "--shape", "48x40x24",
+                  "--concurrency", "1,2", "--duration", "0.5",
+                  "--warmup", "0.2", "--stream", "--stream-chunk-bytes",
+                  "1024", "--stripes", stripes, "--verify-every", "2",
+                  "--server-metrics", "127.0.0.1:%d" % s.metrics_port,
+                  "--label", "e2e stream", "--json", out)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert ("streamed (MultiplyStream) over %d stripe(s), 1.0 KiB chunks"
+                % stripes) in r.stdout
+        doc = load(out)
+        assert doc["config"]["streamed"] is True
+        assert doc["config"]["stream"] == {"stripes": stripes,
+                                           "chunk_bytes": 1024}
+        assert doc["config"]["verify"] is True
+        points = doc["points"]
+        assert [p["concurrency"] for p in points] == [1, 2]
+        assert [p["channels"] for p in points] == [stripes, 2 * stripes]
+        multiplies = 0
+        for p in points:
+            check_streamed_point(p, stripes, 1024)
+            assert p["label"] == "e2e stream"
+            assert p["request_bytes"] == (48 * 40 + 40 * 24) * 4
+            assert p["response_bytes"] == 48 * 24 * 4
+            assert 0.4 < p["elapsed_s"] < 1.5
+            # The server's OK MultiplyStream multiplies over the point
+            # (warm-up included) cover the bench's successes.
+            m = p["server_metrics"]
+            assert m["multiplies_ok"] >= p["ok"] > 0
+            assert m["compute_busy_s"] > 0
+            multiplies += m["multiplies_ok"]
+        after = stripe_counters(s)
+        started = after["start"] - before["start"]
+        joined = after["join"] - before["join"]
+        if stripes == 1:
+            assert started == 0 and joined == 0
+        else:
+            # Every multiply of the run was striped over `stripes` calls.
+            assert started == multiplies
+            assert joined == (stripes - 1) * started
+    finally:
+        assert s.stop() == 0, "".join(s.log)
+
+
+@pytest.mark.parametrize("dtype,shape,stripes", [
+    ("bfloat16", "2x16x64x8", 3),
+    ("float64", "33x17x5", 1),
+    ("float16", "20", 3),
+])
+def test_stream_by_count_verifies_every_product(server, tmp_path, dtype,
+                                                shape, stripes):
+    out = tmp_path / "stream.json"
+    r = bench("--target", server.target, "--shape", shape, "--dtype", dtype,
+              "--concurrency", "3", "--requests", "24", "--warmup", "0",
+              "--stream", "--stream-chunk-bytes", "256", "--stripes", stripes,
+              "--verify-every", "1", "--json", out)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (p,) = load(out)["points"]
+    check_streamed_point(p, stripes, 256)
+    assert p["requests"] == 24 and p["ok"] == 24
+    assert p["verify"]["checked"] == 24 and p["verify"]["mismatches"] == 0
+    assert p["requests_target"] == 24 and p["duration_s"] is None
+
+
+def test_stream_stable_windows(server, tmp_path):
+    out = tmp_path / "stream_stable.json"
+    r = bench("--target", server.target, "--shape", "16", "--concurrency",
+              "2", "--duration", "0.3", "--warmup", "0", "--stream",
+              "--stripes", "2", "--stable", "--stable-windows", "3",
+              "--verify", "--json", out)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (p,) = load(out)["points"]
+    check_streamed_point(p, 2, 4 << 20)  # the default chunk size, 4 MiB
+    windows = p["stability"]["window_requests_per_s"]
+    assert len(windows) == 3
+    assert p["requests_per_s"] == pytest.approx(windows[-1], rel=1e-9)
+    if p["stability"]["stable"]:
+        assert max(windows) <= 1.10 * min(windows)
+        assert "stable after 3 windows" in r.stdout
+    else:
+        assert "NOT stable after 3 windows" in r.stdout
+
+
+def test_stream_errors_counted_and_chunks_under_the_message_limit(tmp_path):
+    """A server that takes messages of 4 KiB at most: 16 KiB chunks fail
+    every streamed multiply (counted by code, exit 0 as for unary), 2 KiB
+    chunks carry the same 32 KiB requests past the limit."""
+    small = Server("--max-message-bytes", "4096")
+    try:
+        out = tmp_path / "stream_errors.json"
+        r = bench("--target", small.target, "--shape", "64", "--stream",
+                  "--concurrency", "2", "--duration", "0.5", "--warmup", "0",
+                  "--json", out)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "RESOURCE_EXHAUSTED" in r.stdout
+        (p,) = load(out)["points"]
+        assert p["streamed"] is True
+        assert p["ok"] == 0 and p["requests_per_s"] == 0
+        assert p["errors"] > 0
+        assert p["errors_by_code"] == {"RESOURCE_EXHAUSTED": p["errors"]}
+        assert p["error_messages"]["RESOURCE_EXHAUSTED"]
+        assert p["latency_ms"]["count"] == 0
+
+        r = bench("--target", small.target, "--shape", "64", "--stream",
+                  "--stream-chunk-bytes", "2048", "--stripes", "2",
+                  "--concurrency", "2", "--requests", "20", "--warmup", "0",
+                  "--verify-every", "1", "--json", out)
+        assert r.returncode == 0, r.stdout + r.stderr
+        (p,) = load(out)["points"]
+        check_streamed_point(p, 2, 2048)
+        assert p["request_bytes"] == 2 * 64 * 64 * 4 > 4096
+        assert p["ok"] == 20 and p["verify"]["checked"] == 20
+    finally:
+        assert small.stop() == 0, "".join(small.log)
+
+
+def test_stream_channels_and_interrupt(server, tmp_path):
+    """--channels below --stripes: the client opens a connection per stripe
+    all the same (and the report says so); Ctrl-C ends the point after the
+    calls in flight and reports it."""
+    out = tmp_path / "stream_int.json"
+    proc = subprocess.Popen(
+        [str(BENCH), "--target", server.target, "--shape", "32",
+         "--concurrency", "2,4", "--duration", "30", "--warmup", "0",
+         "--stream", "--stripes", "3", "--channels", "1", "--json", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    head = read_to_table_header(proc)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=30)
+    stdout = "".join(head) + stdout
+    assert proc.returncode == 130, stdout + stderr
+    (p,) = load(out)["points"]
+    assert p["interrupted"] is True
+    assert p["streamed"] is True and p["stream"]["stripes"] == 3
+    assert p["concurrency"] == 2 and p["channels"] == 3
+    assert p["ok"] > 0 and p["errors"] == 0, p["error_messages"]
+    assert p["abandoned"] == 0
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--stream", "--rate", "10"], "not with --rate"),
+    (["--stream", "--resident"], "not with --resident"),
+    (["--stream", "--resident=operands"], "not with --resident"),
+    (["--stream", "--shared-memory"], "not with --shared-memory"),
+    (["--stream", "--protobuf-requests"], "not with --protobuf-requests"),
+    (["--stripes", "2"], "--stripes applies only with --stream"),
+    (["--stream-chunk-bytes", "4096"],
+     "--stream-chunk-bytes applies only with --stream"),
+    (["--stream", "--stripes", "17"], "--stripes takes 1 to 16"),
+    (["--stream", "--concurrency", "4,257"],
+     "--concurrency is at most 256 with it, got 257"),
+    (["--stream", "--stripes", "0"], "--stripes takes a positive integer"),
+    (["--stream", "--stream-chunk-bytes", "0"],
+     "--stream-chunk-bytes takes a positive integer"),
+    (["--stream", "--stream-chunk-bytes", "2147483648"],
+     "--stream-chunk-bytes is at most"),
+])
+def test_stream_refuses_what_does_not_apply(server, args, message):
+    r = bench("--target", server.target, "--shape", "8", *args)
+    assert r.returncode == 2, (args, r.stdout, r.stderr)
+    assert r.stderr.startswith("matmul-bench: "), r.stderr
+    assert message in r.stderr, r.stderr
+    assert r.stderr.endswith("; see --help\n"), r.stderr
+    assert len(r.stderr.splitlines()) == 1, r.stderr
+    assert r.stdout == ""  # refused before any point ran
+    r = bench("--help")
+    for flag in ("--stream", "--stream-chunk-bytes", "--stripes"):
+        assert flag in r.stdout

@@ -404,6 +404,35 @@ TEST(BenchReportTest, ResidentFields) {
             std::string::npos);
 }
 
+TEST(BenchReportTest, StreamFields) {
+  BenchRun run;
+  run.shape = *ParseShape("64");
+  BenchPoint point;
+  point.result.elapsed = absl::Seconds(1);
+  point.result.ok_in_window = 10;
+  // Unary: not streamed, no stream settings.
+  nlohmann::ordered_json doc =
+      nlohmann::ordered_json::parse(ReportJson(run, {point}));
+  EXPECT_EQ(doc.at("config").at("streamed"), false);
+  EXPECT_TRUE(doc.at("config").at("stream").is_null());
+  EXPECT_EQ(doc.at("points")[0].at("streamed"), false);
+  EXPECT_TRUE(doc.at("points")[0].at("stream").is_null());
+  EXPECT_EQ(RunDescription(run).find("streamed"), std::string::npos);
+
+  run.stream = StreamOptions{int64_t{1} << 20, 3};
+  doc = nlohmann::ordered_json::parse(ReportJson(run, {point}));
+  for (const nlohmann::ordered_json* j :
+       {&doc.at("config"), &doc.at("points")[0]}) {
+    EXPECT_EQ(j->at("streamed"), true);
+    EXPECT_EQ(j->at("stream").at("stripes"), 3);
+    EXPECT_EQ(j->at("stream").at("chunk_bytes"), 1 << 20);
+  }
+  EXPECT_NE(RunDescription(run).find(
+                "streamed (MultiplyStream) over 3 stripe(s), 1.0 MiB chunks"),
+            std::string::npos)
+      << RunDescription(run);
+}
+
 TEST(ShapeMixTest, ParsesAndNames) {
   absl::StatusOr<std::vector<BenchShape>> mix =
       ParseShapeMix("64,128,256x32x512,512");
@@ -522,6 +551,9 @@ TEST(ServerScrapeTest, ParsesTargetsAndCounters) {
       "matmul_requests_total{method=\"Multiply\",code=\"OK\"} 1000\n"
       "matmul_requests_total{method=\"Multiply\",code=\"CANCELLED\"} 7\n"
       "matmul_requests_total{method=\"Upload\",code=\"OK\"} 9\n"
+      "matmul_requests_total{method=\"MultiplyStream\",code=\"OK\"} 40\n"
+      "matmul_requests_total{method=\"MultiplyStream\",code=\"CANCELLED\"} "
+      "2\n"
       "matmul_stream_jobs_total{device=\"0\",stream=\"0\",uuid=\"a\"} 40\n"
       "matmul_stream_jobs_total{device=\"0\",stream=\"1\",uuid=\"a\"} 60\n"
       "matmul_batch_size_bucket{le=\"1\"} 10\n"
@@ -533,6 +565,7 @@ TEST(ServerScrapeTest, ParsesTargetsAndCounters) {
   EXPECT_DOUBLE_EQ(before.compute_busy_s, 2.0);
   EXPECT_DOUBLE_EQ(before.device_busy_s, 3.0);
   EXPECT_DOUBLE_EQ(before.multiplies_ok, 1000);
+  EXPECT_DOUBLE_EQ(before.stream_multiplies_ok, 40);
   EXPECT_DOUBLE_EQ(before.engine_jobs, 100);
   EXPECT_DOUBLE_EQ(before.launches, 100);
   EXPECT_DOUBLE_EQ(before.launched_requests, 900);
@@ -553,6 +586,12 @@ TEST(ServerScrapeTest, ParsesTargetsAndCounters) {
   EXPECT_DOUBLE_EQ(d.grouped_launches, 5);
   // Nothing finished: no ratios.
   EXPECT_EQ(Subtract(before, before).compute_us_per_request, 0);
+  // --stream: the streamed multiplies are the denominator.
+  after.stream_multiplies_ok += 4;
+  const ServerDelta streamed = Subtract(before, after, /*streamed=*/true);
+  EXPECT_DOUBLE_EQ(streamed.multiplies_ok, 4);
+  EXPECT_NEAR(streamed.compute_us_per_request, 2500.0, 1e-9);
+  EXPECT_DOUBLE_EQ(Subtract(before, after).multiplies_ok, 500);
 }
 
 }  // namespace
