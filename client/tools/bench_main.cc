@@ -471,8 +471,9 @@ int Main(int argc, char** argv) {
         if (bp.result.abandoned > 0 || bp.result.abandoned_deletes > 0) break;
       }
       if (before.has_value()) {
-        absl::StatusOr<ServerCounters> after =
-            Scrape(*c.server_metrics, absl::Seconds(10));
+        absl::StatusOr<ServerCounters> after = ScrapeAfter(
+            *c.server_metrics, *before, static_cast<double>(bp.result.ok),
+            c.stream, absl::Seconds(10), absl::Seconds(2));
         if (after.ok()) {
           bp.server_delta = Subtract(*before, *after, c.stream);
         } else {

@@ -192,4 +192,20 @@ absl::StatusOr<ServerCounters> Scrape(const ScrapeTarget& target,
   return ParseServerCounters(absl::string_view(response).substr(body + 4));
 }
 
+absl::StatusOr<ServerCounters> ScrapeAfter(const ScrapeTarget& target,
+                                           const ServerCounters& before,
+                                           double client_ok, bool streamed,
+                                           absl::Duration timeout,
+                                           absl::Duration settle) {
+  const absl::Time give_up = absl::Now() + settle;
+  absl::StatusOr<ServerCounters> after = Scrape(target, timeout);
+  while (after.ok() &&
+         Subtract(before, *after, streamed).multiplies_ok < client_ok &&
+         absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(20));
+    after = Scrape(target, timeout);
+  }
+  return after;
+}
+
 }  // namespace matmul

@@ -73,6 +73,17 @@ absl::StatusOr<ScrapeTarget> ParseScrapeTarget(absl::string_view text);
 absl::StatusOr<ServerCounters> Scrape(const ScrapeTarget& target,
                                       absl::Duration timeout);
 
+// The scrape after a point: the server counts a multiply when its RPC is
+// done (OnDone), which may come a little after the client has its answer,
+// so this scrapes again (every 20 ms, for up to `settle`) until the server
+// has counted at least `client_ok` OK multiplies since `before` (`streamed`:
+// streamed ones). Returns the last scrape either way.
+absl::StatusOr<ServerCounters> ScrapeAfter(const ScrapeTarget& target,
+                                           const ServerCounters& before,
+                                           double client_ok, bool streamed,
+                                           absl::Duration timeout,
+                                           absl::Duration settle);
+
 }  // namespace matmul
 
 #endif  // MATMUL_CLIENT_TOOLS_SERVER_SCRAPE_H_
