@@ -41,6 +41,7 @@ install(TARGETS matmul_client matmul_proto matmul_common
 # its own, so a missing one fails CI).
 install(FILES
   ${PROJECT_SOURCE_DIR}/client/lib/dtype_conversion.h
+  ${PROJECT_SOURCE_DIR}/client/lib/grpc_status.h
   ${PROJECT_SOURCE_DIR}/client/lib/host_tensor.h
   ${PROJECT_SOURCE_DIR}/client/lib/matmul_client.h
   ${PROJECT_SOURCE_DIR}/client/lib/multiply_encoding.h

@@ -30,11 +30,14 @@
 #include "absl/types/span.h"
 #include "client/lib/multiply_encoding.h"
 #include "client/lib/tensor_proto.h"
+#include "client/lib/unary_call.h"
 #include "common/status_macros.h"
 #include "proto/dtype_mapping.h"
 
 namespace matmul {
 namespace {
+
+using client_internal::SetTimeout;
 
 // A channel argument only this client sets: channels that differ in it are
 // never merged onto one connection.
@@ -54,14 +57,6 @@ void EndMultiplyCall(Call* call, const grpc::Status& status) {
           : FromGrpcStatus(status);
   owned.reset();
   std::move(done)(std::move(result));
-}
-
-void SetTimeout(grpc::ClientContext* context, absl::Duration timeout) {
-  if (timeout == absl::InfiniteDuration()) return;
-  if (timeout < absl::ZeroDuration()) timeout = absl::ZeroDuration();
-  // A finite timeout far in the future saturates to time_point::max(),
-  // which gRPC reads as no deadline.
-  context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
 }
 
 constexpr size_t kMaxClientIdLength = 256;
@@ -94,29 +89,6 @@ absl::StatusOr<StoredTensor> KeptFromResponse(
   return StoredTensorFromProto(response->c_handle());
 }
 
-// The stored tensor out of an UploadResponse.
-absl::StatusOr<StoredTensor> StoredFromUpload(
-    absl::StatusOr<v1::UploadResponse> response) {
-  if (!response.ok()) return response.status();
-  if (!response->has_handle()) {
-    return absl::InternalError("the server's UploadResponse has no handle");
-  }
-  return StoredTensorFromProto(response->handle());
-}
-
-// The tensor out of a DownloadResponse, which is moved from.
-absl::StatusOr<HostTensor> TensorFromDownload(
-    absl::StatusOr<v1::DownloadResponse> response) {
-  if (!response.ok()) return response.status();
-  absl::StatusOr<HostTensor> t =
-      FromProto(std::move(*response->mutable_tensor()));
-  if (!t.ok()) {
-    return absl::InternalError(absl::StrCat(
-        "the server's DownloadResponse is malformed: ", t.status().message()));
-  }
-  return t;
-}
-
 absl::Status SetOperand(const Operand& operand, const char* name,
                         v1::Tensor* tensor, std::string* handle) {
   if (operand.is_handle()) {
@@ -135,38 +107,6 @@ absl::Status SetOperand(const Operand& operand, const char* name,
   return absl::OkStatus();
 }
 
-// An asynchronous unary call: owns what gRPC needs until the reaction (and,
-// with a canceller, until a Cancel that is using its context returns).
-template <typename Request, typename Response>
-struct AsyncCall {
-  grpc::ClientContext context;
-  Request request;
-  Response response;
-  absl::AnyInvocable<void(absl::StatusOr<Response>) &&> done;
-  std::shared_ptr<AsyncCall> self;  // released by the reaction
-};
-
-// Starts `call` with `start(context, request, response, reaction)` (a stub's
-// async method) and hands the outcome to call->done; releases the call
-// before done runs.
-template <typename Request, typename Response, typename Start>
-void StartAsync(std::shared_ptr<AsyncCall<Request, Response>> shared,
-                Start start) {
-  AsyncCall<Request, Response>* call = shared.get();
-  call->self = std::move(shared);
-  start(&call->context, &call->request, &call->response,
-        [call](grpc::Status status) {
-          std::shared_ptr<AsyncCall<Request, Response>> owned =
-              std::move(call->self);
-          auto done = std::move(owned->done);
-          absl::StatusOr<Response> result =
-              status.ok() ? absl::StatusOr<Response>(std::move(owned->response))
-                          : absl::StatusOr<Response>(FromGrpcStatus(status));
-          owned.reset();
-          std::move(done)(std::move(result));
-        });
-}
-
 bool IsPolicyName(const std::string& name) {
   if (name.empty()) return false;
   for (char c : name) {
@@ -176,12 +116,6 @@ bool IsPolicyName(const std::string& name) {
 }
 
 }  // namespace
-
-absl::Status FromGrpcStatus(const grpc::Status& status) {
-  if (status.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                      status.error_message());
-}
 
 absl::StatusOr<int64_t> TtlSeconds(absl::Duration ttl, absl::string_view what) {
   if (ttl == absl::ZeroDuration()) return 0;
@@ -583,123 +517,6 @@ void CallCanceller::Cancel() {
   }
   // Outside the lock: gRPC may run the call's reaction on this thread.
   if (context != nullptr) context->TryCancel();
-}
-
-absl::StatusOr<StoredTensor> MatmulClient::Upload(
-    const HostTensor& tensor, const UploadOptions& options) {
-  RETURN_IF_ERROR(CheckClientId(options.client_id));
-  ASSIGN_OR_RETURN(const v1::UploadRequest request,
-                   MakeUploadRequest(tensor, options));
-  grpc::ClientContext context;
-  PrepareContext(context, options.timeout, options.client_id);
-  v1::UploadResponse response;
-  RETURN_IF_ERROR(
-      FromGrpcStatus(NextStub().Upload(&context, request, &response)));
-  return StoredFromUpload(std::move(response));
-}
-
-void MatmulClient::UploadAsync(const HostTensor& tensor,
-                               const UploadOptions& options, StoredDone done) {
-  if (absl::Status s = CheckClientId(options.client_id); !s.ok()) {
-    std::move(done)(s);
-    return;
-  }
-  absl::StatusOr<v1::UploadRequest> request =
-      MakeUploadRequest(tensor, options);
-  if (!request.ok()) {
-    std::move(done)(request.status());
-    return;
-  }
-  using Call = AsyncCall<v1::UploadRequest, v1::UploadResponse>;
-  auto call = std::make_shared<Call>();
-  call->request = *std::move(request);
-  call->done = [done = std::move(done)](
-                   absl::StatusOr<v1::UploadResponse> response) mutable {
-    std::move(done)(StoredFromUpload(std::move(response)));
-  };
-  PrepareContext(call->context, options.timeout, options.client_id);
-  if (options.canceller != nullptr) {
-    options.canceller->Attach(
-        std::shared_ptr<grpc::ClientContext>(call, &call->context));
-  }
-  v1::MatmulService::Stub::async_interface* async = NextStub().async();
-  StartAsync(std::move(call), [async](auto&&... args) {
-    async->Upload(std::forward<decltype(args)>(args)...);
-  });
-}
-
-absl::StatusOr<HostTensor> MatmulClient::Download(const std::string& id,
-                                                  absl::Duration timeout) {
-  if (id.empty()) return absl::InvalidArgumentError("the handle id is empty");
-  grpc::ClientContext context;
-  PrepareContext(context, timeout, "");
-  v1::DownloadRequest request;
-  request.set_handle(id);
-  v1::DownloadResponse response;
-  RETURN_IF_ERROR(
-      FromGrpcStatus(NextStub().Download(&context, request, &response)));
-  return TensorFromDownload(std::move(response));
-}
-
-void MatmulClient::DownloadAsync(const std::string& id, absl::Duration timeout,
-                                 TensorDone done,
-                                 std::shared_ptr<CallCanceller> canceller) {
-  if (id.empty()) {
-    std::move(done)(absl::InvalidArgumentError("the handle id is empty"));
-    return;
-  }
-  using Call = AsyncCall<v1::DownloadRequest, v1::DownloadResponse>;
-  auto call = std::make_shared<Call>();
-  call->request.set_handle(id);
-  call->done = [done = std::move(done)](
-                   absl::StatusOr<v1::DownloadResponse> response) mutable {
-    std::move(done)(TensorFromDownload(std::move(response)));
-  };
-  PrepareContext(call->context, timeout, "");
-  if (canceller != nullptr) {
-    canceller->Attach(
-        std::shared_ptr<grpc::ClientContext>(call, &call->context));
-  }
-  v1::MatmulService::Stub::async_interface* async = NextStub().async();
-  StartAsync(std::move(call), [async](auto&&... args) {
-    async->Download(std::forward<decltype(args)>(args)...);
-  });
-}
-
-absl::Status MatmulClient::Delete(const std::string& id,
-                                  absl::Duration timeout) {
-  if (id.empty()) return absl::InvalidArgumentError("the handle id is empty");
-  grpc::ClientContext context;
-  PrepareContext(context, timeout, "");
-  v1::DeleteRequest request;
-  request.set_handle(id);
-  v1::DeleteResponse response;
-  return FromGrpcStatus(NextStub().Delete(&context, request, &response));
-}
-
-void MatmulClient::DeleteAsync(const std::string& id, absl::Duration timeout,
-                               StatusDone done,
-                               std::shared_ptr<CallCanceller> canceller) {
-  if (id.empty()) {
-    std::move(done)(absl::InvalidArgumentError("the handle id is empty"));
-    return;
-  }
-  using Call = AsyncCall<v1::DeleteRequest, v1::DeleteResponse>;
-  auto call = std::make_shared<Call>();
-  call->request.set_handle(id);
-  call->done = [done = std::move(done)](
-                   absl::StatusOr<v1::DeleteResponse> response) mutable {
-    std::move(done)(response.status());
-  };
-  PrepareContext(call->context, timeout, "");
-  if (canceller != nullptr) {
-    canceller->Attach(
-        std::shared_ptr<grpc::ClientContext>(call, &call->context));
-  }
-  v1::MatmulService::Stub::async_interface* async = NextStub().async();
-  StartAsync(std::move(call), [async](auto&&... args) {
-    async->Delete(std::forward<decltype(args)>(args)...);
-  });
 }
 
 absl::StatusOr<v1::GetServerInfoResponse> MatmulClient::GetServerInfo(

@@ -60,6 +60,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "client/lib/grpc_status.h"
 #include "client/lib/host_tensor.h"
 #include "common/dtype.h"
 #include "common/grpc_args.h"
@@ -445,9 +446,6 @@ absl::StatusOr<int64_t> TtlSeconds(absl::Duration ttl, absl::string_view what);
 // OK if `id` may be sent as "x-matmul-client" (empty, or at most 256
 // printable ASCII characters); INVALID_ARGUMENT otherwise.
 absl::Status CheckClientId(absl::string_view id);
-
-// The absl::Status for a gRPC status: same code, same message.
-absl::Status FromGrpcStatus(const grpc::Status& status);
 
 }  // namespace matmul
 
