@@ -86,6 +86,11 @@
 
 namespace matmul {
 
+// "a" or "b", for messages about operand 0 or 1.
+inline const char* StreamOperandName(int operand) {
+  return operand == 0 ? "a" : "b";
+}
+
 class MultiplyStreamReactor final
     : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>,
       public DrainableCall,

@@ -14,12 +14,6 @@
 #include "server/rpc/multiply_stream.h"
 
 namespace matmul {
-namespace {
-
-const char* OperandName(int operand) { return operand == 0 ? "a" : "b"; }
-
-}  // namespace
-
 void MultiplyStreamReactor::HandleChunk(const WireStreamRequest& request,
                                         std::vector<grpc::Slice>& slices,
                                         Actions& actions) {
@@ -76,7 +70,7 @@ void MultiplyStreamReactor::TakeChunk(const std::shared_ptr<Multiply>& m,
                       operand));
     return;
   }
-  const char* name = OperandName(op);
+  const char* name = StreamOperandName(op);
   const int64_t elem = m->spec.elem_size();
   if (!m->staged[op]) {
     fail(absl::StrCat("chunk for operand ", name, ", which is given by ", name,
