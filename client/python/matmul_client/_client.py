@@ -5,7 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import threading
-from typing import Any, Dict, Iterator, List, Literal, Optional, Sequence, Tuple, Union, overload
+from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, Union, overload
 
 import grpc
 import numpy as np
@@ -19,12 +19,13 @@ from ._channel import (
     make_channel,
     tls_config,
 )
-from ._errors import MatmulError
+from ._errors import _STATUS_CODES, MatmulError
 from ._handles import Handle, HandleOrId, handle_id, ttl_seconds
 from ._info import ServerInfo
 from ._proto.grpc.health.v1 import health_pb2, health_pb2_grpc
 from ._proto.matmul.v1 import matmul_pb2, matmul_pb2_grpc
 from ._requests import _COMPUTE_MODES, Operand, _multiply_operands, _multiply_request
+from ._streamed import _check_stripes, _stream_messages, _striped_messages, _StreamProduct
 from ._tensors import (
     DTYPE_NAMES,
     WireType,
@@ -56,16 +57,6 @@ else:
 CLIENT_ID_METADATA_KEY = "x-matmul-client"
 _MAX_CLIENT_ID_LENGTH = 256
 
-_ELEMENT_BYTES = {
-    matmul_pb2.DTYPE_FLOAT32: 4,
-    matmul_pb2.DTYPE_FLOAT64: 8,
-    matmul_pb2.DTYPE_FLOAT16: 2,
-    matmul_pb2.DTYPE_BFLOAT16: 2,
-}
-
-#: grpc.StatusCode by its numeric value (google.rpc.Code).
-_STATUS_CODES = {code.value[0]: code for code in grpc.StatusCode}
-
 
 def _native_result_dtype(wire: WireType) -> np.dtype:
     """The dtype the native core returns a product of ``wire`` in: the
@@ -79,150 +70,6 @@ def _native_error(error: Exception) -> MatmulError:
     """The MatmulError of a native StatusError(code, message)."""
     code, message = error.args
     return MatmulError(_STATUS_CODES.get(code, grpc.StatusCode.UNKNOWN), message)
-
-
-def _stream_operands(
-    request: matmul_pb2.MultiplyRequest, chunk_bytes: int
-) -> Tuple[List[Tuple[int, bytes]], int]:
-    """The operands of ``request`` sent in chunks, as (Operand, data), their
-    data taken out of it, and the chunk size (whole elements near
-    ``chunk_bytes``). B comes first: once all of B is on the device the
-    server multiplies A's rows in panels as they arrive and sends their
-    product rows while the rest of A is on the wire."""
-    operands = []
-    for name, operand in (("b", matmul_pb2.OPERAND_B), ("a", matmul_pb2.OPERAND_A)):
-        if request.HasField(name):
-            tensor = getattr(request, name)
-            operands.append((operand, tensor.data))
-            tensor.data = b""
-    elem = _ELEMENT_BYTES[request.a.dtype if request.HasField("a") else request.b.dtype]
-    return operands, max(elem, chunk_bytes // elem * elem)
-
-
-def _stream_messages(
-    request: matmul_pb2.MultiplyRequest, chunk_bytes: int
-) -> Tuple[Iterator[matmul_pb2.MultiplyStreamRequest], int]:
-    """The MultiplyStream messages of ``request`` (whose operands' data is
-    taken out of it): the start, then each operand in chunks of about
-    ``chunk_bytes`` (whole elements). Returns them and the chunk size."""
-    operands, step = _stream_operands(request, chunk_bytes)
-
-    def messages() -> Iterator[matmul_pb2.MultiplyStreamRequest]:
-        yield matmul_pb2.MultiplyStreamRequest(
-            request_id=1,
-            start=matmul_pb2.MultiplyStreamStart(request=request, result_chunk_bytes=step),
-        )
-        for operand, data in operands:
-            view = memoryview(data)
-            for at in range(0, len(data), step):
-                yield matmul_pb2.MultiplyStreamRequest(
-                    request_id=1,
-                    chunk=matmul_pb2.OperandChunk(
-                        operand=operand, offset=at, data=bytes(view[at : at + step])
-                    ),
-                )
-
-    return messages(), step
-
-
-#: Most MultiplyStream calls one streamed multiply may be striped over.
-MAX_STRIPES = 16
-
-
-def _check_stripes(stripes: Any) -> int:
-    if isinstance(stripes, bool) or not isinstance(stripes, (int, np.integer)):
-        raise TypeError(f"stripes: expected an int, got {type(stripes).__name__}")
-    if not 1 <= stripes <= MAX_STRIPES:
-        raise ValueError(f"stripes={stripes}: expected 1 to {MAX_STRIPES} MultiplyStream calls")
-    return int(stripes)
-
-
-def _striped_messages(
-    request: matmul_pb2.MultiplyRequest, chunk_bytes: int, stripes: int
-) -> List[Iterator[matmul_pb2.MultiplyStreamRequest]]:
-    """The messages of each of the ``stripes`` MultiplyStream calls that carry
-    ``request`` (whose operands' data is taken out of it): the first opens
-    the multiply under a random stripe key, the others join it, and the
-    operands' chunks go round-robin over them."""
-    operands, step = _stream_operands(request, chunk_bytes)
-    key = os.urandom(16)
-    first = [
-        matmul_pb2.MultiplyStreamRequest(
-            request_id=1,
-            start=matmul_pb2.MultiplyStreamStart(
-                request=request, result_chunk_bytes=step, stripe_key=key, stripes=stripes
-            ),
-        ),
-        matmul_pb2.MultiplyStreamRequest(
-            request_id=1, join=matmul_pb2.MultiplyStreamJoin(stripe_key=key)
-        ),
-    ]
-    pieces = [(op, data, at) for op, data in operands for at in range(0, len(data), step)]
-
-    def messages(s: int) -> Iterator[matmul_pb2.MultiplyStreamRequest]:
-        yield first[0 if s == 0 else 1]
-        for operand, data, at in pieces[s::stripes]:
-            yield matmul_pb2.MultiplyStreamRequest(
-                request_id=1,
-                chunk=matmul_pb2.OperandChunk(
-                    operand=operand, offset=at, data=bytes(memoryview(data)[at : at + step])
-                ),
-            )
-
-    return [messages(s) for s in range(stripes)]
-
-
-class _StreamProduct:
-    """The product of a MultiplyStream (or of the calls of a striped one),
-    assembled from its responses. Thread-safe."""
-
-    def __init__(self) -> None:
-        self.shape: Tuple[int, ...] = ()
-        self.product: Optional[bytearray] = None
-        self.received = 0
-        self._lock = threading.Lock()
-
-    def add(self, response: matmul_pb2.MultiplyStreamResponse) -> None:
-        with self._lock:
-            self._add(response)
-
-    def _add(self, response: matmul_pb2.MultiplyStreamResponse) -> None:
-        kind = response.WhichOneof("kind")
-        if kind == "error":
-            raise MatmulError(
-                _STATUS_CODES.get(response.error.code, grpc.StatusCode.UNKNOWN),
-                response.error.message,
-            )
-        if kind == "result":
-            if self.product is not None:  # Each call of a striped multiply.
-                if len(self.product) != response.result.bytes:
-                    raise MatmulError(
-                        grpc.StatusCode.DATA_LOSS,
-                        f"the server described the product as {len(self.product)} bytes "
-                        f"on one stream and as {response.result.bytes} on another",
-                    )
-                return
-            self.shape = tuple(response.result.shape)
-            self.product = bytearray(response.result.bytes)
-        elif kind == "chunk":
-            at, data = response.chunk.offset, response.chunk.data
-            if self.product is None or at < 0 or at + len(data) > len(self.product):
-                raise MatmulError(
-                    grpc.StatusCode.DATA_LOSS,
-                    f"the server sent a product chunk of {len(data)} bytes at offset "
-                    f"{at} outside the product",
-                )
-            self.product[at : at + len(data)] = data
-            self.received += len(data)
-
-    def result(self, wire: WireType) -> np.ndarray:
-        if self.product is None or self.received != len(self.product):
-            size = 0 if self.product is None else len(self.product)
-            raise MatmulError(
-                grpc.StatusCode.DATA_LOSS,
-                f"the stream ended with {self.received} of {size} product bytes",
-            )
-        return wire.from_wire(self.product).reshape(self.shape)
 
 
 def _native_status(code: int, message: str) -> MatmulError:

@@ -41,7 +41,6 @@ from ._channel import ChannelOption, TlsArgument, channel_options, tls_config
 from ._client import (
     CLIENT_ID_METADATA_KEY,
     _check_client_id,
-    _check_stripes,
     _downloaded,
     _handle_from_native,
     _make_native,
@@ -49,8 +48,6 @@ from ._client import (
     _native_array,
     _native_status,
     _native_upload_args,
-    _stream_messages,
-    _StreamProduct,
 )
 from ._errors import MatmulError
 from ._handles import Handle, HandleOrId, handle_id, ttl_seconds
@@ -58,6 +55,7 @@ from ._info import ServerInfo
 from ._proto.grpc.health.v1 import health_pb2, health_pb2_grpc
 from ._proto.matmul.v1 import matmul_pb2, matmul_pb2_grpc
 from ._requests import Operand, _multiply_request
+from ._streamed import _check_stripes, _stream_messages, _StreamProduct
 from ._tensors import (
     DTYPE_NAMES,
     encode_tensor,
