@@ -33,7 +33,7 @@ from ._native_bridge import (
 from ._proto.grpc.health.v1 import health_pb2, health_pb2_grpc
 from ._proto.matmul.v1 import matmul_pb2, matmul_pb2_grpc
 from ._requests import Operand, _multiply_request
-from ._streamed import _check_stripes, _stream_messages, _striped_messages, _StreamProduct
+from ._streamed import _check_stripes, _multiply_stream, _multiply_striped
 from ._tensors import (
     DTYPE_NAMES,
     WireType,
@@ -294,17 +294,13 @@ class Client:
             return _native_array(product, wire)
         request, wire = _multiply_request(a, b, transpose_a, transpose_b, compute, dtype)
         if stripes > 1:
-            return self._striped(request, wire, chunk_bytes, stripes, self._deadline(timeout))
-        messages, _ = _stream_messages(request, chunk_bytes)
-        product = _StreamProduct()
-        try:
-            for response in self._stub.MultiplyStream(
-                messages, timeout=self._deadline(timeout), metadata=self._metadata
-            ):
-                product.add(response)
-        except grpc.RpcError as error:
-            raise MatmulError.from_call(error) from error
-        return product.result(wire)
+            return _multiply_striped(
+                self._stripe_channels_for(stripes), request, wire, chunk_bytes,
+                self._deadline(timeout), self._metadata,
+            )
+        return _multiply_stream(
+            self._stub, request, wire, chunk_bytes, self._deadline(timeout), self._metadata
+        )
 
     def multiply_async(
         self,
@@ -513,17 +509,9 @@ class Client:
         for channel in channels:
             channel.close()
 
-    def _striped(
-        self,
-        request: matmul_pb2.MultiplyRequest,
-        wire: WireType,
-        chunk_bytes: int,
-        stripes: int,
-        timeout: Optional[float],
-    ) -> np.ndarray:
-        """multiply_streamed over ``stripes`` calls on as many connections
-        (the pure-Python path): one thread reads each call; the first error
-        cancels the others and is raised."""
+    def _stripe_channels_for(self, stripes: int) -> List[grpc.Channel]:
+        """The first ``stripes`` of the connections that pure-Python striped
+        multiplies use, opened on first use and kept until :meth:`close`."""
         with self._stripe_lock:
             target, tls, options = self._channel_args
             while len(self._stripe_channels) < stripes:
@@ -536,40 +524,7 @@ class Client:
                         (*options, ("matmul.stripe", index), ("grpc.use_local_subchannel_pool", 1)),
                     )
                 )
-            channels = self._stripe_channels[:stripes]
-        product = _StreamProduct()
-        calls = [
-            matmul_pb2_grpc.MatmulServiceStub(channel).MultiplyStream(
-                messages, timeout=timeout, metadata=self._metadata
-            )
-            for channel, messages in zip(channels, _striped_messages(request, chunk_bytes, stripes))
-        ]
-        errors: List[MatmulError] = []
-        lock = threading.Lock()
-
-        def read(call: Any) -> None:
-            try:
-                for response in call:
-                    product.add(response)
-                return
-            except grpc.RpcError as error:
-                failure = MatmulError.from_call(error)
-            except MatmulError as error:
-                failure = error
-            with lock:
-                errors.append(failure)
-            for other in calls:
-                other.cancel()
-
-        readers = [threading.Thread(target=read, args=(call,), daemon=True) for call in calls[1:]]
-        for reader in readers:
-            reader.start()
-        read(calls[0])
-        for reader in readers:
-            reader.join()
-        if errors:
-            raise errors[0]
-        return product.result(wire)
+            return self._stripe_channels[:stripes]
 
     def __enter__(self) -> "Client":
         return self

@@ -1,19 +1,23 @@
 """The streamed multiply (the MultiplyStream RPC) on the pure-Python path:
 a request's operands cut into chunks of whole elements (B first), the
-messages of one call or of the calls of a striped one, and the product
-assembled from the chunks that come back."""
+messages of one call or of the calls of a striped one, the product
+assembled from the chunks that come back, and the calls themselves (one
+call, or one call per connection, read by a thread each, for a striped
+multiply). AsyncClient's pure path sends the same messages and assembles
+the product the same way on its grpc.aio call; the native core streams in
+the C++ client library."""
 
 from __future__ import annotations
 
 import os
 import threading
-from typing import Any, Iterator, List, Optional, Tuple
+from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 import grpc
 import numpy as np
 
 from ._errors import _STATUS_CODES, MatmulError
-from ._proto.matmul.v1 import matmul_pb2
+from ._proto.matmul.v1 import matmul_pb2, matmul_pb2_grpc
 from ._tensors import WireType
 
 #: Bytes per element of each wire dtype.
@@ -167,3 +171,69 @@ class _StreamProduct:
                 f"the stream ended with {self.received} of {size} product bytes",
             )
         return wire.from_wire(self.product).reshape(self.shape)
+
+
+def _multiply_stream(
+    stub: matmul_pb2_grpc.MatmulServiceStub,
+    request: matmul_pb2.MultiplyRequest,
+    wire: WireType,
+    chunk_bytes: int,
+    timeout: Optional[float],
+    metadata: Optional[Sequence[Tuple[str, str]]],
+) -> np.ndarray:
+    """A streamed multiply of ``request`` (whose operands' data is taken out
+    of it) on one MultiplyStream call of ``stub``."""
+    messages, _ = _stream_messages(request, chunk_bytes)
+    product = _StreamProduct()
+    try:
+        for response in stub.MultiplyStream(messages, timeout=timeout, metadata=metadata):
+            product.add(response)
+    except grpc.RpcError as error:
+        raise MatmulError.from_call(error) from error
+    return product.result(wire)
+
+
+def _multiply_striped(
+    channels: Sequence[grpc.Channel],
+    request: matmul_pb2.MultiplyRequest,
+    wire: WireType,
+    chunk_bytes: int,
+    timeout: Optional[float],
+    metadata: Optional[Sequence[Tuple[str, str]]],
+) -> np.ndarray:
+    """A streamed multiply of ``request`` striped over one MultiplyStream
+    call on each of ``channels`` (its own connection): one thread reads each
+    call; the first error cancels the others and is raised."""
+    product = _StreamProduct()
+    calls = [
+        matmul_pb2_grpc.MatmulServiceStub(channel).MultiplyStream(
+            messages, timeout=timeout, metadata=metadata
+        )
+        for channel, messages in zip(channels, _striped_messages(request, chunk_bytes, len(channels)))
+    ]
+    errors: List[MatmulError] = []
+    lock = threading.Lock()
+
+    def read(call: Any) -> None:
+        try:
+            for response in call:
+                product.add(response)
+            return
+        except grpc.RpcError as error:
+            failure = MatmulError.from_call(error)
+        except MatmulError as error:
+            failure = error
+        with lock:
+            errors.append(failure)
+        for other in calls:
+            other.cancel()
+
+    readers = [threading.Thread(target=read, args=(call,), daemon=True) for call in calls[1:]]
+    for reader in readers:
+        reader.start()
+    read(calls[0])
+    for reader in readers:
+        reader.join()
+    if errors:
+        raise errors[0]
+    return product.result(wire)
