@@ -1,4 +1,11 @@
-"""Client: NumPy matrix products computed by a remote matmul server."""
+"""Client: NumPy matrix products computed by a remote matmul server.
+
+The class and its methods, on either engine. What they share with
+:class:`~matmul_client.aio.AsyncClient` lives beside this module: the
+arguments checked and encoded in ``_requests``, the pure-Python streamed
+multiply in ``_streamed``, the native core's loading and conversions in
+``_native_bridge``.
+"""
 
 from __future__ import annotations
 
