@@ -156,7 +156,7 @@ def _handle(dtype: str = "float32", shape=(3, 4)):
 
 
 def test_multiply_request_with_handles() -> None:
-    from matmul_client._client import _multiply_request
+    from matmul_client._requests import _multiply_request
 
     b = np.ones((4, 2), np.float32)
     request, wire = _multiply_request(_handle(), b, False, True, "tf32", None, keep=True, result_ttl=2.5)

@@ -1,475 +1,60 @@
-"""Client: NumPy matrix products computed by a remote matmul server."""
+"""Client: NumPy matrix products computed by a remote matmul server.
+
+The class and its methods, on either engine. What they share with
+:class:`~matmul_client.aio.AsyncClient` lives beside this module: the
+arguments checked and encoded in ``_requests``, the pure-Python streamed
+multiply in ``_streamed``, the native core's loading and conversions in
+``_native_bridge``.
+"""
 
 from __future__ import annotations
 
 import concurrent.futures
-import os
 import threading
-from typing import Any, Dict, Iterator, List, Literal, Optional, Sequence, Tuple, Union, overload
+from typing import Any, List, Literal, Optional, Sequence, Tuple, Union, overload
 
 import grpc
 import numpy as np
 import numpy.typing as npt
 
-from ._channel import (
-    DEFAULT_OPTIONS,
-    ChannelOption,
-    TlsArgument,
-    channel_options,
-    make_channel,
-    tls_config,
-)
+from ._channel import ChannelOption, TlsArgument, make_channel
 from ._errors import MatmulError
 from ._handles import Handle, HandleOrId, handle_id, ttl_seconds
 from ._info import ServerInfo
+# NATIVE_ENV and NATIVE_UNAVAILABLE are read as _client's too (bench.py, the
+# tests, native/device-bench.sh).
+from ._native_bridge import (
+    NATIVE_ENV,
+    NATIVE_UNAVAILABLE,
+    _downloaded,
+    _float_or_none,
+    _handle_from_native,
+    _make_native,
+    _native,
+    _native_args,
+    _native_array,
+    _native_error,
+    _native_status,
+    _native_upload_args,
+)
 from ._proto.grpc.health.v1 import health_pb2, health_pb2_grpc
 from ._proto.matmul.v1 import matmul_pb2, matmul_pb2_grpc
+from ._requests import Operand, _multiply_request
+from ._streamed import _check_stripes, _multiply_stream, _multiply_striped
 from ._tensors import (
-    BFLOAT16_DTYPE,
     DTYPE_NAMES,
     WireType,
-    check_convertible,
     encode_tensor,
     from_tensor,
-    own_wire_type,
     resolve_single_wire_type,
-    resolve_wire_type,
     stored_wire_type,
-    to_tensor,
-    to_wire_array,
-    wire_type_argument,
 )
 
-#: The environment variable that, set to "0", keeps every Client on the
-#: pure-Python path even where the native module imports.
-NATIVE_ENV = "MATMUL_CLIENT_NATIVE"
-
-_native: Any
-#: Why the native module is not used (None when it is).
-NATIVE_UNAVAILABLE: Optional[str]
-if os.environ.get(NATIVE_ENV, "1") == "0":
-    _native, NATIVE_UNAVAILABLE = None, f"{NATIVE_ENV}=0"
-else:
-    try:
-        from . import _native
-    except ImportError as _error:  # Not built, or built for another Python.
-        _native, NATIVE_UNAVAILABLE = None, f"matmul_client._native does not import: {_error}"
-    else:
-        NATIVE_UNAVAILABLE = None
+__all__ = ["CLIENT_ID_METADATA_KEY", "NATIVE_ENV", "NATIVE_UNAVAILABLE", "Client"]
 
 #: The metadata key naming the client the server charges stored tensors to.
 CLIENT_ID_METADATA_KEY = "x-matmul-client"
 _MAX_CLIENT_ID_LENGTH = 256
-
-#: An operand: an array (anything numpy.asarray takes) or a stored tensor.
-Operand = Union[npt.ArrayLike, Handle]
-
-_ELEMENT_BYTES = {
-    matmul_pb2.DTYPE_FLOAT32: 4,
-    matmul_pb2.DTYPE_FLOAT64: 8,
-    matmul_pb2.DTYPE_FLOAT16: 2,
-    matmul_pb2.DTYPE_BFLOAT16: 2,
-}
-
-#: grpc.StatusCode by its numeric value (google.rpc.Code).
-_STATUS_CODES = {code.value[0]: code for code in grpc.StatusCode}
-
-_COMPUTE_MODES = {
-    "strict": matmul_pb2.COMPUTE_MODE_STRICT,
-    "tf32": matmul_pb2.COMPUTE_MODE_TF32,
-}
-
-
-def _operand_wire_type(operands: Dict[str, Any], handles: Dict[str, Handle], dtype: Any) -> WireType:
-    """How a multiply with at least one stored operand travels: stored
-    tensors keep their dtype, which every operand must share."""
-    names = {h.dtype for h in handles.values()}
-    if len(names) > 1:
-        raise TypeError(
-            "a and b are stored tensors of different dtypes ("
-            + " and ".join(f"{n}: {h.dtype}" for n, h in handles.items())
-            + "); both operands must have the same dtype"
-        )
-    (stored,) = names
-    if dtype is not None:
-        wire = wire_type_argument(dtype)
-        if wire.name != stored:
-            raise TypeError(
-                f"dtype={dtype!r}, but the stored operand is {stored}; a stored tensor keeps its dtype"
-            )
-        for name, x in operands.items():
-            check_convertible(name, x, wire)
-        return wire
-    if not operands:
-        return stored_wire_type(stored)
-    ((name, x),) = operands.items()
-    other = "b" if name == "a" else "a"
-    if stored == "bfloat16":
-        if BFLOAT16_DTYPE is not None and np.dtype(x.dtype.type) == BFLOAT16_DTYPE:
-            return own_wire_type(name, x)
-        raise TypeError(
-            f"{name} is {x.dtype} and {other} is a stored bfloat16 tensor; pass dtype='bfloat16' "
-            f"to round {name} to bfloat16 (the result is then float32)"
-        )
-    wire = own_wire_type(name, x)
-    if wire.name != stored:
-        raise TypeError(
-            f"{name} is {x.dtype} and {other} is a stored {stored} tensor; both operands must have "
-            f"the same dtype (convert {name}, or pass dtype=numpy.{stored})"
-        )
-    return wire
-
-
-def _multiply_operands(
-    a: Operand,
-    b: Operand,
-    compute: str,
-    dtype: Any,
-    keep: bool = False,
-    result_ttl: Optional[float] = None,
-) -> Tuple[Dict[str, np.ndarray], Dict[str, Handle], int, WireType]:
-    """Validates a Multiply call's arguments: the array operands, the stored
-    ones, the result TTL in seconds and the wire type."""
-    handles: Dict[str, Handle] = {}
-    arrays: Dict[str, np.ndarray] = {}
-    for name, x in (("a", a), ("b", b)):
-        if isinstance(x, Handle):
-            handle_id(x, name)
-            handles[name] = x
-            continue
-        array = np.asarray(x)
-        if array.ndim not in (2, 3):
-            raise ValueError(
-                f"{name} has {array.ndim} dimension(s) (shape {array.shape}); the service takes "
-                f"2-D [rows, cols] or 3-D [batch, rows, cols] operands "
-                f"(make a vector v a matrix with v[None, :] or v[:, None])"
-            )
-        arrays[name] = array
-    if compute not in _COMPUTE_MODES:
-        raise ValueError(f"compute={compute!r}: expected one of {sorted(_COMPUTE_MODES)}")
-    if not keep and result_ttl is not None:
-        raise ValueError("result_ttl applies only with keep=True")
-    ttl = ttl_seconds(result_ttl, "result_ttl") if keep else 0
-    if handles:
-        wire = _operand_wire_type(arrays, handles, dtype)
-    else:
-        wire = resolve_wire_type(arrays["a"], arrays["b"], dtype)
-    return arrays, handles, ttl, wire
-
-
-def _multiply_request(
-    a: Operand,
-    b: Operand,
-    transpose_a: bool,
-    transpose_b: bool,
-    compute: str,
-    dtype: Any,
-    keep: bool = False,
-    result_ttl: Optional[float] = None,
-) -> Tuple[matmul_pb2.MultiplyRequest, WireType]:
-    """Validates and encodes a Multiply call's arguments."""
-    arrays, handles, ttl, wire = _multiply_operands(a, b, compute, dtype, keep, result_ttl)
-    request = matmul_pb2.MultiplyRequest(
-        compute_mode=_COMPUTE_MODES[compute], keep_result=bool(keep), result_ttl_seconds=ttl
-    )
-    transposes = {"a": bool(transpose_a), "b": bool(transpose_b)}
-    for name in ("a", "b"):
-        if name in handles:
-            setattr(request, f"{name}_handle", handles[name].id)
-            continue
-        tensor, transposes[name] = to_tensor(arrays[name], wire, transposes[name])
-        getattr(request, name).CopyFrom(tensor)
-    request.transpose_a = transposes["a"]
-    request.transpose_b = transposes["b"]
-    return request, wire
-
-
-def _native_result_dtype(wire: WireType) -> np.dtype:
-    """The dtype the native core returns a product of ``wire`` in: the
-    little-endian element type (bfloat16 as its uint16 bits)."""
-    if wire.name == "bfloat16":
-        return np.dtype("<u2")
-    return np.dtype(wire.name).newbyteorder("<")
-
-
-def _native_error(error: Exception) -> MatmulError:
-    """The MatmulError of a native StatusError(code, message)."""
-    code, message = error.args
-    return MatmulError(_STATUS_CODES.get(code, grpc.StatusCode.UNKNOWN), message)
-
-
-def _stream_operands(
-    request: matmul_pb2.MultiplyRequest, chunk_bytes: int
-) -> Tuple[List[Tuple[int, bytes]], int]:
-    """The operands of ``request`` sent in chunks, as (Operand, data), their
-    data taken out of it, and the chunk size (whole elements near
-    ``chunk_bytes``). B comes first: once all of B is on the device the
-    server multiplies A's rows in panels as they arrive and sends their
-    product rows while the rest of A is on the wire."""
-    operands = []
-    for name, operand in (("b", matmul_pb2.OPERAND_B), ("a", matmul_pb2.OPERAND_A)):
-        if request.HasField(name):
-            tensor = getattr(request, name)
-            operands.append((operand, tensor.data))
-            tensor.data = b""
-    elem = _ELEMENT_BYTES[request.a.dtype if request.HasField("a") else request.b.dtype]
-    return operands, max(elem, chunk_bytes // elem * elem)
-
-
-def _stream_messages(
-    request: matmul_pb2.MultiplyRequest, chunk_bytes: int
-) -> Tuple[Iterator[matmul_pb2.MultiplyStreamRequest], int]:
-    """The MultiplyStream messages of ``request`` (whose operands' data is
-    taken out of it): the start, then each operand in chunks of about
-    ``chunk_bytes`` (whole elements). Returns them and the chunk size."""
-    operands, step = _stream_operands(request, chunk_bytes)
-
-    def messages() -> Iterator[matmul_pb2.MultiplyStreamRequest]:
-        yield matmul_pb2.MultiplyStreamRequest(
-            request_id=1,
-            start=matmul_pb2.MultiplyStreamStart(request=request, result_chunk_bytes=step),
-        )
-        for operand, data in operands:
-            view = memoryview(data)
-            for at in range(0, len(data), step):
-                yield matmul_pb2.MultiplyStreamRequest(
-                    request_id=1,
-                    chunk=matmul_pb2.OperandChunk(
-                        operand=operand, offset=at, data=bytes(view[at : at + step])
-                    ),
-                )
-
-    return messages(), step
-
-
-#: Most MultiplyStream calls one streamed multiply may be striped over.
-MAX_STRIPES = 16
-
-
-def _check_stripes(stripes: Any) -> int:
-    if isinstance(stripes, bool) or not isinstance(stripes, (int, np.integer)):
-        raise TypeError(f"stripes: expected an int, got {type(stripes).__name__}")
-    if not 1 <= stripes <= MAX_STRIPES:
-        raise ValueError(f"stripes={stripes}: expected 1 to {MAX_STRIPES} MultiplyStream calls")
-    return int(stripes)
-
-
-def _striped_messages(
-    request: matmul_pb2.MultiplyRequest, chunk_bytes: int, stripes: int
-) -> List[Iterator[matmul_pb2.MultiplyStreamRequest]]:
-    """The messages of each of the ``stripes`` MultiplyStream calls that carry
-    ``request`` (whose operands' data is taken out of it): the first opens
-    the multiply under a random stripe key, the others join it, and the
-    operands' chunks go round-robin over them."""
-    operands, step = _stream_operands(request, chunk_bytes)
-    key = os.urandom(16)
-    first = [
-        matmul_pb2.MultiplyStreamRequest(
-            request_id=1,
-            start=matmul_pb2.MultiplyStreamStart(
-                request=request, result_chunk_bytes=step, stripe_key=key, stripes=stripes
-            ),
-        ),
-        matmul_pb2.MultiplyStreamRequest(
-            request_id=1, join=matmul_pb2.MultiplyStreamJoin(stripe_key=key)
-        ),
-    ]
-    pieces = [(op, data, at) for op, data in operands for at in range(0, len(data), step)]
-
-    def messages(s: int) -> Iterator[matmul_pb2.MultiplyStreamRequest]:
-        yield first[0 if s == 0 else 1]
-        for operand, data, at in pieces[s::stripes]:
-            yield matmul_pb2.MultiplyStreamRequest(
-                request_id=1,
-                chunk=matmul_pb2.OperandChunk(
-                    operand=operand, offset=at, data=bytes(memoryview(data)[at : at + step])
-                ),
-            )
-
-    return [messages(s) for s in range(stripes)]
-
-
-class _StreamProduct:
-    """The product of a MultiplyStream (or of the calls of a striped one),
-    assembled from its responses. Thread-safe."""
-
-    def __init__(self) -> None:
-        self.shape: Tuple[int, ...] = ()
-        self.product: Optional[bytearray] = None
-        self.received = 0
-        self._lock = threading.Lock()
-
-    def add(self, response: matmul_pb2.MultiplyStreamResponse) -> None:
-        with self._lock:
-            self._add(response)
-
-    def _add(self, response: matmul_pb2.MultiplyStreamResponse) -> None:
-        kind = response.WhichOneof("kind")
-        if kind == "error":
-            raise MatmulError(
-                _STATUS_CODES.get(response.error.code, grpc.StatusCode.UNKNOWN),
-                response.error.message,
-            )
-        if kind == "result":
-            if self.product is not None:  # Each call of a striped multiply.
-                if len(self.product) != response.result.bytes:
-                    raise MatmulError(
-                        grpc.StatusCode.DATA_LOSS,
-                        f"the server described the product as {len(self.product)} bytes "
-                        f"on one stream and as {response.result.bytes} on another",
-                    )
-                return
-            self.shape = tuple(response.result.shape)
-            self.product = bytearray(response.result.bytes)
-        elif kind == "chunk":
-            at, data = response.chunk.offset, response.chunk.data
-            if self.product is None or at < 0 or at + len(data) > len(self.product):
-                raise MatmulError(
-                    grpc.StatusCode.DATA_LOSS,
-                    f"the server sent a product chunk of {len(data)} bytes at offset "
-                    f"{at} outside the product",
-                )
-            self.product[at : at + len(data)] = data
-            self.received += len(data)
-
-    def result(self, wire: WireType) -> np.ndarray:
-        if self.product is None or self.received != len(self.product):
-            size = 0 if self.product is None else len(self.product)
-            raise MatmulError(
-                grpc.StatusCode.DATA_LOSS,
-                f"the stream ended with {self.received} of {size} product bytes",
-            )
-        return wire.from_wire(self.product).reshape(self.shape)
-
-
-def _native_status(code: int, message: str) -> MatmulError:
-    """The MatmulError of a native (code, message)."""
-    return MatmulError(_STATUS_CODES.get(code, grpc.StatusCode.UNKNOWN), message)
-
-
-def _float_or_none(seconds: Optional[float]) -> Optional[float]:
-    return None if seconds is None else float(seconds)
-
-
-def _native_options(
-    tls: TlsArgument, options: Sequence[ChannelOption]
-) -> Tuple[Dict[str, Any], Optional[str]]:
-    """The native Client's keyword arguments for ``tls`` and ``options``
-    (channel options as the pure-Python channel gets them), or why the
-    native core cannot take them."""
-    config = tls_config(tls)
-    kwargs: Dict[str, Any] = {"load_balancing_policy": "round_robin", "tls": config is not None}
-    if config is not None:
-        kwargs.update(
-            root_certificates=config.root_certificates,
-            private_key=config.private_key,
-            certificate_chain=config.certificate_chain,
-        )
-    defaults = dict(DEFAULT_OPTIONS)
-    ints: List[Tuple[str, int]] = []
-    strings: List[Tuple[str, str]] = []
-    for key, value in channel_options(options, config):
-        if defaults.get(key, _MISSING) == value:
-            continue  # The C++ library's own defaults (unlimited sizes, round_robin).
-        if key == "grpc.service_config":
-            kwargs["load_balancing_policy"] = ""  # The caller's config instead.
-        if isinstance(value, (bool, int, np.integer)) and -(2**31) <= int(value) < 2**31:
-            ints.append((str(key), int(value)))
-        elif isinstance(value, str):
-            strings.append((str(key), value))
-        elif isinstance(value, bytes):
-            strings.append((str(key), value.decode("latin-1")))
-        else:
-            return {}, f"channel option {key!r} has a {type(value).__name__} value"
-    kwargs.update(int_options=ints, string_options=strings)
-    return kwargs, None
-
-
-_MISSING = object()
-
-
-def _make_native(
-    target: str, tls: TlsArgument, options: Sequence[ChannelOption], client_id: Optional[str]
-) -> Tuple[Any, Optional[str]]:
-    """A native client of ``target`` with these settings, or (None, why not)."""
-    if NATIVE_UNAVAILABLE is not None:
-        return None, NATIVE_UNAVAILABLE
-    kwargs, why = _native_options(tls, options)
-    if why is not None:
-        return None, why
-    try:
-        return _native.Client(target, client_id=client_id or "", **kwargs), None
-    except _native.StatusError as error:
-        raise _native_error(error) from None
-
-
-def _native_args(
-    a: Operand, b: Operand, transpose_a: bool, transpose_b: bool, compute: str, dtype: Any,
-    keep: bool, result_ttl: Optional[float], timeout: Optional[float],
-) -> Tuple[Tuple[Any, ...], WireType]:
-    """Validates a multiply's arguments into the native core's: each array
-    operand in wire form (itself when it already is, else one copy), each
-    stored one as its handle id."""
-    arrays, handles, ttl, wire = _multiply_operands(a, b, compute, dtype, keep, result_ttl)
-    operands: List[Any] = []
-    flags = []
-    for name, transpose in (("a", transpose_a), ("b", transpose_b)):
-        if name in handles:
-            operands.append((None, wire.proto, handles[name].id))
-            flags.append(bool(transpose))
-        else:
-            x, flag = to_wire_array(arrays[name], wire, bool(transpose))
-            operands.append((x, wire.proto, ""))
-            flags.append(flag)
-    args = (
-        *operands[0], *operands[1], flags[0], flags[1], _COMPUTE_MODES[compute],
-        _float_or_none(timeout), None if keep else _native_result_dtype(wire), bool(keep), ttl,
-    )
-    return args, wire
-
-
-def _native_array(product: np.ndarray, wire: WireType) -> np.ndarray:
-    """A product array from the native core in the caller's dtype."""
-    if wire.name == "bfloat16":
-        return wire.from_wire(product).reshape(product.shape)
-    if not product.dtype.isnative:  # A big-endian host.
-        return product.astype(product.dtype.newbyteorder("="))
-    return product
-
-
-def _native_upload_args(
-    x: np.ndarray, dtype: Any, device: Optional[int], ttl: Optional[float], timeout: Optional[float]
-) -> Tuple[Any, ...]:
-    """Validates upload's arguments into the native core's."""
-    wire = resolve_single_wire_type(x, dtype, "array")
-    values = np.ascontiguousarray(wire.to_wire(x))
-    return (
-        values, wire.proto, -1 if device is None else int(device), ttl_seconds(ttl, "ttl"),
-        _float_or_none(timeout),
-    )
-
-
-def _handle_from_native(value: Tuple[Any, ...], client: Any) -> Handle:
-    """The Handle of a native stored-tensor tuple."""
-    ident, shape, dtype, device, size, expire_ms = value
-    return Handle(
-        id=ident,
-        shape=tuple(shape),
-        dtype=DTYPE_NAMES.get(dtype, f"unknown dtype {dtype}"),
-        device=device,
-        bytes=size,
-        expires=expire_ms / 1000.0,
-        _client=client,
-    )
-
-
-def _downloaded(value: Tuple[np.ndarray, int]) -> np.ndarray:
-    """A native download's (array, dtype) as the caller gets it."""
-    array, dtype = value
-    name = DTYPE_NAMES.get(dtype)
-    if name is None:
-        raise MatmulError(grpc.StatusCode.INTERNAL, f"the server sent a tensor of unknown dtype {dtype}")
-    return _native_array(array, stored_wire_type(name))
 
 
 def _check_client_id(client_id: Optional[str]) -> Optional[str]:
@@ -716,17 +301,13 @@ class Client:
             return _native_array(product, wire)
         request, wire = _multiply_request(a, b, transpose_a, transpose_b, compute, dtype)
         if stripes > 1:
-            return self._striped(request, wire, chunk_bytes, stripes, self._deadline(timeout))
-        messages, _ = _stream_messages(request, chunk_bytes)
-        product = _StreamProduct()
-        try:
-            for response in self._stub.MultiplyStream(
-                messages, timeout=self._deadline(timeout), metadata=self._metadata
-            ):
-                product.add(response)
-        except grpc.RpcError as error:
-            raise MatmulError.from_call(error) from error
-        return product.result(wire)
+            return _multiply_striped(
+                self._stripe_channels_for(stripes), request, wire, chunk_bytes,
+                self._deadline(timeout), self._metadata,
+            )
+        return _multiply_stream(
+            self._stub, request, wire, chunk_bytes, self._deadline(timeout), self._metadata
+        )
 
     def multiply_async(
         self,
@@ -935,17 +516,9 @@ class Client:
         for channel in channels:
             channel.close()
 
-    def _striped(
-        self,
-        request: matmul_pb2.MultiplyRequest,
-        wire: WireType,
-        chunk_bytes: int,
-        stripes: int,
-        timeout: Optional[float],
-    ) -> np.ndarray:
-        """multiply_streamed over ``stripes`` calls on as many connections
-        (the pure-Python path): one thread reads each call; the first error
-        cancels the others and is raised."""
+    def _stripe_channels_for(self, stripes: int) -> List[grpc.Channel]:
+        """The first ``stripes`` of the connections that pure-Python striped
+        multiplies use, opened on first use and kept until :meth:`close`."""
         with self._stripe_lock:
             target, tls, options = self._channel_args
             while len(self._stripe_channels) < stripes:
@@ -958,40 +531,7 @@ class Client:
                         (*options, ("matmul.stripe", index), ("grpc.use_local_subchannel_pool", 1)),
                     )
                 )
-            channels = self._stripe_channels[:stripes]
-        product = _StreamProduct()
-        calls = [
-            matmul_pb2_grpc.MatmulServiceStub(channel).MultiplyStream(
-                messages, timeout=timeout, metadata=self._metadata
-            )
-            for channel, messages in zip(channels, _striped_messages(request, chunk_bytes, stripes))
-        ]
-        errors: List[MatmulError] = []
-        lock = threading.Lock()
-
-        def read(call: Any) -> None:
-            try:
-                for response in call:
-                    product.add(response)
-                return
-            except grpc.RpcError as error:
-                failure = MatmulError.from_call(error)
-            except MatmulError as error:
-                failure = error
-            with lock:
-                errors.append(failure)
-            for other in calls:
-                other.cancel()
-
-        readers = [threading.Thread(target=read, args=(call,), daemon=True) for call in calls[1:]]
-        for reader in readers:
-            reader.start()
-        read(calls[0])
-        for reader in readers:
-            reader.join()
-        if errors:
-            raise errors[0]
-        return product.result(wire)
+            return self._stripe_channels[:stripes]
 
     def __enter__(self) -> "Client":
         return self

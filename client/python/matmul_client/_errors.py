@@ -1,8 +1,12 @@
-"""The exception every failed RPC raises."""
+"""The exception every failed RPC raises, and gRPC's status codes by number
+(the native core and MultiplyStream's error messages carry numbers)."""
 
 from __future__ import annotations
 
 import grpc
+
+#: grpc.StatusCode by its numeric value (google.rpc.Code).
+_STATUS_CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 
 class MatmulError(Exception):

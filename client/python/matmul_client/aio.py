@@ -38,27 +38,23 @@ import numpy as np
 import numpy.typing as npt
 
 from ._channel import ChannelOption, TlsArgument, channel_options, tls_config
-from ._client import (
-    CLIENT_ID_METADATA_KEY,
-    Operand,
-    _check_client_id,
-    _check_stripes,
+from ._client import CLIENT_ID_METADATA_KEY, _check_client_id
+from ._errors import MatmulError
+from ._handles import Handle, HandleOrId, handle_id, ttl_seconds
+from ._info import ServerInfo
+from ._native_bridge import (
     _downloaded,
     _handle_from_native,
     _make_native,
-    _multiply_request,
     _native_args,
     _native_array,
     _native_status,
     _native_upload_args,
-    _stream_messages,
-    _StreamProduct,
 )
-from ._errors import MatmulError
-from ._handles import Handle, HandleOrId, handle_id, ttl_seconds
-from ._info import ServerInfo
 from ._proto.grpc.health.v1 import health_pb2, health_pb2_grpc
 from ._proto.matmul.v1 import matmul_pb2, matmul_pb2_grpc
+from ._requests import Operand, _multiply_request
+from ._streamed import _check_stripes, _stream_messages, _StreamProduct
 from ._tensors import (
     DTYPE_NAMES,
     encode_tensor,
