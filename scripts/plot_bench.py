@@ -9,8 +9,9 @@ Writes, in DIR:
   tflops.png      achieved TFLOP/s against concurrency
   latency.png     latency p50, p90, p99 and p99.9 (ms) against concurrency
 
-Every chart has one series per (label, shape, dtype), with the compute mode
-and the open-loop rate added to the name where they are not the defaults.
+Every chart has one series per (label, shape, dtype), with the compute mode,
+resident operands, the open-loop rate and a streamed load (--stream: its
+stripes and chunk size) added to the name where they are not the defaults.
 Points of one series measured more than once at the same concurrency are
 averaged. Needs Debian's python3-matplotlib (the Agg backend, no display).
 Exit status: 0 on success, 1 on unreadable input, 2 on usage errors.
@@ -60,6 +61,16 @@ def series_name(p):
         parts.append("resident=" + p["resident"])
     if p.get("mode") == "open" and p.get("rate"):
         parts.append("@%g/s" % p["rate"])
+    stream = p.get("stream") if p.get("streamed") else None
+    if stream:
+        stripes = int(stream.get("stripes", 1))
+        chunk = int(stream.get("chunk_bytes", 0))
+        text = "streamed" if stripes <= 1 else "streamed x%d" % stripes
+        if chunk >= 1 << 20 and chunk % (1 << 20) == 0:
+            text += " (%d MiB chunks)" % (chunk >> 20)
+        elif chunk > 0:
+            text += " (%d KiB chunks)" % max(1, chunk >> 10)
+        parts.append(text)
     return " ".join(parts)
 
 

@@ -11,6 +11,7 @@ MATMUL_BIN_DIR names the directory holding matmul-server and matmul-bench
 repository (for scripts/plot_bench.py); it defaults to this file's.
 """
 
+import importlib.util
 import json
 import os
 import pathlib
@@ -349,6 +350,24 @@ def test_plot(server, tmp_path):
                         str(png_dir)], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode != 0 and "not a matmul-bench report" in r.stderr
+
+
+def test_plot_names_streamed_series_apart():
+    spec = importlib.util.spec_from_file_location("plot_bench", PLOT)
+    plot = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plot)
+    unary = {"shape": "64x64x64", "dtype": "float32", "streamed": False,
+             "stream": None}
+    one = dict(unary, streamed=True,
+               stream={"stripes": 1, "chunk_bytes": 4 << 20})
+    three = dict(unary, streamed=True,
+                 stream={"stripes": 3, "chunk_bytes": 64 << 10})
+    assert plot.series_name(unary) == "64x64x64 float32"
+    assert plot.series_name(one) == "64x64x64 float32 streamed (4 MiB chunks)"
+    assert (plot.series_name(three)
+            == "64x64x64 float32 streamed x3 (64 KiB chunks)")
+    # Reports from before --stream have neither field.
+    assert plot.series_name({"shape": "8", "dtype": "float64"}) == "8 float64"
 
 
 # --- resident operands and products (--resident) ---------------------------
