@@ -3,7 +3,9 @@
 #include <Python.h>
 
 #include <exception>
+#include <memory>
 #include <string>
+#include <utility>
 
 #include "absl/cleanup/cleanup.h"
 
