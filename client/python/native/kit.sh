@@ -11,9 +11,10 @@
 #       shared libraries come from .gpubundle/lib (gpu-bundle of
 #       matmul-server, matmul-bench and build/python/matmul_client/_native*.so).
 #   client/python/native/kit.sh build    there, from the repository root,
-#       carrying .nativekit, .gpubundle and build/python: compiles
-#       native_module.cc for that machine's python3 into
-#       $PKG/matmul_client/_native$(EXT_SUFFIX) (PKG: default build/python).
+#       carrying .nativekit, .gpubundle and build/python: compiles the
+#       core's sources (client/python/native/*.cc) for that machine's
+#       python3 into $PKG/matmul_client/_native$(EXT_SUFFIX) (PKG: default
+#       build/python).
 #       Run Python with LD_LIBRARY_PATH=$PWD/.gpubundle/lib.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
@@ -36,11 +37,11 @@ case "${1:-}" in
     # shellcheck disable=SC2046
     ${CXX:-g++} -O2 -DNDEBUG -fPIC -fvisibility=hidden -pthread -std=c++17 -shared \
       -I. -I"$kit/include" $("$py" -m pybind11 --includes) \
-      client/python/native/native_module.cc \
+      client/python/native/*.cc \
       "$kit/lib/libmatmul_client.a" "$kit/lib/libmatmul_proto.a" \
       -Wl,--as-needed $(ls .gpubundle/lib/*.so*) \
       -o "$out"
     echo "kit.sh: built $out"
     ;;
-  *) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac
