@@ -103,7 +103,8 @@ ABSL_FLAG(int64_t, completion_poll_us, 1000,
 ABSL_FLAG(int32_t, cuda_graphs_per_stream, 0,
           "CUDA engine: a small multiply (at most 16 MiB of A, B and C) is "
           "recorded per stream and shape as a CUDA graph (the second time "
-          "its shape comes) and replayed with one launch; at most this many graphs per stream, the least "
+          "its shape comes) and replayed with one launch; at most this many "
+          "graphs per stream, the least "
           "recently used evicted (0: every job call by call)");
 ABSL_FLAG(std::string, unix_socket, "",
           "Also listen on this unix socket path (plaintext, same host)");
