@@ -98,33 +98,14 @@ StreamLoadGenerator::StreamLoadGenerator(MatmulClient* client,
 absl::StatusOr<LoadResult> StreamLoadGenerator::Run(
     const LoadPoint& point, const std::atomic<bool>& stop,
     absl::FunctionRef<void(const LoadProgress&)> progress) {
-  if (point.concurrency < 1) {
-    return absl::InvalidArgumentError("concurrency must be at least 1");
+  if (absl::Status checked =
+          CheckLoadPoint(point, static_cast<bool>(checker_), requests_.size());
+      !checked.ok()) {
+    return checked;
   }
   if (point.rate != 0) {
     return absl::InvalidArgumentError(
         "streamed multiplies run a closed loop only (rate 0)");
-  }
-  if (point.requests < 0 ||
-      (point.requests == 0 && (point.duration <= absl::ZeroDuration() ||
-                               point.duration == absl::InfiniteDuration()))) {
-    return absl::InvalidArgumentError(
-        "a point needs a finite positive duration or a request count");
-  }
-  if (point.warmup < absl::ZeroDuration() ||
-      point.warmup == absl::InfiniteDuration()) {
-    return absl::InvalidArgumentError("the warm-up must be finite and >= 0");
-  }
-  if (point.timeout <= absl::ZeroDuration() ||
-      point.timeout == absl::InfiniteDuration()) {
-    return absl::InvalidArgumentError("the timeout must be finite and > 0");
-  }
-  if (point.verify_every < 0 || (point.verify_every > 0 && !checker_)) {
-    return absl::InvalidArgumentError(
-        "verification needs verify_every > 0 and a checker");
-  }
-  if (requests_.empty()) {
-    return absl::InvalidArgumentError("no requests to send");
   }
 
   RunState s;

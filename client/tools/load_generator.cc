@@ -343,14 +343,10 @@ LoadGenerator::LoadGenerator(MatmulClient* client,
   }
 }
 
-absl::StatusOr<LoadResult> LoadGenerator::Run(
-    const LoadPoint& point, const std::atomic<bool>& stop,
-    absl::FunctionRef<void(const LoadProgress&)> progress) {
+absl::Status CheckLoadPoint(const LoadPoint& point, bool has_checker,
+                            size_t requests) {
   if (point.concurrency < 1) {
     return absl::InvalidArgumentError("concurrency must be at least 1");
-  }
-  if (!(point.rate >= 0) || std::isinf(point.rate)) {
-    return absl::InvalidArgumentError("the rate must be finite and >= 0");
   }
   if (point.requests < 0 ||
       (point.requests == 0 && (point.duration <= absl::ZeroDuration() ||
@@ -366,12 +362,26 @@ absl::StatusOr<LoadResult> LoadGenerator::Run(
       point.timeout == absl::InfiniteDuration()) {
     return absl::InvalidArgumentError("the timeout must be finite and > 0");
   }
-  if (point.verify_every < 0 || (point.verify_every > 0 && !checker_)) {
+  if (point.verify_every < 0 || (point.verify_every > 0 && !has_checker)) {
     return absl::InvalidArgumentError(
         "verification needs verify_every > 0 and a checker");
   }
-  if (requests_.empty()) {
+  if (requests == 0) {
     return absl::InvalidArgumentError("no requests to send");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<LoadResult> LoadGenerator::Run(
+    const LoadPoint& point, const std::atomic<bool>& stop,
+    absl::FunctionRef<void(const LoadProgress&)> progress) {
+  if (absl::Status checked =
+          CheckLoadPoint(point, static_cast<bool>(checker_), requests_.size());
+      !checked.ok()) {
+    return checked;
+  }
+  if (!(point.rate >= 0) || std::isinf(point.rate)) {
+    return absl::InvalidArgumentError("the rate must be finite and >= 0");
   }
   if (exclusive_ &&
       point.concurrency > static_cast<int64_t>(requests_.size())) {

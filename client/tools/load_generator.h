@@ -128,6 +128,13 @@ struct LoadResult {
   int64_t response_message_bytes = 0;
 };
 
+// The checks every point passes before it runs, whichever generator sends
+// it (the rate aside): INVALID_ARGUMENT naming the first one that fails.
+// `has_checker`: a response checker is set; `requests`: how many distinct
+// requests there are to send.
+absl::Status CheckLoadPoint(const LoadPoint& point, bool has_checker,
+                            size_t requests);
+
 class LoadGenerator {
  public:
   // Checks a successful response to requests[index]: OK, or an error whose
