@@ -12,26 +12,22 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "client/lib/tensor_proto.h"
+#include "client/tools/load_clock.h"
 
 namespace matmul {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using load_clock::Clock;
+using load_clock::kDone;
+using load_clock::kMeasure;
+using load_clock::kWarmup;
+using load_clock::Nanos;
+using load_clock::Phase;
+using load_clock::ToAbsl;
+using load_clock::ToClock;
 
 // How long the driver sleeps at most between looks at the clock and `stop`.
 constexpr auto kTick = std::chrono::milliseconds(100);
-
-enum Phase : int { kWarmup, kMeasure, kDone };
-
-int64_t Nanos(Clock::duration d) {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
-}
-
-absl::Duration ToAbsl(Clock::duration d) { return absl::Nanoseconds(Nanos(d)); }
-
-Clock::duration ToClock(absl::Duration d) {
-  return std::chrono::nanoseconds(absl::ToInt64Nanoseconds(d));
-}
 
 std::vector<int64_t> Shape(const v1::Tensor& t) {
   return std::vector<int64_t>(t.shape().begin(), t.shape().end());

@@ -12,11 +12,19 @@
 #include "absl/synchronization/mutex.h"
 #include "client/lib/multiply_encoding.h"
 #include "client/lib/tensor_proto.h"
+#include "client/tools/load_clock.h"
 
 namespace matmul {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using load_clock::Clock;
+using load_clock::kDone;
+using load_clock::kMeasure;
+using load_clock::kWarmup;
+using load_clock::Nanos;
+using load_clock::Phase;
+using load_clock::ToAbsl;
+using load_clock::ToClock;
 
 // Slots for the 17 gRPC status codes and WRONG_ANSWER.
 constexpr int kGrpcCodes = 17;
@@ -35,18 +43,6 @@ constexpr auto kTick = std::chrono::milliseconds(100);
 // How long after the last deadline could have passed the stragglers are
 // still waited for.
 constexpr absl::Duration kDrainGrace = absl::Seconds(10);
-
-enum Phase : int { kWarmup, kMeasure, kDone };
-
-int64_t Nanos(Clock::duration d) {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
-}
-
-absl::Duration ToAbsl(Clock::duration d) { return absl::Nanoseconds(Nanos(d)); }
-
-Clock::duration ToClock(absl::Duration d) {
-  return std::chrono::nanoseconds(absl::ToInt64Nanoseconds(d));
-}
 
 void StoreMax(std::atomic<int64_t>& target, int64_t value) {
   int64_t seen = target.load(std::memory_order_relaxed);
