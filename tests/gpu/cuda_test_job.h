@@ -1,11 +1,12 @@
 // What the CUDA engine's GPU tests share: submitting a multiply of two byte
-// strings (SubmitJob, over tests/engine_job.h), the skip where no GPU is
+// strings without copying them (SubmitJob), the skip where no GPU is
 // visible, and the accuracy cases (every dtype, shapes from 1x1x1 to 1024^3,
 // batches, broadcasts and transposes).
 #ifndef MATMUL_TESTS_GPU_CUDA_TEST_JOB_H_
 #define MATMUL_TESTS_GPU_CUDA_TEST_JOB_H_
 
 #include <cstdint>
+#include <cstring>
 #include <future>
 #include <memory>
 #include <string>
@@ -36,17 +37,55 @@ namespace gpu_test {
 
 using Outcome = testing::JobOutcome;
 
-// Submits the multiply of `a` and `b` (copied into the job).
+// A multiply of two byte strings that the job only points at: nothing is
+// copied on the submitting thread (tests/engine_job.h's EngineJob owns
+// copies, which for large operands delays each submit by their copy and
+// keeps jobs from overlapping on the device). The strings must outlive the
+// job.
+class BorrowingJob final : public MatmulJob {
+ public:
+  BorrowingJob(const MatmulSpec& spec, const std::string* a,
+               const std::string* b, std::promise<Outcome> promise)
+      : MatmulJob(JobDescription{spec, MultiplyOp{}}),
+        a_(a),
+        b_(b),
+        promise_(std::move(promise)) {}
+
+  absl::Status WriteOperands(absl::Span<std::byte> a,
+                             absl::Span<std::byte> b) override {
+    if (a.size() != a_->size() || b.size() != b_->size()) {
+      return absl::InternalError("staging size mismatch");
+    }
+    std::memcpy(a.data(), a_->data(), a.size());
+    std::memcpy(b.data(), b_->data(), b.size());
+    return absl::OkStatus();
+  }
+  void Done(absl::StatusOr<JobResult> result) override {
+    Outcome out;
+    out.status = result.status();
+    if (result.ok()) {
+      out.c.assign(reinterpret_cast<const char*>(result->c().data()),
+                   result->c().size());
+      out.placement = result->placement();
+      out.timings = result->timings();
+    }
+    { absl::StatusOr<JobResult> release = std::move(result); }
+    promise_.set_value(std::move(out));
+  }
+
+ private:
+  const std::string* a_;
+  const std::string* b_;
+  std::promise<Outcome> promise_;
+};
+
+// Submits the multiply of `a` and `b`, which must outlive the job.
 inline std::future<Outcome> SubmitJob(Engine& engine, const MatmulSpec& spec,
                                       const std::string* a,
                                       const std::string* b) {
   std::promise<Outcome> promise;
   std::future<Outcome> future = promise.get_future();
-  testing::EngineJob::Options options;
-  options.a = *a;
-  options.b = *b;
-  engine.Submit(std::make_unique<testing::EngineJob>(spec, std::move(options),
-                                                     std::move(promise)));
+  engine.Submit(std::make_unique<BorrowingJob>(spec, a, b, std::move(promise)));
   return future;
 }
 

@@ -183,14 +183,12 @@ struct EngineRun {
   double mean_compute = 0;  // seconds, engine GEMM from events
   double device_busy = 0;   // fraction of the window
   double overlap = 0;       // copy-compute overlap / copy busy
-  double graph_jobs = 0;    // fraction of the window's jobs from CUDA graphs
 };
 
 absl::StatusOr<EngineRun> RunEngine(const MatmulSpec& spec, int streams,
-                                    int graphs, absl::Duration window) {
+                                    absl::Duration window) {
   CudaEngineOptions options;
   options.streams_per_device = streams;
-  options.job_graphs_per_stream = graphs;
   options.devices = {0};
   // Only C is staged (the operands are prestaged): 1 GiB holds 16 results
   // of n=4096 float32, more than the jobs kept in flight.
@@ -225,10 +223,6 @@ absl::StatusOr<EngineRun> RunEngine(const MatmulSpec& spec, int streams,
   const DeviceStats& d0 = s0.devices[0];
   const DeviceStats& d1 = s1.devices[0];
   run.device_busy = (d1.busy_seconds - d0.busy_seconds) / seconds;
-  if (c1 > c0) {
-    run.graph_jobs = static_cast<double>(d1.graph_jobs - d0.graph_jobs) /
-                     static_cast<double>(c1 - c0);
-  }
   const double copy = d1.copy_busy_seconds - d0.copy_busy_seconds;
   run.overlap = copy > 0 ? (d1.copy_compute_overlap_seconds -
                             d0.copy_compute_overlap_seconds) /
@@ -242,7 +236,6 @@ int Main(int argc, char** argv) {
   std::vector<int64_t> sizes = {256, 1024, 4096};
   std::vector<std::string> modes = {"float32", "tf32", "bfloat16"};
   int streams = 4;
-  int graphs = 0;
   double seconds = 2;
   std::string json_path;
   for (int i = 1; i < argc; ++i) {
@@ -266,8 +259,6 @@ int Main(int argc, char** argv) {
       modes = absl::StrSplit(value(), ',');
     } else if (arg.rfind("--streams", 0) == 0) {
       streams = std::atoi(value().c_str());
-    } else if (arg.rfind("--graphs", 0) == 0) {
-      graphs = std::atoi(value().c_str());
     } else if (arg.rfind("--seconds", 0) == 0) {
       seconds = std::atof(value().c_str());
     } else if (arg.rfind("--json", 0) == 0) {
@@ -276,7 +267,6 @@ int Main(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: matmul-pipeline-bench [--sizes 256,1024,4096] "
                    "[--modes float32,tf32,bfloat16] [--streams 4] "
-                   "[--graphs N (CUDA graphs per stream, 0: off)] "
                    "[--seconds 2] [--json FILE]\n");
       return 2;
     }
@@ -290,15 +280,15 @@ int Main(int argc, char** argv) {
   const DeviceInfo& device = devices->front();
   std::printf(
       "device 0: %s, %d SMs, %d copy engines; pool of %d streams; "
-      "%d CUDA graphs per stream; %.1f s per point\n\n",
+      "%.1f s per point\n\n",
       device.name.c_str(), device.multiprocessors, device.copy_engines, streams,
-      graphs, seconds);
+      seconds);
   std::printf(
       "%6s %-9s | %8s %8s %8s | %9s %9s | %9s %9s %7s %6s | %8s %6s | %7s "
-      "%5s %5s %5s\n",
+      "%5s %5s\n",
       "n", "mode", "h2d ms", "gemm ms", "d2h ms", "ceil/s", "serial/s",
       "1strm/s", "pool/s", "%ceil", "xser", "eng gemm", "%raw", "TFLOP/s",
-      "busy", "ovlp", "graph");
+      "busy", "ovlp");
   std::vector<std::string> rows;
   for (int64_t n : sizes) {
     for (const std::string& mode_name : modes) {
@@ -322,8 +312,8 @@ int Main(int argc, char** argv) {
         return 1;
       }
       const absl::Duration window = absl::Seconds(seconds);
-      absl::StatusOr<EngineRun> one = RunEngine(spec, 1, graphs, window);
-      absl::StatusOr<EngineRun> pool = RunEngine(spec, streams, graphs, window);
+      absl::StatusOr<EngineRun> one = RunEngine(spec, 1, window);
+      absl::StatusOr<EngineRun> pool = RunEngine(spec, streams, window);
       if (!one.ok() || !pool.ok()) {
         std::fprintf(
             stderr, "engine run failed: %s\n",
@@ -334,13 +324,13 @@ int Main(int argc, char** argv) {
       const double serial = 1.0 / (c->h2d + c->gemm + c->d2h);
       std::printf(
           "%6lld %-9s | %8.3f %8.3f %8.3f | %9.1f %9.1f | %9.1f %9.1f %6.1f%% "
-          "%5.2fx | %8.3f %5.1f%% | %7.1f %4.0f%% %4.0f%% %4.0f%%\n",
+          "%5.2fx | %8.3f %5.1f%% | %7.1f %4.0f%% %4.0f%%\n",
           static_cast<long long>(n), mode_name.c_str(), c->h2d * 1e3,
           c->gemm * 1e3, c->d2h * 1e3, ceiling, serial, one->rate, pool->rate,
           100 * pool->rate / ceiling, pool->rate / serial,
           one->mean_compute * 1e3, 100 * one->mean_compute / c->gemm,
           spec.flops() * pool->rate / 1e12, 100 * pool->device_busy,
-          100 * pool->overlap, 100 * pool->graph_jobs);
+          100 * pool->overlap);
       std::fflush(stdout);
       rows.push_back(absl::StrCat(
           "{\"n\":", n, ",\"mode\":\"", mode_name, "\",\"t_h2d_s\":", c->h2d,
@@ -352,9 +342,7 @@ int Main(int argc, char** argv) {
           ",\"raw_gemm_tflops\":", spec.flops() / c->gemm / 1e12,
           ",\"pool_tflops\":", spec.flops() * pool->rate / 1e12,
           ",\"pool_device_busy\":", pool->device_busy,
-          ",\"pool_copy_compute_overlap\":", pool->overlap,
-          ",\"graphs_per_stream\":", graphs,
-          ",\"pool_graph_jobs\":", pool->graph_jobs, "}"));
+          ",\"pool_copy_compute_overlap\":", pool->overlap, "}"));
     }
   }
   if (!json_path.empty()) {
@@ -366,8 +354,7 @@ int Main(int argc, char** argv) {
       "\nceil/s = 1/max(h2d, gemm, d2h), each measured alone; serial/s = "
       "1/(h2d+gemm+d2h); eng gemm = engine GEMM time (1 stream, CUDA events) "
       "vs raw cuBLAS; busy = device busy (union over streams); ovlp = "
-      "copy time overlapped with GEMMs; graph = pool jobs launched from "
-      "CUDA graphs\n");
+      "copy time overlapped with GEMMs\n");
   return 0;
 }
 
