@@ -5,14 +5,13 @@
 #      operands; eviction; many jobs in flight; prestaged memory), then its
 #      JobGraphTest cases under compute-sanitizer memcheck --leak-check full;
 #      cuda_engine_test without its accuracy cases (the shared test header);
-#   2. matmul-pipeline-bench (in process, against the stage ceilings of the
-#      same run), SIZES (default 256,1024) x float32,tf32,bfloat16, with
-#      graphs off and with GRAPHS (default 8) per stream;
-#   3. scripts/gpu-targets.sh with the server as it is and with
+#   2. scripts/gpu-targets.sh with the server as it is and with
 #      --cuda-graphs-per-stream=GRAPHS, ROUNDS (default 1) rounds, against
 #      the transport ceiling of the same run.
+# (matmul-pipeline-bench's jobs take prestaged operands, which are not
+# replayed: see JobGraphCache::Replayable.)
 # Expects the programs in .gpubundle (matmul-server, matmul-bench,
-# matmul-pipeline-bench, job_graph_test, cuda_engine_test, rawecho,
+# job_graph_test, cuda_engine_test, rawecho,
 # rawclient); writes summary.txt and the logs into OUT.
 #
 #   scripts/gpu-graphs.sh OUT
@@ -24,7 +23,6 @@ mkdir -p "$logs"
 # shellcheck source=scripts/gpu-common.sh
 . "$(dirname "$0")/gpu-common.sh"
 graphs=${GRAPHS:-8}
-sizes=${SIZES:-256,1024}
 
 summary() { grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$1" | tr '\n' ' '; }
 
@@ -43,15 +41,7 @@ fi
 timeout 300 "$R" cuda_engine_test --gtest_filter='-AllShapes/*' >"$logs/cuda_engine_test.log" 2>&1
 log "cuda_engine_test rc=$? $(summary "$logs/cuda_engine_test.log")"
 
-log "== 2. pipeline bench, graphs off, then $graphs per stream"
-for g in 0 "$graphs"; do
-  timeout 200 "$R" matmul-pipeline-bench --sizes "$sizes" --seconds 1.5 \
-    --graphs "$g" --json "$logs/pipeline-graphs$g.json" >"$logs/pipeline-graphs$g.txt" 2>&1
-  log "pipeline --graphs $g rc=$?"
-  tee -a "$out/$logfile" <"$logs/pipeline-graphs$g.txt"
-done
-
-log "== 3. service targets, graphs off and on"
+log "== 2. service targets, graphs off and on"
 SERVERS="matmul-server matmul-server:--cuda-graphs-per-stream=$graphs" \
   ROUNDS=${ROUNDS:-1} "$(dirname "$0")/gpu-targets.sh" "$out/targets" 2>&1 | tail -40
 cat "$out/targets/targets.txt" >>"$out/$logfile" 2>/dev/null

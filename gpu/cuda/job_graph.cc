@@ -234,9 +234,15 @@ JobGraphCache::~JobGraphCache() {
 }
 
 bool JobGraphCache::Replayable(const JobLayout& l, int64_t max_device_bytes) {
+  // Only staging-pool memory on the host side: a graph's copy nodes keep
+  // the last job's host addresses, and the pool lives as long as the engine.
+  // Memory the caller frees or unregisters after its job (prestaged
+  // operands, a c_destination) crashed the process at the next update of
+  // those nodes on an H100 (job_graph_test, 2026-12-05).
   return l.gemm && l.group == nullptr && l.stage_a && l.stage_b &&
-         l.transient_a && l.transient_b && l.transient_c && l.return_c &&
-         !l.keep && !l.keeps_a && l.kept_bytes == 0 && l.byte_offset == 0 &&
+         !l.prestaged && !l.c_to_destination && l.transient_a &&
+         l.transient_b && l.transient_c && l.return_c && !l.keep &&
+         !l.keeps_a && l.kept_bytes == 0 && l.byte_offset == 0 &&
          l.transient_bytes > 0 && l.transient_bytes <= max_device_bytes;
 }
 

@@ -134,9 +134,10 @@ class JobGraphCache {
   JobGraphCache(const JobGraphCache&) = delete;
   JobGraphCache& operator=(const JobGraphCache&) = delete;
 
-  // Whether a job of this layout may be replayed at all: a multiply of
-  // staged operands whose product comes back to the host, with no resident
-  // operand or kept result, of at most `max_device_bytes`.
+  // Whether a job of this layout may be replayed at all: a multiply whose
+  // operands are staged in the pinned pool and whose product comes back
+  // there, with no resident operand or kept result, of at most
+  // `max_device_bytes`.
   static bool Replayable(const JobLayout& layout, int64_t max_device_bytes);
 
   // Enqueues the job through its shape's graph, recording the graph first
