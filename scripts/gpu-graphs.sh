@@ -7,7 +7,7 @@
 #      cuda_engine_test without its accuracy cases (the shared test header);
 #   2. scripts/gpu-targets.sh with the server as it is and with
 #      --cuda-graphs-per-stream=GRAPHS, ROUNDS (default 1) rounds, against
-#      the transport ceiling of the same run.
+#      the transport ceiling of the same run (TARGETS=0 skips it).
 # (matmul-pipeline-bench's jobs take prestaged operands, which are not
 # replayed: see JobGraphCache::Replayable.)
 # Expects the programs in .gpubundle (matmul-server, matmul-bench,
@@ -41,8 +41,10 @@ fi
 timeout 300 "$R" cuda_engine_test --gtest_filter='-AllShapes/*' >"$logs/cuda_engine_test.log" 2>&1
 log "cuda_engine_test rc=$? $(summary "$logs/cuda_engine_test.log")"
 
-log "== 2. service targets, graphs off and on"
-SERVERS="matmul-server matmul-server:--cuda-graphs-per-stream=$graphs" \
-  ROUNDS=${ROUNDS:-1} "$(dirname "$0")/gpu-targets.sh" "$out/targets" 2>&1 | tail -40
-cat "$out/targets/targets.txt" >>"$out/$logfile" 2>/dev/null
+if [ "${TARGETS:-1}" != 0 ]; then
+  log "== 2. service targets, graphs off and on"
+  SERVERS="matmul-server matmul-server:--cuda-graphs-per-stream=$graphs" \
+    ROUNDS=${ROUNDS:-1} "$(dirname "$0")/gpu-targets.sh" "$out/targets" 2>&1 | tail -40
+  cat "$out/targets/targets.txt" >>"$out/$logfile" 2>/dev/null
+fi
 log "== done $(date -u +%FT%TZ)"

@@ -11,11 +11,17 @@
 #                   one cublasGemmGroupedBatchedEx launch
 #        pershape   the default: one strided batch per shape
 #        unbatched  --batch-window-us 0: one kernel per request
+#        grouped-held  --grouped-batching with --adaptive-batching=false
+#                   --batch-window-us HELD_US (default 200): every request
+#                   waits up to the window for company, so groups form even
+#                   while a stream is free (latency for device time)
+#      MODES picks and orders them (default: all four).
 #      --server-metrics reads the server's own counters around each point:
 #      "device compute X us/request" is matmul_device_compute_busy_seconds
 #      (the union of GEMM spans on the device) over its OK multiplies.
 #      Each round ends with the ratio unbatched / grouped of that figure
-#      (the issue's target: at least 3) and pershape / grouped.
+#      (the issue's target: at least 3), pershape / grouped and
+#      unbatched / grouped-held.
 # GROUPED_SECONDS (default 5) per point after 1 s of warm-up,
 # GROUPED_ROUNDS (default 2) rounds. Expects the programs in .gpubundle
 # (../shared/tools/gpu-bundle build/bin: matmul-server, matmul-bench,
@@ -33,6 +39,8 @@ mkdir -p "$logs"
 . "$(dirname "$0")/gpu-common.sh"
 mix=${MIX:-64,128,256,512}
 secs=${GROUPED_SECONDS:-5}
+modes=${MODES:-grouped pershape unbatched grouped-held}
+held_us=${HELD_US:-200}
 
 log "== $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -1)"
 log "== 1. grouped_gemm_test"
@@ -50,11 +58,13 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a 
 for round in $(seq 1 "${GROUPED_ROUNDS:-2}"); do
   for compute in strict tf32; do
     declare -A us=()
-    for mode in grouped pershape unbatched; do
+    for mode in $modes; do
       case $mode in
         grouped) args=(--grouped-batching=true) ;;
         pershape) args=(--grouped-batching=false) ;;
         unbatched) args=(--batch-window-us 0) ;;
+        grouped-held) args=(--grouped-batching=true --adaptive-batching=false --batch-window-us "$held_us") ;;
+        *) log "unknown mode $mode"; continue ;;
       esac
       start_server "$logs/server-$mode-$compute-$round.log" --metrics-port 9464 "${args[@]}"
       f=$logs/bench-$mode-$compute-$round.txt
@@ -68,7 +78,7 @@ for round in $(seq 1 "${GROUPED_ROUNDS:-2}"); do
       us[$mode]=$(sed -n 's/.*device compute \([0-9.]*\) us\/request.*/\1/p' <<<"$line")
       stop_server
     done
-    log "  $compute r$round: device compute us/request grouped ${us[grouped]:-?}, pershape ${us[pershape]:-?}, unbatched ${us[unbatched]:-?}; unbatched/grouped $(ratio "${us[unbatched]:-0}" "${us[grouped]:-0}"), pershape/grouped $(ratio "${us[pershape]:-0}" "${us[grouped]:-0}")"
+    log "  $compute r$round: device compute us/request grouped ${us[grouped]:-?}, pershape ${us[pershape]:-?}, unbatched ${us[unbatched]:-?}, grouped-held ${us[grouped-held]:-?}; unbatched/grouped $(ratio "${us[unbatched]:-0}" "${us[grouped]:-0}"), pershape/grouped $(ratio "${us[pershape]:-0}" "${us[grouped]:-0}"), unbatched/grouped-held $(ratio "${us[unbatched]:-0}" "${us[grouped-held]:-0}")"
   done
 done
 log "== done $(date -u +%FT%TZ)"

@@ -7,7 +7,7 @@
 //     a single stream serializes to 1/(t_h2d + t_gemm + t_d2h);
 //   - the engine's throughput with one stream and with the pool, fed
 //     operands already in pinned host memory (PrestagedOperands), with
-//     enough jobs in flight to keep every stream busy;
+//     --jobs-per-stream jobs (default 2) kept in flight per stream;
 //   - the GEMM time inside the engine (from its CUDA events) against raw.
 // Prints a table and optionally writes JSON. The ceilings are measured by
 // gpu/cuda/stage_ceilings.h, so that this tool includes no CUDA header.
@@ -186,6 +186,7 @@ struct EngineRun {
 };
 
 absl::StatusOr<EngineRun> RunEngine(const MatmulSpec& spec, int streams,
+                                    int jobs_per_stream,
                                     absl::Duration window) {
   CudaEngineOptions options;
   options.streams_per_device = streams;
@@ -200,8 +201,10 @@ absl::StatusOr<EngineRun> RunEngine(const MatmulSpec& spec, int streams,
   FillRandom(a.data(), spec.dtype, spec.a_elements());
   FillRandom(b.data(), spec.dtype, spec.b_elements());
   ClosedLoop loop(*engine, spec, PrestagedOperands{a.data(), b.data()});
-  // Two jobs per stream: one computing, one copying.
-  loop.Start(std::max(4, 2 * streams));
+  // By default two jobs per stream: one computing, one copying. More keep
+  // the lanes' queues from running dry while a finished job's completion
+  // and resubmission cross threads (--jobs-per-stream).
+  loop.Start(std::max(4, jobs_per_stream * streams));
   absl::SleepFor(std::min(absl::Milliseconds(500), window / 2));  // warm-up
   const int64_t c0 = loop.completed();
   const EngineStats s0 = engine->stats();
@@ -236,6 +239,7 @@ int Main(int argc, char** argv) {
   std::vector<int64_t> sizes = {256, 1024, 4096};
   std::vector<std::string> modes = {"float32", "tf32", "bfloat16"};
   int streams = 4;
+  int jobs_per_stream = 2;
   double seconds = 2;
   std::string json_path;
   for (int i = 1; i < argc; ++i) {
@@ -259,6 +263,12 @@ int Main(int argc, char** argv) {
       modes = absl::StrSplit(value(), ',');
     } else if (arg.rfind("--streams", 0) == 0) {
       streams = std::atoi(value().c_str());
+    } else if (arg.rfind("--jobs-per-stream", 0) == 0) {
+      jobs_per_stream = std::atoi(value().c_str());
+      if (jobs_per_stream < 1 || jobs_per_stream > 64) {
+        std::fprintf(stderr, "--jobs-per-stream takes 1..64\n");
+        return 2;
+      }
     } else if (arg.rfind("--seconds", 0) == 0) {
       seconds = std::atof(value().c_str());
     } else if (arg.rfind("--json", 0) == 0) {
@@ -267,7 +277,7 @@ int Main(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: matmul-pipeline-bench [--sizes 256,1024,4096] "
                    "[--modes float32,tf32,bfloat16] [--streams 4] "
-                   "[--seconds 2] [--json FILE]\n");
+                   "[--jobs-per-stream 2] [--seconds 2] [--json FILE]\n");
       return 2;
     }
   }
@@ -280,9 +290,9 @@ int Main(int argc, char** argv) {
   const DeviceInfo& device = devices->front();
   std::printf(
       "device 0: %s, %d SMs, %d copy engines; pool of %d streams; "
-      "%.1f s per point\n\n",
+      "%d jobs in flight per stream; %.1f s per point\n\n",
       device.name.c_str(), device.multiprocessors, device.copy_engines, streams,
-      seconds);
+      jobs_per_stream, seconds);
   std::printf(
       "%6s %-9s | %8s %8s %8s | %9s %9s | %9s %9s %7s %6s | %8s %6s | %7s "
       "%5s %5s\n",
@@ -312,8 +322,10 @@ int Main(int argc, char** argv) {
         return 1;
       }
       const absl::Duration window = absl::Seconds(seconds);
-      absl::StatusOr<EngineRun> one = RunEngine(spec, 1, window);
-      absl::StatusOr<EngineRun> pool = RunEngine(spec, streams, window);
+      absl::StatusOr<EngineRun> one =
+          RunEngine(spec, 1, jobs_per_stream, window);
+      absl::StatusOr<EngineRun> pool =
+          RunEngine(spec, streams, jobs_per_stream, window);
       if (!one.ok() || !pool.ok()) {
         std::fprintf(
             stderr, "engine run failed: %s\n",
@@ -337,8 +349,9 @@ int Main(int argc, char** argv) {
           ",\"t_gemm_s\":", c->gemm, ",\"t_d2h_s\":", c->d2h,
           ",\"ceiling_per_s\":", ceiling, ",\"serialized_per_s\":", serial,
           ",\"one_stream_per_s\":", one->rate, ",\"pool_per_s\":", pool->rate,
-          ",\"pool_streams\":", streams, ",\"engine_gemm_s\":",
-          one->mean_compute, ",\"pool_engine_gemm_s\":", pool->mean_compute,
+          ",\"pool_streams\":", streams, ",\"jobs_per_stream\":",
+          jobs_per_stream, ",\"engine_gemm_s\":", one->mean_compute,
+          ",\"pool_engine_gemm_s\":", pool->mean_compute,
           ",\"raw_gemm_tflops\":", spec.flops() / c->gemm / 1e12,
           ",\"pool_tflops\":", spec.flops() * pool->rate / 1e12,
           ",\"pool_device_busy\":", pool->device_busy,
