@@ -36,6 +36,9 @@ struct EngineOptions {
   // (CudaEngineOptions).
   int64_t inline_dispatch_max_bytes = int64_t{1} << 20;
   absl::Duration completion_poll = absl::Milliseconds(1);
+  // CUDA engine: jobs moving at most this many bytes are completed by the
+  // poller alone, without a host function (0: never).
+  int64_t poll_only_max_bytes = 0;
   // CUDA engine: small multiplies replayed from CUDA graphs recorded per
   // stream and shape, at most this many per stream (0: off).
   int cuda_graphs_per_stream = 0;

@@ -100,6 +100,12 @@ ABSL_FLAG(int64_t, completion_poll_us, 1000,
           "requests after each submit or completion, so that small requests "
           "are answered without waiting for a CUDA host function; it keeps "
           "one core busy while it polls (0: no poller)");
+ABSL_FLAG(int64_t, poll_only_max_bytes, 0,
+          "CUDA engine: a request (or batch) moving at most this many bytes "
+          "to and from the GPU is answered by the poller alone: no CUDA host "
+          "function follows its work, so its stream goes straight on to the "
+          "next request; the poller keeps polling while one is in flight "
+          "(0: every request ends with a host function)");
 ABSL_FLAG(int32_t, cuda_graphs_per_stream, 0,
           "CUDA engine: a small multiply (at most 16 MiB of A, B and C) is "
           "recorded per stream and shape as a CUDA graph (the second time "
@@ -161,7 +167,7 @@ const std::vector<matmul::FlagGroup>& ServerFlags() {
        {"engine=auto|cuda|host", "streams_per_device", "pinned_pool_bytes",
         "batch_window_us", "adaptive_batching", "max_batch", "grouped_batching",
         "inline_dispatch_max_bytes", "completion_poll_us",
-        "cuda_graphs_per_stream"}},
+        "poll_only_max_bytes", "cuda_graphs_per_stream"}},
       {"Request limits",
        {"max_message_bytes", "max_inflight_bytes", "max_elements_per_operand",
         "stripe_join_timeout=DURATION"}},
@@ -333,6 +339,8 @@ int main(int argc, char** argv) {
       std::max<int64_t>(0, absl::GetFlag(FLAGS_inline_dispatch_max_bytes));
   engine_options.completion_poll = absl::Microseconds(
       std::max<int64_t>(0, absl::GetFlag(FLAGS_completion_poll_us)));
+  engine_options.poll_only_max_bytes =
+      std::max<int64_t>(0, absl::GetFlag(FLAGS_poll_only_max_bytes));
   engine_options.cuda_graphs_per_stream =
       std::max(0, absl::GetFlag(FLAGS_cuda_graphs_per_stream));
   engine_options.staging_bytes_per_device =

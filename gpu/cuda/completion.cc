@@ -101,7 +101,9 @@ void CudaEngine::PollLoop(Device* d) {
     {
       absl::MutexLock lock(&d->done_mu);
       while (true) {
-        if (d->stopping) return;
+        // Jobs without a host function are the poller's to finish, even
+        // while the engine stops.
+        if (d->stopping && d->poll_only_unclaimed == 0) return;
         if (d->enqueued != seen) {
           seen = d->enqueued;
           poll_until = absl::Now() + window;
@@ -112,7 +114,10 @@ void CudaEngine::PollLoop(Device* d) {
           front->refs.fetch_add(1, std::memory_order_relaxed);
           fronts.emplace_back(front, front->events->end.get());
         }
-        if (!fronts.empty() && absl::Now() < poll_until) break;
+        if (!fronts.empty() &&
+            (absl::Now() < poll_until || d->poll_only_unclaimed > 0)) {
+          break;
+        }
         for (auto& [flight, event] : fronts) Release(flight);
         fronts.clear();
         // Nothing to poll, or polling found nothing for a whole window: the
@@ -140,7 +145,11 @@ void CudaEngine::PollLoop(Device* d) {
     if (!finished.empty()) {
       absl::MutexLock lock(&d->done_mu);
       for (InFlight*& flight : finished) {
-        if (!Claim(flight)) flight = nullptr;
+        if (!Claim(flight)) {
+          flight = nullptr;
+        } else if (!flight->host_function) {
+          d->in_flight.erase(flight);  // no completion thread will
+        }
       }
       poll_until = absl::Now() + window;
     }

@@ -94,6 +94,13 @@ struct CudaEngineOptions {
   // enqueue; zero runs no poller (completion through host functions only).
   // While it polls, it keeps one CPU core busy.
   absl::Duration completion_poll = absl::Milliseconds(1);
+  // Jobs that move at most this many bytes (operands in, product out) are
+  // completed by the poller alone: no host function follows their stream
+  // work, so the stream goes straight on to its next job and no completion
+  // thread wakes for them. While such a job is in flight the poller keeps
+  // querying, past completion_poll. Needs the poller (completion_poll > 0);
+  // 0: every job ends with a host function.
+  int64_t poll_only_max_bytes = 0;
   // Small multiplies (staged operands, product returned, at most
   // job_graph_max_device_bytes of device memory for A, B and C) are
   // recorded once per stream and shape as a CUDA graph and replayed with

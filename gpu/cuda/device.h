@@ -66,6 +66,10 @@ struct CudaEngine::Device {
   // The poller sleeps on poll_cv until the next enqueue counts up.
   absl::CondVar poll_cv;
   int64_t enqueued ABSL_GUARDED_BY(done_mu) = 0;
+  // Jobs without a host function (CudaEngineOptions::poll_only_max_bytes)
+  // that nobody has claimed: the poller does not sleep, or stop, while
+  // there are any.
+  int64_t poll_only_unclaimed ABSL_GUARDED_BY(done_mu) = 0;
   std::thread poller;
 
   // False once the device's context has failed (sticky CUDA error).

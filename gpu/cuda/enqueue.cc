@@ -163,11 +163,22 @@ void CudaEngine::Enqueue(InFlight* flight, const std::byte* host_a,
   }
   // Only a job whose every event was recorded may be polled: an event that
   // was not recorded (or still holds an earlier job's record) reads as done.
+  // A small one is left to the poller alone: no host function, so the
+  // stream does not wait for the driver's callback thread before its next
+  // job. It may be completed and freed as soon as the lock below is let go.
   if (flight->status.ok() && options_.completion_poll > absl::ZeroDuration()) {
+    const bool poll_only = options_.poll_only_max_bytes > 0 &&
+                           l.moved_bytes <= options_.poll_only_max_bytes;
     absl::MutexLock lock(&d->done_mu);
+    if (poll_only) {
+      flight->host_function = false;
+      flight->refs.store(1, std::memory_order_relaxed);  // the completer's
+      ++d->poll_only_unclaimed;
+    }
     flight->lane->unclaimed.push_back(flight);
     ++d->enqueued;
     d->poll_cv.Signal();
+    if (poll_only) return;
   }
   absl::Status launched =
       CudaStatus(cudaLaunchHostFunc(stream, OnStreamDone, flight),

@@ -20,6 +20,7 @@ void CUDART_CB OnStreamDone(void* user_data) {
 bool Claim(CudaEngine::InFlight* flight) {
   if (flight->claimed) return false;
   flight->claimed = true;
+  if (!flight->host_function) --flight->device->poll_only_unclaimed;
   std::deque<CudaEngine::InFlight*>& unclaimed = flight->lane->unclaimed;
   auto it = std::find(unclaimed.begin(), unclaimed.end(), flight);
   if (it != unclaimed.end()) unclaimed.erase(it);

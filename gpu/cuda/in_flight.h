@@ -45,9 +45,13 @@ struct CudaEngine::InFlight {
   // Set by whoever completes the job: the poller, a completion thread or
   // FailDevice (under the device's done_mu; see Claim).
   bool claimed = false;
-  // One reference for the host function's path, one for the completer's,
-  // and one more while the poller queries the job's end event; the last to
-  // let go frees the record (Release).
+  // False for a job that the poller alone completes (no host function
+  // follows its stream work; CudaEngineOptions::poll_only_max_bytes). Set
+  // before the poller can see the job.
+  bool host_function = true;
+  // One reference for the host function's path (none without one), one for
+  // the completer's, and one more while the poller queries the job's end
+  // event; the last to let go frees the record (Release).
   std::atomic<int> refs{2};
 };
 
@@ -56,7 +60,9 @@ struct CudaEngine::InFlight {
 void CUDART_CB OnStreamDone(void* user_data);
 
 // Makes the caller the one that completes `flight`; false if another
-// already is. The caller holds the device's done_mu.
+// already is. The caller holds the device's done_mu. A job without a host
+// function leaves the device's in_flight set with the poller's claim (see
+// PollLoop), since no completion thread will take it out.
 bool Claim(CudaEngine::InFlight* flight);
 
 // Drops one reference; the last frees the record.

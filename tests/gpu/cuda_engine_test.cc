@@ -257,6 +257,7 @@ struct CompletionMode {
   const char* name;
   int64_t inline_dispatch_max_bytes;
   absl::Duration completion_poll;
+  int64_t poll_only_max_bytes = 0;
 };
 
 class CudaEngineCompletionTest
@@ -269,6 +270,7 @@ class CudaEngineCompletionTest
     options.poison_outputs = true;
     options.inline_dispatch_max_bytes = GetParam().inline_dispatch_max_bytes;
     options.completion_poll = GetParam().completion_poll;
+    options.poll_only_max_bytes = GetParam().poll_only_max_bytes;
     absl::StatusOr<std::unique_ptr<CudaEngine>> engine =
         CudaEngine::Create(options);
     EXPECT_TRUE(engine.ok()) << engine.status();
@@ -380,7 +382,13 @@ INSTANTIATE_TEST_SUITE_P(
                        absl::Milliseconds(1)},
         // A window far shorter than a job: the host function finishes it.
         CompletionMode{"InlineAndBriefPoller", int64_t{1} << 20,
-                       absl::Microseconds(1)}),
+                       absl::Microseconds(1)},
+        // Small jobs without a host function: only the poller completes
+        // them, also past its window and while the engine shuts down.
+        CompletionMode{"InlinePollOnly", int64_t{1} << 20,
+                       absl::Milliseconds(1), int64_t{1} << 20},
+        CompletionMode{"LaneBriefPollerPollOnly", 0, absl::Microseconds(1),
+                       int64_t{1} << 20}),
     [](const ::testing::TestParamInfo<CompletionMode>& info) {
       return std::string(info.param.name);
     });

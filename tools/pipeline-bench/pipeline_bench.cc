@@ -187,6 +187,7 @@ struct EngineRun {
 
 absl::StatusOr<EngineRun> RunEngine(const MatmulSpec& spec, int streams,
                                     int jobs_per_stream,
+                                    int64_t poll_only_max_bytes,
                                     absl::Duration window) {
   CudaEngineOptions options;
   options.streams_per_device = streams;
@@ -194,6 +195,7 @@ absl::StatusOr<EngineRun> RunEngine(const MatmulSpec& spec, int streams,
   // Only C is staged (the operands are prestaged): 1 GiB holds 16 results
   // of n=4096 float32, more than the jobs kept in flight.
   options.pinned_bytes_per_device = int64_t{1} << 30;
+  options.poll_only_max_bytes = poll_only_max_bytes;
   ASSIGN_OR_RETURN(std::unique_ptr<CudaEngine> engine,
                    CudaEngine::Create(options));
   ASSIGN_OR_RETURN(HostBuffer a, engine->AllocateHostBuffer(spec.a_bytes()));
@@ -240,6 +242,7 @@ int Main(int argc, char** argv) {
   std::vector<std::string> modes = {"float32", "tf32", "bfloat16"};
   int streams = 4;
   int jobs_per_stream = 2;
+  int64_t poll_only_max_bytes = 0;
   double seconds = 2;
   std::string json_path;
   for (int i = 1; i < argc; ++i) {
@@ -269,6 +272,12 @@ int Main(int argc, char** argv) {
         std::fprintf(stderr, "--jobs-per-stream takes 1..64\n");
         return 2;
       }
+    } else if (arg.rfind("--poll-only-max-bytes", 0) == 0) {
+      if (!absl::SimpleAtoi(value(), &poll_only_max_bytes) ||
+          poll_only_max_bytes < 0) {
+        std::fprintf(stderr, "--poll-only-max-bytes takes bytes >= 0\n");
+        return 2;
+      }
     } else if (arg.rfind("--seconds", 0) == 0) {
       seconds = std::atof(value().c_str());
     } else if (arg.rfind("--json", 0) == 0) {
@@ -277,7 +286,8 @@ int Main(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: matmul-pipeline-bench [--sizes 256,1024,4096] "
                    "[--modes float32,tf32,bfloat16] [--streams 4] "
-                   "[--jobs-per-stream 2] [--seconds 2] [--json FILE]\n");
+                   "[--jobs-per-stream 2] [--poll-only-max-bytes 0] "
+                   "[--seconds 2] [--json FILE]\n");
       return 2;
     }
   }
@@ -290,9 +300,10 @@ int Main(int argc, char** argv) {
   const DeviceInfo& device = devices->front();
   std::printf(
       "device 0: %s, %d SMs, %d copy engines; pool of %d streams; "
-      "%d jobs in flight per stream; %.1f s per point\n\n",
+      "%d jobs in flight per stream; poll-only up to %lld bytes; %.1f s per "
+      "point\n\n",
       device.name.c_str(), device.multiprocessors, device.copy_engines, streams,
-      jobs_per_stream, seconds);
+      jobs_per_stream, static_cast<long long>(poll_only_max_bytes), seconds);
   std::printf(
       "%6s %-9s | %8s %8s %8s | %9s %9s | %9s %9s %7s %6s | %8s %6s | %7s "
       "%5s %5s\n",
@@ -323,9 +334,9 @@ int Main(int argc, char** argv) {
       }
       const absl::Duration window = absl::Seconds(seconds);
       absl::StatusOr<EngineRun> one =
-          RunEngine(spec, 1, jobs_per_stream, window);
-      absl::StatusOr<EngineRun> pool =
-          RunEngine(spec, streams, jobs_per_stream, window);
+          RunEngine(spec, 1, jobs_per_stream, poll_only_max_bytes, window);
+      absl::StatusOr<EngineRun> pool = RunEngine(spec, streams, jobs_per_stream,
+                                                 poll_only_max_bytes, window);
       if (!one.ok() || !pool.ok()) {
         std::fprintf(
             stderr, "engine run failed: %s\n",
@@ -350,7 +361,8 @@ int Main(int argc, char** argv) {
           ",\"ceiling_per_s\":", ceiling, ",\"serialized_per_s\":", serial,
           ",\"one_stream_per_s\":", one->rate, ",\"pool_per_s\":", pool->rate,
           ",\"pool_streams\":", streams, ",\"jobs_per_stream\":",
-          jobs_per_stream, ",\"engine_gemm_s\":", one->mean_compute,
+          jobs_per_stream, ",\"poll_only_max_bytes\":", poll_only_max_bytes,
+          ",\"engine_gemm_s\":", one->mean_compute,
           ",\"pool_engine_gemm_s\":", pool->mean_compute,
           ",\"raw_gemm_tflops\":", spec.flops() / c->gemm / 1e12,
           ",\"pool_tflops\":", spec.flops() * pool->rate / 1e12,
