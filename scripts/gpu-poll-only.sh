@@ -7,7 +7,8 @@
 #   2. matmul-pipeline-bench at n=256 (float32, tf32, bfloat16; 4 streams)
 #      with JOBS (default "2 8") jobs in flight per stream, host functions
 #      for every job and then poll-only up to POLL_ONLY_BYTES (default
-#      64 MiB);
+#      64 MiB); each also --batched (the server's path: operands copied,
+#      adaptive batching);
 #   3. scripts/gpu-targets.sh with the server as it is and with
 #      --poll-only-max-bytes=POLL_ONLY_BYTES, ROUNDS (default 1) rounds,
 #      against the transport ceiling of the same run (TARGETS=0 skips it).
@@ -45,7 +46,7 @@ for jobs in ${JOBS:-2 8}; do
   for poll_only in 0 "$bytes"; do
     f=$logs/pipeline-j$jobs-p$poll_only
     timeout 120 "$R" matmul-pipeline-bench --sizes 256 --jobs-per-stream "$jobs" \
-      --poll-only-max-bytes "$poll_only" --seconds 1.5 --json "$f.json" >"$f.txt" 2>&1
+      --poll-only-max-bytes "$poll_only" --batched --seconds 1.5 --json "$f.json" >"$f.txt" 2>&1
     log "jobs/stream $jobs, poll-only up to $poll_only bytes (rc=$?):"
     grep -E '^ +256 ' "$f.txt" | tee -a "$out/$logfile"
   done

@@ -9,6 +9,10 @@
 //     operands already in pinned host memory (PrestagedOperands), with
 //     --jobs-per-stream jobs (default 2) kept in flight per stream;
 //   - the GEMM time inside the engine (from its CUDA events) against raw.
+//   - with --batched, the pool again on the server's path: each job copies
+//     its operands from ordinary memory into staging and goes through a
+//     BatchingEngine with the server's default batching, so that jobs
+//     waiting while every stream is busy share one strided-batched GEMM.
 // Prints a table and optionally writes JSON. The ceilings are measured by
 // gpu/cuda/stage_ceilings.h, so that this tool includes no CUDA header.
 #include <algorithm>
@@ -24,6 +28,7 @@
 #include "absl/random/random.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
@@ -31,6 +36,7 @@
 #include "common/float16.h"
 #include "common/mutex_mode.h"
 #include "common/status_macros.h"
+#include "gpu/batching_engine.h"
 #include "gpu/cuda/cuda_engine.h"
 #include "gpu/cuda/device_registry.h"
 #include "gpu/cuda/stage_ceilings.h"
@@ -84,12 +90,19 @@ void FillRandom(std::byte* data, DType dtype, int64_t count) {
   }
 }
 
-// Keeps `depth` jobs in flight on an engine, all reading the same pinned
-// operands, and counts completions.
+// Keeps `depth` jobs in flight on an engine, all reading the same
+// operands, and counts completions. The operands are prestaged (in pinned
+// memory, read in place), or, with `copy_operands`, copied by each job into
+// its staging slot as the server's requests do (then `ops` may be ordinary
+// memory and the jobs may be batched).
 class ClosedLoop {
  public:
-  ClosedLoop(Engine& engine, const MatmulSpec& spec, PrestagedOperands ops)
-      : engine_(engine), spec_(spec), ops_(ops) {}
+  ClosedLoop(Engine& engine, const MatmulSpec& spec, PrestagedOperands ops,
+             bool copy_operands = false)
+      : engine_(engine),
+        spec_(spec),
+        ops_(ops),
+        copy_operands_(copy_operands) {}
 
   void Start(int depth) {
     for (int i = 0; i < depth; ++i) SubmitOne();
@@ -124,11 +137,23 @@ class ClosedLoop {
    public:
     explicit Job(ClosedLoop* loop)
         : MatmulJob(JobDescription{
-              loop->spec_, MultiplyOp{nullptr, nullptr, false, loop->ops_}}),
+              loop->spec_,
+              loop->copy_operands_
+                  ? MultiplyOp{}
+                  : MultiplyOp{nullptr, nullptr, false, loop->ops_}}),
           loop_(loop) {}
-    absl::Status WriteOperands(absl::Span<std::byte>,
-                               absl::Span<std::byte>) override {
-      return absl::InternalError("prestaged job asked to write operands");
+    absl::Status WriteOperands(absl::Span<std::byte> a,
+                               absl::Span<std::byte> b) override {
+      if (!loop_->copy_operands_) {
+        return absl::InternalError("prestaged job asked to write operands");
+      }
+      if (a.size() != static_cast<size_t>(loop_->spec_.a_bytes()) ||
+          b.size() != static_cast<size_t>(loop_->spec_.b_bytes())) {
+        return absl::InternalError("staging size mismatch");
+      }
+      std::memcpy(a.data(), loop_->ops_.a, a.size());
+      std::memcpy(b.data(), loop_->ops_.b, b.size());
+      return absl::OkStatus();
     }
     void Done(absl::StatusOr<JobResult> result) override {
       loop_->OnDone(result);
@@ -168,6 +193,7 @@ class ClosedLoop {
   Engine& engine_;
   const MatmulSpec spec_;
   const PrestagedOperands ops_;
+  const bool copy_operands_;
   std::atomic<bool> stopping_{false};
   std::atomic<int64_t> completed_{0};
   std::atomic<int64_t> failed_{0};
@@ -185,28 +211,57 @@ struct EngineRun {
   double overlap = 0;       // copy-compute overlap / copy busy
 };
 
-absl::StatusOr<EngineRun> RunEngine(const MatmulSpec& spec, int streams,
-                                    int jobs_per_stream,
-                                    int64_t poll_only_max_bytes,
+struct RunOptions {
+  int streams = 4;
+  int jobs_per_stream = 2;
+  int64_t poll_only_max_bytes = 0;
+  // The server's path: each job copies its operands (from ordinary memory)
+  // into staging, and goes through a BatchingEngine with the server's
+  // default batching (adaptive, 1 ms window, at most 64 per batch), which
+  // merges same-shape jobs waiting while every stream is busy into one
+  // strided-batched GEMM. Otherwise the jobs go to the CUDA engine itself
+  // with operands prestaged in pinned memory, one GEMM each.
+  bool batched = false;
+};
+
+absl::StatusOr<EngineRun> RunEngine(const MatmulSpec& spec,
+                                    const RunOptions& run_options,
                                     absl::Duration window) {
+  const int streams = run_options.streams;
   CudaEngineOptions options;
   options.streams_per_device = streams;
   options.devices = {0};
-  // Only C is staged (the operands are prestaged): 1 GiB holds 16 results
-  // of n=4096 float32, more than the jobs kept in flight.
+  // Prestaged, only C is staged: 1 GiB holds 16 results of n=4096 float32,
+  // more than the jobs kept in flight. Batched, A, B and C are: 1 GiB holds
+  // 21 full batches of 64 at n=256 float32.
   options.pinned_bytes_per_device = int64_t{1} << 30;
-  options.poll_only_max_bytes = poll_only_max_bytes;
-  ASSIGN_OR_RETURN(std::unique_ptr<CudaEngine> engine,
+  options.poll_only_max_bytes = run_options.poll_only_max_bytes;
+  ASSIGN_OR_RETURN(std::unique_ptr<CudaEngine> cuda,
                    CudaEngine::Create(options));
-  ASSIGN_OR_RETURN(HostBuffer a, engine->AllocateHostBuffer(spec.a_bytes()));
-  ASSIGN_OR_RETURN(HostBuffer b, engine->AllocateHostBuffer(spec.b_bytes()));
+  ASSIGN_OR_RETURN(HostBuffer a, cuda->AllocateHostBuffer(spec.a_bytes()));
+  ASSIGN_OR_RETURN(HostBuffer b, cuda->AllocateHostBuffer(spec.b_bytes()));
   FillRandom(a.data(), spec.dtype, spec.a_elements());
   FillRandom(b.data(), spec.dtype, spec.b_elements());
-  ClosedLoop loop(*engine, spec, PrestagedOperands{a.data(), b.data()});
+  // Batched jobs copy from ordinary memory, as the server's requests do
+  // from their messages.
+  std::vector<std::byte> plain_a, plain_b;
+  PrestagedOperands ops{a.data(), b.data()};
+  std::unique_ptr<Engine> engine = std::move(cuda);
+  if (run_options.batched) {
+    plain_a.assign(a.data(), a.data() + spec.a_bytes());
+    plain_b.assign(b.data(), b.data() + spec.b_bytes());
+    ops = PrestagedOperands{plain_a.data(), plain_b.data()};
+    BatchingOptions batching;
+    batching.adaptive = true;
+    batching.window = absl::Milliseconds(1);
+    batching.max_batch = 64;
+    engine = std::make_unique<BatchingEngine>(std::move(engine), batching);
+  }
+  ClosedLoop loop(*engine, spec, ops, run_options.batched);
   // By default two jobs per stream: one computing, one copying. More keep
   // the lanes' queues from running dry while a finished job's completion
   // and resubmission cross threads (--jobs-per-stream).
-  loop.Start(std::max(4, jobs_per_stream * streams));
+  loop.Start(std::max(4, run_options.jobs_per_stream * streams));
   absl::SleepFor(std::min(absl::Milliseconds(500), window / 2));  // warm-up
   const int64_t c0 = loop.completed();
   const EngineStats s0 = engine->stats();
@@ -243,6 +298,7 @@ int Main(int argc, char** argv) {
   int streams = 4;
   int jobs_per_stream = 2;
   int64_t poll_only_max_bytes = 0;
+  bool batched = false;
   double seconds = 2;
   std::string json_path;
   for (int i = 1; i < argc; ++i) {
@@ -278,6 +334,8 @@ int Main(int argc, char** argv) {
         std::fprintf(stderr, "--poll-only-max-bytes takes bytes >= 0\n");
         return 2;
       }
+    } else if (arg == "--batched") {
+      batched = true;
     } else if (arg.rfind("--seconds", 0) == 0) {
       seconds = std::atof(value().c_str());
     } else if (arg.rfind("--json", 0) == 0) {
@@ -287,7 +345,7 @@ int Main(int argc, char** argv) {
                    "usage: matmul-pipeline-bench [--sizes 256,1024,4096] "
                    "[--modes float32,tf32,bfloat16] [--streams 4] "
                    "[--jobs-per-stream 2] [--poll-only-max-bytes 0] "
-                   "[--seconds 2] [--json FILE]\n");
+                   "[--batched] [--seconds 2] [--json FILE]\n");
       return 2;
     }
   }
@@ -306,10 +364,10 @@ int Main(int argc, char** argv) {
       jobs_per_stream, static_cast<long long>(poll_only_max_bytes), seconds);
   std::printf(
       "%6s %-9s | %8s %8s %8s | %9s %9s | %9s %9s %7s %6s | %8s %6s | %7s "
-      "%5s %5s\n",
+      "%5s %5s | %9s %7s %5s\n",
       "n", "mode", "h2d ms", "gemm ms", "d2h ms", "ceil/s", "serial/s",
       "1strm/s", "pool/s", "%ceil", "xser", "eng gemm", "%raw", "TFLOP/s",
-      "busy", "ovlp");
+      "busy", "ovlp", "batch/s", "%ceil", "busy");
   std::vector<std::string> rows;
   for (int64_t n : sizes) {
     for (const std::string& mode_name : modes) {
@@ -333,27 +391,42 @@ int Main(int argc, char** argv) {
         return 1;
       }
       const absl::Duration window = absl::Seconds(seconds);
-      absl::StatusOr<EngineRun> one =
-          RunEngine(spec, 1, jobs_per_stream, poll_only_max_bytes, window);
-      absl::StatusOr<EngineRun> pool = RunEngine(spec, streams, jobs_per_stream,
-                                                 poll_only_max_bytes, window);
-      if (!one.ok() || !pool.ok()) {
-        std::fprintf(
-            stderr, "engine run failed: %s\n",
-            (!one.ok() ? one.status() : pool.status()).ToString().c_str());
-        return 1;
+      RunOptions run_options;
+      run_options.streams = 1;
+      run_options.jobs_per_stream = jobs_per_stream;
+      run_options.poll_only_max_bytes = poll_only_max_bytes;
+      absl::StatusOr<EngineRun> one = RunEngine(spec, run_options, window);
+      run_options.streams = streams;
+      absl::StatusOr<EngineRun> pool = RunEngine(spec, run_options, window);
+      absl::StatusOr<EngineRun> batch = EngineRun{};
+      if (batched) {
+        run_options.batched = true;
+        batch = RunEngine(spec, run_options, window);
       }
+      for (const absl::StatusOr<EngineRun>* run : {&one, &pool, &batch}) {
+        if (!run->ok()) {
+          std::fprintf(stderr, "engine run failed: %s\n",
+                       run->status().ToString().c_str());
+          return 1;
+        }
+      }
+      const std::string batch_columns =
+          batched ? absl::StrFormat(
+                        "%9.1f %6.1f%% %4.0f%%", batch->rate,
+                        100 * batch->rate * std::max({c->h2d, c->gemm, c->d2h}),
+                        100 * batch->device_busy)
+                  : absl::StrFormat("%9s %7s %5s", "-", "-", "-");
       const double ceiling = 1.0 / std::max({c->h2d, c->gemm, c->d2h});
       const double serial = 1.0 / (c->h2d + c->gemm + c->d2h);
       std::printf(
           "%6lld %-9s | %8.3f %8.3f %8.3f | %9.1f %9.1f | %9.1f %9.1f %6.1f%% "
-          "%5.2fx | %8.3f %5.1f%% | %7.1f %4.0f%% %4.0f%%\n",
+          "%5.2fx | %8.3f %5.1f%% | %7.1f %4.0f%% %4.0f%% | %s\n",
           static_cast<long long>(n), mode_name.c_str(), c->h2d * 1e3,
           c->gemm * 1e3, c->d2h * 1e3, ceiling, serial, one->rate, pool->rate,
           100 * pool->rate / ceiling, pool->rate / serial,
           one->mean_compute * 1e3, 100 * one->mean_compute / c->gemm,
           spec.flops() * pool->rate / 1e12, 100 * pool->device_busy,
-          100 * pool->overlap);
+          100 * pool->overlap, batch_columns.c_str());
       std::fflush(stdout);
       rows.push_back(absl::StrCat(
           "{\"n\":", n, ",\"mode\":\"", mode_name, "\",\"t_h2d_s\":", c->h2d,
@@ -367,7 +440,12 @@ int Main(int argc, char** argv) {
           ",\"raw_gemm_tflops\":", spec.flops() / c->gemm / 1e12,
           ",\"pool_tflops\":", spec.flops() * pool->rate / 1e12,
           ",\"pool_device_busy\":", pool->device_busy,
-          ",\"pool_copy_compute_overlap\":", pool->overlap, "}"));
+          ",\"pool_copy_compute_overlap\":", pool->overlap,
+          batched
+              ? absl::StrCat(",\"batched_per_s\":", batch->rate,
+                             ",\"batched_device_busy\":", batch->device_busy)
+              : "",
+          "}"));
     }
   }
   if (!json_path.empty()) {
@@ -379,7 +457,9 @@ int Main(int argc, char** argv) {
       "\nceil/s = 1/max(h2d, gemm, d2h), each measured alone; serial/s = "
       "1/(h2d+gemm+d2h); eng gemm = engine GEMM time (1 stream, CUDA events) "
       "vs raw cuBLAS; busy = device busy (union over streams); ovlp = "
-      "copy time overlapped with GEMMs\n");
+      "copy time overlapped with GEMMs; batch/s (--batched) = the pool "
+      "through the server's path: operands copied into staging, adaptive "
+      "batching into strided-batched GEMMs\n");
   return 0;
 }
 
