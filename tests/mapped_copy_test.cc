@@ -7,6 +7,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <csignal>
@@ -34,48 +35,149 @@ namespace {
 #endif
 
 // A POSIX shared-memory object of `pages` pages, mapped read-write; Shrink
-// truncates the object to one page, leaving the mapping as it was.
+// truncates the object to one page, leaving the mapping as it was. A test
+// asserts ok() before it uses one.
+//
+// The name is unlinked as soon as the object is open (the fd and the mapping
+// keep the object): a process that dies inside a test, as the death test's
+// child does by SIGBUS, runs no destructor and would otherwise leave the
+// name in /dev/shm. Such a leftover named "-<pid>-0" made the first mapping
+// of a later process that got the same pid (pids wrap at pid_max, 32768
+// here) fail its O_EXCL shm_open, and the memset on MAP_FAILED then ended
+// that test with SIGSEGV. A name that exists all the same (left by an older
+// build, or held by another process) is skipped, never reused.
 class TruncatedMapping {
  public:
   explicit TruncatedMapping(size_t pages)
-      : bytes_(pages * static_cast<size_t>(sysconf(_SC_PAGESIZE))),
-        name_(absl::StrCat("/matmul-mapped-copy-test-", getpid(), "-",
-                           counter_++)) {
-    fd_ = shm_open(name_.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
-    EXPECT_GE(fd_, 0) << std::strerror(errno);
-    EXPECT_EQ(ftruncate(fd_, static_cast<off_t>(bytes_)), 0);
+      : bytes_(pages * static_cast<size_t>(sysconf(_SC_PAGESIZE))) {
+    int error = 0;
+    for (int attempt = 0; attempt < 64; ++attempt) {
+      name_ = NameAhead(0);
+      ++counter_;
+      fd_ =
+          shm_open(name_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+      error = errno;
+      if (fd_ >= 0 || error != EEXIST) break;
+    }
+    if (fd_ < 0) {
+      ADD_FAILURE() << "shm_open(" << name_ << "): " << std::strerror(error);
+      return;
+    }
+    EXPECT_EQ(shm_unlink(name_.c_str()), 0) << std::strerror(errno);
+    if (ftruncate(fd_, static_cast<off_t>(bytes_)) != 0) {
+      ADD_FAILURE() << "ftruncate: " << std::strerror(errno);
+      return;
+    }
     void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
-    EXPECT_NE(p, MAP_FAILED);
+    if (p == MAP_FAILED) {
+      ADD_FAILURE() << "mmap: " << std::strerror(errno);
+      return;
+    }
     data_ = static_cast<std::byte*>(p);
     std::memset(data_, 0x3c, bytes_);
   }
   ~TruncatedMapping() {
-    munmap(data_, bytes_);
-    close(fd_);
-    shm_unlink(name_.c_str());
+    if (data_ != nullptr) munmap(data_, bytes_);
+    if (fd_ >= 0) close(fd_);
   }
+  TruncatedMapping(const TruncatedMapping&) = delete;
+  TruncatedMapping& operator=(const TruncatedMapping&) = delete;
+
+  // The name the mapping `ahead` constructions from now tries first.
+  static std::string NameAhead(int ahead) {
+    return absl::StrCat("/matmul-mapped-copy-test-", getpid(), "-",
+                        counter_ + ahead);
+  }
+
+  bool ok() const { return data_ != nullptr; }
+  // The name the object had while it was being created.
+  const std::string& name() const { return name_; }
   void Shrink() { ASSERT_EQ(ftruncate(fd_, sysconf(_SC_PAGESIZE)), 0); }
   std::byte* data() const { return data_; }
   size_t bytes() const { return bytes_; }
 
  private:
-  static inline int counter_ = 0;
+  static inline int counter_ = 0;  // constructed on the main thread only
   const size_t bytes_;
-  const std::string name_;
+  std::string name_;
   int fd_ = -1;
   std::byte* data_ = nullptr;
 };
 
 TEST(MappedCopyTest, CopiesLikeMemcpy) {
   TruncatedMapping m(4);
+  ASSERT_TRUE(m.ok());
   std::vector<std::byte> out(m.bytes());
   ASSERT_TRUE(CopyMappedMemory(out.data(), m.data(), m.bytes(), "x").ok());
   EXPECT_EQ(std::memcmp(out.data(), m.data(), m.bytes()), 0);
 }
 
+// Shared-memory objects that the test below creates and, at the end,
+// unlinks (also when an ASSERT ends it early).
+class StaleNames {
+ public:
+  StaleNames() = default;
+  StaleNames(const StaleNames&) = delete;
+  StaleNames& operator=(const StaleNames&) = delete;
+  ~StaleNames() {
+    for (const std::string& name : names_) shm_unlink(name.c_str());
+  }
+  // Creates `name` (empty) as a process that died would have left it.
+  bool Leave(const std::string& name) {
+    const int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (fd < 0) return false;
+    close(fd);
+    names_.push_back(name);
+    return true;
+  }
+  const std::vector<std::string>& names() const { return names_; }
+
+ private:
+  std::vector<std::string> names_;
+};
+
+// The flake this file had (a SIGSEGV in CopiesLikeMemcpy under ctest): the
+// death test's child left its object's name behind, a later test process
+// with the same pid could not create its own, and the test crashed. Names
+// that exist already are skipped, and left as they were.
+TEST(MappedCopyTest, TheTestsMappingSkipsNamesThatExistAlready) {
+  StaleNames stale;
+  for (int ahead = 0; ahead < 3; ++ahead) {
+    const std::string name = TruncatedMapping::NameAhead(ahead);
+    ASSERT_TRUE(stale.Leave(name)) << name << ": " << std::strerror(errno);
+  }
+  TruncatedMapping m(4);
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(m.name(), TruncatedMapping::NameAhead(-1));  // the fourth name
+  std::vector<std::byte> out(m.bytes());
+  ASSERT_TRUE(CopyMappedMemory(out.data(), m.data(), m.bytes(), "x").ok());
+  EXPECT_EQ(std::memcmp(out.data(), m.data(), m.bytes()), 0);
+  for (const std::string& name : stale.names()) {
+    const int fd = shm_open(name.c_str(), O_RDONLY, 0);
+    ASSERT_GE(fd, 0) << name << ": " << std::strerror(errno);
+    struct stat st;
+    EXPECT_EQ(fstat(fd, &st), 0);
+    EXPECT_EQ(st.st_size, 0) << name;
+    close(fd);
+  }
+}
+
+// A test process that dies (the death test's child, a crash) leaves nothing
+// in /dev/shm: the name is gone once the mapping exists.
+TEST(MappedCopyTest, TheTestsMappingLeavesNoNameBehind) {
+  TruncatedMapping m(4);
+  ASSERT_TRUE(m.ok());
+  const int fd = shm_open(m.name().c_str(), O_RDONLY, 0);
+  const int error = errno;
+  if (fd >= 0) close(fd);
+  EXPECT_LT(fd, 0) << m.name() << " still exists";
+  EXPECT_EQ(error, ENOENT) << std::strerror(error);
+}
+
 TEST(MappedCopyTest, AReadPastATruncatedObjectFailsTheCopyNotTheProcess) {
   SKIP_UNDER_SANITIZERS();
   TruncatedMapping m(4);
+  ASSERT_TRUE(m.ok());
   m.Shrink();
   std::vector<std::byte> out(m.bytes());
   for (int i = 0; i < 3; ++i) {  // the handler stays armed for each
@@ -93,6 +195,7 @@ TEST(MappedCopyTest, AReadPastATruncatedObjectFailsTheCopyNotTheProcess) {
 TEST(MappedCopyTest, AWritePastATruncatedObjectFailsTheCopy) {
   SKIP_UNDER_SANITIZERS();
   TruncatedMapping m(4);
+  ASSERT_TRUE(m.ok());
   m.Shrink();
   std::vector<std::byte> in(m.bytes(), std::byte{1});
   absl::Status s = CopyMappedMemory(m.data(), in.data(), m.bytes(), "c");
@@ -102,8 +205,10 @@ TEST(MappedCopyTest, AWritePastATruncatedObjectFailsTheCopy) {
 TEST(MappedCopyTest, ThreadsFaultIndependently) {
   SKIP_UNDER_SANITIZERS();
   TruncatedMapping bad(4);
+  ASSERT_TRUE(bad.ok());
   bad.Shrink();
   TruncatedMapping good(4);
+  ASSERT_TRUE(good.ok());
   std::vector<std::thread> threads;
   std::vector<absl::StatusCode> codes(8);
   for (int t = 0; t < 8; ++t) {
@@ -130,6 +235,7 @@ TEST(MappedCopyTest, AFaultOutsideAGuardedCopyStillEndsTheProcess) {
   EXPECT_EXIT(
       {
         TruncatedMapping m(4);
+        if (!m.ok()) std::exit(1);
         std::vector<std::byte> out(m.bytes());
         // Installs the handler, then faults outside it.
         (void)CopyMappedMemory(out.data(), m.data(), 16, "x");
@@ -163,6 +269,7 @@ TEST(MappedCopyTest, HostEngineFailsAJobWhoseOperandsWereTruncated) {
   SKIP_UNDER_SANITIZERS();
   const MatmulSpec spec = Spec64();
   TruncatedMapping m(16);  // 64 KiB: A and B, 16 KiB each, then C
+  ASSERT_TRUE(m.ok());
   std::unique_ptr<HostEngine> engine = NewEngine();
   auto run = [&](bool into_region) {
     MultiplyOp op;
@@ -192,6 +299,7 @@ TEST(MappedCopyTest, HostEngineFailsAJobWhoseOperandsWereTruncated) {
 
   // The engine still works.
   TruncatedMapping fresh(16);
+  ASSERT_TRUE(fresh.ok());
   MultiplyOp op;
   op.prestaged = PrestagedOperands{fresh.data(), fresh.data() + spec.a_bytes()};
   testing::EngineJob::Options options;
