@@ -14,6 +14,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <future>
@@ -27,6 +29,7 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gpu/engine_factory.h"
+#include "gtest/gtest-spi.h"
 #include "gtest/gtest.h"
 #include "matmul/v1/matmul.grpc.pb.h"
 #include "server/matmul_server.h"
@@ -41,38 +44,131 @@ namespace {
 using testing::FakeEngine;
 using ::testing::HasSubstr;
 
-// A POSIX shared-memory object of `bytes`, created here, mapped, and
-// unlinked when the test is done with it.
+// A POSIX shared-memory object of `bytes`, created here and mapped; a test
+// asserts ok() before it uses one. The name stays until the destructor
+// unlinks it: the tests hand it to the server, which opens the object by
+// name (and some open it again themselves).
+//
+// A test process that dies (a crash, a ctest timeout's kill) runs no
+// destructor and leaves its names in /dev/shm, and pids come round again
+// (pid_max is 32768 here): with names of only the pid and a counter, a
+// later process given the same pid failed its O_EXCL shm_open and went on
+// through MAP_FAILED (as mapped_copy_test did, e0720f2). So a name also
+// carries a tag drawn at random once per process, a name that exists all
+// the same is skipped (O_EXCL, bounded), never reused or unlinked, and a
+// create that fails is a test failure with ok() false.
 class ShmObject {
  public:
+  static constexpr int kAttempts = 64;
+
   explicit ShmObject(int64_t bytes) : bytes_(bytes) {
-    static int counter = 0;
-    name_ = absl::StrCat("/matmul-test-", getpid(), "-", counter++);
-    const int fd = shm_open(name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-    EXPECT_GE(fd, 0) << std::strerror(errno);
-    EXPECT_EQ(ftruncate(fd, bytes), 0);
+    int fd = -1;
+    int error = 0;
+    for (int attempt = 0; attempt < kAttempts; ++attempt) {
+      name_ = NameAhead(0);
+      ++counter_;
+      fd = shm_open(name_.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+      error = errno;
+      if (fd >= 0 || error != EEXIST) break;
+    }
+    if (fd < 0) {
+      ADD_FAILURE() << "shm_open(" << name_ << "): " << std::strerror(error);
+      return;
+    }
+    linked_ = true;
+    if (ftruncate(fd, bytes) != 0) {
+      ADD_FAILURE() << "ftruncate(" << name_ << "): " << std::strerror(errno);
+      close(fd);
+      return;
+    }
     void* data = mmap(nullptr, static_cast<size_t>(bytes),
                       PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    EXPECT_NE(data, MAP_FAILED);
-    data_ = static_cast<std::byte*>(data);
+    error = errno;
     close(fd);
+    if (data == MAP_FAILED) {
+      ADD_FAILURE() << "mmap(" << name_ << "): " << std::strerror(error);
+      return;
+    }
+    data_ = static_cast<std::byte*>(data);
   }
   ~ShmObject() {
-    munmap(data_, static_cast<size_t>(bytes_));
-    shm_unlink(name_.c_str());
+    if (data_ != nullptr) munmap(data_, static_cast<size_t>(bytes_));
+    if (linked_) shm_unlink(name_.c_str());
   }
   ShmObject(const ShmObject&) = delete;
   ShmObject& operator=(const ShmObject&) = delete;
 
+  // The name the object `ahead` constructions from now tries first.
+  static std::string NameAhead(int ahead) {
+    return absl::StrCat("/matmul-test-", getpid(), "-", Tag(), "-",
+                        counter_ + ahead);
+  }
+
+  bool ok() const { return data_ != nullptr; }
   const std::string& name() const { return name_; }
   std::byte* data() const { return data_; }
   int64_t bytes() const { return bytes_; }
 
  private:
+  // This process's tag: 8 hex digits, drawn on first use.
+  static const std::string& Tag() {
+    static const std::string tag = [] {
+      absl::BitGen gen;
+      return absl::StrCat(
+          absl::Hex(absl::Uniform<uint32_t>(gen), absl::kZeroPad8));
+    }();
+    return tag;
+  }
+
+  static inline int counter_ = 0;  // constructed on the main thread only
   std::string name_;
   int64_t bytes_;
+  bool linked_ = false;  // name_ is ours, to unlink
   std::byte* data_ = nullptr;
 };
+
+// Shared-memory objects that a test creates as a dead process would have
+// left them and, at its end, unlinks (also when an ASSERT ends it early).
+class StaleNames {
+ public:
+  StaleNames() = default;
+  StaleNames(const StaleNames&) = delete;
+  StaleNames& operator=(const StaleNames&) = delete;
+  ~StaleNames() {
+    for (const std::string& name : names_) shm_unlink(name.c_str());
+  }
+  // Creates `name`, empty. A name that exists already (a leftover like
+  // those this stands for) does as well, and is left as it was.
+  bool Leave(const std::string& name) {
+    const int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (fd < 0) return errno == EEXIST;
+    close(fd);
+    names_.push_back(name);
+    return true;
+  }
+  const std::vector<std::string>& names() const { return names_; }
+
+ private:
+  std::vector<std::string> names_;
+};
+
+// Whether an object named `name` exists.
+bool Exists(const std::string& name) {
+  const int fd = shm_open(name.c_str(), O_RDONLY, 0);
+  const int error = errno;
+  if (fd >= 0) close(fd);
+  return fd >= 0 || error != ENOENT;
+}
+
+// The size of the object named `name`, or -1 where there is none.
+int64_t ObjectSize(const std::string& name) {
+  const int fd = shm_open(name.c_str(), O_RDONLY, 0);
+  if (fd < 0) return -1;
+  struct stat st;
+  const int rc = fstat(fd, &st);
+  close(fd);
+  return rc == 0 ? static_cast<int64_t>(st.st_size) : -1;
+}
 
 // The engine these tests run against (tests/engine_under_test.h; with
 // "cuda" regions are pinned and the copy engines read and write them).
@@ -303,6 +399,7 @@ TEST(SharedMemoryTest, RegisterListMultiplyFromAndIntoTheRegion) {
   absl::BitGen gen;
   const Problem p = MakeProblem(67, 45, 29, gen);
   ShmObject shm(p.c_offset + p.c_bytes() + 100);
+  ASSERT_TRUE(shm.ok());
   Fill(shm, p);
 
   auto reg = Register(*stub, shm.name(), shm.bytes());
@@ -361,6 +458,7 @@ TEST(SharedMemoryTest, ListsOldestFirstAndCountsInlineBytes) {
   SharedMemoryServer s(HostProvider());
   auto stub = s.UnixStub();
   ShmObject one(4096), two(8192);
+  ASSERT_TRUE(one.ok() && two.ok());
   auto r1 = Register(*stub, one.name(), one.bytes());
   auto r2 = Register(*stub, two.name(), 5000);
   ASSERT_TRUE(r1->open && r2->open);
@@ -404,6 +502,7 @@ TEST(SharedMemoryTest, MixedInlineSharedAndStoredOperands) {
   absl::BitGen gen;
   const Problem p = MakeProblem(33, 17, 21, gen);
   ShmObject shm(p.c_offset + p.c_bytes());
+  ASSERT_TRUE(shm.ok());
   Fill(shm, p);
   auto reg = Register(*stub, shm.name(), shm.bytes());
   ASSERT_TRUE(reg->open) << reg->status.error_message();
@@ -484,6 +583,7 @@ TEST(SharedMemoryTest, BatchedTransposedOperandsInTheRegion) {
   const std::string b = testing::RandomBytes(DType::kFloat64, n * k, gen);
   const int64_t b_at = 8192, c_at = 16384, c_bytes = batch * m * n * 8;
   ShmObject shm(c_at + c_bytes);
+  ASSERT_TRUE(shm.ok());
   std::memcpy(shm.data(), a.data(), a.size());
   std::memcpy(shm.data() + b_at, b.data(), b.size());
   auto reg = Register(*stub, shm.name(), shm.bytes());
@@ -526,6 +626,7 @@ TEST(SharedMemoryTest, RegionBytesTakeNoneOfTheInflightBudget) {
   absl::BitGen gen;
   const Problem p = MakeProblem(40, 30, 20, gen);  // 4800 + 2400 + 3200 bytes
   ShmObject shm(p.c_offset + p.c_bytes());
+  ASSERT_TRUE(shm.ok());
   Fill(shm, p);
   auto reg = Register(*stub, shm.name(), shm.bytes());
   ASSERT_TRUE(reg->open) << reg->status.error_message();
@@ -559,6 +660,7 @@ TEST(SharedMemoryTest, AProductIntoARegionMayExceedTheMessageSize) {
   absl::BitGen gen;
   const Problem p = MakeProblem(96, 40, 80, gen);  // C: 30720 bytes
   ShmObject shm(p.c_offset + p.c_bytes());
+  ASSERT_TRUE(shm.ok());
   Fill(shm, p);
   auto reg = Register(*stub, shm.name(), shm.bytes());
   ASSERT_TRUE(reg->open) << reg->status.error_message();
@@ -580,6 +682,7 @@ TEST(SharedMemoryTest, ATruncatedObjectIsFailedPrecondition) {
   absl::BitGen gen;
   const Problem p = MakeProblem(16, 8, 4, gen);
   ShmObject shm(p.c_offset + p.c_bytes());
+  ASSERT_TRUE(shm.ok());
   Fill(shm, p);
   auto reg = Register(*stub, shm.name(), shm.bytes());
   ASSERT_TRUE(reg->open) << reg->status.error_message();
@@ -600,10 +703,12 @@ TEST(SharedMemoryTest, BadMultipliesGetPreciseStatuses) {
   absl::BitGen gen;
   const Problem p = MakeProblem(16, 8, 4, gen);
   ShmObject shm(p.c_offset + p.c_bytes());
+  ASSERT_TRUE(shm.ok());
   Fill(shm, p);
   auto reg = Register(*stub, shm.name(), shm.bytes(), "alice");
   ASSERT_TRUE(reg->open) << reg->status.error_message();
   ShmObject small(64);
+  ASSERT_TRUE(small.ok());
   auto small_reg = Register(*stub, small.name(), small.bytes(), "alice");
   ASSERT_TRUE(small_reg->open);
 
@@ -692,6 +797,7 @@ TEST(SharedMemoryTest, BadRegistrationsGetPreciseStatuses) {
   SharedMemoryServer s(HostProvider());
   auto stub = s.UnixStub();
   ShmObject shm(4096);
+  ASSERT_TRUE(shm.ok());
   struct Case {
     std::string name;
     int64_t bytes;
@@ -727,6 +833,7 @@ TEST(SharedMemoryTest, TcpClientsArePermissionDenied) {
   SharedMemoryServer s(HostProvider());
   auto tcp = s.TcpStub();
   ShmObject shm(4096);
+  ASSERT_TRUE(shm.ok());
   auto reg = Register(*tcp, shm.name(), shm.bytes());
   EXPECT_FALSE(reg->open);
   EXPECT_EQ(reg->status.error_code(), grpc::StatusCode::PERMISSION_DENIED);
@@ -750,6 +857,7 @@ TEST(SharedMemoryTest, LimitsAreResourceExhausted) {
   SharedMemoryServer s(HostProvider(), options);
   auto stub = s.UnixStub();
   ShmObject big(16384), a(4096), b(4096), c(4096);
+  ASSERT_TRUE(big.ok() && a.ok() && b.ok() && c.ok());
   auto over = Register(*stub, big.name(), big.bytes(), "x");
   EXPECT_EQ(over->status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_THAT(over->status.error_message(), HasSubstr("per client"));
@@ -781,6 +889,7 @@ TEST(SharedMemoryTest, UnregisteredMidRequestTheMultiplyStillSucceeds) {
   absl::BitGen gen;
   const Problem p = MakeProblem(12, 7, 5, gen);
   ShmObject shm(p.c_offset + p.c_bytes());
+  ASSERT_TRUE(shm.ok());
   Fill(shm, p);
   auto reg = Register(*stub, shm.name(), shm.bytes());
   ASSERT_TRUE(reg->open) << reg->status.error_message();
@@ -823,6 +932,7 @@ TEST(SharedMemoryTest, CancellingTheRegisterCallUnregisters) {
   SharedMemoryServer s(FakeProvider(&fake));
   auto stub = s.UnixStub();
   ShmObject shm(1 << 16);
+  ASSERT_TRUE(shm.ok());
   auto reg = Register(*stub, shm.name(), shm.bytes());
   ASSERT_TRUE(reg->open) << reg->status.error_message();
   reg->context->TryCancel();
@@ -842,6 +952,7 @@ TEST(SharedMemoryTest, ADisconnectedClientsRegionGoes) {
   FakeEngine* fake = nullptr;
   SharedMemoryServer s(FakeProvider(&fake));
   ShmObject shm(1 << 16);
+  ASSERT_TRUE(shm.ok());
   {
     auto stub = s.UnixStub();  // its own channel, gone with it
     auto reg = Register(*stub, shm.name(), shm.bytes(), "gone");
@@ -866,6 +977,7 @@ TEST(SharedMemoryTest, AKilledClientsRegionGoes) {
   FakeEngine* fake = nullptr;
   SharedMemoryServer s(FakeProvider(&fake));
   ShmObject shm(4096);
+  ASSERT_TRUE(shm.ok());
   // tests/shared_memory_child.cc, in a process of its own.
   std::string child_path = MATMUL_SHM_CHILD;
   std::string socket_path = s.socket();
@@ -932,11 +1044,72 @@ TEST(SharedMemoryTest, ShutdownEndsOpenRegistrations) {
   SharedMemoryServer s(HostProvider());
   auto stub = s.UnixStub();
   ShmObject shm(4096);
+  ASSERT_TRUE(shm.ok());
   auto reg = Register(*stub, shm.name(), shm.bytes());
   ASSERT_TRUE(reg->open) << reg->status.error_message();
   s.server().Shutdown();
   EXPECT_EQ(reg->Finish().error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_EQ(s.server().service().regions().registered(), 0);
+}
+
+// The flake that mapped_copy_test had (e0720f2) and this file could have:
+// a test process that died left its object's name in /dev/shm, a later
+// process given the same pid tried the same name first, and its test went
+// on through MAP_FAILED. A name that exists is skipped and left as it was,
+// and the object made is the one the server opens by name.
+TEST(SharedMemoryTest, TheTestsObjectSkipsNamesThatExistAlready) {
+  StaleNames stale;
+  for (int ahead = 0; ahead < 3; ++ahead) {
+    const std::string name = ShmObject::NameAhead(ahead);
+    ASSERT_TRUE(stale.Leave(name)) << name << ": " << std::strerror(errno);
+  }
+  // The first name after those (past any other leftover) is the one made.
+  int ahead = 3;
+  while (ahead < ShmObject::kAttempts && Exists(ShmObject::NameAhead(ahead))) {
+    ++ahead;
+  }
+  const std::string expected = ShmObject::NameAhead(ahead);
+  std::string made;
+  {
+    ShmObject shm(4096);
+    ASSERT_TRUE(shm.ok());
+    made = shm.name();
+    EXPECT_EQ(made, expected);
+    EXPECT_EQ(ObjectSize(made), 4096);
+    SharedMemoryServer s(HostProvider());
+    auto stub = s.UnixStub();
+    auto reg = Register(*stub, shm.name(), shm.bytes());
+    ASSERT_TRUE(reg->open) << reg->status.error_message();
+    EXPECT_EQ(reg->response.region().name(), made);
+    EXPECT_EQ(reg->response.region().bytes(), 4096);
+  }
+  // Its own name unlinked; the others still there, untouched.
+  EXPECT_EQ(ObjectSize(made), -1) << made;
+  for (const std::string& name : stale.names()) {
+    EXPECT_EQ(ObjectSize(name), 0) << name;
+  }
+}
+
+// Where every name it may try exists, the object is not made: the test
+// fails there (a test asserts ok()) instead of writing through MAP_FAILED,
+// and none of those objects is touched.
+TEST(SharedMemoryTest, TheTestsObjectFailsWhenNoNameIsFree) {
+  StaleNames stale;
+  for (int ahead = 0; ahead < ShmObject::kAttempts; ++ahead) {
+    const std::string name = ShmObject::NameAhead(ahead);
+    ASSERT_TRUE(stale.Leave(name)) << name << ": " << std::strerror(errno);
+  }
+  static bool made = true;
+  EXPECT_NONFATAL_FAILURE(
+      {
+        ShmObject shm(4096);
+        made = shm.ok();
+      },
+      "File exists");
+  EXPECT_FALSE(made);
+  for (const std::string& name : stale.names()) {
+    EXPECT_EQ(ObjectSize(name), 0) << name;
+  }
 }
 
 }  // namespace

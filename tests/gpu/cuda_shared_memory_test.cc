@@ -3,11 +3,15 @@
 // object is pinned with cudaHostRegister, a multiply reads its operands
 // from it and writes its product into it with no staging, and the result is
 // exact against a float64 reference (small integer operands, so float32
-// sums are exact). Skips where no GPU is visible.
+// sums are exact). Skips where no GPU is visible, except for the two tests
+// of the test's own shared-memory mapping, which need none.
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <future>
 #include <memory>
@@ -18,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "gpu/cuda/cuda_engine.h"
 #include "gpu/cuda/device_registry.h"
+#include "gtest/gtest-spi.h"
 #include "gtest/gtest.h"
 #include "tests/reference_gemm.h"
 
@@ -29,28 +34,112 @@ namespace {
     if (VisibleCudaDevices() == 0) GTEST_SKIP() << "no GPU"; \
   } while (0)
 
-// A mapped shared-memory object, unlinked at once (the mapping keeps it).
+// A mapped shared-memory object, its name unlinked as soon as it is open
+// (the mapping keeps the object), so a test process that dies leaves
+// nothing in /dev/shm. A name that exists all the same (from an older build
+// that used one fixed name per pid, or held by another process) is skipped
+// (O_EXCL, bounded), never reused or unlinked; pids come round again
+// (pid_max is 32768 here). A create that fails is a test failure with ok()
+// false, and a test asserts ok() before it uses the mapping.
 class Mapping {
  public:
+  static constexpr int kAttempts = 64;
+
   explicit Mapping(int64_t bytes) : bytes_(bytes) {
-    const std::string name = absl::StrCat("/matmul-gpu-test-", getpid());
-    const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-    EXPECT_GE(fd, 0);
-    shm_unlink(name.c_str());
-    EXPECT_EQ(ftruncate(fd, bytes), 0);
+    int fd = -1;
+    int error = 0;
+    for (int attempt = 0; attempt < kAttempts; ++attempt) {
+      name_ = NameAhead(0);
+      ++counter_;
+      fd = shm_open(name_.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+      error = errno;
+      if (fd >= 0 || error != EEXIST) break;
+    }
+    if (fd < 0) {
+      ADD_FAILURE() << "shm_open(" << name_ << "): " << std::strerror(error);
+      return;
+    }
+    EXPECT_EQ(shm_unlink(name_.c_str()), 0) << std::strerror(errno);
+    if (ftruncate(fd, bytes) != 0) {
+      ADD_FAILURE() << "ftruncate: " << std::strerror(errno);
+      close(fd);
+      return;
+    }
     void* data = mmap(nullptr, static_cast<size_t>(bytes),
                       PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    error = errno;
     close(fd);
-    EXPECT_NE(data, MAP_FAILED);
+    if (data == MAP_FAILED) {
+      ADD_FAILURE() << "mmap: " << std::strerror(error);
+      return;
+    }
     data_ = static_cast<std::byte*>(data);
   }
-  ~Mapping() { munmap(data_, static_cast<size_t>(bytes_)); }
+  ~Mapping() {
+    if (data_ != nullptr) munmap(data_, static_cast<size_t>(bytes_));
+  }
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+
+  // The name the mapping `ahead` constructions from now tries first.
+  static std::string NameAhead(int ahead) {
+    return absl::StrCat("/matmul-gpu-test-", getpid(), "-", counter_ + ahead);
+  }
+
+  bool ok() const { return data_ != nullptr; }
+  // The name the object had while it was being created.
+  const std::string& name() const { return name_; }
   std::byte* data() const { return data_; }
 
  private:
+  static inline int counter_ = 0;  // constructed on the main thread only
   int64_t bytes_;
+  std::string name_;
   std::byte* data_ = nullptr;
 };
+
+// Shared-memory objects that a test creates as a dead process would have
+// left them and, at its end, unlinks (also when an ASSERT ends it early).
+class StaleNames {
+ public:
+  StaleNames() = default;
+  StaleNames(const StaleNames&) = delete;
+  StaleNames& operator=(const StaleNames&) = delete;
+  ~StaleNames() {
+    for (const std::string& name : names_) shm_unlink(name.c_str());
+  }
+  // Creates `name`, empty. A name that exists already (a leftover like
+  // those this stands for) does as well, and is left as it was.
+  bool Leave(const std::string& name) {
+    const int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (fd < 0) return errno == EEXIST;
+    close(fd);
+    names_.push_back(name);
+    return true;
+  }
+  const std::vector<std::string>& names() const { return names_; }
+
+ private:
+  std::vector<std::string> names_;
+};
+
+// Whether an object named `name` exists.
+bool Exists(const std::string& name) {
+  const int fd = shm_open(name.c_str(), O_RDONLY, 0);
+  const int error = errno;
+  if (fd >= 0) close(fd);
+  return fd >= 0 || error != ENOENT;
+}
+
+// The size of the object named `name`, or -1 where there is none.
+int64_t ObjectSize(const std::string& name) {
+  const int fd = shm_open(name.c_str(), O_RDONLY, 0);
+  if (fd < 0) return -1;
+  struct stat st;
+  const int rc = fstat(fd, &st);
+  close(fd);
+  return rc == 0 ? static_cast<int64_t>(st.st_size) : -1;
+}
 
 class RegionJob final : public MatmulJob {
  public:
@@ -95,6 +184,7 @@ TEST(CudaSharedMemoryTest, MultiplyFromAndIntoRegisteredMemoryIsExact) {
   const int64_t a_bytes = m * k * 4, b_bytes = k * n * 4, c_bytes = m * n * 4;
   const int64_t b_at = 1 << 20, c_at = 2 << 20, bytes = 4 << 20;
   Mapping region(bytes);
+  ASSERT_TRUE(region.ok());
   absl::StatusOr<HostMemoryRegistration> registration =
       engine->RegisterHostMemory(region.data(), bytes);
   ASSERT_TRUE(registration.ok()) << registration.status();
@@ -140,6 +230,7 @@ TEST(CudaSharedMemoryTest, RegistrationFailuresAreStatuses) {
   EXPECT_EQ(engine->RegisterHostMemory(nullptr, 4096).status().code(),
             absl::StatusCode::kInvalidArgument);
   Mapping region(1 << 20);
+  ASSERT_TRUE(region.ok());
   absl::StatusOr<HostMemoryRegistration> first =
       engine->RegisterHostMemory(region.data(), 1 << 20);
   ASSERT_TRUE(first.ok()) << first.status();
@@ -153,6 +244,51 @@ TEST(CudaSharedMemoryTest, RegistrationFailuresAreStatuses) {
       engine->RegisterHostMemory(region.data(), 1 << 20);
   EXPECT_TRUE(again.ok()) << again.status();
   engine->Shutdown();
+}
+
+// The mapping these tests use needs no GPU, and these two run without one.
+// A name that exists already (a process that died, pids coming round) is
+// skipped and left as it was, and no name remains once the mapping exists.
+TEST(CudaSharedMemoryTest, TheTestsMappingSkipsNamesThatExistAlready) {
+  StaleNames stale;
+  for (int ahead = 0; ahead < 3; ++ahead) {
+    const std::string name = Mapping::NameAhead(ahead);
+    ASSERT_TRUE(stale.Leave(name)) << name << ": " << std::strerror(errno);
+  }
+  // The first name after those (past any other leftover) is the one made.
+  int ahead = 3;
+  while (ahead < Mapping::kAttempts && Exists(Mapping::NameAhead(ahead))) {
+    ++ahead;
+  }
+  const std::string expected = Mapping::NameAhead(ahead);
+  Mapping region(1 << 16);
+  ASSERT_TRUE(region.ok());
+  EXPECT_EQ(region.name(), expected);
+  std::memset(region.data(), 0x5a, 1 << 16);
+  EXPECT_EQ(region.data()[(1 << 16) - 1], std::byte{0x5a});
+  EXPECT_EQ(ObjectSize(region.name()), -1) << region.name() << " remains";
+  for (const std::string& name : stale.names()) {
+    EXPECT_EQ(ObjectSize(name), 0) << name;
+  }
+}
+
+TEST(CudaSharedMemoryTest, TheTestsMappingFailsWhenNoNameIsFree) {
+  StaleNames stale;
+  for (int ahead = 0; ahead < Mapping::kAttempts; ++ahead) {
+    const std::string name = Mapping::NameAhead(ahead);
+    ASSERT_TRUE(stale.Leave(name)) << name << ": " << std::strerror(errno);
+  }
+  static bool made = true;
+  EXPECT_NONFATAL_FAILURE(
+      {
+        Mapping region(4096);
+        made = region.ok();
+      },
+      "File exists");
+  EXPECT_FALSE(made);
+  for (const std::string& name : stale.names()) {
+    EXPECT_EQ(ObjectSize(name), 0) << name;
+  }
 }
 
 }  // namespace
