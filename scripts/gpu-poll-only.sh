@@ -11,7 +11,8 @@
 #      adaptive batching);
 #   3. scripts/gpu-targets.sh with the server as it is and with
 #      --poll-only-max-bytes=POLL_ONLY_BYTES, ROUNDS (default 1) rounds,
-#      against the transport ceiling of the same run (TARGETS=0 skips it).
+#      against the transport ceiling of the same run (TARGETS=0 skips it;
+#      SERVERS as gpu-targets.sh takes it replaces the pair).
 # Expects the programs in .gpubundle (matmul-server, matmul-bench,
 # matmul-pipeline-bench, cuda_engine_test, rawecho, rawclient); writes
 # summary.txt and the logs into OUT.
@@ -55,7 +56,7 @@ grep -m1 -E '^ +n ' "$logs"/pipeline-j*-p0.txt | head -1 | tee -a "$out/$logfile
 
 if [ "${TARGETS:-1}" != 0 ]; then
   log "== 3. service targets, host functions and poll-only"
-  SERVERS="matmul-server matmul-server:--poll-only-max-bytes=$bytes" \
+  SERVERS=${SERVERS:-"matmul-server matmul-server:--poll-only-max-bytes=$bytes"} \
     ROUNDS=${ROUNDS:-1} "$(dirname "$0")/gpu-targets.sh" "$out/targets" 2>&1 | tail -40
   cat "$out/targets/targets.txt" >>"$out/$logfile" 2>/dev/null
 fi

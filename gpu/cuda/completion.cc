@@ -65,7 +65,7 @@ void CudaEngine::CompletionLoop(Device* d) {
         Complete(flight);
         Release(flight);  // the completer's reference
       }
-      Release(flight);  // the host function's
+      Release(flight);  // the host function's (or HandOff's)
     } else if (now - last_progress > absl::Seconds(1)) {
       // Nothing completed for a while: a broken context never runs host
       // functions, so ask the streams directly.
@@ -144,11 +144,19 @@ void CudaEngine::PollLoop(Device* d) {
     }
     if (!finished.empty()) {
       absl::MutexLock lock(&d->done_mu);
+      // One job is completed here, at once; other jobs without a host
+      // function go to the completion threads (HandOff).
+      bool completing_one = false;
       for (InFlight*& flight : finished) {
-        if (!Claim(flight)) {
+        if (completing_one && !flight->host_function) {
+          if (!flight->claimed) HandOff(flight);
           flight = nullptr;
-        } else if (!flight->host_function) {
-          d->in_flight.erase(flight);  // no completion thread will
+        } else if (!Claim(flight)) {
+          flight = nullptr;
+        } else {
+          completing_one = true;
+          // No completion thread takes a job without a host function out.
+          if (!flight->host_function) d->in_flight.erase(flight);
         }
       }
       poll_until = absl::Now() + window;

@@ -17,10 +17,26 @@ void CUDART_CB OnStreamDone(void* user_data) {
   device->done_cv.Signal();
 }
 
+void HandOff(CudaEngine::InFlight* flight) {
+  CudaEngine::Device* device = flight->device;
+  flight->handed_off = true;
+  --device->poll_only_unclaimed;  // no longer the poller's to find
+  std::deque<CudaEngine::InFlight*>& unclaimed = flight->lane->unclaimed;
+  auto it = std::find(unclaimed.begin(), unclaimed.end(), flight);
+  if (it != unclaimed.end()) unclaimed.erase(it);
+  // The reference a host function's path would hold; the completion
+  // thread lets go of it.
+  flight->refs.fetch_add(1, std::memory_order_relaxed);
+  device->done.push_back(flight);
+  device->done_cv.Signal();
+}
+
 bool Claim(CudaEngine::InFlight* flight) {
   if (flight->claimed) return false;
   flight->claimed = true;
-  if (!flight->host_function) --flight->device->poll_only_unclaimed;
+  if (!flight->host_function && !flight->handed_off) {
+    --flight->device->poll_only_unclaimed;
+  }
   std::deque<CudaEngine::InFlight*>& unclaimed = flight->lane->unclaimed;
   auto it = std::find(unclaimed.begin(), unclaimed.end(), flight);
   if (it != unclaimed.end()) unclaimed.erase(it);

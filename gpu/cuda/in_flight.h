@@ -49,15 +49,26 @@ struct CudaEngine::InFlight {
   // follows its stream work; CudaEngineOptions::poll_only_max_bytes). Set
   // before the poller can see the job.
   bool host_function = true;
-  // One reference for the host function's path (none without one), one for
-  // the completer's, and one more while the poller queries the job's end
-  // event; the last to let go frees the record (Release).
+  // A job without a host function that the poller found finished along
+  // with others and queued for the completion threads (under done_mu).
+  bool handed_off = false;
+  // One reference for the host function's path (none without one, until a
+  // HandOff), one for the completer's, and one more while the poller
+  // queries the job's end event; the last to let go frees the record
+  // (Release).
   std::atomic<int> refs{2};
 };
 
 // Host function at the end of a job's stream work: hands the job to the
 // completion threads. Must not call CUDA. `user_data` is the InFlight.
 void CUDART_CB OnStreamDone(void* user_data);
+
+// Queues a finished job without a host function for the completion
+// threads, as its host function would have: the poller completes one job
+// per round itself and hands the rest off, so that many small jobs
+// finishing at once are completed in parallel rather than one after
+// another on the poller. The caller holds the device's done_mu.
+void HandOff(CudaEngine::InFlight* flight);
 
 // Makes the caller the one that completes `flight`; false if another
 // already is. The caller holds the device's done_mu. A job without a host
