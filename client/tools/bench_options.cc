@@ -148,12 +148,14 @@ p50/p90/p99/p99.9 of the successful requests, and errors by gRPC status code.
                   unary Multiply: the operands go out in chunks of
                   --stream-chunk-bytes (default 4 MiB) from memory and the
                   product comes back in chunks (MatmulClient's
-                  MultiplyStreamedView); a closed loop of blocking calls,
-                  one thread per request in flight. --stripes K (1 to 16,
-                  default 1) stripes each multiply over K calls on as many
-                  connections. Payload as inline; the message sizes in the
-                  JSON are the payloads (chunk framing aside). Concurrency
-                  at most 256; not with --rate, --resident,
+                  MultiplyStreamedView), blocking calls on a thread per
+                  request in flight: a closed loop, or with --rate an open
+                  one (a start due while every thread is busy starts late,
+                  its latency from its scheduled start). --stripes K (1 to
+                  16, default 1) stripes each multiply over K calls on as
+                  many connections. Payload as inline; the message sizes
+                  in the JSON are the payloads (chunk framing aside).
+                  Concurrency at most 256; not with --resident,
                   --shared-memory or --protobuf-requests
 
 Exit status: 0 all points ran; 1 could not run; 2 usage; 3 --verify found a
@@ -349,8 +351,6 @@ absl::Status StreamOptionsFrom(const Flags& flags, BenchConfig& c) {
     const char* why;
   };
   for (const Excluded& e : {
-           Excluded{!c.rates.empty(), "--rate",
-                    "runs a closed loop of blocking streamed calls"},
            Excluded{c.resident != Resident::kNone, "--resident",
                     "sends the operands' data in chunks"},
            Excluded{c.shared_memory, "--shared-memory",

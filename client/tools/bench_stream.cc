@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <map>
 #include <string>
 #include <thread>
@@ -18,6 +19,7 @@ namespace matmul {
 namespace {
 
 using load_clock::Clock;
+using load_clock::Due;
 using load_clock::kDone;
 using load_clock::kMeasure;
 using load_clock::kWarmup;
@@ -38,6 +40,9 @@ std::vector<int64_t> Shape(const v1::Tensor& t) {
 struct RunState {
   LoadPoint point;
   bool count_mode = false;
+  // Open loop (point.rate > 0): the schedule's start.
+  bool open_loop = false;
+  Clock::time_point schedule_start;
   std::atomic<int> phase{kWarmup};
   std::atomic<uint64_t> next_request{0};
   // Measured responses in the order they came, for verify_every.
@@ -47,6 +52,9 @@ struct RunState {
   absl::Mutex mu;
   absl::CondVar cv;  // signalled when the driver has something to look at
   bool stop_issuing ABSL_GUARDED_BY(mu) = false;
+  // Open loop: the first start on the schedule that no worker has taken.
+  int64_t next_start ABSL_GUARDED_BY(mu) = 0;
+  int64_t delayed_starts ABSL_GUARDED_BY(mu) = 0;
   int64_t in_flight ABSL_GUARDED_BY(mu) = 0;
   int64_t measured_started ABSL_GUARDED_BY(mu) = 0;
   int64_t measured_completed ABSL_GUARDED_BY(mu) = 0;
@@ -99,25 +107,43 @@ absl::StatusOr<LoadResult> StreamLoadGenerator::Run(
       !checked.ok()) {
     return checked;
   }
-  if (point.rate != 0) {
-    return absl::InvalidArgumentError(
-        "streamed multiplies run a closed loop only (rate 0)");
-  }
 
   RunState s;
   s.point = point;
   s.count_mode = point.requests > 0;
+  s.open_loop = point.rate > 0;
   const Clock::time_point t_start = Clock::now();
+  s.schedule_start = t_start;
   const Clock::time_point warmup_end = t_start + ToClock(point.warmup);
   s.phase.store(point.warmup > absl::ZeroDuration() ? kWarmup : kMeasure);
 
-  // A worker: one streamed multiply after the other until told to stop.
+  // A worker: one streamed multiply after the other until told to stop;
+  // in an open loop, each at the next start due on the schedule.
   auto work = [this, &s] {
+    // Open loop: this worker has made a call, so it was busy (and not
+    // waiting for a start) until it takes its next one.
+    bool was_busy = false;
     while (true) {
-      const bool measured = s.phase.load() == kMeasure;
+      bool measured = false;
+      Clock::time_point start;
       {
         absl::MutexLock lock(&s.mu);
+        bool late = false;
+        if (s.open_loop) {
+          if (s.stop_issuing) return;
+          start = Due(s.schedule_start, s.point.rate, s.next_start++);
+          // A free worker takes the first start nobody has taken at once,
+          // so a start already due found every worker busy (a fresh
+          // worker's first start is late only by its thread's start-up).
+          late = was_busy && Clock::now() > start;
+          for (Clock::time_point now = Clock::now();
+               !s.stop_issuing && now < start; now = Clock::now()) {
+            s.mu.AwaitWithTimeout(absl::Condition(&s.stop_issuing),
+                                  ToAbsl(start - now));
+          }
+        }
         if (s.stop_issuing) return;
+        measured = s.phase.load() == kMeasure;
         if (measured && s.count_mode) {
           if (s.measured_started >= s.point.requests) {
             s.stop_issuing = true;
@@ -126,14 +152,18 @@ absl::StatusOr<LoadResult> StreamLoadGenerator::Run(
           }
           ++s.measured_started;
         }
+        if (late) ++s.delayed_starts;
         ++s.in_flight;
       }
+      was_busy = true;
       const int index =
           static_cast<int>(s.next_request.fetch_add(1) % requests_.size());
       const Request& r = requests_[index];
       MultiplyOptions options = r.options;
       options.timeout = s.point.timeout;
-      const Clock::time_point start = Clock::now();
+      // Closed loop: latency from the call's start; open loop: from the
+      // scheduled start.
+      if (!s.open_loop) start = Clock::now();
       absl::StatusOr<HostTensor> c =
           client_->MultiplyStreamedView(r.a, r.b, options, stream_);
       const Clock::time_point now = Clock::now();
@@ -267,6 +297,7 @@ absl::StatusOr<LoadResult> StreamLoadGenerator::Run(
   result.verified = s.verified;
   result.mismatches = s.mismatches;
   result.latency_ns = s.latency_ns;
+  result.delayed_starts = s.delayed_starts;
   result.response_message_bytes = s.response_bytes;
   return result;
 }

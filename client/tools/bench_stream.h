@@ -6,19 +6,30 @@
 // chunks, and with StreamOptions::stripes > 1 each multiply is striped over
 // that many calls on as many connections.
 //
-// MultiplyStreamedView blocks, so the load is a closed loop of worker
-// threads, one per request in flight (LoadPoint::concurrency): each sends
-// the workload's requests in rotation, one after the other. Everything else
-// is as LoadGenerator's closed loop (load_generator.h): a warm-up, then a
-// window of LoadPoint::duration (requests started in it are measured; the
-// successful completions in it count for throughput) or exactly
-// LoadPoint::requests requests; latency from the call's start to its
-// return, successful calls only; the first successful measured product and
-// every verify_every-th checked, a wrong one an error WRONG_ANSWER; errors
-// by gRPC code. `stop` ends the point after the calls in flight (each has
-// the point's timeout as its deadline), so nothing is ever abandoned.
-// LoadResult::response_message_bytes is the product's payload (the
-// chunks' framing aside).
+// MultiplyStreamedView blocks, so the load is a pool of worker threads,
+// one per request in flight at most (LoadPoint::concurrency), sending the
+// workload's requests in rotation. The two disciplines are LoadGenerator's
+// (load_generator.h):
+//  - closed loop (rate 0): each worker starts its next multiply as soon as
+//    the last one returned; latency from the call's start to its return.
+//  - open loop (rate > 0): requests are due on a fixed schedule, `rate` per
+//    second from the point's start (load_clock::Due). A worker that is free
+//    takes the next due start off the shared schedule and waits for it; a
+//    start that was already due when a worker came free for it found every
+//    worker busy: it starts at once, late, and counts in
+//    LoadResult::delayed_starts. Latency runs from the scheduled start, so
+//    a server that falls behind shows in the latencies (no coordinated
+//    omission).
+// Everything else is as LoadGenerator's: a warm-up, then a window of
+// LoadPoint::duration (requests started in it are measured; the successful
+// completions in it count for throughput) or exactly LoadPoint::requests
+// requests; successful calls only in the latencies; the first successful
+// measured product and every verify_every-th checked (holding its worker
+// meanwhile), a wrong one an error WRONG_ANSWER; errors by gRPC code.
+// `stop` ends the point after the calls in flight (each has the point's
+// timeout as its deadline; workers waiting for a scheduled start give it
+// up), so nothing is ever abandoned. LoadResult::response_message_bytes is
+// the product's payload (the chunks' framing aside).
 //
 // Thread safety: one point at a time (Run is not reentrant); the client,
 // the workload and the checker must outlive the generator. The checker is
@@ -48,8 +59,7 @@ class StreamLoadGenerator {
   StreamLoadGenerator(const StreamLoadGenerator&) = delete;
   StreamLoadGenerator& operator=(const StreamLoadGenerator&) = delete;
 
-  // Runs one point. INVALID_ARGUMENT as LoadGenerator::Run, and for an open
-  // loop (rate > 0), which this does not run.
+  // Runs one point. INVALID_ARGUMENT as LoadGenerator::Run (CheckLoadPoint).
   absl::StatusOr<LoadResult> Run(
       const LoadPoint& point, const std::atomic<bool>& stop,
       absl::FunctionRef<void(const LoadProgress&)> progress);

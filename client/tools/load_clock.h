@@ -1,6 +1,7 @@
 // What matmul-bench's load generators (load_generator.cc, bench_stream.cc)
 // share to time a point: the steady clock, conversions between its
-// durations and absl::Duration, and the phases a point goes through.
+// durations and absl::Duration, the phases a point goes through, and the
+// open loop's schedule.
 #ifndef MATMUL_CLIENT_TOOLS_LOAD_CLOCK_H_
 #define MATMUL_CLIENT_TOOLS_LOAD_CLOCK_H_
 
@@ -26,6 +27,14 @@ inline absl::Duration ToAbsl(Clock::duration d) {
 
 inline Clock::duration ToClock(absl::Duration d) {
   return std::chrono::nanoseconds(absl::ToInt64Nanoseconds(d));
+}
+
+// Open loop: when the i-th request (from 0) of a schedule of `rate` (> 0)
+// requests per second that began at `start` is due.
+inline Clock::time_point Due(Clock::time_point start, double rate, int64_t i) {
+  return start +
+         std::chrono::duration_cast<Clock::duration>(
+             std::chrono::duration<double>(static_cast<double>(i) / rate));
 }
 
 }  // namespace matmul::load_clock

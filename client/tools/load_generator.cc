@@ -344,6 +344,9 @@ absl::Status CheckLoadPoint(const LoadPoint& point, bool has_checker,
   if (point.concurrency < 1) {
     return absl::InvalidArgumentError("concurrency must be at least 1");
   }
+  if (!(point.rate >= 0) || std::isinf(point.rate)) {
+    return absl::InvalidArgumentError("the rate must be finite and >= 0");
+  }
   if (point.requests < 0 ||
       (point.requests == 0 && (point.duration <= absl::ZeroDuration() ||
                                point.duration == absl::InfiniteDuration()))) {
@@ -375,9 +378,6 @@ absl::StatusOr<LoadResult> LoadGenerator::Run(
           CheckLoadPoint(point, static_cast<bool>(checker_), requests_.size());
       !checked.ok()) {
     return checked;
-  }
-  if (!(point.rate >= 0) || std::isinf(point.rate)) {
-    return absl::InvalidArgumentError("the rate must be finite and >= 0");
   }
   if (exclusive_ &&
       point.concurrency > static_cast<int64_t>(requests_.size())) {
@@ -416,11 +416,7 @@ absl::StatusOr<LoadResult> LoadGenerator::Run(
   int64_t sent = 0;
   Clock::time_point next_send = t_start;
   bool send_delayed = false;
-  auto due = [&](int64_t i) {
-    return t_start + std::chrono::duration_cast<Clock::duration>(
-                         std::chrono::duration<double>(static_cast<double>(i) /
-                                                       point.rate));
-  };
+  auto due = [&](int64_t i) { return load_clock::Due(t_start, point.rate, i); };
 
   const bool report_progress = point.progress_interval > absl::ZeroDuration();
   Clock::time_point next_progress =

@@ -129,7 +129,7 @@ struct LoadResult {
 };
 
 // The checks every point passes before it runs, whichever generator sends
-// it (the rate aside): INVALID_ARGUMENT naming the first one that fails.
+// it: INVALID_ARGUMENT naming the first one that fails.
 // `has_checker`: a response checker is set; `requests`: how many distinct
 // requests there are to send.
 absl::Status CheckLoadPoint(const LoadPoint& point, bool has_checker,

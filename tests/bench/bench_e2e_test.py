@@ -619,11 +619,15 @@ def stripe_counters(server):
     return found
 
 
-def check_streamed_point(p, stripes, chunk_bytes):
+def check_streamed_point(p, stripes, chunk_bytes, rate=None):
     check_point_sane(p)
     assert p["streamed"] is True
     assert p["stream"] == {"stripes": stripes, "chunk_bytes": chunk_bytes}
-    assert p["mode"] == "closed" and p["rate"] is None
+    if rate is None:
+        assert p["mode"] == "closed" and p["rate"] is None
+        assert p["delayed_starts"] == 0
+    else:
+        assert p["mode"] == "open" and p["rate"] == rate
     assert p["errors"] == 0, p["error_messages"]
     assert p["errors_by_code"] == {}
     assert p["abandoned"] == 0
@@ -787,8 +791,123 @@ def test_stream_channels_and_interrupt(server, tmp_path):
     assert p["abandoned"] == 0
 
 
+@pytest.mark.parametrize("stripes", [1, 3])
+def test_stream_open_loop_by_count(tmp_path, stripes):
+    """--stream --rate: 40 streamed multiplies started 20 ms apart (as
+    test_fixed_rate's unary ones), each verified; the point says it was an
+    open loop at 50/s, and with stripes > 1 the server striped every one of
+    them (nothing else was sent: no warm-up, a count)."""
+    s = Server(metrics_port=free_port())
+    try:
+        before = stripe_counters(s)
+        out = tmp_path / "stream_rate.json"
+        r = bench("--target", s.target, "--shape", "32", "--stream",
+                  "--stripes", stripes, "--rate", "50", "--requests", "40",
+                  "--concurrency", "8", "--warmup", "0", "--verify-every",
+                  "1", "--json", out)
+        assert r.returncode == 0, r.stdout + r.stderr
+        (p,) = load(out)["points"]
+        check_streamed_point(p, stripes, 4 << 20, rate=50)
+        assert p["concurrency"] == 8 and p["channels"] >= stripes
+        assert p["requests"] == 40 and p["ok"] == 40
+        assert p["verify"]["checked"] == 40
+        assert p["requests_target"] == 40 and p["duration_s"] is None
+        # 40 starts 20 ms apart: the last one at 0.78 s.
+        assert 0.7 < p["elapsed_s"] < 2.0
+        assert 20 < p["requests_per_s"] < 60
+        assert 0 <= p["delayed_starts"] <= 40
+        # The table's rate column.
+        row = [l for l in r.stdout.splitlines() if l.split()[:3] ==
+               ["8", str(p["channels"]), "50"]]
+        assert len(row) == 1, r.stdout
+        after = stripe_counters(s)
+        started = after["start"] - before["start"]
+        joined = after["join"] - before["join"]
+        if stripes == 1:
+            assert started == 0 and joined == 0
+        else:
+            assert started == 40 and joined == (stripes - 1) * 40
+    finally:
+        assert s.stop() == 0, "".join(s.log)
+
+
+def test_stream_open_loop_sweep_by_duration(server, tmp_path):
+    """Each rate x each concurrency, measured for a duration after a
+    warm-up, striped: the achieved rate is the requested one."""
+    out = tmp_path / "stream_rates.json"
+    r = bench("--target", server.target, "--shape", "24", "--stream",
+              "--stripes", "2", "--stream-chunk-bytes", "1024",
+              "--rate", "25,50", "--concurrency", "1,4", "--duration", "1",
+              "--warmup", "0.2", "--verify-every", "2", "--json", out)
+    assert r.returncode == 0, r.stdout + r.stderr
+    points = load(out)["points"]
+    assert [(p["rate"], p["concurrency"]) for p in points] == [
+        (25, 1), (25, 4), (50, 1), (50, 4)]
+    for p in points:
+        check_streamed_point(p, 2, 1024, rate=p["rate"])
+        assert p["duration_s"] == 1 and p["requests_target"] is None
+        assert 0.9 < p["elapsed_s"] < 1.5
+        assert 0.4 * p["rate"] < p["requests_per_s"] < 1.2 * p["rate"]
+
+
+def test_stream_open_loop_overloaded_counts_late_starts(server, tmp_path):
+    """A rate far beyond one call at a time (a start due every 10 us): each
+    start after the first finds the one worker busy and is late, and the
+    latency runs from the scheduled start, so the last request's covers
+    (nearly) the whole point, not just its own call."""
+    out = tmp_path / "stream_late.json"
+    r = bench("--target", server.target, "--shape", "64", "--stream",
+              "--stripes", "2", "--rate", "100000", "--requests", "30",
+              "--concurrency", "1", "--warmup", "0", "--verify-every", "1",
+              "--json", out)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (p,) = load(out)["points"]
+    check_streamed_point(p, 2, 4 << 20, rate=100000)
+    assert p["requests"] == 30 and p["ok"] == 30
+    assert p["delayed_starts"] == 29
+    # The 30th was due 0.29 ms after the start and ended the point.
+    elapsed_ms = 1000 * p["elapsed_s"]
+    assert elapsed_ms - 1 <= p["latency_ms"]["max"] <= elapsed_ms + 1
+    assert p["requests_per_s"] < 100000
+
+
+def test_stream_open_loop_interrupt_while_waiting(server, tmp_path):
+    """Ctrl-C while the workers wait for starts due 10 s and more ahead:
+    they give them up at once, and the point reports the one request it
+    started (at 0 s) as interrupted."""
+    out = tmp_path / "stream_rate_int.json"
+    proc = subprocess.Popen(
+        [str(BENCH), "--target", server.target, "--shape", "16", "--stream",
+         "--rate", "0.1", "--concurrency", "4", "--duration", "60",
+         "--warmup", "0", "--json", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    head = read_to_table_header(proc)
+    time.sleep(1.0)
+    signalled = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=30)
+    stdout = "".join(head) + stdout
+    assert proc.returncode == 130, stdout + stderr
+    # Not after the next start (10 s) came due.
+    assert time.monotonic() - signalled < 8
+    (p,) = load(out)["points"]
+    assert p["interrupted"] is True and p["abandoned"] == 0
+    assert p["mode"] == "open" and p["rate"] == 0.1 and p["streamed"] is True
+    assert p["requests"] == 1 and p["ok"] == 1 and p["errors"] == 0
+
+
 @pytest.mark.parametrize("args,message", [
-    (["--stream", "--rate", "10"], "not with --rate"),
+    (["--stream", "--rate", "0"], "--rate takes positive numbers"),
+    (["--stream", "--rate", "10,-1"], "--rate takes positive numbers"),
+    (["--stream", "--rate", "10", "--resident"], "not with --resident"),
+    (["--stream", "--rate", "10", "--shared-memory"],
+     "not with --shared-memory"),
+    (["--stream", "--rate", "10", "--concurrency", "300"],
+     "--concurrency is at most 256 with it, got 300"),
+    (["--stream", "--rate", "10", "--stripes", "17"],
+     "--stripes takes 1 to 16"),
+    (["--rate", "10", "--stripes", "2"],
+     "--stripes applies only with --stream"),
     (["--stream", "--resident"], "not with --resident"),
     (["--stream", "--resident=operands"], "not with --resident"),
     (["--stream", "--shared-memory"], "not with --shared-memory"),
