@@ -19,6 +19,7 @@ void CUDART_CB OnStreamDone(void* user_data) {
 
 void HandOff(CudaEngine::InFlight* flight) {
   CudaEngine::Device* device = flight->device;
+  device->done_mu.AssertHeld();
   flight->handed_off = true;
   --device->poll_only_unclaimed;  // no longer the poller's to find
   std::deque<CudaEngine::InFlight*>& unclaimed = flight->lane->unclaimed;
@@ -35,7 +36,9 @@ bool Claim(CudaEngine::InFlight* flight) {
   if (flight->claimed) return false;
   flight->claimed = true;
   if (!flight->host_function && !flight->handed_off) {
-    --flight->device->poll_only_unclaimed;
+    CudaEngine::Device* device = flight->device;
+    device->done_mu.AssertHeld();
+    --device->poll_only_unclaimed;
   }
   std::deque<CudaEngine::InFlight*>& unclaimed = flight->lane->unclaimed;
   auto it = std::find(unclaimed.begin(), unclaimed.end(), flight);
