@@ -21,6 +21,7 @@
 #include "gpu/host/host_engine.h"
 #include "gtest/gtest.h"
 #include "tests/engine_job.h"
+#include "tests/shm_names.h"
 
 namespace matmul {
 namespace {
@@ -50,19 +51,8 @@ class TruncatedMapping {
  public:
   explicit TruncatedMapping(size_t pages)
       : bytes_(pages * static_cast<size_t>(sysconf(_SC_PAGESIZE))) {
-    int error = 0;
-    for (int attempt = 0; attempt < 64; ++attempt) {
-      name_ = NameAhead(0);
-      ++counter_;
-      fd_ =
-          shm_open(name_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-      error = errno;
-      if (fd_ >= 0 || error != EEXIST) break;
-    }
-    if (fd_ < 0) {
-      ADD_FAILURE() << "shm_open(" << name_ << "): " << std::strerror(error);
-      return;
-    }
+    fd_ = testing::CreateUnderFreshName(NextName, &name_);
+    if (fd_ < 0) return;
     EXPECT_EQ(shm_unlink(name_.c_str()), 0) << std::strerror(errno);
     if (ftruncate(fd_, static_cast<off_t>(bytes_)) != 0) {
       ADD_FAILURE() << "ftruncate: " << std::strerror(errno);
@@ -88,6 +78,12 @@ class TruncatedMapping {
     return absl::StrCat("/matmul-mapped-copy-test-", getpid(), "-",
                         counter_ + ahead);
   }
+  // The next name to try; the one after it comes next.
+  static std::string NextName() {
+    std::string name = NameAhead(0);
+    ++counter_;
+    return name;
+  }
 
   bool ok() const { return data_ != nullptr; }
   // The name the object had while it was being created.
@@ -112,36 +108,12 @@ TEST(MappedCopyTest, CopiesLikeMemcpy) {
   EXPECT_EQ(std::memcmp(out.data(), m.data(), m.bytes()), 0);
 }
 
-// Shared-memory objects that the test below creates and, at the end,
-// unlinks (also when an ASSERT ends it early).
-class StaleNames {
- public:
-  StaleNames() = default;
-  StaleNames(const StaleNames&) = delete;
-  StaleNames& operator=(const StaleNames&) = delete;
-  ~StaleNames() {
-    for (const std::string& name : names_) shm_unlink(name.c_str());
-  }
-  // Creates `name` (empty) as a process that died would have left it.
-  bool Leave(const std::string& name) {
-    const int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
-    if (fd < 0) return false;
-    close(fd);
-    names_.push_back(name);
-    return true;
-  }
-  const std::vector<std::string>& names() const { return names_; }
-
- private:
-  std::vector<std::string> names_;
-};
-
 // The flake this file had (a SIGSEGV in CopiesLikeMemcpy under ctest): the
 // death test's child left its object's name behind, a later test process
 // with the same pid could not create its own, and the test crashed. Names
 // that exist already are skipped, and left as they were.
 TEST(MappedCopyTest, TheTestsMappingSkipsNamesThatExistAlready) {
-  StaleNames stale;
+  testing::StaleNames stale;
   for (int ahead = 0; ahead < 3; ++ahead) {
     const std::string name = TruncatedMapping::NameAhead(ahead);
     ASSERT_TRUE(stale.Leave(name)) << name << ": " << std::strerror(errno);

@@ -37,6 +37,7 @@
 #include "tests/fake_engine.h"
 #include "tests/metrics/scrape_client.h"
 #include "tests/reference_gemm.h"
+#include "tests/shm_names.h"
 
 namespace matmul {
 namespace {
@@ -59,22 +60,11 @@ using ::testing::HasSubstr;
 // create that fails is a test failure with ok() false.
 class ShmObject {
  public:
-  static constexpr int kAttempts = 64;
+  static constexpr int kAttempts = testing::kFreshNameAttempts;
 
   explicit ShmObject(int64_t bytes) : bytes_(bytes) {
-    int fd = -1;
-    int error = 0;
-    for (int attempt = 0; attempt < kAttempts; ++attempt) {
-      name_ = NameAhead(0);
-      ++counter_;
-      fd = shm_open(name_.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
-      error = errno;
-      if (fd >= 0 || error != EEXIST) break;
-    }
-    if (fd < 0) {
-      ADD_FAILURE() << "shm_open(" << name_ << "): " << std::strerror(error);
-      return;
-    }
+    const int fd = testing::CreateUnderFreshName(NextName, &name_);
+    if (fd < 0) return;
     linked_ = true;
     if (ftruncate(fd, bytes) != 0) {
       ADD_FAILURE() << "ftruncate(" << name_ << "): " << std::strerror(errno);
@@ -83,7 +73,7 @@ class ShmObject {
     }
     void* data = mmap(nullptr, static_cast<size_t>(bytes),
                       PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    error = errno;
+    const int error = errno;
     close(fd);
     if (data == MAP_FAILED) {
       ADD_FAILURE() << "mmap(" << name_ << "): " << std::strerror(error);
@@ -102,6 +92,12 @@ class ShmObject {
   static std::string NameAhead(int ahead) {
     return absl::StrCat("/matmul-test-", getpid(), "-", Tag(), "-",
                         counter_ + ahead);
+  }
+  // The next name to try; the one after it comes next.
+  static std::string NextName() {
+    std::string name = NameAhead(0);
+    ++counter_;
+    return name;
   }
 
   bool ok() const { return data_ != nullptr; }
@@ -126,49 +122,6 @@ class ShmObject {
   bool linked_ = false;  // name_ is ours, to unlink
   std::byte* data_ = nullptr;
 };
-
-// Shared-memory objects that a test creates as a dead process would have
-// left them and, at its end, unlinks (also when an ASSERT ends it early).
-class StaleNames {
- public:
-  StaleNames() = default;
-  StaleNames(const StaleNames&) = delete;
-  StaleNames& operator=(const StaleNames&) = delete;
-  ~StaleNames() {
-    for (const std::string& name : names_) shm_unlink(name.c_str());
-  }
-  // Creates `name`, empty. A name that exists already (a leftover like
-  // those this stands for) does as well, and is left as it was.
-  bool Leave(const std::string& name) {
-    const int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
-    if (fd < 0) return errno == EEXIST;
-    close(fd);
-    names_.push_back(name);
-    return true;
-  }
-  const std::vector<std::string>& names() const { return names_; }
-
- private:
-  std::vector<std::string> names_;
-};
-
-// Whether an object named `name` exists.
-bool Exists(const std::string& name) {
-  const int fd = shm_open(name.c_str(), O_RDONLY, 0);
-  const int error = errno;
-  if (fd >= 0) close(fd);
-  return fd >= 0 || error != ENOENT;
-}
-
-// The size of the object named `name`, or -1 where there is none.
-int64_t ObjectSize(const std::string& name) {
-  const int fd = shm_open(name.c_str(), O_RDONLY, 0);
-  if (fd < 0) return -1;
-  struct stat st;
-  const int rc = fstat(fd, &st);
-  close(fd);
-  return rc == 0 ? static_cast<int64_t>(st.st_size) : -1;
-}
 
 // The engine these tests run against (tests/engine_under_test.h; with
 // "cuda" regions are pinned and the copy engines read and write them).
@@ -1058,14 +1011,15 @@ TEST(SharedMemoryTest, ShutdownEndsOpenRegistrations) {
 // on through MAP_FAILED. A name that exists is skipped and left as it was,
 // and the object made is the one the server opens by name.
 TEST(SharedMemoryTest, TheTestsObjectSkipsNamesThatExistAlready) {
-  StaleNames stale;
+  testing::StaleNames stale;
   for (int ahead = 0; ahead < 3; ++ahead) {
     const std::string name = ShmObject::NameAhead(ahead);
     ASSERT_TRUE(stale.Leave(name)) << name << ": " << std::strerror(errno);
   }
   // The first name after those (past any other leftover) is the one made.
   int ahead = 3;
-  while (ahead < ShmObject::kAttempts && Exists(ShmObject::NameAhead(ahead))) {
+  while (ahead < ShmObject::kAttempts &&
+         testing::ShmExists(ShmObject::NameAhead(ahead))) {
     ++ahead;
   }
   const std::string expected = ShmObject::NameAhead(ahead);
@@ -1075,7 +1029,7 @@ TEST(SharedMemoryTest, TheTestsObjectSkipsNamesThatExistAlready) {
     ASSERT_TRUE(shm.ok());
     made = shm.name();
     EXPECT_EQ(made, expected);
-    EXPECT_EQ(ObjectSize(made), 4096);
+    EXPECT_EQ(testing::ShmObjectSize(made), 4096);
     SharedMemoryServer s(HostProvider());
     auto stub = s.UnixStub();
     auto reg = Register(*stub, shm.name(), shm.bytes());
@@ -1084,9 +1038,9 @@ TEST(SharedMemoryTest, TheTestsObjectSkipsNamesThatExistAlready) {
     EXPECT_EQ(reg->response.region().bytes(), 4096);
   }
   // Its own name unlinked; the others still there, untouched.
-  EXPECT_EQ(ObjectSize(made), -1) << made;
+  EXPECT_EQ(testing::ShmObjectSize(made), -1) << made;
   for (const std::string& name : stale.names()) {
-    EXPECT_EQ(ObjectSize(name), 0) << name;
+    EXPECT_EQ(testing::ShmObjectSize(name), 0) << name;
   }
 }
 
@@ -1094,7 +1048,7 @@ TEST(SharedMemoryTest, TheTestsObjectSkipsNamesThatExistAlready) {
 // fails there (a test asserts ok()) instead of writing through MAP_FAILED,
 // and none of those objects is touched.
 TEST(SharedMemoryTest, TheTestsObjectFailsWhenNoNameIsFree) {
-  StaleNames stale;
+  testing::StaleNames stale;
   for (int ahead = 0; ahead < ShmObject::kAttempts; ++ahead) {
     const std::string name = ShmObject::NameAhead(ahead);
     ASSERT_TRUE(stale.Leave(name)) << name << ": " << std::strerror(errno);
@@ -1108,7 +1062,7 @@ TEST(SharedMemoryTest, TheTestsObjectFailsWhenNoNameIsFree) {
       "File exists");
   EXPECT_FALSE(made);
   for (const std::string& name : stale.names()) {
-    EXPECT_EQ(ObjectSize(name), 0) << name;
+    EXPECT_EQ(testing::ShmObjectSize(name), 0) << name;
   }
 }
 

@@ -25,6 +25,7 @@
 #include "gtest/gtest-spi.h"
 #include "gtest/gtest.h"
 #include "tests/reference_gemm.h"
+#include "tests/shm_names.h"
 
 namespace matmul {
 namespace {
@@ -43,22 +44,11 @@ namespace {
 // false, and a test asserts ok() before it uses the mapping.
 class Mapping {
  public:
-  static constexpr int kAttempts = 64;
+  static constexpr int kAttempts = testing::kFreshNameAttempts;
 
   explicit Mapping(int64_t bytes) : bytes_(bytes) {
-    int fd = -1;
-    int error = 0;
-    for (int attempt = 0; attempt < kAttempts; ++attempt) {
-      name_ = NameAhead(0);
-      ++counter_;
-      fd = shm_open(name_.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
-      error = errno;
-      if (fd >= 0 || error != EEXIST) break;
-    }
-    if (fd < 0) {
-      ADD_FAILURE() << "shm_open(" << name_ << "): " << std::strerror(error);
-      return;
-    }
+    const int fd = testing::CreateUnderFreshName(NextName, &name_);
+    if (fd < 0) return;
     EXPECT_EQ(shm_unlink(name_.c_str()), 0) << std::strerror(errno);
     if (ftruncate(fd, bytes) != 0) {
       ADD_FAILURE() << "ftruncate: " << std::strerror(errno);
@@ -67,7 +57,7 @@ class Mapping {
     }
     void* data = mmap(nullptr, static_cast<size_t>(bytes),
                       PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    error = errno;
+    const int error = errno;
     close(fd);
     if (data == MAP_FAILED) {
       ADD_FAILURE() << "mmap: " << std::strerror(error);
@@ -85,6 +75,12 @@ class Mapping {
   static std::string NameAhead(int ahead) {
     return absl::StrCat("/matmul-gpu-test-", getpid(), "-", counter_ + ahead);
   }
+  // The next name to try; the one after it comes next.
+  static std::string NextName() {
+    std::string name = NameAhead(0);
+    ++counter_;
+    return name;
+  }
 
   bool ok() const { return data_ != nullptr; }
   // The name the object had while it was being created.
@@ -97,49 +93,6 @@ class Mapping {
   std::string name_;
   std::byte* data_ = nullptr;
 };
-
-// Shared-memory objects that a test creates as a dead process would have
-// left them and, at its end, unlinks (also when an ASSERT ends it early).
-class StaleNames {
- public:
-  StaleNames() = default;
-  StaleNames(const StaleNames&) = delete;
-  StaleNames& operator=(const StaleNames&) = delete;
-  ~StaleNames() {
-    for (const std::string& name : names_) shm_unlink(name.c_str());
-  }
-  // Creates `name`, empty. A name that exists already (a leftover like
-  // those this stands for) does as well, and is left as it was.
-  bool Leave(const std::string& name) {
-    const int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
-    if (fd < 0) return errno == EEXIST;
-    close(fd);
-    names_.push_back(name);
-    return true;
-  }
-  const std::vector<std::string>& names() const { return names_; }
-
- private:
-  std::vector<std::string> names_;
-};
-
-// Whether an object named `name` exists.
-bool Exists(const std::string& name) {
-  const int fd = shm_open(name.c_str(), O_RDONLY, 0);
-  const int error = errno;
-  if (fd >= 0) close(fd);
-  return fd >= 0 || error != ENOENT;
-}
-
-// The size of the object named `name`, or -1 where there is none.
-int64_t ObjectSize(const std::string& name) {
-  const int fd = shm_open(name.c_str(), O_RDONLY, 0);
-  if (fd < 0) return -1;
-  struct stat st;
-  const int rc = fstat(fd, &st);
-  close(fd);
-  return rc == 0 ? static_cast<int64_t>(st.st_size) : -1;
-}
 
 class RegionJob final : public MatmulJob {
  public:
@@ -250,14 +203,15 @@ TEST(CudaSharedMemoryTest, RegistrationFailuresAreStatuses) {
 // A name that exists already (a process that died, pids coming round) is
 // skipped and left as it was, and no name remains once the mapping exists.
 TEST(CudaSharedMemoryTest, TheTestsMappingSkipsNamesThatExistAlready) {
-  StaleNames stale;
+  testing::StaleNames stale;
   for (int ahead = 0; ahead < 3; ++ahead) {
     const std::string name = Mapping::NameAhead(ahead);
     ASSERT_TRUE(stale.Leave(name)) << name << ": " << std::strerror(errno);
   }
   // The first name after those (past any other leftover) is the one made.
   int ahead = 3;
-  while (ahead < Mapping::kAttempts && Exists(Mapping::NameAhead(ahead))) {
+  while (ahead < Mapping::kAttempts &&
+         testing::ShmExists(Mapping::NameAhead(ahead))) {
     ++ahead;
   }
   const std::string expected = Mapping::NameAhead(ahead);
@@ -266,14 +220,15 @@ TEST(CudaSharedMemoryTest, TheTestsMappingSkipsNamesThatExistAlready) {
   EXPECT_EQ(region.name(), expected);
   std::memset(region.data(), 0x5a, 1 << 16);
   EXPECT_EQ(region.data()[(1 << 16) - 1], std::byte{0x5a});
-  EXPECT_EQ(ObjectSize(region.name()), -1) << region.name() << " remains";
+  EXPECT_EQ(testing::ShmObjectSize(region.name()), -1)
+      << region.name() << " remains";
   for (const std::string& name : stale.names()) {
-    EXPECT_EQ(ObjectSize(name), 0) << name;
+    EXPECT_EQ(testing::ShmObjectSize(name), 0) << name;
   }
 }
 
 TEST(CudaSharedMemoryTest, TheTestsMappingFailsWhenNoNameIsFree) {
-  StaleNames stale;
+  testing::StaleNames stale;
   for (int ahead = 0; ahead < Mapping::kAttempts; ++ahead) {
     const std::string name = Mapping::NameAhead(ahead);
     ASSERT_TRUE(stale.Leave(name)) << name << ": " << std::strerror(errno);
@@ -287,7 +242,7 @@ TEST(CudaSharedMemoryTest, TheTestsMappingFailsWhenNoNameIsFree) {
       "File exists");
   EXPECT_FALSE(made);
   for (const std::string& name : stale.names()) {
-    EXPECT_EQ(ObjectSize(name), 0) << name;
+    EXPECT_EQ(testing::ShmObjectSize(name), 0) << name;
   }
 }
 
