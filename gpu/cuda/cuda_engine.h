@@ -107,7 +107,8 @@ struct CudaEngineOptions {
   // one launch (gpu/cuda/job_graph.h). At most this many graphs per stream,
   // the least recently used evicted; 0 turns graphs off.
   int job_graphs_per_stream = 0;
-  // A shape is recorded the this-many-th time it comes without a graph.
+  // A shape is recorded on its job_graph_min_sightings-th arrival without
+  // a graph.
   int job_graph_min_sightings = 2;
   int64_t job_graph_max_device_bytes = int64_t{16} << 20;
 };

@@ -258,7 +258,20 @@ struct CompletionMode {
   int64_t inline_dispatch_max_bytes;
   absl::Duration completion_poll;
   int64_t poll_only_max_bytes = 0;
+  // CUDA graphs per stream (0: none). With graphs the jobs' sizes come from
+  // a few shapes, so that graphs are recorded and replayed.
+  int job_graphs_per_stream = 0;
 };
+
+// A job's size: 1-256 (or 16-256) at random, or, in a mode with graphs,
+// one of a few shapes, so that each comes often enough to be replayed.
+int64_t ModeSize(const CompletionMode& mode, absl::BitGen& gen, int64_t low) {
+  if (mode.job_graphs_per_stream > 0) {
+    constexpr int64_t kSizes[] = {24, 64, 100, 256};
+    return kSizes[absl::Uniform(gen, 0, 4)];
+  }
+  return low + absl::Uniform(gen, 0, 257 - low);
+}
 
 class CudaEngineCompletionTest
     : public ::testing::TestWithParam<CompletionMode> {
@@ -271,6 +284,7 @@ class CudaEngineCompletionTest
     options.inline_dispatch_max_bytes = GetParam().inline_dispatch_max_bytes;
     options.completion_poll = GetParam().completion_poll;
     options.poll_only_max_bytes = GetParam().poll_only_max_bytes;
+    options.job_graphs_per_stream = GetParam().job_graphs_per_stream;
     absl::StatusOr<std::unique_ptr<CudaEngine>> engine =
         CudaEngine::Create(options);
     EXPECT_TRUE(engine.ok()) << engine.status();
@@ -286,9 +300,9 @@ TEST_P(CudaEngineCompletionTest, OneAtATimeEachJobIsRightAndDoneOnce) {
   ASSERT_NE(engine, nullptr);
   absl::BitGen gen;
   for (int i = 0; i < 300; ++i) {
-    const int64_t m = 1 + absl::Uniform(gen, 0, 256);
-    const int64_t n = 1 + absl::Uniform(gen, 0, 256);
-    const int64_t k = 1 + absl::Uniform(gen, 0, 256);
+    const int64_t m = ModeSize(GetParam(), gen, 1);
+    const int64_t n = ModeSize(GetParam(), gen, 1);
+    const int64_t k = ModeSize(GetParam(), gen, 1);
     const MatmulSpec spec =
         MakeSpec(DType::kFloat32, 1, 1, m, n, k, false, false, false);
     const std::string a = RandomBytes(spec.dtype, spec.a_elements(), gen);
@@ -307,6 +321,9 @@ TEST_P(CudaEngineCompletionTest, OneAtATimeEachJobIsRightAndDoneOnce) {
   int64_t jobs = 0;
   for (const StreamStats& s : d.streams) jobs += s.jobs;
   EXPECT_EQ(jobs, 300);
+  if (GetParam().job_graphs_per_stream > 0) {
+    EXPECT_GT(d.graph_jobs, 0) << "no job was replayed from a graph";
+  }
   EXPECT_EQ(d.staging_used_bytes, 0);
   EXPECT_EQ(d.device_memory_used_bytes, 0);
   EXPECT_EQ(d.queued_jobs, 0);
@@ -332,7 +349,7 @@ TEST_P(CudaEngineCompletionTest, RacingSubmittersThenShutdownAnswerEveryJob) {
     for (int i = 0; i < kPerThread; ++i) {
       auto p = std::make_unique<Pending>();
       // Mostly small (inline-sized), every eighth one past the threshold.
-      const int64_t size = i % 8 == 7 ? 512 : 16 + absl::Uniform(gen, 0, 240);
+      const int64_t size = i % 8 == 7 ? 512 : ModeSize(GetParam(), gen, 16);
       p->spec = MakeSpec(DType::kFloat32, 1, 1, size, size, size, false, false,
                          false);
       p->a = RandomBytes(p->spec.dtype, p->spec.a_elements(), gen);
@@ -388,7 +405,12 @@ INSTANTIATE_TEST_SUITE_P(
         CompletionMode{"InlinePollOnly", int64_t{1} << 20,
                        absl::Milliseconds(1), int64_t{1} << 20},
         CompletionMode{"LaneBriefPollerPollOnly", 0, absl::Microseconds(1),
-                       int64_t{1} << 20}),
+                       int64_t{1} << 20},
+        // Replayed graphs, completed by the poller alone or by host
+        // functions: a graph's end event is what the completer sees.
+        CompletionMode{"InlinePollOnlyGraphs", int64_t{1} << 20,
+                       absl::Milliseconds(1), int64_t{1} << 20, 8},
+        CompletionMode{"LaneAndPollerGraphs", 0, absl::Milliseconds(1), 0, 8}),
     [](const ::testing::TestParamInfo<CompletionMode>& info) {
       return std::string(info.param.name);
     });
