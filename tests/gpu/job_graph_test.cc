@@ -498,6 +498,51 @@ INSTANTIATE_TEST_SUITE_P(
       return std::string("Unknown");
     });
 
+// Idle graph instances hold pinned staging: a job that cannot have its own
+// at once makes its stream let go of them rather than wait on them. A
+// 32 MiB pool, four instances of a 3 MiB shape (12 MiB, kept while free),
+// then a job that needs 21 MiB of staging and is too big to record.
+TEST(JobGraphTest, AJobWithoutStagingLetsTheIdleInstancesGo) {
+  SKIP_WITHOUT_GPU();
+  CudaEngineOptions options;
+  options.streams_per_device = 1;
+  options.pinned_bytes_per_device = int64_t{32} << 20;
+  options.poison_outputs = true;
+  options.job_graphs_per_stream = 4;
+  options.job_graph_min_sightings = 1;
+  absl::StatusOr<std::unique_ptr<CudaEngine>> engine =
+      CudaEngine::Create(options);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const MatmulSpec small = Square(DType::kFloat32, 512);
+  absl::BitGen gen;
+  {
+    std::vector<std::unique_ptr<Held>> held;
+    for (int i = 0; i < 4; ++i) {
+      held.push_back(SubmitHeld(**engine, small, gen));
+      ExpectRight(*held.back(), absl::StrCat("small job ", i));
+    }
+  }
+  GraphCounts counts = CountsOf(**engine);
+  ASSERT_EQ(counts.recorded, 4);
+  ASSERT_EQ(counts.evicted, 0);
+  EXPECT_EQ((*engine)->stats().devices[0].staging_used_bytes,
+            4 * (small.a_bytes() + small.b_bytes() + small.c_bytes()));
+  const MatmulSpec big = MakeSpec(DType::kFloat32, 1, 1, 4096, 64, 1280, false,
+                                  false, false, ComputeMode::kStrict);
+  ASSERT_GT(big.a_bytes() + big.b_bytes() + big.c_bytes(), int64_t{20} << 20);
+  ASSERT_GT(DeviceBytes(big), kMaxGraphBytes);
+  MultiplyAndCheck(**engine, big, gen);
+  counts = CountsOf(**engine);
+  EXPECT_EQ(counts.evicted, 4);
+  EXPECT_EQ(counts.recorded, 4);
+  const DeviceStats d = (*engine)->stats().devices[0];
+  EXPECT_EQ(d.staging_used_bytes, 0);
+  EXPECT_EQ(d.device_memory_used_bytes, 0);
+  // The shape is recorded again when it comes back.
+  MultiplyAndCheck(**engine, small, gen);
+  EXPECT_EQ(CountsOf(**engine).recorded, 5);
+}
+
 TEST(JobGraphTest, JobsOverTheLimitRunCallByCall) {
   SKIP_WITHOUT_GPU();
   std::unique_ptr<CudaEngine> engine = GraphEngine(1, 8);
