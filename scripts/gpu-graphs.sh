@@ -2,14 +2,16 @@
 # One device call that checks and measures small multiplies replayed from
 # CUDA graphs (gpu/cuda/job_graph.h, --cuda-graphs-per-stream):
 #   1. job_graph_test (every accuracy case recorded, then replayed with other
-#      operands; eviction; many jobs in flight; prestaged memory), then its
-#      JobGraphTest cases under compute-sanitizer memcheck --leak-check full;
+#      operands; eviction; many jobs in flight; held results; faults;
+#      prestaged memory), then its JobGraphTest and JobGraphFaultTest cases
+#      under compute-sanitizer memcheck --leak-check full;
 #      cuda_engine_test without its accuracy cases (the shared test header);
 #   2. scripts/gpu-targets.sh with the server as it is and with
 #      --cuda-graphs-per-stream=GRAPHS, ROUNDS (default 1) rounds, against
 #      the transport ceiling of the same run (TARGETS=0 skips it).
-# (matmul-pipeline-bench's jobs take prestaged operands, which are not
-# replayed: see JobGraphCache::Replayable.)
+# (matmul-pipeline-bench's jobs take prestaged operands, which are never
+# replayed (JobGraphCache::Replayable); with --graphs N they copy theirs
+# into staging instead.)
 # Expects the programs in .gpubundle (matmul-server, matmul-bench,
 # job_graph_test, cuda_engine_test, rawecho,
 # rawclient); writes summary.txt and the logs into OUT.
@@ -35,7 +37,7 @@ if [ -x /usr/local/cuda/bin/compute-sanitizer ] && [ -x .gpubundle/bin/job_graph
   LD_LIBRARY_PATH=.gpubundle/lib:/usr/local/cuda/lib64 timeout 300 \
     /usr/local/cuda/bin/compute-sanitizer --tool memcheck --leak-check full \
     --error-exitcode 99 .gpubundle/bin/job_graph_test \
-    --gtest_filter='JobGraphTest.*' >"$logs/job_graph_test-memcheck.log" 2>&1
+    --gtest_filter='JobGraphTest.*:EveryPoint/JobGraphFaultTest.*' >"$logs/job_graph_test-memcheck.log" 2>&1
   log "memcheck rc=$? $(grep -E 'ERROR SUMMARY|LEAK SUMMARY' "$logs/job_graph_test-memcheck.log" | tr '\n' ' ')"
 fi
 timeout 300 "$R" cuda_engine_test --gtest_filter='-AllShapes/*' >"$logs/cuda_engine_test.log" 2>&1
