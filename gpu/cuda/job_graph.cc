@@ -277,6 +277,10 @@ JobGraphCache::Taken JobGraphCache::Take(const MatmulSpec& spec,
                                 std::move(*staging), std::move(*events));
   }
   if (!recorded.ok()) {
+    // Events not handed to a recording (no capture stream) go back.
+    if (events.ok() && *events != nullptr) {
+      lane_.events->Return(std::move(*events));
+    }
     lane_.budget->Release(device_bytes);
     recording_failed_ = true;
     LogLine(absl::StrCat(
