@@ -22,7 +22,7 @@ mkdir -p "$logs"
 # shellcheck source=scripts/gpu-common.sh
 . "$(dirname "$0")/gpu-common.sh"
 
-log "== $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -1)"
+log_gpu
 log "== transport ceiling (REQUEST_BYTES THREADS CHANNELS)"
 ceiling "32768 64 8" "524288 64 16" "524288 1 1" "8388608 32 16"
 

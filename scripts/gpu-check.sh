@@ -24,7 +24,7 @@ mkdir -p "$logs"
 . "$(dirname "$0")/gpu-common.sh"
 sanitizer=/usr/local/cuda/bin/compute-sanitizer
 
-log "== $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -1)"
+log_gpu
 
 gtest_line() {  # NAME LOG: the gtest summary lines of a log
   log "$1: $(grep -E '^\[==========\] [0-9]+ tests? from .* ran|^\[  PASSED  \]|^\[  FAILED  \]|^\[  SKIPPED \]' "$2" | tr '\n' ' ')"

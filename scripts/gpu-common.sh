@@ -9,6 +9,18 @@ T=127.0.0.1:50051
 # Prints and appends to the summary.
 log() { echo "$*" | tee -a "$out/$logfile"; }
 
+# The run's first summary line: the time, the GPU and its driver.
+log_gpu() {
+  log "== $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -1)"
+}
+
+# A gtest log's totals on one line: passed (and failed) counts, and how
+# many tests skipped (not each skipped test's line).
+gtest_summary() {
+  echo "$(grep -E '^\[  (PASSED|FAILED)  \] [0-9]+ test' "$1" | tr '\n' ' ')" \
+    "skipped: $(grep -cE '^\[  SKIPPED \] .*\(' "$1")"
+}
+
 # The transport ceiling (../shared/bench/transport-ceiling): rawecho, then
 # one rawclient run of 3 s per argument, each "REQUEST_BYTES THREADS
 # CHANNELS".

@@ -29,12 +29,10 @@ mkdir -p "$logs"
 . "$(dirname "$0")/gpu-common.sh"
 graphs=${GRAPHS:-8}
 
-summary() { grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$1" | tr '\n' ' '; }
-
-log "== $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -1)"
+log_gpu
 log "== 1. tests"
 timeout 300 "$R" job_graph_test >"$logs/job_graph_test.log" 2>&1
-log "job_graph_test rc=$? $(summary "$logs/job_graph_test.log")"
+log "job_graph_test rc=$? $(gtest_summary "$logs/job_graph_test.log")"
 grep -E "prestaged:|FAILED|Failure|error" "$logs/job_graph_test.log" | head -20 | tee -a "$out/$logfile"
 if [ -x /usr/local/cuda/bin/compute-sanitizer ] && [ -x .gpubundle/bin/job_graph_test ]; then
   LD_LIBRARY_PATH=.gpubundle/lib:/usr/local/cuda/lib64 timeout 300 \
@@ -44,7 +42,7 @@ if [ -x /usr/local/cuda/bin/compute-sanitizer ] && [ -x .gpubundle/bin/job_graph
   log "memcheck rc=$? $(grep -E 'ERROR SUMMARY|LEAK SUMMARY' "$logs/job_graph_test-memcheck.log" | tr '\n' ' ')"
 fi
 timeout 300 "$R" cuda_engine_test --gtest_filter='-AllShapes/*' >"$logs/cuda_engine_test.log" 2>&1
-log "cuda_engine_test rc=$? $(summary "$logs/cuda_engine_test.log")"
+log "cuda_engine_test rc=$? $(gtest_summary "$logs/cuda_engine_test.log")"
 
 if [ "${PIPELINE:-1}" != 0 ]; then
   log "== 2. matmul-pipeline-bench n=256 float32, operands copied, graphs off and on"

@@ -43,10 +43,10 @@ secs=${GROUPED_SECONDS:-5}
 modes=${MODES:-grouped pershape unbatched grouped-held}
 held_us=${HELD_US:-200}
 
-log "== $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -1)"
+log_gpu
 log "== 1. grouped_gemm_test"
 timeout 300 "$R" grouped_gemm_test >"$logs/grouped_gemm_test.log" 2>&1
-log "grouped_gemm_test rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$logs/grouped_gemm_test.log" | tr '\n' ' ')"
+log "grouped_gemm_test rc=$? $(gtest_summary "$logs/grouped_gemm_test.log")"
 if [ "${MEMCHECK:-1}" != 0 ] && [ -x /usr/local/cuda/bin/compute-sanitizer ] && [ -x .gpubundle/bin/grouped_gemm_test ]; then
   LD_LIBRARY_PATH=.gpubundle/lib:/usr/local/cuda/lib64 timeout 300 \
     /usr/local/cuda/bin/compute-sanitizer --tool memcheck --error-exitcode 99 \

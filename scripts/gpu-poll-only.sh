@@ -27,19 +27,17 @@ mkdir -p "$logs"
 . "$(dirname "$0")/gpu-common.sh"
 bytes=${POLL_ONLY_BYTES:-67108864}
 
-summary() { grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$1" | tr '\n' ' '; }
-
-log "== $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -1)"
+log_gpu
 log "== 1. tests"
 timeout 300 "$R" cuda_engine_test --gtest_filter='EveryMode/*' >"$logs/completion.log" 2>&1
-log "completion modes rc=$? $(summary "$logs/completion.log")"
+log "completion modes rc=$? $(gtest_summary "$logs/completion.log")"
 grep -E "FAILED|Failure" "$logs/completion.log" | head -20 | tee -a "$out/$logfile"
 if [ -x /usr/local/cuda/bin/compute-sanitizer ] && [ -x .gpubundle/bin/cuda_engine_test ]; then
   LD_LIBRARY_PATH=.gpubundle/lib:/usr/local/cuda/lib64 timeout 300 \
     /usr/local/cuda/bin/compute-sanitizer --tool memcheck --leak-check full \
     --error-exitcode 99 .gpubundle/bin/cuda_engine_test \
     --gtest_filter='EveryMode/*PollOnly*' >"$logs/completion-memcheck.log" 2>&1
-  log "memcheck rc=$? $(summary "$logs/completion-memcheck.log") $(grep -E 'ERROR SUMMARY|LEAK SUMMARY' "$logs/completion-memcheck.log" | tr '\n' ' ')"
+  log "memcheck rc=$? $(gtest_summary "$logs/completion-memcheck.log") $(grep -E 'ERROR SUMMARY|LEAK SUMMARY' "$logs/completion-memcheck.log" | tr '\n' ' ')"
 fi
 
 log "== 2. matmul-pipeline-bench n=256, 4 streams"

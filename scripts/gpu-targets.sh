@@ -59,7 +59,7 @@ paired_c1() {
   log "$label n=256 c=1 paired p50 ms (echo/server/excess):$line median excess $median"
 }
 
-log "== $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -1)"
+log_gpu
 log "== transport ceiling before (REQUEST_BYTES THREADS CHANNELS)"
 ceiling "32768 64 8" "524288 64 16" "524288 1 1" "8388608 32 16"
 for round in $(seq 1 "${ROUNDS:-2}"); do

@@ -51,7 +51,7 @@ class TruncatedMapping {
  public:
   explicit TruncatedMapping(size_t pages)
       : bytes_(pages * static_cast<size_t>(sysconf(_SC_PAGESIZE))) {
-    fd_ = testing::CreateUnderFreshName(NextName, &name_);
+    fd_ = testing::CreateUnderFreshName([] { return Names().Next(); }, &name_);
     if (fd_ < 0) return;
     EXPECT_EQ(shm_unlink(name_.c_str()), 0) << std::strerror(errno);
     if (ftruncate(fd_, static_cast<off_t>(bytes_)) != 0) {
@@ -73,16 +73,11 @@ class TruncatedMapping {
   TruncatedMapping(const TruncatedMapping&) = delete;
   TruncatedMapping& operator=(const TruncatedMapping&) = delete;
 
-  // The name the mapping `ahead` constructions from now tries first.
-  static std::string NameAhead(int ahead) {
-    return absl::StrCat("/matmul-mapped-copy-test-", getpid(), "-",
-                        counter_ + ahead);
-  }
-  // The next name to try; the one after it comes next.
-  static std::string NextName() {
-    std::string name = NameAhead(0);
-    ++counter_;
-    return name;
+  // The names its constructions try, in order.
+  static testing::NameSequence& Names() {
+    static testing::NameSequence names(
+        absl::StrCat("/matmul-mapped-copy-test-", getpid(), "-"));
+    return names;
   }
 
   bool ok() const { return data_ != nullptr; }
@@ -93,7 +88,6 @@ class TruncatedMapping {
   size_t bytes() const { return bytes_; }
 
  private:
-  static inline int counter_ = 0;  // constructed on the main thread only
   const size_t bytes_;
   std::string name_;
   int fd_ = -1;
@@ -114,24 +108,14 @@ TEST(MappedCopyTest, CopiesLikeMemcpy) {
 // that exist already are skipped, and left as they were.
 TEST(MappedCopyTest, TheTestsMappingSkipsNamesThatExistAlready) {
   testing::StaleNames stale;
-  for (int ahead = 0; ahead < 3; ++ahead) {
-    const std::string name = TruncatedMapping::NameAhead(ahead);
-    ASSERT_TRUE(stale.Leave(name)) << name << ": " << std::strerror(errno);
-  }
+  ASSERT_TRUE(testing::LeaveNamesAhead(stale, TruncatedMapping::Names(), 3));
   TruncatedMapping m(4);
   ASSERT_TRUE(m.ok());
-  EXPECT_EQ(m.name(), TruncatedMapping::NameAhead(-1));  // the fourth name
+  EXPECT_EQ(m.name(), TruncatedMapping::Names().Ahead(-1));  // the fourth name
   std::vector<std::byte> out(m.bytes());
   ASSERT_TRUE(CopyMappedMemory(out.data(), m.data(), m.bytes(), "x").ok());
   EXPECT_EQ(std::memcmp(out.data(), m.data(), m.bytes()), 0);
-  for (const std::string& name : stale.names()) {
-    const int fd = shm_open(name.c_str(), O_RDONLY, 0);
-    ASSERT_GE(fd, 0) << name << ": " << std::strerror(errno);
-    struct stat st;
-    EXPECT_EQ(fstat(fd, &st), 0);
-    EXPECT_EQ(st.st_size, 0) << name;
-    close(fd);
-  }
+  testing::ExpectLeftAsTheyWere(stale);
 }
 
 // A test process that dies (the death test's child, a crash) leaves nothing
@@ -139,11 +123,7 @@ TEST(MappedCopyTest, TheTestsMappingSkipsNamesThatExistAlready) {
 TEST(MappedCopyTest, TheTestsMappingLeavesNoNameBehind) {
   TruncatedMapping m(4);
   ASSERT_TRUE(m.ok());
-  const int fd = shm_open(m.name().c_str(), O_RDONLY, 0);
-  const int error = errno;
-  if (fd >= 0) close(fd);
-  EXPECT_LT(fd, 0) << m.name() << " still exists";
-  EXPECT_EQ(error, ENOENT) << std::strerror(error);
+  EXPECT_FALSE(testing::ShmExists(m.name())) << m.name() << " still exists";
 }
 
 TEST(MappedCopyTest, AReadPastATruncatedObjectFailsTheCopyNotTheProcess) {

@@ -63,7 +63,8 @@ class ShmObject {
   static constexpr int kAttempts = testing::kFreshNameAttempts;
 
   explicit ShmObject(int64_t bytes) : bytes_(bytes) {
-    const int fd = testing::CreateUnderFreshName(NextName, &name_);
+    const int fd =
+        testing::CreateUnderFreshName([] { return Names().Next(); }, &name_);
     if (fd < 0) return;
     linked_ = true;
     if (ftruncate(fd, bytes) != 0) {
@@ -88,16 +89,11 @@ class ShmObject {
   ShmObject(const ShmObject&) = delete;
   ShmObject& operator=(const ShmObject&) = delete;
 
-  // The name the object `ahead` constructions from now tries first.
-  static std::string NameAhead(int ahead) {
-    return absl::StrCat("/matmul-test-", getpid(), "-", Tag(), "-",
-                        counter_ + ahead);
-  }
-  // The next name to try; the one after it comes next.
-  static std::string NextName() {
-    std::string name = NameAhead(0);
-    ++counter_;
-    return name;
+  // The names its constructions try, in order.
+  static testing::NameSequence& Names() {
+    static testing::NameSequence names(
+        absl::StrCat("/matmul-test-", getpid(), "-", Tag(), "-"));
+    return names;
   }
 
   bool ok() const { return data_ != nullptr; }
@@ -116,7 +112,6 @@ class ShmObject {
     return tag;
   }
 
-  static inline int counter_ = 0;  // constructed on the main thread only
   std::string name_;
   int64_t bytes_;
   bool linked_ = false;  // name_ is ours, to unlink
@@ -1012,17 +1007,10 @@ TEST(SharedMemoryTest, ShutdownEndsOpenRegistrations) {
 // and the object made is the one the server opens by name.
 TEST(SharedMemoryTest, TheTestsObjectSkipsNamesThatExistAlready) {
   testing::StaleNames stale;
-  for (int ahead = 0; ahead < 3; ++ahead) {
-    const std::string name = ShmObject::NameAhead(ahead);
-    ASSERT_TRUE(stale.Leave(name)) << name << ": " << std::strerror(errno);
-  }
+  ASSERT_TRUE(testing::LeaveNamesAhead(stale, ShmObject::Names(), 3));
   // The first name after those (past any other leftover) is the one made.
-  int ahead = 3;
-  while (ahead < ShmObject::kAttempts &&
-         testing::ShmExists(ShmObject::NameAhead(ahead))) {
-    ++ahead;
-  }
-  const std::string expected = ShmObject::NameAhead(ahead);
+  const std::string expected =
+      testing::FirstFreeNameAhead(ShmObject::Names(), 3);
   std::string made;
   {
     ShmObject shm(4096);
@@ -1039,9 +1027,7 @@ TEST(SharedMemoryTest, TheTestsObjectSkipsNamesThatExistAlready) {
   }
   // Its own name unlinked; the others still there, untouched.
   EXPECT_EQ(testing::ShmObjectSize(made), -1) << made;
-  for (const std::string& name : stale.names()) {
-    EXPECT_EQ(testing::ShmObjectSize(name), 0) << name;
-  }
+  testing::ExpectLeftAsTheyWere(stale);
 }
 
 // Where every name it may try exists, the object is not made: the test
@@ -1049,10 +1035,8 @@ TEST(SharedMemoryTest, TheTestsObjectSkipsNamesThatExistAlready) {
 // and none of those objects is touched.
 TEST(SharedMemoryTest, TheTestsObjectFailsWhenNoNameIsFree) {
   testing::StaleNames stale;
-  for (int ahead = 0; ahead < ShmObject::kAttempts; ++ahead) {
-    const std::string name = ShmObject::NameAhead(ahead);
-    ASSERT_TRUE(stale.Leave(name)) << name << ": " << std::strerror(errno);
-  }
+  ASSERT_TRUE(testing::LeaveNamesAhead(stale, ShmObject::Names(),
+                                       ShmObject::kAttempts));
   static bool made = true;
   EXPECT_NONFATAL_FAILURE(
       {
@@ -1061,9 +1045,7 @@ TEST(SharedMemoryTest, TheTestsObjectFailsWhenNoNameIsFree) {
       },
       "File exists");
   EXPECT_FALSE(made);
-  for (const std::string& name : stale.names()) {
-    EXPECT_EQ(testing::ShmObjectSize(name), 0) << name;
-  }
+  testing::ExpectLeftAsTheyWere(stale);
 }
 
 }  // namespace

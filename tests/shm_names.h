@@ -20,11 +20,30 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
 
 namespace matmul::testing {
+
+// The names one kind of test object tries: `prefix` followed by 0, 1, 2...
+// Each construction takes the next name (Next, handed to
+// CreateUnderFreshName) and goes on past those that exist; Ahead(k) is the
+// name the construction k from now tries first, where a test plants
+// leftovers. Used on the test's main thread only.
+class NameSequence {
+ public:
+  explicit NameSequence(std::string prefix) : prefix_(std::move(prefix)) {}
+  std::string Ahead(int ahead) const {
+    return prefix_ + std::to_string(next_ + ahead);
+  }
+  std::string Next() { return prefix_ + std::to_string(next_++); }
+
+ private:
+  const std::string prefix_;
+  int next_ = 0;
+};
 
 // How many names CreateUnderFreshName tries.
 inline constexpr int kFreshNameAttempts = 64;
@@ -73,6 +92,20 @@ class StaleNames {
   std::vector<std::string> names_;
 };
 
+// Plants a leftover under each of the `count` names `names` gives next;
+// false, after a test failure naming it, where one cannot be made.
+inline bool LeaveNamesAhead(StaleNames& stale, const NameSequence& names,
+                            int count) {
+  for (int ahead = 0; ahead < count; ++ahead) {
+    const std::string name = names.Ahead(ahead);
+    if (!stale.Leave(name)) {
+      ADD_FAILURE() << name << ": " << std::strerror(errno);
+      return false;
+    }
+  }
+  return true;
+}
+
 // Whether an object named `name` exists.
 inline bool ShmExists(const std::string& name) {
   const int fd = shm_open(name.c_str(), O_RDONLY, 0);
@@ -89,6 +122,22 @@ inline int64_t ShmObjectSize(const std::string& name) {
   const int rc = fstat(fd, &st);
   close(fd);
   return rc == 0 ? static_cast<int64_t>(st.st_size) : -1;
+}
+
+// Every leftover is as it was planted: there, and empty.
+inline void ExpectLeftAsTheyWere(const StaleNames& stale) {
+  for (const std::string& name : stale.names()) {
+    EXPECT_EQ(ShmObjectSize(name), 0) << name;
+  }
+}
+
+// The first name from names.Ahead(from) on that no object has, within
+// kFreshNameAttempts: where a construction that skips `from` leftovers
+// lands, past any other leftover.
+inline std::string FirstFreeNameAhead(const NameSequence& names, int from) {
+  int ahead = from;
+  while (ahead < kFreshNameAttempts && ShmExists(names.Ahead(ahead))) ++ahead;
+  return names.Ahead(ahead);
 }
 
 }  // namespace matmul::testing

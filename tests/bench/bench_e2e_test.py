@@ -619,6 +619,20 @@ def stripe_counters(server):
     return found
 
 
+def assert_striped(server, before, stripes, multiplies):
+    """Since `before` (stripe_counters), every one of `multiplies` was
+    striped over `stripes` calls: opened once, joined by the other calls;
+    with one stripe, nothing was."""
+    after = stripe_counters(server)
+    started = after["start"] - before["start"]
+    joined = after["join"] - before["join"]
+    if stripes == 1:
+        assert started == 0 and joined == 0
+    else:
+        assert started == multiplies
+        assert joined == (stripes - 1) * started
+
+
 def check_streamed_point(p, stripes, chunk_bytes, rate=None):
     check_point_sane(p)
     assert p["streamed"] is True
@@ -682,15 +696,8 @@ def test_stream_sweep_with_verify_and_server_metrics(tmp_path, stripes):
             assert m["multiplies_ok"] >= p["ok"] > 0
             assert m["compute_busy_s"] > 0
             multiplies += m["multiplies_ok"]
-        after = stripe_counters(s)
-        started = after["start"] - before["start"]
-        joined = after["join"] - before["join"]
-        if stripes == 1:
-            assert started == 0 and joined == 0
-        else:
-            # Every multiply of the run was striped over `stripes` calls.
-            assert started == multiplies
-            assert joined == (stripes - 1) * started
+        # Every multiply of the run was striped over `stripes` calls.
+        assert_striped(s, before, stripes, multiplies)
     finally:
         assert s.stop() == 0, "".join(s.log)
 
@@ -820,13 +827,7 @@ def test_stream_open_loop_by_count(tmp_path, stripes):
         row = [l for l in r.stdout.splitlines() if l.split()[:3] ==
                ["8", str(p["channels"]), "50"]]
         assert len(row) == 1, r.stdout
-        after = stripe_counters(s)
-        started = after["start"] - before["start"]
-        joined = after["join"] - before["join"]
-        if stripes == 1:
-            assert started == 0 and joined == 0
-        else:
-            assert started == 40 and joined == (stripes - 1) * 40
+        assert_striped(s, before, stripes, 40)
     finally:
         assert s.stop() == 0, "".join(s.log)
 

@@ -47,7 +47,8 @@ class Mapping {
   static constexpr int kAttempts = testing::kFreshNameAttempts;
 
   explicit Mapping(int64_t bytes) : bytes_(bytes) {
-    const int fd = testing::CreateUnderFreshName(NextName, &name_);
+    const int fd =
+        testing::CreateUnderFreshName([] { return Names().Next(); }, &name_);
     if (fd < 0) return;
     EXPECT_EQ(shm_unlink(name_.c_str()), 0) << std::strerror(errno);
     if (ftruncate(fd, bytes) != 0) {
@@ -71,15 +72,11 @@ class Mapping {
   Mapping(const Mapping&) = delete;
   Mapping& operator=(const Mapping&) = delete;
 
-  // The name the mapping `ahead` constructions from now tries first.
-  static std::string NameAhead(int ahead) {
-    return absl::StrCat("/matmul-gpu-test-", getpid(), "-", counter_ + ahead);
-  }
-  // The next name to try; the one after it comes next.
-  static std::string NextName() {
-    std::string name = NameAhead(0);
-    ++counter_;
-    return name;
+  // The names its constructions try, in order.
+  static testing::NameSequence& Names() {
+    static testing::NameSequence names(
+        absl::StrCat("/matmul-gpu-test-", getpid(), "-"));
+    return names;
   }
 
   bool ok() const { return data_ != nullptr; }
@@ -88,7 +85,6 @@ class Mapping {
   std::byte* data() const { return data_; }
 
  private:
-  static inline int counter_ = 0;  // constructed on the main thread only
   int64_t bytes_;
   std::string name_;
   std::byte* data_ = nullptr;
@@ -204,17 +200,9 @@ TEST(CudaSharedMemoryTest, RegistrationFailuresAreStatuses) {
 // skipped and left as it was, and no name remains once the mapping exists.
 TEST(CudaSharedMemoryTest, TheTestsMappingSkipsNamesThatExistAlready) {
   testing::StaleNames stale;
-  for (int ahead = 0; ahead < 3; ++ahead) {
-    const std::string name = Mapping::NameAhead(ahead);
-    ASSERT_TRUE(stale.Leave(name)) << name << ": " << std::strerror(errno);
-  }
+  ASSERT_TRUE(testing::LeaveNamesAhead(stale, Mapping::Names(), 3));
   // The first name after those (past any other leftover) is the one made.
-  int ahead = 3;
-  while (ahead < Mapping::kAttempts &&
-         testing::ShmExists(Mapping::NameAhead(ahead))) {
-    ++ahead;
-  }
-  const std::string expected = Mapping::NameAhead(ahead);
+  const std::string expected = testing::FirstFreeNameAhead(Mapping::Names(), 3);
   Mapping region(1 << 16);
   ASSERT_TRUE(region.ok());
   EXPECT_EQ(region.name(), expected);
@@ -222,17 +210,13 @@ TEST(CudaSharedMemoryTest, TheTestsMappingSkipsNamesThatExistAlready) {
   EXPECT_EQ(region.data()[(1 << 16) - 1], std::byte{0x5a});
   EXPECT_EQ(testing::ShmObjectSize(region.name()), -1)
       << region.name() << " remains";
-  for (const std::string& name : stale.names()) {
-    EXPECT_EQ(testing::ShmObjectSize(name), 0) << name;
-  }
+  testing::ExpectLeftAsTheyWere(stale);
 }
 
 TEST(CudaSharedMemoryTest, TheTestsMappingFailsWhenNoNameIsFree) {
   testing::StaleNames stale;
-  for (int ahead = 0; ahead < Mapping::kAttempts; ++ahead) {
-    const std::string name = Mapping::NameAhead(ahead);
-    ASSERT_TRUE(stale.Leave(name)) << name << ": " << std::strerror(errno);
-  }
+  ASSERT_TRUE(
+      testing::LeaveNamesAhead(stale, Mapping::Names(), Mapping::kAttempts));
   static bool made = true;
   EXPECT_NONFATAL_FAILURE(
       {
@@ -241,9 +225,7 @@ TEST(CudaSharedMemoryTest, TheTestsMappingFailsWhenNoNameIsFree) {
       },
       "File exists");
   EXPECT_FALSE(made);
-  for (const std::string& name : stale.names()) {
-    EXPECT_EQ(testing::ShmObjectSize(name), 0) << name;
-  }
+  testing::ExpectLeftAsTheyWere(stale);
 }
 
 }  // namespace
