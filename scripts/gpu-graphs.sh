@@ -2,16 +2,21 @@
 # One device call that checks and measures small multiplies replayed from
 # CUDA graphs (gpu/cuda/job_graph.h, --cuda-graphs-per-stream):
 #   1. job_graph_test (every accuracy case recorded, then replayed with other
-#      operands; eviction; many jobs in flight; prestaged memory), then its
-#      JobGraphTest cases under compute-sanitizer memcheck --leak-check full;
+#      operands; eviction; many jobs in flight; held results; faults;
+#      prestaged memory), then its JobGraphTest and JobGraphFaultTest cases
+#      under compute-sanitizer memcheck --leak-check full;
 #      cuda_engine_test without its accuracy cases (the shared test header);
-#   2. scripts/gpu-targets.sh with the server as it is and with
+#   2. matmul-pipeline-bench at n=256 float32, 4 streams, the jobs copying
+#      their operands: --graphs 0 (call by call) then --graphs GRAPHS, and
+#      the same with 1 stream (PIPELINE=0 skips it);
+#   3. scripts/gpu-targets.sh with the server as it is and with
 #      --cuda-graphs-per-stream=GRAPHS, ROUNDS (default 1) rounds, against
 #      the transport ceiling of the same run (TARGETS=0 skips it).
-# (matmul-pipeline-bench's jobs take prestaged operands, which are not
-# replayed: see JobGraphCache::Replayable.)
+# (matmul-pipeline-bench's jobs take prestaged operands, which are never
+# replayed (JobGraphCache::Replayable); with --graphs N they copy theirs
+# into staging instead.)
 # Expects the programs in .gpubundle (matmul-server, matmul-bench,
-# job_graph_test, cuda_engine_test, rawecho,
+# job_graph_test, cuda_engine_test, matmul-pipeline-bench, rawecho,
 # rawclient); writes summary.txt and the logs into OUT.
 #
 #   scripts/gpu-graphs.sh OUT
@@ -33,14 +38,28 @@ if [ -x /usr/local/cuda/bin/compute-sanitizer ] && [ -x .gpubundle/bin/job_graph
   LD_LIBRARY_PATH=.gpubundle/lib:/usr/local/cuda/lib64 timeout 300 \
     /usr/local/cuda/bin/compute-sanitizer --tool memcheck --leak-check full \
     --error-exitcode 99 .gpubundle/bin/job_graph_test \
-    --gtest_filter='JobGraphTest.*' >"$logs/job_graph_test-memcheck.log" 2>&1
+    --gtest_filter='JobGraphTest.*:EveryPoint/JobGraphFaultTest.*' >"$logs/job_graph_test-memcheck.log" 2>&1
   log "memcheck rc=$? $(grep -E 'ERROR SUMMARY|LEAK SUMMARY' "$logs/job_graph_test-memcheck.log" | tr '\n' ' ')"
 fi
 timeout 300 "$R" cuda_engine_test --gtest_filter='-AllShapes/*' >"$logs/cuda_engine_test.log" 2>&1
 log "cuda_engine_test rc=$? $(gtest_summary "$logs/cuda_engine_test.log")"
 
+if [ "${PIPELINE:-1}" != 0 ]; then
+  log "== 2. matmul-pipeline-bench n=256 float32, operands copied, graphs off and on"
+  for streams in 4 1; do
+    for g in 0 "$graphs"; do
+      f=$logs/pipeline-s$streams-g$g.txt
+      timeout 60 "$R" matmul-pipeline-bench --sizes 256 --modes float32 \
+        --streams "$streams" --graphs "$g" --seconds 1.5 >"$f" 2>&1
+      log "streams $streams, --graphs $g (rc=$?):"
+      grep -E '^ +256 ' "$f" | tee -a "$out/$logfile"
+    done
+  done
+  grep -m1 -E '^ +n ' "$logs/pipeline-s4-g0.txt" | tee -a "$out/$logfile"
+fi
+
 if [ "${TARGETS:-1}" != 0 ]; then
-  log "== 2. service targets, graphs off and on"
+  log "== 3. service targets, graphs off and on"
   SERVERS="matmul-server matmul-server:--cuda-graphs-per-stream=$graphs" \
     ROUNDS=${ROUNDS:-1} "$(dirname "$0")/gpu-targets.sh" "$out/targets" 2>&1 | tail -40
   cat "$out/targets/targets.txt" >>"$out/$logfile" 2>/dev/null

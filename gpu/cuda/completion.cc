@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/functional/any_invocable.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -221,12 +222,19 @@ void CudaEngine::Complete(InFlight* flight) {
   // Kept memory stays reserved: the resident tensor releases it.
   d->memory->Release(flight->device_bytes -
                      (flight->kept != nullptr ? l.kept_bytes : 0));
-  d->events.Return(std::move(flight->events));
+  // A graph instance's events stay with the instance.
+  if (flight->own_events != nullptr) {
+    d->events.Return(std::move(flight->own_events));
+  }
   AtomicAddDouble(lane->outstanding, -flight->estimate);
   flight->resident_a.reset();
   flight->resident_b.reset();
   flight->upload_target.reset();
   if (!status.ok()) {
+    // The failed job's graph instance is never replayed again: it goes
+    // once free, which it is from here (its stream work is done).
+    flight->graph_use.Break();
+    flight->graph_use.Release();
     job->Done(status);
     return;
   }
@@ -255,11 +263,19 @@ void CudaEngine::Complete(InFlight* flight) {
     spans_.Add(span);
   }
 
-  JobResult result(
-      absl::MakeConstSpan(flight->host_c,
-                          static_cast<size_t>(l.returned_c_bytes)),
-      Placement{d->index, lane->index}, flight->timings,
-      [lease = std::move(flight->lease)]() mutable { lease.Release(); });
+  // The reply is sent from the staging (the job's lease, or its graph
+  // instance's); letting go of the result gives it back (frees the
+  // instance for the next job of its shape).
+  absl::AnyInvocable<void() &&> release;
+  if (flight->graph_use) {
+    release = [use = std::move(flight->graph_use)]() mutable { use.Release(); };
+  } else {
+    release = [lease = std::move(flight->lease)]() mutable { lease.Release(); };
+  }
+  JobResult result(absl::MakeConstSpan(flight->host_c,
+                                       static_cast<size_t>(l.returned_c_bytes)),
+                   Placement{d->index, lane->index}, flight->timings,
+                   std::move(release));
   if (flight->kept != nullptr) {
     result.set_resident(std::make_shared<CudaResidentTensor>(
         d, spec.dtype, l.kept.batch, l.kept.rows, l.kept.cols, flight->kept,
@@ -293,6 +309,10 @@ void CudaEngine::FailDevice(Device* d, const absl::Status& cause) {
     d->memory->Release(flight->device_bytes);
     AtomicAddDouble(flight->lane->outstanding, -flight->estimate);
     flight->lease.Release();
+    // The device is broken: nothing is dispatched on it again, so the
+    // instance is never replayed; it goes with the engine.
+    flight->graph_use.Break();
+    flight->graph_use.Release();
   }
 }
 

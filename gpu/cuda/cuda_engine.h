@@ -103,12 +103,15 @@ struct CudaEngineOptions {
   int64_t poll_only_max_bytes = 0;
   // Small multiplies (staged operands, product returned, at most
   // job_graph_max_device_bytes of device memory for A, B and C) are
-  // recorded once per stream and shape as a CUDA graph and replayed with
-  // one launch (gpu/cuda/job_graph.h). At most this many graphs per stream,
-  // the least recently used evicted; 0 turns graphs off.
+  // recorded per stream and shape as CUDA graphs and replayed with one
+  // launch (gpu/cuda/job_graph.h). Each recorded graph owns its device
+  // memory, pinned staging and events and serves one job at a time, from
+  // its dispatch until its result is let go of, so a shape may have several
+  // on a stream. At most this many graphs per stream, the least recently
+  // used free one evicted; 0 turns graphs off.
   int job_graphs_per_stream = 0;
   // A shape is recorded on its job_graph_min_sightings-th arrival without
-  // a graph.
+  // a free graph.
   int job_graph_min_sightings = 2;
   int64_t job_graph_max_device_bytes = int64_t{16} << 20;
 };

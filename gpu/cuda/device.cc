@@ -64,6 +64,8 @@ absl::StatusOr<std::unique_ptr<CudaEngine::Device>> CudaEngine::Device::Create(
       graph_lane.workspace_bytes = pooled.workspace.size();
       graph_lane.memory_pool = device->memory_pool;
       graph_lane.budget = device->memory.get();
+      graph_lane.pinned = device->pinned.get();
+      graph_lane.events = &device->events;
       graph_lane.poison_c = options.poison_outputs;
       lane->graphs = std::make_unique<JobGraphCache>(
           graph_lane, options.job_graphs_per_stream,

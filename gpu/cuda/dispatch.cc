@@ -1,8 +1,10 @@
 // CudaEngine's dispatch: Submit picks a lane (PickLane: least outstanding
 // work on a healthy device that can hold the job) and queues the job there,
 // or dispatches a small one itself; LaneLoop is each lane's thread; Dispatch
-// leases the job's device memory and pinned staging, has it write its
-// operands into the slot and hands it to Enqueue (enqueue.cc).
+// takes a CUDA graph instance for a small multiply (job_graph.h) or else
+// leases the job's device memory and pinned staging, has the job write its
+// operands into the slot (the instance's or its own) and hands it to
+// Enqueue (enqueue.cc).
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -17,6 +19,7 @@
 #include "gpu/cuda/cuda_status.h"
 #include "gpu/cuda/device.h"
 #include "gpu/cuda/in_flight.h"
+#include "gpu/cuda/job_graph.h"
 #include "gpu/cuda/job_layout.h"
 #include "gpu/cuda/lane.h"
 #include "gpu/layout_planner.h"
@@ -161,23 +164,54 @@ std::unique_ptr<MatmulJob> CudaEngine::Dispatch(
     return nullptr;
   }
   const MatmulSpec spec = job->spec();
-  const int64_t device_bytes = layout.transient_bytes + layout.kept_bytes;
+  // A small multiply takes a free CUDA graph instance of its shape on this
+  // lane (job_graph.h), recorded now if need be, before anything else is
+  // leased: the instance has its own device memory (reserved against the
+  // budget while it exists), staging and events, so such a job reserves no
+  // device memory and leases no staging or events of its own.
+  JobGraphCache::Taken graph;
+  if (lane->graphs != nullptr &&
+      JobGraphCache::Replayable(layout, options_.job_graph_max_device_bytes)) {
+    graph = lane->graphs->Take(spec, layout);
+  }
+  const int64_t device_bytes =
+      graph.graph != nullptr ? 0 : layout.transient_bytes + layout.kept_bytes;
   std::optional<PinnedPool::Lease> lease;
-  if (may_wait) {
-    if (absl::Status reserved = d->memory->Reserve(device_bytes, *job);
-        !reserved.ok()) {
-      fail(reserved);
-      return nullptr;
+  if (graph.graph != nullptr) {
+    // Nothing to wait for.
+  } else if (may_wait) {
+    // Idle graph instances of this lane hold device memory and staging: a
+    // job that cannot have its own at once lets them go before it waits
+    // (or is refused for want of memory).
+    bool reserved_now = false;
+    if (lane->graphs != nullptr) {
+      reserved_now = d->memory->TryReserve(device_bytes);
+      if (!reserved_now) lane->graphs->DropFree();
     }
-    absl::StatusOr<PinnedPool::Lease> acquired = d->pinned->Acquire(
-        layout.staging_bytes, [&job] { return job->Abandoned(); });
-    if (!acquired.ok()) {
-      d->memory->Release(device_bytes);
-      fail(acquired.status());
-      return nullptr;
+    if (!reserved_now) {
+      if (absl::Status reserved = d->memory->Reserve(device_bytes, *job);
+          !reserved.ok()) {
+        fail(reserved);
+        return nullptr;
+      }
     }
-    lease = std::move(*acquired);
+    if (lane->graphs != nullptr) {
+      lease = d->pinned->TryAcquire(layout.staging_bytes);
+      if (!lease.has_value()) lane->graphs->DropFree();
+    }
+    if (!lease.has_value()) {
+      absl::StatusOr<PinnedPool::Lease> acquired = d->pinned->Acquire(
+          layout.staging_bytes, [&job] { return job->Abandoned(); });
+      if (!acquired.ok()) {
+        d->memory->Release(device_bytes);
+        fail(acquired.status());
+        return nullptr;
+      }
+      lease = std::move(*acquired);
+    }
   } else {
+    // Not free at once: the lane's thread takes the job (and may let this
+    // lane's idle graph instances go for it).
     if (!d->memory->TryReserve(device_bytes)) return job;
     lease = d->pinned->TryAcquire(layout.staging_bytes);
     if (!lease.has_value()) {
@@ -206,8 +240,10 @@ std::unique_ptr<MatmulJob> CudaEngine::Dispatch(
   flight->timings.queue = absl::ToDoubleSeconds(start - submitted);
 
   // Staging slot: [staged A][staged B][returned C], each part present only
-  // when the layout needs it.
-  std::byte* slot = lease->data();
+  // when the layout needs it; a graph instance's staging is laid out so
+  // (JobGraphCache::Replayable checks that the layout is exactly that).
+  std::byte* slot =
+      graph.graph != nullptr ? graph.graph->staging() : lease->data();
   const int64_t a_staged = layout.staged_a_bytes;
   const int64_t b_staged = layout.staged_b_bytes;
   const std::byte* host_a = prestaged ? prestaged->a : slot;
@@ -217,7 +253,13 @@ std::unique_ptr<MatmulJob> CudaEngine::Dispatch(
                    : layout.c_to_destination
                        ? std::get<MultiplyOp>(job->op()).c_destination
                        : slot + layout.c_staging_offset();
-  flight->lease = std::move(*lease);
+  if (graph.graph != nullptr) {
+    flight->graph = graph.graph;
+    flight->graph_use = std::move(graph.use);
+    flight->events = &graph.graph->events();
+  } else {
+    flight->lease = std::move(*lease);
+  }
   if (a_staged + b_staged > 0) {
     absl::Status written =
         job->WriteOperands(absl::MakeSpan(slot, static_cast<size_t>(a_staged)),
@@ -226,7 +268,8 @@ std::unique_ptr<MatmulJob> CudaEngine::Dispatch(
     flight->timings.stage_in = absl::ToDoubleSeconds(absl::Now() - start);
     if (!written.ok()) {
       d->memory->Release(device_bytes);
-      flight.reset();  // returns the lease
+      // Returns the lease, or frees the graph instance (nothing ran on it).
+      flight.reset();
       fail(written);
       return nullptr;
     }
@@ -234,14 +277,17 @@ std::unique_ptr<MatmulJob> CudaEngine::Dispatch(
   if (options_.poison_outputs && flight->host_c != nullptr) {
     std::memset(flight->host_c, 0xff, static_cast<size_t>(layout.c_out_bytes));
   }
-  absl::StatusOr<std::unique_ptr<EventSet>> events = d->events.Take();
-  if (!events.ok()) {
-    d->memory->Release(device_bytes);
-    flight.reset();
-    fail(events.status());
-    return nullptr;
+  if (flight->events == nullptr) {
+    absl::StatusOr<std::unique_ptr<EventSet>> events = d->events.Take();
+    if (!events.ok()) {
+      d->memory->Release(device_bytes);
+      flight.reset();
+      fail(events.status());
+      return nullptr;
+    }
+    flight->own_events = std::move(*events);
+    flight->events = flight->own_events.get();
   }
-  flight->events = std::move(*events);
   flight->job = std::move(job);
   Enqueue(flight.release(), host_a, host_b);
   return nullptr;

@@ -2,9 +2,9 @@
 // event, stream-ordered device allocations, H2D copies of the staged
 // operands, the GEMM (or nothing, for transfers), the D2H copy of the result
 // into staging, the end event, then the host function that completes the
-// job. A small multiply instead replays its shape's recorded CUDA graph
-// (job_graph.h), which does the same work in one launch. Nothing here waits
-// on the device.
+// job. A small multiply instead replays the CUDA graph instance it took in
+// Dispatch (job_graph.h), which does the same work in one launch, then the
+// end event and host function as above. Nothing here waits on the device.
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -36,30 +36,18 @@ void CudaEngine::Enqueue(InFlight* flight, const std::byte* host_a,
   }
   const JobLayout& l = flight->layout;
   void* memory = nullptr;  // transient: staged operands, returned C
-  // A small multiply replays its shape's recorded graph (job_graph.h). The
-  // job keeps its device memory reservation until it completes, as if it
-  // had used its own memory; the graph's memory is reserved besides.
-  bool replayed = false;
-  JobGraphCache* graphs = flight->lane->graphs.get();
-  if (graphs != nullptr &&
-      JobGraphCache::Replayable(l, options_.job_graph_max_device_bytes)) {
-    absl::Status injected =
-        Inject(FaultInjector::Point::kDeviceAlloc, flight->job_id);
-    if (injected.ok()) {
-      injected = Inject(FaultInjector::Point::kGemm, flight->job_id);
-    }
-    if (!injected.ok()) {
-      flight->status = std::move(injected);
-      replayed = true;  // nothing is enqueued; the job fails
-    } else {
-      JobGraph::Outcome outcome =
-          graphs->Launch(spec, l.transient_bytes,
-                         JobHostMemory{host_a, host_b, flight->host_c}, ev);
-      if (outcome.launched) {
-        flight->status = std::move(outcome.status);
-        replayed = true;
-      }
-    }
+  // A small multiply replays the graph instance it took in Dispatch
+  // (job_graph.h): its operands are in the instance's staging already, and
+  // the graph records the instance's events, so one launch does it all.
+  // The injected faults stand for the allocation and GEMM the graph does.
+  const bool replayed = flight->graph != nullptr;
+  if (replayed) {
+    flight->status = [&]() -> absl::Status {
+      RETURN_IF_ERROR(
+          Inject(FaultInjector::Point::kDeviceAlloc, flight->job_id));
+      RETURN_IF_ERROR(Inject(FaultInjector::Point::kGemm, flight->job_id));
+      return flight->lane->graphs->Launch(*flight->graph);
+    }();
   }
   if (!replayed)
     flight->status = [&]() -> absl::Status {

@@ -16,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "gpu/cuda/cuda_engine.h"
+#include "gpu/cuda/job_graph.h"
 #include "gpu/cuda/job_layout.h"
 #include "gpu/cuda/pinned_pool.h"
 #include "gpu/cuda/timing.h"
@@ -37,9 +38,21 @@ struct CudaEngine::InFlight {
   std::shared_ptr<ResidentTensor> resident_b;
   std::shared_ptr<ResidentTensor> upload_target;
   void* kept = nullptr;  // device memory that becomes the resident result
+  // The job's staging slot, leased from the device's pinned pool; empty for
+  // a job replayed from a graph instance, which stages in the instance's.
   PinnedPool::Lease lease;
+  // A job replayed from a CUDA graph (job_graph.h): the instance, valid as
+  // long as `graph_use` is held. The use goes with the job's JobResult
+  // (its release callback frees the instance once the reply is sent), or
+  // is broken and released when the job fails. Null for every other job.
+  JobGraph* graph = nullptr;
+  JobGraph::Use graph_use;
   std::byte* host_c = nullptr;
-  std::unique_ptr<EventSet> events;
+  // The job's events: its own set from the device's spare list
+  // (`own_events`, returned there in Complete), or its graph instance's,
+  // which stay with the instance.
+  EventSet* events = nullptr;
+  std::unique_ptr<EventSet> own_events;
   StageTimings timings;
   absl::Status status;  // an error met while enqueueing
   // Set by whoever completes the job: the poller, a completion thread or

@@ -1,8 +1,9 @@
 #include "gpu/cuda/job_graph.h"
 
 #include <atomic>
+#include <iterator>
+#include <optional>
 #include <utility>
-#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
@@ -34,19 +35,40 @@ DevicePointers Carve(std::byte* memory, const MatmulSpec& spec) {
 
 }  // namespace
 
+JobGraph::JobGraph(const JobGraphLane& lane, const MatmulSpec& spec,
+                   int64_t device_bytes, PinnedPool::Lease staging,
+                   std::unique_ptr<EventSet> events)
+    : lane_(lane),
+      spec_(spec),
+      device_bytes_(device_bytes),
+      staging_(std::move(staging)),
+      events_(std::move(events)) {}
+
 absl::StatusOr<std::unique_ptr<JobGraph>> JobGraph::Record(
     const JobGraphLane& lane, cudaStream_t capture, const MatmulSpec& spec,
-    int64_t device_bytes, const JobHostMemory& host, const EventSet& events) {
-  std::unique_ptr<JobGraph> graph(new JobGraph(lane));
-  graph->spec_ = spec;
-  graph->device_bytes_ = device_bytes;
+    int64_t device_bytes, PinnedPool::Lease staging,
+    std::unique_ptr<EventSet> events) {
+  // The graph's own parts go with it, whatever happens below.
+  std::unique_ptr<JobGraph> graph(new JobGraph(
+      lane, spec, device_bytes, std::move(staging), std::move(events)));
+  if (graph->events_ == nullptr ||
+      graph->staging_.size() <
+          spec.a_bytes() + spec.b_bytes() + spec.c_bytes() ||
+      device_bytes < DeviceBytes(spec)) {
+    return absl::InternalError(absl::StrCat(
+        "recording a job as a CUDA graph: ", graph->staging_.size(),
+        " bytes of staging and ", device_bytes,
+        " of device memory do not hold A, B and C, or no events"));
+  }
   void* memory = nullptr;
   CUDA_RETURN_IF_ERROR_AT(
       lane.site,
       cudaMallocFromPoolAsync(&memory, static_cast<size_t>(device_bytes),
                               lane.memory_pool, lane.stream));
   graph->memory_ = static_cast<std::byte*>(memory);  // freed by ~JobGraph
-  RETURN_IF_ERROR(graph->Build(capture, host, events));
+  RETURN_IF_ERROR(graph->Capture(capture));
+  CUDA_RETURN_IF_ERROR_AT(
+      lane.site, cudaGraphInstantiate(&graph->exec_, graph->graph_, 0));
   return graph;
 }
 
@@ -59,20 +81,16 @@ JobGraph::~JobGraph() {
   if (memory_ != nullptr) {
     CUDA_LOG_IF_ERROR_AT(lane_.site, cudaFreeAsync(memory_, lane_.stream));
   }
+  // No stream work records the events any more: the instance is free, so
+  // its last job's stream work is done (or the engine is shut down).
+  if (events_ != nullptr) lane_.events->Return(std::move(events_));
+  staging_.Release();
 }
 
-absl::Status JobGraph::Build(cudaStream_t capture, const JobHostMemory& host,
-                             const EventSet& events) {
-  RETURN_IF_ERROR(Capture(capture, host, events));
-  RETURN_IF_ERROR(FindNodes(host, events));
-  CUDA_RETURN_IF_ERROR_AT(lane_.site, cudaGraphInstantiate(&exec_, graph_, 0));
-  return absl::OkStatus();
-}
-
-absl::Status JobGraph::Capture(cudaStream_t capture, const JobHostMemory& host,
-                               const EventSet& events) {
+absl::Status JobGraph::Capture(cudaStream_t capture) {
   const CudaSite site = lane_.site;
   const DevicePointers d = Carve(memory_, spec_);
+  const EventSet& events = *events_;
   // The handle follows the capture stream while recording, then goes back
   // to the lane's stream (each cublasSetStream drops the workspace).
   auto use_stream = [this, site](cudaStream_t stream) -> absl::Status {
@@ -99,10 +117,10 @@ absl::Status JobGraph::Capture(cudaStream_t capture, const JobHostMemory& host,
       };
       RETURN_IF_ERROR(record(events.start));
       CUDA_RETURN_IF_ERROR_AT(site,
-                              cudaMemcpyAsync(d.a, host.a, spec_.a_bytes(),
+                              cudaMemcpyAsync(d.a, host_a(), spec_.a_bytes(),
                                               cudaMemcpyHostToDevice, capture));
       CUDA_RETURN_IF_ERROR_AT(site,
-                              cudaMemcpyAsync(d.b, host.b, spec_.b_bytes(),
+                              cudaMemcpyAsync(d.b, host_b(), spec_.b_bytes(),
                                               cudaMemcpyHostToDevice, capture));
       if (lane_.poison_c) {
         CUDA_RETURN_IF_ERROR_AT(
@@ -112,7 +130,7 @@ absl::Status JobGraph::Capture(cudaStream_t capture, const JobHostMemory& host,
       RETURN_IF_ERROR(EnqueueGemm(lane_.cublas, spec_, d.a, d.b, d.c, site));
       RETURN_IF_ERROR(record(events.gemm_done));
       CUDA_RETURN_IF_ERROR_AT(site,
-                              cudaMemcpyAsync(host.c, d.c, spec_.c_bytes(),
+                              cudaMemcpyAsync(host_c(), d.c, spec_.c_bytes(),
                                               cudaMemcpyDeviceToHost, capture));
       return absl::OkStatus();
     }();
@@ -126,101 +144,22 @@ absl::Status JobGraph::Capture(cudaStream_t capture, const JobHostMemory& host,
   return recorded;
 }
 
-absl::Status JobGraph::FindNodes(const JobHostMemory& host,
-                                 const EventSet& events) {
-  const CudaSite site = lane_.site;
-  const DevicePointers d = Carve(memory_, spec_);
-  size_t count = 0;
-  CUDA_RETURN_IF_ERROR_AT(site, cudaGraphGetNodes(graph_, nullptr, &count));
-  std::vector<cudaGraphNode_t> nodes(count);
-  CUDA_RETURN_IF_ERROR_AT(site,
-                          cudaGraphGetNodes(graph_, nodes.data(), &count));
-  const std::pair<const void*, const void*> copies[3] = {
-      {host.a, d.a}, {host.b, d.b}, {d.c, host.c}};  // (source, destination)
-  const cudaEvent_t recorded[3] = {events.start.get(), events.h2d_done.get(),
-                                   events.gemm_done.get()};
-  for (cudaGraphNode_t node : nodes) {
-    cudaGraphNodeType type;
-    CUDA_RETURN_IF_ERROR_AT(site, cudaGraphNodeGetType(node, &type));
-    if (type == cudaGraphNodeTypeMemcpy) {
-      cudaMemcpy3DParms params = {};
-      CUDA_RETURN_IF_ERROR_AT(site,
-                              cudaGraphMemcpyNodeGetParams(node, &params));
-      for (int i = 0; i < 3; ++i) {
-        if (params.srcPtr.ptr == copies[i].first &&
-            params.dstPtr.ptr == copies[i].second) {
-          copy_[i] = node;
-        }
-      }
-    } else if (type == cudaGraphNodeTypeEventRecord) {
-      cudaEvent_t event = nullptr;
-      CUDA_RETURN_IF_ERROR_AT(site,
-                              cudaGraphEventRecordNodeGetEvent(node, &event));
-      for (int i = 0; i < 3; ++i) {
-        if (event == recorded[i]) event_[i] = node;
-      }
-    }
+JobGraph::Use JobGraph::TryTake() {
+  if (broken()) return Use();
+  bool expected = false;
+  if (!state_->busy.compare_exchange_strong(expected, true,
+                                            std::memory_order_acq_rel)) {
+    return Use();
   }
-  for (int i = 0; i < 3; ++i) {
-    if (copy_[i] == nullptr) {
-      return absl::InternalError(absl::StrCat(
-          "recording a job as a CUDA graph: copy ", i,
-          " (A, B, C) not found among the ", count, " captured nodes"));
-    }
-    copy_host_[i] = i < 2 ? copies[i].first : copies[i].second;
-  }
-  for (int i = 0; i < 3; ++i) {
-    if (event_[i] == nullptr) {
-      return absl::InternalError(
-          absl::StrCat("recording a job as a CUDA graph: event ", i,
-                       " not found among the ", count, " captured nodes"));
-    }
-    event_now_[i] = recorded[i];
-  }
-  return absl::OkStatus();
+  return Use(state_);
 }
 
-JobGraph::Outcome JobGraph::Launch(const JobHostMemory& host,
-                                   const EventSet& events) {
+absl::Status JobGraph::Launch() {
   const CudaSite site = lane_.site;
-  const cudaEvent_t wanted[3] = {events.start.get(), events.h2d_done.get(),
-                                 events.gemm_done.get()};
-  for (int i = 0; i < 3; ++i) {
-    if (event_now_[i] == wanted[i]) continue;
-    event_now_[i] = nullptr;  // unknown until the call succeeds
-    absl::Status set = CudaStatus(
-        cudaGraphExecEventRecordNodeSetEvent(exec_, event_[i], wanted[i]),
-        "cudaGraphExecEventRecordNodeSetEvent", site);
-    if (!set.ok()) return {std::move(set), false};
-    event_now_[i] = wanted[i];
-  }
-  const DevicePointers d = Carve(memory_, spec_);
-  const void* host_of[3] = {host.a, host.b, host.c};
-  for (int i = 0; i < 3; ++i) {
-    if (copy_host_[i] == host_of[i]) continue;
-    copy_host_[i] = nullptr;
-    const cudaError_t error =
-        i == 0   ? cudaGraphExecMemcpyNodeSetParams1D(exec_, copy_[0], d.a,
-                                                      host.a, spec_.a_bytes(),
-                                                      cudaMemcpyHostToDevice)
-        : i == 1 ? cudaGraphExecMemcpyNodeSetParams1D(exec_, copy_[1], d.b,
-                                                      host.b, spec_.b_bytes(),
-                                                      cudaMemcpyHostToDevice)
-                 : cudaGraphExecMemcpyNodeSetParams1D(exec_, copy_[2], host.c,
-                                                      d.c, spec_.c_bytes(),
-                                                      cudaMemcpyDeviceToHost);
-    absl::Status set =
-        CudaStatus(error, "cudaGraphExecMemcpyNodeSetParams1D", site);
-    if (!set.ok()) return {std::move(set), false};
-    copy_host_[i] = host_of[i];
-  }
-  absl::Status launched =
-      CudaStatus(cudaGraphLaunch(exec_, lane_.stream), "cudaGraphLaunch", site);
-  if (launched.ok()) {
-    launched = CudaStatus(cudaEventRecord(events.end.get(), lane_.stream),
-                          "cudaEventRecord(end)", site);
-  }
-  return {std::move(launched), true};
+  CUDA_RETURN_IF_ERROR_AT(site, cudaGraphLaunch(exec_, lane_.stream));
+  CUDA_RETURN_IF_ERROR_AT(site,
+                          cudaEventRecord(events_->end.get(), lane_.stream));
+  return absl::OkStatus();
 }
 
 JobGraphCache::JobGraphCache(const JobGraphLane& lane, int capacity,
@@ -234,42 +173,39 @@ JobGraphCache::~JobGraphCache() {
 }
 
 bool JobGraphCache::Replayable(const JobLayout& l, int64_t max_device_bytes) {
-  // Only staging-pool memory on the host side: a graph's copy nodes keep
-  // the last job's host addresses, and the pool lives as long as the engine.
-  // Memory the caller frees or unregisters after its job (prestaged
-  // operands, a c_destination) crashed the process at the next update of
-  // those nodes on an H100 (job_graph_test, 2026-12-05).
+  // Only staging-pool memory on the host side, the instance's own: memory
+  // the caller frees or unregisters after its job (prestaged operands, a
+  // c_destination) is never a graph's. The staging must be exactly the
+  // instance's [A][B][C] (JobGraph::host_a(), host_b(), host_c()), and the
+  // device memory its three aligned blocks.
   return l.gemm && l.group == nullptr && l.stage_a && l.stage_b &&
          !l.prestaged && !l.c_to_destination && l.transient_a &&
          l.transient_b && l.transient_c && l.return_c && !l.keep &&
          !l.keeps_a && l.kept_bytes == 0 && l.byte_offset == 0 &&
+         l.table_bytes == 0 && l.staged_a_bytes == l.a_bytes &&
+         l.staged_b_bytes == l.b_bytes && l.returned_c_bytes == l.c_bytes &&
+         l.c_out_bytes == l.c_bytes &&
+         l.staging_bytes == l.a_bytes + l.b_bytes + l.c_bytes &&
          l.transient_bytes > 0 && l.transient_bytes <= max_device_bytes;
 }
 
-JobGraph::Outcome JobGraphCache::Launch(const MatmulSpec& spec,
-                                        int64_t device_bytes,
-                                        const JobHostMemory& host,
-                                        const EventSet& events) {
-  static std::atomic<int> failures_logged{0};
-  auto launch = [this](JobGraph& graph, const JobHostMemory& host,
-                       const EventSet& events) {
-    JobGraph::Outcome outcome = graph.Launch(host, events);
-    if (outcome.launched) {
-      launches_.fetch_add(1, std::memory_order_relaxed);
-    } else {
-      // Setting this job's addresses failed (memory the graph's copies
-      // cannot take, say): the job goes the usual way.
-      LogCudaFailure(outcome.status, failures_logged);
+void JobGraphCache::Drop(Instances::iterator it) {
+  lane_.budget->Release((*it)->device_bytes());
+  graphs_.erase(it);
+}
+
+void JobGraphCache::DropFree() {
+  for (auto it = graphs_.begin(); it != graphs_.end();) {
+    auto next = std::next(it);
+    if ((*it)->free()) {
+      if (!(*it)->broken()) evicted_.fetch_add(1, std::memory_order_relaxed);
+      Drop(it);
     }
-    return outcome;
-  };
-  for (auto it = graphs_.begin(); it != graphs_.end(); ++it) {
-    if (!SameWork((*it)->spec(), spec)) continue;
-    graphs_.splice(graphs_.begin(), graphs_, it);  // most recently used
-    return launch(*graphs_.front(), host, events);
+    it = next;
   }
-  if (recording_failed_ || capacity_ <= 0) return {absl::OkStatus(), false};
-  // Counted as a sighting; recorded once seen often enough.
+}
+
+bool JobGraphCache::Sighted(const MatmulSpec& spec) {
   auto seen = sightings_.begin();
   while (seen != sightings_.end() && !SameWork(seen->first, spec)) ++seen;
   if (seen == sightings_.end()) {
@@ -280,21 +216,55 @@ JobGraph::Outcome JobGraphCache::Launch(const MatmulSpec& spec,
   } else {
     sightings_.splice(sightings_.begin(), sightings_, seen);
   }
-  if (++sightings_.front().second < min_sightings_) {
-    return {absl::OkStatus(), false};
+  return ++sightings_.front().second >= min_sightings_;
+}
+
+JobGraphCache::Taken JobGraphCache::Take(const MatmulSpec& spec,
+                                         const JobLayout& layout) {
+  // Broken instances go as soon as nobody holds them.
+  for (auto it = graphs_.begin(); it != graphs_.end();) {
+    auto next = std::next(it);
+    if ((*it)->free() && (*it)->broken()) Drop(it);
+    it = next;
   }
-  sightings_.pop_front();
+  for (auto it = graphs_.begin(); it != graphs_.end(); ++it) {
+    if (!SameWork((*it)->spec(), spec)) continue;
+    JobGraph::Use use = (*it)->TryTake();
+    if (!use) continue;                            // held by a job (or broken)
+    graphs_.splice(graphs_.begin(), graphs_, it);  // most recently used
+    return {graphs_.front().get(), std::move(use)};
+  }
+  if (recording_failed_ || capacity_ <= 0) return {};
+  // Counted as a sighting; recorded once seen often enough.
+  if (!Sighted(spec)) return {};
   if (static_cast<int>(graphs_.size()) >= capacity_) {
-    lane_.budget->Release(graphs_.back()->device_bytes());
-    graphs_.pop_back();
+    // Room for one more: the least recently used free instance goes. None
+    // free: this job runs call by call, and the shape's sighting stays
+    // counted, so that the next job of it records as soon as one is free.
+    auto victim = graphs_.end();
+    for (auto it = graphs_.begin(); it != graphs_.end(); ++it) {
+      if ((*it)->free()) victim = it;
+    }
+    if (victim == graphs_.end()) return {};
+    Drop(victim);
     evicted_.fetch_add(1, std::memory_order_relaxed);
   }
-  if (!lane_.budget->TryReserve(device_bytes)) {
-    return {absl::OkStatus(), false};
+  // The instance's own device memory, staging and events, if free now;
+  // otherwise this job runs call by call and a later one records.
+  const int64_t device_bytes = layout.transient_bytes;
+  if (!lane_.budget->TryReserve(device_bytes)) return {};
+  std::optional<PinnedPool::Lease> staging =
+      lane_.pinned->TryAcquire(layout.staging_bytes);
+  if (!staging.has_value()) {
+    lane_.budget->Release(device_bytes);
+    return {};
   }
+  absl::StatusOr<std::unique_ptr<EventSet>> events = lane_.events->Take();
   absl::StatusOr<std::unique_ptr<JobGraph>> recorded =
       absl::FailedPreconditionError("no capture stream");
-  if (capture_.get() == nullptr) {
+  if (!events.ok()) {
+    recorded = events.status();
+  } else if (capture_.get() == nullptr) {
     absl::StatusOr<CudaStream> stream = CreateStream();
     if (stream.ok()) {
       capture_ = std::move(*stream);
@@ -302,22 +272,35 @@ JobGraph::Outcome JobGraphCache::Launch(const MatmulSpec& spec,
       recorded = stream.status();
     }
   }
-  if (capture_.get() != nullptr) {
-    recorded = JobGraph::Record(lane_, capture_.get(), spec, device_bytes, host,
-                                events);
+  if (events.ok() && capture_.get() != nullptr) {
+    recorded = JobGraph::Record(lane_, capture_.get(), spec, device_bytes,
+                                std::move(*staging), std::move(*events));
   }
   if (!recorded.ok()) {
+    // Events not handed to a recording (no capture stream) go back.
+    if (events.ok() && *events != nullptr) {
+      lane_.events->Return(std::move(*events));
+    }
     lane_.budget->Release(device_bytes);
     recording_failed_ = true;
     LogLine(absl::StrCat(
         "warning: GPU ", lane_.site.device, " stream ", lane_.site.stream,
         ": jobs are not recorded as CUDA graphs on this stream (",
         recorded.status().message(), "); they run call by call"));
-    return {absl::OkStatus(), false};
+    return {};
   }
+  sightings_.pop_front();  // Sighted left the shape in front
   graphs_.push_front(std::move(*recorded));
   recorded_.fetch_add(1, std::memory_order_relaxed);
-  return launch(*graphs_.front(), host, events);
+  JobGraph::Use use = graphs_.front()->TryTake();  // new: free, not broken
+  if (!use) return {};
+  return {graphs_.front().get(), std::move(use)};
+}
+
+absl::Status JobGraphCache::Launch(JobGraph& graph) {
+  absl::Status launched = graph.Launch();
+  if (launched.ok()) launches_.fetch_add(1, std::memory_order_relaxed);
+  return launched;
 }
 
 }  // namespace matmul

@@ -4,20 +4,39 @@
 // for later jobs of that shape with one cudaGraphLaunch and one
 // cudaEventRecord (the end event). A probe measured a graph launch at about
 // 13.5 µs of host time against 29-35 µs for an n=256 job's calls one by one
-// (docs/PERFORMANCE.md section 13); the engine with graphs has not been
-// measured yet.
+// (docs/PERFORMANCE.md section 13).
 //
-// A recorded graph owns its device memory for A, B and C, so every replay
-// on the lane uses the same device addresses: the lane's stream orders one
-// job's reads of C before the next job's GEMM writes it. What changes from
-// job to job is host-side only: where A and B are staged, where C goes and
-// which events time the stages; those are set on the executable graph
-// before each launch (cudaGraphExec*SetParams), which affects only that and
-// later launches.
+// A recorded graph (an instance) owns everything its work touches: device
+// memory for A, B and C, a pinned staging range laid out like a job's
+// staging slot ([staged A][staged B][returned C], JobLayout's offsets) and
+// its own EventSet. The graph is captured reading and writing exactly
+// those, so a replay changes nothing on the executable graph: the job
+// writes its operands straight into the instance's staging, the launch
+// copies them in, multiplies and copies C back into the staging, and the
+// job's result is sent from there. (The engine measured in section 14 set
+// each job's staging and events on the graph before every launch, up to six
+// driver calls; that is gone, and the replay without it is not measured
+// yet.)
 //
-// Thread safety: a cache belongs to one lane and is used only by the thread
-// dispatching on that lane (the lane's `busy` flag keeps dispatchers apart);
-// its counters may be read from any thread.
+// An instance serves one job at a time: it is taken (JobGraphCache::Take)
+// by the dispatch that picks it and stays busy until that job's JobResult
+// lets go of it (the reply has been sent from its staging) or the job
+// fails. So several instances of one shape may exist on a lane (one held
+// by a reply still being sent while the next job of its shape comes). A
+// failed job or launch may leave an instance in an unknown state: it is
+// marked broken and dropped, never replayed, once free.
+//
+// Ownership and threads: a lane's cache owns its instances (unique_ptr) and
+// is used only by the thread dispatching on that lane (the lane's `busy`
+// flag keeps dispatchers apart), which has the device current; so every
+// instance is recorded, launched and destroyed there (or by the cache's
+// destructor in Device::~Device). The busy and broken flags are a small
+// State that the instance shares (shared_ptr) with its JobGraph::Use, the
+// token a job holds; the token is moved into the job's JobResult release
+// callback, which may run on any thread, even after the instance is gone:
+// it only ever touches the State. The cache never destroys a busy instance,
+// so a job may point at its instance's staging, events and C until it lets
+// go of its Use. The counters may be read from any thread.
 #ifndef MATMUL_GPU_CUDA_JOB_GRAPH_H_
 #define MATMUL_GPU_CUDA_JOB_GRAPH_H_
 
@@ -37,17 +56,11 @@
 #include "gpu/cuda/cuda_status.h"
 #include "gpu/cuda/device_memory.h"
 #include "gpu/cuda/job_layout.h"
+#include "gpu/cuda/pinned_pool.h"
 #include "gpu/cuda/timing.h"
 #include "gpu/matmul_spec.h"
 
 namespace matmul {
-
-// Where one job's operands and result are on the host.
-struct JobHostMemory {
-  const std::byte* a = nullptr;
-  const std::byte* b = nullptr;
-  std::byte* c = nullptr;
-};
 
 // What a lane's cache needs of its device and stream.
 struct JobGraphLane {
@@ -60,92 +73,173 @@ struct JobGraphLane {
   size_t workspace_bytes = 0;
   cudaMemPool_t memory_pool = nullptr;
   DeviceMemoryBudget* budget = nullptr;
+  // The device's staging pool and spare events: each instance leases its
+  // staging and takes its EventSet there, and gives both back when it goes.
+  PinnedPool* pinned = nullptr;
+  EventPool* events = nullptr;
   // Fill C on the device with NaN bytes before the GEMM (test aid; the
   // engine's poison_outputs).
   bool poison_c = false;
 };
 
 class JobGraph {
+ private:
+  struct State {
+    std::atomic<bool> busy{false};
+    std::atomic<bool> broken{false};
+  };
+
  public:
+  // A job's hold on an instance, from the dispatch that takes it until the
+  // job's result lets go of it (or the job fails). Move-only; letting go
+  // (Release, or destruction) frees the instance for the next job. May be
+  // released on any thread, also after the instance is gone.
+  class Use {
+   public:
+    Use() = default;
+    Use(Use&& other) noexcept : state_(std::move(other.state_)) {}
+    Use& operator=(Use&& other) noexcept {
+      if (this != &other) {
+        Release();
+        state_ = std::move(other.state_);
+      }
+      return *this;
+    }
+    Use(const Use&) = delete;
+    Use& operator=(const Use&) = delete;
+    ~Use() { Release(); }
+
+    explicit operator bool() const { return state_ != nullptr; }
+    // The job or its launch failed: the instance is never replayed again
+    // and goes once free. Before Release.
+    void Break() {
+      if (state_ != nullptr) {
+        state_->broken.store(true, std::memory_order_relaxed);
+      }
+    }
+    // Frees the instance; nothing of it may be touched afterwards. The
+    // release store orders everything done with the instance's staging
+    // (the reply read from it) before the next job's writes there.
+    void Release() {
+      if (state_ == nullptr) return;
+      state_->busy.store(false, std::memory_order_release);
+      state_.reset();
+    }
+
+   private:
+    friend class JobGraph;
+    explicit Use(std::shared_ptr<State> state) : state_(std::move(state)) {}
+    std::shared_ptr<State> state_;
+  };
+
   // Records `spec`'s work by capturing it on `capture` (a stream of the
   // lane's own that nothing else uses, so that no other thread's query of
   // the lane's stream meets a capture) and instantiates it, with device
   // memory for A, B and C allocated on the lane's stream from its pool
-  // (reserved against the budget by the caller). Nothing runs.
+  // (`device_bytes`, reserved against the budget by the caller, who
+  // releases it when the instance goes), copies from and to `staging` (at
+  // least a_bytes + b_bytes + c_bytes of the spec, laid out as a job's
+  // slot) and event nodes recording `events`. The instance owns the staging
+  // and the events from here on, also when recording fails. Nothing runs.
   static absl::StatusOr<std::unique_ptr<JobGraph>> Record(
       const JobGraphLane& lane, cudaStream_t capture, const MatmulSpec& spec,
-      int64_t device_bytes, const JobHostMemory& host, const EventSet& events);
-  // Frees the device memory in stream order; a launch still running
-  // finishes first (cudaGraphExecDestroy defers while in flight).
+      int64_t device_bytes, PinnedPool::Lease staging,
+      std::unique_ptr<EventSet> events);
+  // Frees the device memory in stream order (a launch still running
+  // finishes first; cudaGraphExecDestroy defers while in flight), gives the
+  // staging back and the events to the lane's spare list. Only once free:
+  // its last job completed (its stream work is done) or failed.
   ~JobGraph();
   JobGraph(const JobGraph&) = delete;
   JobGraph& operator=(const JobGraph&) = delete;
 
   const MatmulSpec& spec() const { return spec_; }
   int64_t device_bytes() const { return device_bytes_; }
+  // The staging the graph copies from and to: A at 0, B after A, C after
+  // B, exactly as a job's slot (JobLayout::b_staging_offset(),
+  // c_staging_offset()) for a replayable layout of this spec.
+  std::byte* staging() const { return staging_.data(); }
+  std::byte* host_a() const { return staging(); }
+  std::byte* host_b() const { return staging() + spec_.a_bytes(); }
+  std::byte* host_c() const {
+    return staging() + spec_.a_bytes() + spec_.b_bytes();
+  }
+  // The events the graph records (start, h2d_done, gemm_done) and the end
+  // event Launch records after it.
+  EventSet& events() const { return *events_; }
 
-  // Points the copies at `host` and the event nodes at `events`, then
-  // launches on the lane's stream. An error before the launch leaves
-  // nothing enqueued (`launched` false): the caller may do the job another
-  // way. An error from the launch itself fails the job.
-  struct Outcome {
-    absl::Status status;
-    bool launched = false;
-  };
-  Outcome Launch(const JobHostMemory& host, const EventSet& events);
+  // Whether no job holds it (as last seen; only the lane's thread takes an
+  // instance, so for that thread a free instance stays free).
+  bool free() const { return !state_->busy.load(std::memory_order_acquire); }
+  bool broken() const { return state_->broken.load(std::memory_order_relaxed); }
+  // A Use of this instance if it is free and not broken; an empty one
+  // otherwise.
+  Use TryTake();
+
+  // Launches the graph on the lane's stream, then records the end event
+  // there (not as a node: the poller takes an end event that reads done for
+  // a finished job, and a record call marks the event pending at once,
+  // before the graph runs). For the job holding the instance, whose
+  // operands are in its staging. An error fails the job (and breaks the
+  // instance: the caller's Use).
+  absl::Status Launch();
 
  private:
-  explicit JobGraph(const JobGraphLane& lane) : lane_(lane) {}
-  absl::Status Build(cudaStream_t capture, const JobHostMemory& host,
-                     const EventSet& events);
-  absl::Status Capture(cudaStream_t capture, const JobHostMemory& host,
-                       const EventSet& events);
-  absl::Status FindNodes(const JobHostMemory& host, const EventSet& events);
-  absl::Status SetCopy(int which, const void* host);
+  JobGraph(const JobGraphLane& lane, const MatmulSpec& spec,
+           int64_t device_bytes, PinnedPool::Lease staging,
+           std::unique_ptr<EventSet> events);
+  absl::Status Capture(cudaStream_t capture);
 
   const JobGraphLane lane_;
-  MatmulSpec spec_;
-  int64_t device_bytes_ = 0;
+  const MatmulSpec spec_;
+  const int64_t device_bytes_;
+  PinnedPool::Lease staging_;
+  std::unique_ptr<EventSet> events_;
+  const std::shared_ptr<State> state_ = std::make_shared<State>();
   std::byte* memory_ = nullptr;  // A, B, C, each aligned
   cudaGraph_t graph_ = nullptr;
   cudaGraphExec_t exec_ = nullptr;
-  // The copy nodes (A, B: H2D; C: D2H) with their parameters as recorded,
-  // and the host address each has now.
-  cudaGraphNode_t copy_[3] = {};
-  cudaMemcpy3DParms copy_params_[3] = {};
-  const void* copy_host_[3] = {};
-  // The event nodes in EventSet order (start, h2d_done, gemm_done) and the
-  // event each records now. The end event is recorded on the stream after
-  // each launch (cudaEventRecord), not by a node: the poller takes an end
-  // event that reads done for a finished job, and a record call marks the
-  // event pending at once, before the graph runs.
-  cudaGraphNode_t event_[3] = {};
-  cudaEvent_t event_now_[3] = {};
 };
 
 class JobGraphCache {
  public:
-  // At most `capacity` graphs; the least recently used goes first. A shape
-  // is recorded the `min_sightings`-th time it comes without a graph (so
-  // that shapes seen once, such as the odd batch size, cost no recording);
-  // until then its jobs run call by call.
+  // At most `capacity` instances; when a new one is needed, the least
+  // recently used free one goes. A shape is recorded the `min_sightings`-th
+  // time it comes without a free instance (so that shapes seen once, such
+  // as the odd batch size, cost no recording); until then its jobs run call
+  // by call.
   JobGraphCache(const JobGraphLane& lane, int capacity, int min_sightings);
+  // After every job on the lane has completed or failed (the engine is shut
+  // down): destroys every instance and releases their device memory.
   ~JobGraphCache();
   JobGraphCache(const JobGraphCache&) = delete;
   JobGraphCache& operator=(const JobGraphCache&) = delete;
 
   // Whether a job of this layout may be replayed at all: a multiply whose
-  // operands are staged in the pinned pool and whose product comes back
-  // there, with no resident operand or kept result, of at most
-  // `max_device_bytes`.
+  // operands are staged in the pinned pool (not prestaged) and whose
+  // product comes back there (not into a c_destination), with no resident
+  // operand or kept result, its staging exactly [A][B][C] of the spec, of
+  // at most `max_device_bytes`.
   static bool Replayable(const JobLayout& layout, int64_t max_device_bytes);
 
-  // Enqueues the job through its shape's graph, recording the graph first
-  // on a miss. `launched` false: nothing was enqueued (recording failed, or
-  // the device memory for a new graph is not free now) and the caller
-  // enqueues the job the usual way.
-  JobGraph::Outcome Launch(const MatmulSpec& spec, int64_t device_bytes,
-                           const JobHostMemory& host, const EventSet& events);
+  // A free instance of `spec`'s work taken for one job (recorded now if the
+  // shape has been seen often enough and there is room: fewer than
+  // `capacity` instances, or a free one to evict; and its device memory,
+  // staging and events are free at once). `graph` null: none; the job goes
+  // the usual way. `layout` must be Replayable.
+  struct Taken {
+    JobGraph* graph = nullptr;  // valid while `use` is held
+    JobGraph::Use use;
+  };
+  Taken Take(const MatmulSpec& spec, const JobLayout& layout);
+
+  // Destroys every free instance (counted as evicted), giving back its
+  // device memory and staging: for a job of this lane that cannot have its
+  // own at once, so that it does not wait on idle instances.
+  void DropFree();
+
+  // Launches a taken instance for its job (JobGraph::Launch), counting it.
+  absl::Status Launch(JobGraph& graph);
 
   // Jobs launched through a graph, graphs recorded, graphs evicted.
   int64_t launches() const { return launches_.load(std::memory_order_relaxed); }
@@ -153,14 +247,21 @@ class JobGraphCache {
   int64_t evicted() const { return evicted_.load(std::memory_order_relaxed); }
 
  private:
+  using Instances = std::list<std::unique_ptr<JobGraph>>;
+  // Destroys a free instance and releases its device memory.
+  void Drop(Instances::iterator it);
+  // Counts a sighting of `spec` without a free instance; true once it has
+  // been seen min_sightings_ times.
+  bool Sighted(const MatmulSpec& spec);
+
   const JobGraphLane lane_;
   const int capacity_;
   const int min_sightings_;
   CudaStream capture_;  // made at the first recording
-  // Shapes seen without a graph and how often, most recent first; at most
-  // 4 * capacity_ of them.
+  // Shapes seen without a free instance and how often, most recent first;
+  // at most 4 * capacity_ of them.
   std::list<std::pair<MatmulSpec, int>> sightings_;
-  std::list<std::unique_ptr<JobGraph>> graphs_;  // most recently used first
+  Instances graphs_;  // most recently used first
   // Recording failed once (the driver or cuBLAS cannot capture it): no
   // further attempts on this lane.
   bool recording_failed_ = false;

@@ -26,7 +26,9 @@ struct CudaEngine::Lane {
   int index = 0;  // stream index within the device
   PooledStream* stream = nullptr;
   // Small multiplies recorded as CUDA graphs (CudaEngineOptions::
-  // job_graphs); null when off. Used only by the thread dispatching here.
+  // job_graphs_per_stream); null when off. Used only by the thread
+  // dispatching here (an instance's busy flag, which a job's result clears
+  // on any thread, is the one exception: see job_graph.h).
   std::unique_ptr<JobGraphCache> graphs;
   absl::Mutex mu;
   absl::CondVar cv;

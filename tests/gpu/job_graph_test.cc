@@ -1,9 +1,13 @@
 // Small multiplies replayed from CUDA graphs (gpu/cuda/job_graph.h) on a real
 // GPU: every accuracy case recorded and then replayed with other operands,
 // more shapes than a stream keeps (eviction), many jobs in flight on every
-// stream, operands from engine-allocated host memory and a product written
-// into caller memory, jobs too big to record, and graphs off. Skips where no
-// GPU is visible (CI).
+// stream, results held (their instances busy) while more jobs of their
+// shape come, poisoned outputs, shutdown with results still held, injected
+// faults on replayed jobs, operands from engine-allocated host memory and a
+// product written into caller memory, jobs too big to record, and graphs
+// off. Skips where no GPU is visible (CI).
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <future>
 #include <memory>
@@ -12,6 +16,8 @@
 #include <vector>
 
 #include "absl/random/random.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "gpu/cuda/cuda_engine.h"
 #include "gpu/cuda/job_layout.h"
 #include "gtest/gtest.h"
@@ -87,7 +93,8 @@ class JobGraphAccuracyTest : public ::testing::TestWithParam<Case> {
 CudaEngine* JobGraphAccuracyTest::engine_ = nullptr;
 
 // Each case twice on one stream: the first job records its shape's graph,
-// the second replays it with other operands (other staging, other events).
+// the second replays it with other operands written into the same staging
+// (the first job's result has been let go of, so its instance is free).
 TEST_P(JobGraphAccuracyTest, RecordedThenReplayedMatchesTheReference) {
   SKIP_WITHOUT_GPU();
   ASSERT_NE(engine_, nullptr);
@@ -170,9 +177,11 @@ TEST(JobGraphTest, MoreShapesThanAStreamKeepsAreEvictedAndStayCorrect) {
                           DeviceBytes(Square(DType::kFloat32, 256)));
 }
 
-// Many jobs of three shapes in flight on four streams at once: each stream
-// replays its own graphs back to back, so a job's C must be read back before
-// the next job's GEMM overwrites the graph's device memory.
+// Many jobs of three shapes in flight on four streams at once: a stream
+// records more instances of a shape while its others are held by jobs in
+// flight (up to its eight), runs the rest call by call, and evicts a free
+// instance of one shape to record another; every job is right whichever
+// way it ran.
 TEST(JobGraphTest, ManyJobsInFlightOnEveryStreamAreAllCorrect) {
   SKIP_WITHOUT_GPU();
   std::unique_ptr<CudaEngine> engine = GraphEngine(4, 8);
@@ -208,9 +217,343 @@ TEST(JobGraphTest, ManyJobsInFlightOnEveryStreamAreAllCorrect) {
         << "job " << i << ": relative error " << err;
   }
   const GraphCounts counts = CountsOf(*engine);
-  EXPECT_EQ(counts.jobs, kJobs);
-  EXPECT_LE(counts.recorded, 12);  // at most three shapes on each stream
-  EXPECT_EQ(counts.evicted, 0);
+  EXPECT_GT(counts.jobs, 0);
+  EXPECT_LE(counts.jobs, kJobs);
+  // At most eight instances on each of the four streams at any time.
+  EXPECT_LE(counts.recorded - counts.evicted, 4 * 8);
+}
+
+// A multiply of two byte strings (which must outlive it) whose result the
+// test keeps: its graph instance stays busy, as while a reply is being
+// sent, until the test lets go of the result.
+class HoldingJob final : public MatmulJob {
+ public:
+  HoldingJob(const MatmulSpec& spec, const std::string* a, const std::string* b,
+             std::promise<absl::StatusOr<JobResult>> promise)
+      : MatmulJob(JobDescription{spec, MultiplyOp{}}),
+        a_(a),
+        b_(b),
+        promise_(std::move(promise)) {}
+
+  absl::Status WriteOperands(absl::Span<std::byte> a,
+                             absl::Span<std::byte> b) override {
+    if (a.size() != a_->size() || b.size() != b_->size()) {
+      return absl::InternalError("staging size mismatch");
+    }
+    std::memcpy(a.data(), a_->data(), a.size());
+    std::memcpy(b.data(), b_->data(), b.size());
+    return absl::OkStatus();
+  }
+  // A second call would throw from the promise: each job is answered once.
+  void Done(absl::StatusOr<JobResult> result) override {
+    promise_.set_value(std::move(result));
+  }
+
+ private:
+  const std::string* a_;
+  const std::string* b_;
+  std::promise<absl::StatusOr<JobResult>> promise_;
+};
+
+// A job's operands, the future of its kept result, and its reference.
+struct Held {
+  MatmulSpec spec;
+  std::string a, b;
+  std::future<absl::StatusOr<JobResult>> future;
+  absl::StatusOr<JobResult> result = absl::UnknownError("not yet");
+};
+
+std::unique_ptr<Held> SubmitHeld(Engine& engine, const MatmulSpec& spec,
+                                 absl::BitGen& gen) {
+  auto held = std::make_unique<Held>();
+  held->spec = spec;
+  held->a = RandomBytes(spec.dtype, spec.a_elements(), gen);
+  held->b = RandomBytes(spec.dtype, spec.b_elements(), gen);
+  std::promise<absl::StatusOr<JobResult>> promise;
+  held->future = promise.get_future();
+  engine.Submit(std::make_unique<HoldingJob>(spec, &held->a, &held->b,
+                                             std::move(promise)));
+  return held;
+}
+
+// Checks the kept result against the reference: its bytes are still in
+// the staging (a graph instance's, or the job's own lease) while held.
+void ExpectStillRight(const Held& held, const std::string& what) {
+  ASSERT_TRUE(held.result.ok()) << what << ": " << held.result.status();
+  const MatmulSpec& spec = held.spec;
+  ASSERT_EQ(static_cast<int64_t>(held.result->c().size()), spec.c_bytes())
+      << what;
+  const std::vector<double> ref = ReferenceGemm(
+      spec, ToDoubles(spec.dtype, held.a.data(), spec.a_elements()),
+      ToDoubles(spec.dtype, held.b.data(), spec.b_elements()));
+  const double err = RelativeError(
+      ToDoubles(spec.dtype,
+                reinterpret_cast<const char*>(held.result->c().data()),
+                spec.c_elements()),
+      ref);
+  EXPECT_LT(err, Tolerance(spec.dtype, spec.compute))
+      << what << ": relative error " << err;
+}
+
+// Waits for the result (keeping it) and checks it against the reference.
+void ExpectRight(Held& held, const std::string& what) {
+  held.result = held.future.get();
+  ExpectStillRight(held, what);
+}
+
+// One stream keeping four instances; jobs of one shape in batches of six,
+// each job's result held until its batch is done (as replies still being
+// sent): the first batch records four instances (a held one cannot be
+// replayed) and runs the other two call by call, and every held result
+// stays right to the end of its batch; once the results are let go, every
+// later batch replays the same four and records nothing.
+TEST(JobGraphTest, HeldResultsKeepTheirInstancesAndFreedOnesAreReplayed) {
+  SKIP_WITHOUT_GPU();
+  constexpr int kCap = 4;
+  constexpr int kBatch = 6;
+  constexpr int kRounds = 5;
+  std::unique_ptr<CudaEngine> engine = GraphEngine(1, kCap);
+  ASSERT_NE(engine, nullptr);
+  const MatmulSpec spec = MakeSpec(DType::kFloat32, 1, 1, 96, 80, 112, false,
+                                   true, false, ComputeMode::kStrict);
+  absl::BitGen gen;
+  for (int round = 0; round < kRounds; ++round) {
+    std::vector<std::unique_ptr<Held>> batch;
+    for (int i = 0; i < kBatch; ++i) {
+      batch.push_back(SubmitHeld(*engine, spec, gen));
+      // One after another: each job finds the ones before it still held.
+      ExpectRight(*batch.back(), absl::StrCat("round ", round, " job ", i));
+      // Stage times from the events the job used (an instance's or its own).
+      const StageTimings& t = batch.back()->result->timings();
+      EXPECT_GE(t.h2d, 0);
+      EXPECT_GE(t.compute, 0);
+      EXPECT_GE(t.d2h, 0);
+      EXPECT_GT(t.h2d + t.compute + t.d2h, 0);
+    }
+    // No held result was overwritten by a later job: a busy instance is
+    // never replayed.
+    for (int i = 0; i < kBatch; ++i) {
+      ExpectStillRight(*batch[i],
+                       absl::StrCat("round ", round, " job ", i, ", held"));
+    }
+    const GraphCounts counts = CountsOf(*engine);
+    EXPECT_EQ(counts.recorded, kCap) << "round " << round;
+    EXPECT_EQ(counts.jobs, int64_t{kCap} * (round + 1)) << "round " << round;
+    EXPECT_EQ(counts.evicted, 0);
+    batch.clear();  // lets go of the results: the instances are free
+  }
+  // Only the instances' own memory is left.
+  const DeviceStats d = engine->stats().devices[0];
+  EXPECT_EQ(d.device_memory_used_bytes, kCap * DeviceBytes(spec));
+  EXPECT_EQ(d.queued_jobs, 0);
+  int64_t jobs = 0;
+  for (const StreamStats& s : d.streams) jobs += s.jobs;
+  EXPECT_EQ(jobs, kBatch * kRounds);
+}
+
+// With poison_outputs every result buffer holds NaN bytes until the job
+// writes it, the instance's staging included (which otherwise still holds
+// the previous job's product): replays that alternate two operand pairs
+// must each bring back their own product, every element finite. And the
+// check used here does catch the poison pattern.
+TEST(JobGraphTest, PoisonedOutputsAreOverwrittenOnEveryReplay) {
+  SKIP_WITHOUT_GPU();
+  std::unique_ptr<CudaEngine> engine = GraphEngine(1, 2);
+  ASSERT_NE(engine, nullptr);
+  const MatmulSpec spec = Square(DType::kFloat32, 64);
+  absl::BitGen gen;
+  const std::string a[2] = {RandomBytes(spec.dtype, spec.a_elements(), gen),
+                            RandomBytes(spec.dtype, spec.a_elements(), gen)};
+  const std::string b[2] = {RandomBytes(spec.dtype, spec.b_elements(), gen),
+                            RandomBytes(spec.dtype, spec.b_elements(), gen)};
+  std::vector<double> ref[2];
+  for (int i = 0; i < 2; ++i) {
+    ref[i] = ReferenceGemm(
+        spec, ToDoubles(spec.dtype, a[i].data(), spec.a_elements()),
+        ToDoubles(spec.dtype, b[i].data(), spec.b_elements()));
+  }
+  const std::string poison(static_cast<size_t>(spec.c_bytes()), '\xff');
+  EXPECT_FALSE(
+      RelativeError(ToDoubles(spec.dtype, poison.data(), spec.c_elements()),
+                    ref[0]) < Tolerance(spec.dtype, spec.compute))
+      << "the check does not catch a C never written";
+  for (int i = 0; i < 8; ++i) {
+    const GraphCounts before = CountsOf(*engine);
+    Outcome out = SubmitJob(*engine, spec, &a[i % 2], &b[i % 2]).get();
+    ASSERT_TRUE(out.status.ok()) << "job " << i << ": " << out.status;
+    EXPECT_EQ(CountsOf(*engine).jobs, before.jobs + 1) << "job " << i;
+    const std::vector<double> got =
+        ToDoubles(spec.dtype, out.c.data(), spec.c_elements());
+    EXPECT_TRUE(std::all_of(got.begin(), got.end(),
+                            [](double v) { return std::isfinite(v); }))
+        << "job " << i;
+    EXPECT_LT(RelativeError(got, ref[i % 2]),
+              Tolerance(spec.dtype, spec.compute))
+        << "job " << i;
+  }
+  EXPECT_EQ(CountsOf(*engine).recorded, 1);
+}
+
+// Jobs of two shapes submitted at once on two streams, the engine shut down
+// while they are in flight, their results still held: every job is answered
+// exactly once (a second answer would throw from its promise) and right,
+// and letting go of the results afterwards, then destroying the engine, is
+// safe.
+TEST(JobGraphTest, ShutdownWithGraphJobsInFlightAndResultsHeld) {
+  SKIP_WITHOUT_GPU();
+  std::unique_ptr<CudaEngine> engine = GraphEngine(2, 4);
+  ASSERT_NE(engine, nullptr);
+  const MatmulSpec specs[] = {Square(DType::kFloat32, 48),
+                              MakeSpec(DType::kFloat16, 2, 2, 40, 72, 56, false,
+                                       false, true, ComputeMode::kStrict)};
+  constexpr int kJobs = 64;
+  absl::BitGen gen;
+  std::vector<std::unique_ptr<Held>> held;
+  for (int i = 0; i < kJobs; ++i) {
+    held.push_back(SubmitHeld(*engine, specs[i % 2], gen));
+  }
+  engine->Shutdown();
+  for (int i = 0; i < kJobs; ++i) {
+    ExpectRight(*held[i], absl::StrCat("job ", i));
+  }
+  EXPECT_GT(CountsOf(*engine).jobs, 0);
+  held.clear();
+  engine.reset();
+}
+
+// Fails the listed jobs at one point of their path.
+class ListFaults final : public FaultInjector {
+ public:
+  ListFaults(Point point, std::vector<int64_t> jobs, absl::Status status)
+      : point_(point), jobs_(std::move(jobs)), status_(std::move(status)) {}
+  absl::Status Inject(Point point, int64_t job) override {
+    if (point == point_ &&
+        std::find(jobs_.begin(), jobs_.end(), job) != jobs_.end()) {
+      return status_;
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  const Point point_;
+  const std::vector<int64_t> jobs_;
+  const absl::Status status_;
+};
+
+class JobGraphFaultTest
+    : public ::testing::TestWithParam<FaultInjector::Point> {};
+
+// One stream, one shape, jobs one after another: the 1st records an
+// instance, the 2nd replays it, the 3rd meets an injected fault on its
+// replay and fails with it; its instance is never replayed again, so the
+// 4th records a new one, and the 4th and 5th are right.
+TEST_P(JobGraphFaultTest, AFailedReplayDropsItsInstanceAndTheNextJobIsRight) {
+  SKIP_WITHOUT_GPU();
+  const FaultInjector::Point point = GetParam();
+  ListFaults faults(
+      point, {3},
+      absl::InternalError("injected: CUBLAS_STATUS_EXECUTION_FAILED"));
+  CudaEngineOptions options;
+  options.streams_per_device = 1;
+  options.pinned_bytes_per_device = int64_t{256} << 20;
+  options.poison_outputs = true;
+  options.fault_injector = &faults;
+  options.job_graphs_per_stream = 2;
+  options.job_graph_min_sightings = 1;
+  absl::StatusOr<std::unique_ptr<CudaEngine>> engine =
+      CudaEngine::Create(options);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const MatmulSpec spec = MakeSpec(DType::kFloat32, 1, 1, 72, 40, 88, true,
+                                   false, false, ComputeMode::kStrict);
+  absl::BitGen gen;
+  // One after another, so job ids are 1..5 in this order.
+  for (int i = 1; i <= 5; ++i) {
+    if (i != 3) {
+      MultiplyAndCheck(**engine, spec, gen);
+      continue;
+    }
+    const std::string a = RandomBytes(spec.dtype, spec.a_elements(), gen);
+    const std::string b = RandomBytes(spec.dtype, spec.b_elements(), gen);
+    Outcome out = SubmitJob(**engine, spec, &a, &b).get();
+    EXPECT_EQ(out.status.code(), absl::StatusCode::kInternal) << out.status;
+    EXPECT_NE(out.status.message().find("CUBLAS_STATUS_EXECUTION_FAILED"),
+              absl::string_view::npos)
+        << out.status;
+  }
+  const GraphCounts counts = CountsOf(**engine);
+  EXPECT_EQ(counts.recorded, 2);
+  // The 3rd job's graph was launched only when the fault came at completion.
+  EXPECT_EQ(counts.jobs, point == FaultInjector::Point::kCompletion ? 5 : 4);
+  // The failed job's instance is gone, its memory with it.
+  const DeviceStats d = (*engine)->stats().devices[0];
+  EXPECT_EQ(d.device_memory_used_bytes, DeviceBytes(spec));
+  int64_t jobs = 0;
+  for (const StreamStats& s : d.streams) jobs += s.jobs;
+  EXPECT_EQ(jobs, 4);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    EveryPoint, JobGraphFaultTest,
+    ::testing::Values(FaultInjector::Point::kDeviceAlloc,
+                      FaultInjector::Point::kGemm,
+                      FaultInjector::Point::kCompletion),
+    [](const ::testing::TestParamInfo<FaultInjector::Point>& info) {
+      switch (info.param) {
+        case FaultInjector::Point::kDeviceAlloc:
+          return std::string("DeviceAlloc");
+        case FaultInjector::Point::kGemm:
+          return std::string("Gemm");
+        case FaultInjector::Point::kCompletion:
+          return std::string("Completion");
+        case FaultInjector::Point::kContext:
+          return std::string("Context");
+      }
+      return std::string("Unknown");
+    });
+
+// Idle graph instances hold pinned staging: a job that cannot have its own
+// at once makes its stream let go of them rather than wait on them. A
+// 32 MiB pool, four instances of a 3 MiB shape (12 MiB, kept while free),
+// then a job that needs 21 MiB of staging and is too big to record.
+TEST(JobGraphTest, AJobWithoutStagingLetsTheIdleInstancesGo) {
+  SKIP_WITHOUT_GPU();
+  CudaEngineOptions options;
+  options.streams_per_device = 1;
+  options.pinned_bytes_per_device = int64_t{32} << 20;
+  options.poison_outputs = true;
+  options.job_graphs_per_stream = 4;
+  options.job_graph_min_sightings = 1;
+  absl::StatusOr<std::unique_ptr<CudaEngine>> engine =
+      CudaEngine::Create(options);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const MatmulSpec small = Square(DType::kFloat32, 512);
+  absl::BitGen gen;
+  {
+    std::vector<std::unique_ptr<Held>> held;
+    for (int i = 0; i < 4; ++i) {
+      held.push_back(SubmitHeld(**engine, small, gen));
+      ExpectRight(*held.back(), absl::StrCat("small job ", i));
+    }
+  }
+  GraphCounts counts = CountsOf(**engine);
+  ASSERT_EQ(counts.recorded, 4);
+  ASSERT_EQ(counts.evicted, 0);
+  EXPECT_EQ((*engine)->stats().devices[0].staging_used_bytes,
+            4 * (small.a_bytes() + small.b_bytes() + small.c_bytes()));
+  const MatmulSpec big = MakeSpec(DType::kFloat32, 1, 1, 4096, 64, 1280, false,
+                                  false, false, ComputeMode::kStrict);
+  ASSERT_GT(big.a_bytes() + big.b_bytes() + big.c_bytes(), int64_t{20} << 20);
+  ASSERT_GT(DeviceBytes(big), kMaxGraphBytes);
+  MultiplyAndCheck(**engine, big, gen);
+  counts = CountsOf(**engine);
+  EXPECT_EQ(counts.evicted, 4);
+  EXPECT_EQ(counts.recorded, 4);
+  const DeviceStats d = (*engine)->stats().devices[0];
+  EXPECT_EQ(d.staging_used_bytes, 0);
+  EXPECT_EQ(d.device_memory_used_bytes, 0);
+  // The shape is recorded again when it comes back.
+  MultiplyAndCheck(**engine, small, gen);
+  EXPECT_EQ(CountsOf(**engine).recorded, 5);
 }
 
 TEST(JobGraphTest, JobsOverTheLimitRunCallByCall) {

@@ -13,6 +13,10 @@
 //     its operands from ordinary memory into staging and goes through a
 //     BatchingEngine with the server's default batching, so that jobs
 //     waiting while every stream is busy share one strided-batched GEMM.
+//   - with --graphs N (CUDA graphs per stream, gpu/cuda/job_graph.h), every
+//     run's jobs copy their operands into staging instead (prestaged jobs
+//     are never replayed) and are replayed from graph instances; --graphs 0
+//     is the same copying without graphs, the baseline to compare with.
 // Prints a table and optionally writes JSON. The ceilings are measured by
 // gpu/cuda/stage_ceilings.h, so that this tool includes no CUDA header.
 #include <algorithm>
@@ -156,7 +160,7 @@ class ClosedLoop {
       return absl::OkStatus();
     }
     void Done(absl::StatusOr<JobResult> result) override {
-      loop_->OnDone(result);
+      loop_->OnDone(std::move(result));
     }
 
    private:
@@ -171,7 +175,10 @@ class ClosedLoop {
     engine_.Submit(std::make_unique<Job>(this));
   }
 
-  void OnDone(const absl::StatusOr<JobResult>& result) {
+  // Lets go of the result (its staging, or its CUDA graph instance) before
+  // the next job goes in, as a server's reply is sent before the client's
+  // next request comes.
+  void OnDone(absl::StatusOr<JobResult> result) {
     if (result.ok()) {
       completed_.fetch_add(1);
     } else {
@@ -187,7 +194,9 @@ class ClosedLoop {
       }
       --outstanding_;
     }
-    if (!stopping_.load() && result.ok()) SubmitOne();
+    const bool ok = result.ok();
+    { absl::StatusOr<JobResult> release = std::move(result); }
+    if (!stopping_.load() && ok) SubmitOne();
   }
 
   Engine& engine_;
@@ -215,6 +224,11 @@ struct RunOptions {
   int streams = 4;
   int jobs_per_stream = 2;
   int64_t poll_only_max_bytes = 0;
+  // CUDA graphs per stream (CudaEngineOptions::job_graphs_per_stream). Set
+  // (0 or more), the jobs copy their operands into staging (a graph
+  // instance's or their own), as the server's requests do, since prestaged
+  // jobs are never replayed; -1: prestaged, no graphs.
+  int graphs = -1;
   // The server's path: each job copies its operands (from ordinary memory)
   // into staging, and goes through a BatchingEngine with the server's
   // default batching (adaptive, 1 ms window, at most 64 per batch), which
@@ -236,6 +250,7 @@ absl::StatusOr<EngineRun> RunEngine(const MatmulSpec& spec,
   // 21 full batches of 64 at n=256 float32.
   options.pinned_bytes_per_device = int64_t{1} << 30;
   options.poll_only_max_bytes = run_options.poll_only_max_bytes;
+  options.job_graphs_per_stream = std::max(0, run_options.graphs);
   ASSIGN_OR_RETURN(std::unique_ptr<CudaEngine> cuda,
                    CudaEngine::Create(options));
   ASSIGN_OR_RETURN(HostBuffer a, cuda->AllocateHostBuffer(spec.a_bytes()));
@@ -247,17 +262,20 @@ absl::StatusOr<EngineRun> RunEngine(const MatmulSpec& spec,
   std::vector<std::byte> plain_a, plain_b;
   PrestagedOperands ops{a.data(), b.data()};
   std::unique_ptr<Engine> engine = std::move(cuda);
-  if (run_options.batched) {
+  const bool copy_operands = run_options.batched || run_options.graphs >= 0;
+  if (copy_operands) {
     plain_a.assign(a.data(), a.data() + spec.a_bytes());
     plain_b.assign(b.data(), b.data() + spec.b_bytes());
     ops = PrestagedOperands{plain_a.data(), plain_b.data()};
+  }
+  if (run_options.batched) {
     BatchingOptions batching;
     batching.adaptive = true;
     batching.window = absl::Milliseconds(1);
     batching.max_batch = 64;
     engine = std::make_unique<BatchingEngine>(std::move(engine), batching);
   }
-  ClosedLoop loop(*engine, spec, ops, run_options.batched);
+  ClosedLoop loop(*engine, spec, ops, copy_operands);
   // By default two jobs per stream: one computing, one copying. More keep
   // the lanes' queues from running dry while a finished job's completion
   // and resubmission cross threads (--jobs-per-stream).
@@ -298,6 +316,7 @@ int Main(int argc, char** argv) {
   int streams = 4;
   int jobs_per_stream = 2;
   int64_t poll_only_max_bytes = 0;
+  int graphs = -1;  // not given: prestaged operands, no graphs
   bool batched = false;
   double seconds = 2;
   std::string json_path;
@@ -334,6 +353,12 @@ int Main(int argc, char** argv) {
         std::fprintf(stderr, "--poll-only-max-bytes takes bytes >= 0\n");
         return 2;
       }
+    } else if (arg.rfind("--graphs", 0) == 0) {
+      graphs = std::atoi(value().c_str());
+      if (graphs < 0 || graphs > 64) {
+        std::fprintf(stderr, "--graphs takes 0..64\n");
+        return 2;
+      }
     } else if (arg == "--batched") {
       batched = true;
     } else if (arg.rfind("--seconds", 0) == 0) {
@@ -345,7 +370,7 @@ int Main(int argc, char** argv) {
                    "usage: matmul-pipeline-bench [--sizes 256,1024,4096] "
                    "[--modes float32,tf32,bfloat16] [--streams 4] "
                    "[--jobs-per-stream 2] [--poll-only-max-bytes 0] "
-                   "[--batched] [--seconds 2] [--json FILE]\n");
+                   "[--graphs N] [--batched] [--seconds 2] [--json FILE]\n");
       return 2;
     }
   }
@@ -358,10 +383,15 @@ int Main(int argc, char** argv) {
   const DeviceInfo& device = devices->front();
   std::printf(
       "device 0: %s, %d SMs, %d copy engines; pool of %d streams; "
-      "%d jobs in flight per stream; poll-only up to %lld bytes; %.1f s per "
-      "point\n\n",
+      "%d jobs in flight per stream; poll-only up to %lld bytes; %s; %.1f s "
+      "per point\n\n",
       device.name.c_str(), device.multiprocessors, device.copy_engines, streams,
-      jobs_per_stream, static_cast<long long>(poll_only_max_bytes), seconds);
+      jobs_per_stream, static_cast<long long>(poll_only_max_bytes),
+      graphs < 0
+          ? "operands prestaged"
+          : absl::StrCat("operands copied, ", graphs, " CUDA graphs per stream")
+                .c_str(),
+      seconds);
   std::printf(
       "%6s %-9s | %8s %8s %8s | %9s %9s | %9s %9s %7s %6s | %8s %6s | %7s "
       "%5s %5s | %9s %7s %5s\n",
@@ -395,6 +425,7 @@ int Main(int argc, char** argv) {
       run_options.streams = 1;
       run_options.jobs_per_stream = jobs_per_stream;
       run_options.poll_only_max_bytes = poll_only_max_bytes;
+      run_options.graphs = graphs;
       absl::StatusOr<EngineRun> one = RunEngine(spec, run_options, window);
       run_options.streams = streams;
       absl::StatusOr<EngineRun> pool = RunEngine(spec, run_options, window);
