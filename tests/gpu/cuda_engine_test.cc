@@ -38,6 +38,7 @@ using testing::Tolerance;
 using gpu_test::AllCases;
 using gpu_test::Case;
 using gpu_test::CaseName;
+using gpu_test::FaultPointName;
 using gpu_test::Outcome;
 using gpu_test::SubmitJob;
 
@@ -632,24 +633,11 @@ TEST_P(CudaEngineFaultTest, OneFaultyJobFailsAloneAndTheRestFlow) {
   EXPECT_EQ(jobs, 23);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    EveryPoint, CudaEngineFaultTest,
-    ::testing::Values(FaultInjector::Point::kDeviceAlloc,
-                      FaultInjector::Point::kGemm,
-                      FaultInjector::Point::kCompletion),
-    [](const ::testing::TestParamInfo<FaultInjector::Point>& info) {
-      switch (info.param) {
-        case FaultInjector::Point::kDeviceAlloc:
-          return std::string("DeviceAlloc");
-        case FaultInjector::Point::kGemm:
-          return std::string("Gemm");
-        case FaultInjector::Point::kCompletion:
-          return std::string("Completion");
-        case FaultInjector::Point::kContext:
-          return std::string("Context");
-      }
-      return std::string("Unknown");
-    });
+INSTANTIATE_TEST_SUITE_P(EveryPoint, CudaEngineFaultTest,
+                         ::testing::Values(FaultInjector::Point::kDeviceAlloc,
+                                           FaultInjector::Point::kGemm,
+                                           FaultInjector::Point::kCompletion),
+                         FaultPointName);
 
 // A device whose context breaks (a sticky error, injected at the 3rd job's
 // completion) is failed for good: that job fails INTERNAL naming the GPU,

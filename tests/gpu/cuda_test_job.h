@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "common/dtype.h"
+#include "gpu/cuda/cuda_engine.h"
 #include "gpu/cuda/device_registry.h"
 #include "gpu/engine.h"
 #include "gpu/matmul_spec.h"
@@ -41,15 +42,12 @@ using Outcome = testing::JobOutcome;
 // copied on the submitting thread (tests/engine_job.h's EngineJob owns
 // copies, which for large operands delays each submit by their copy and
 // keeps jobs from overlapping on the device). The strings must outlive the
-// job.
-class BorrowingJob final : public MatmulJob {
+// job. What is done with the result is the subclass's.
+class BorrowedOperandsJob : public MatmulJob {
  public:
-  BorrowingJob(const MatmulSpec& spec, const std::string* a,
-               const std::string* b, std::promise<Outcome> promise)
-      : MatmulJob(JobDescription{spec, MultiplyOp{}}),
-        a_(a),
-        b_(b),
-        promise_(std::move(promise)) {}
+  BorrowedOperandsJob(const MatmulSpec& spec, const std::string* a,
+                      const std::string* b)
+      : MatmulJob(JobDescription{spec, MultiplyOp{}}), a_(a), b_(b) {}
 
   absl::Status WriteOperands(absl::Span<std::byte> a,
                              absl::Span<std::byte> b) override {
@@ -60,6 +58,20 @@ class BorrowingJob final : public MatmulJob {
     std::memcpy(b.data(), b_->data(), b.size());
     return absl::OkStatus();
   }
+
+ private:
+  const std::string* a_;
+  const std::string* b_;
+};
+
+// A BorrowedOperandsJob whose outcome (the product copied out, the
+// placement and timings) goes to a promise, its result let go of first.
+class BorrowingJob final : public BorrowedOperandsJob {
+ public:
+  BorrowingJob(const MatmulSpec& spec, const std::string* a,
+               const std::string* b, std::promise<Outcome> promise)
+      : BorrowedOperandsJob(spec, a, b), promise_(std::move(promise)) {}
+
   void Done(absl::StatusOr<JobResult> result) override {
     Outcome out;
     out.status = result.status();
@@ -74,10 +86,24 @@ class BorrowingJob final : public MatmulJob {
   }
 
  private:
-  const std::string* a_;
-  const std::string* b_;
   std::promise<Outcome> promise_;
 };
+
+// The test-name suffix of a fault point, for INSTANTIATE_TEST_SUITE_P.
+inline std::string FaultPointName(
+    const ::testing::TestParamInfo<FaultInjector::Point>& info) {
+  switch (info.param) {
+    case FaultInjector::Point::kDeviceAlloc:
+      return "DeviceAlloc";
+    case FaultInjector::Point::kGemm:
+      return "Gemm";
+    case FaultInjector::Point::kCompletion:
+      return "Completion";
+    case FaultInjector::Point::kContext:
+      return "Context";
+  }
+  return "Unknown";
+}
 
 // Submits the multiply of `a` and `b`, which must outlive the job.
 inline std::future<Outcome> SubmitJob(Engine& engine, const MatmulSpec& spec,

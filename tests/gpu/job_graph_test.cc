@@ -28,8 +28,10 @@ namespace matmul {
 namespace {
 
 using gpu_test::AllCases;
+using gpu_test::BorrowedOperandsJob;
 using gpu_test::Case;
 using gpu_test::CaseName;
+using gpu_test::FaultPointName;
 using gpu_test::MultiplyAndCheck;
 using gpu_test::Outcome;
 using gpu_test::SubmitJob;
@@ -226,32 +228,18 @@ TEST(JobGraphTest, ManyJobsInFlightOnEveryStreamAreAllCorrect) {
 // A multiply of two byte strings (which must outlive it) whose result the
 // test keeps: its graph instance stays busy, as while a reply is being
 // sent, until the test lets go of the result.
-class HoldingJob final : public MatmulJob {
+class HoldingJob final : public BorrowedOperandsJob {
  public:
   HoldingJob(const MatmulSpec& spec, const std::string* a, const std::string* b,
              std::promise<absl::StatusOr<JobResult>> promise)
-      : MatmulJob(JobDescription{spec, MultiplyOp{}}),
-        a_(a),
-        b_(b),
-        promise_(std::move(promise)) {}
+      : BorrowedOperandsJob(spec, a, b), promise_(std::move(promise)) {}
 
-  absl::Status WriteOperands(absl::Span<std::byte> a,
-                             absl::Span<std::byte> b) override {
-    if (a.size() != a_->size() || b.size() != b_->size()) {
-      return absl::InternalError("staging size mismatch");
-    }
-    std::memcpy(a.data(), a_->data(), a.size());
-    std::memcpy(b.data(), b_->data(), b.size());
-    return absl::OkStatus();
-  }
   // A second call would throw from the promise: each job is answered once.
   void Done(absl::StatusOr<JobResult> result) override {
     promise_.set_value(std::move(result));
   }
 
  private:
-  const std::string* a_;
-  const std::string* b_;
   std::promise<absl::StatusOr<JobResult>> promise_;
 };
 
@@ -492,24 +480,11 @@ TEST_P(JobGraphFaultTest, AFailedReplayDropsItsInstanceAndTheNextJobIsRight) {
   EXPECT_EQ(jobs, 4);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    EveryPoint, JobGraphFaultTest,
-    ::testing::Values(FaultInjector::Point::kDeviceAlloc,
-                      FaultInjector::Point::kGemm,
-                      FaultInjector::Point::kCompletion),
-    [](const ::testing::TestParamInfo<FaultInjector::Point>& info) {
-      switch (info.param) {
-        case FaultInjector::Point::kDeviceAlloc:
-          return std::string("DeviceAlloc");
-        case FaultInjector::Point::kGemm:
-          return std::string("Gemm");
-        case FaultInjector::Point::kCompletion:
-          return std::string("Completion");
-        case FaultInjector::Point::kContext:
-          return std::string("Context");
-      }
-      return std::string("Unknown");
-    });
+INSTANTIATE_TEST_SUITE_P(EveryPoint, JobGraphFaultTest,
+                         ::testing::Values(FaultInjector::Point::kDeviceAlloc,
+                                           FaultInjector::Point::kGemm,
+                                           FaultInjector::Point::kCompletion),
+                         FaultPointName);
 
 // Idle graph instances hold pinned staging: a job that cannot have its own
 // at once makes its stream let go of them rather than wait on them. A
