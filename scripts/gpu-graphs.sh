@@ -7,8 +7,12 @@
 #      under compute-sanitizer memcheck --leak-check full;
 #      cuda_engine_test without its accuracy cases (the shared test header);
 #   2. matmul-pipeline-bench at n=256 float32, 4 streams, the jobs copying
-#      their operands: --graphs 0 (call by call) then --graphs GRAPHS, and
-#      the same with 1 stream (PIPELINE=0 skips it);
+#      their operands, JOBS (default 8) jobs in flight per stream: --graphs 0
+#      (call by call) then --graphs GRAPHS, each with a host function after
+#      every job and then poll-only up to POLL_ONLY_BYTES (default 4 MiB);
+#      the same with 1 stream (PIPELINE=0 skips it). On a slow H100 graphs
+#      gave 2.4x with poll-only where with host functions they had cost 18%
+#      (docs/PERFORMANCE.md section 16);
 #   3. scripts/gpu-targets.sh with the server as it is and with
 #      --cuda-graphs-per-stream=GRAPHS, ROUNDS (default 1) rounds, against
 #      the transport ceiling of the same run (TARGETS=0 skips it).
@@ -45,17 +49,20 @@ timeout 300 "$R" cuda_engine_test --gtest_filter='-AllShapes/*' >"$logs/cuda_eng
 log "cuda_engine_test rc=$? $(gtest_summary "$logs/cuda_engine_test.log")"
 
 if [ "${PIPELINE:-1}" != 0 ]; then
-  log "== 2. matmul-pipeline-bench n=256 float32, operands copied, graphs off and on"
+  log "== 2. matmul-pipeline-bench n=256 float32, operands copied, graphs off and on, host functions and poll-only"
   for streams in 4 1; do
-    for g in 0 "$graphs"; do
-      f=$logs/pipeline-s$streams-g$g.txt
-      timeout 60 "$R" matmul-pipeline-bench --sizes 256 --modes float32 \
-        --streams "$streams" --graphs "$g" --seconds 1.5 >"$f" 2>&1
-      log "streams $streams, --graphs $g (rc=$?):"
-      grep -E '^ +256 ' "$f" | tee -a "$out/$logfile"
+    for poll_only in 0 "${POLL_ONLY_BYTES:-4194304}"; do
+      for g in 0 "$graphs"; do
+        f=$logs/pipeline-s$streams-p$poll_only-g$g.txt
+        timeout 60 "$R" matmul-pipeline-bench --sizes 256 --modes float32 \
+          --streams "$streams" --graphs "$g" --jobs-per-stream "${JOBS:-8}" \
+          --poll-only-max-bytes "$poll_only" --seconds 1.5 >"$f" 2>&1
+        log "streams $streams, poll-only up to $poll_only bytes, --graphs $g (rc=$?):"
+        grep -E '^ +256 ' "$f" | tee -a "$out/$logfile"
+      done
     done
   done
-  grep -m1 -E '^ +n ' "$logs/pipeline-s4-g0.txt" | tee -a "$out/$logfile"
+  grep -m1 -E '^ +n ' "$logs/pipeline-s4-p0-g0.txt" | tee -a "$out/$logfile"
 fi
 
 if [ "${TARGETS:-1}" != 0 ]; then
