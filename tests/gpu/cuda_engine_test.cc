@@ -39,6 +39,7 @@ using gpu_test::AllCases;
 using gpu_test::Case;
 using gpu_test::CaseName;
 using gpu_test::FaultPointName;
+using gpu_test::ListFaults;
 using gpu_test::Outcome;
 using gpu_test::SubmitJob;
 
@@ -556,25 +557,6 @@ TEST(CudaEngineTest, PiecewiseTransferEveryDtype) {
     testing::CheckPiecewiseTransfer(*engine, dtype);
   }
 }
-
-// Fails the jobs whose ids are listed, at one point of their path.
-class ListFaults final : public FaultInjector {
- public:
-  ListFaults(Point point, std::vector<int64_t> jobs, absl::Status status)
-      : point_(point), jobs_(std::move(jobs)), status_(std::move(status)) {}
-  absl::Status Inject(Point point, int64_t job) override {
-    if (point == point_ &&
-        std::find(jobs_.begin(), jobs_.end(), job) != jobs_.end()) {
-      return status_;
-    }
-    return absl::OkStatus();
-  }
-
- private:
-  const Point point_;
-  const std::vector<int64_t> jobs_;
-  const absl::Status status_;
-};
 
 class CudaEngineFaultTest
     : public ::testing::TestWithParam<FaultInjector::Point> {};

@@ -5,6 +5,7 @@
 #ifndef MATMUL_TESTS_GPU_CUDA_TEST_JOB_H_
 #define MATMUL_TESTS_GPU_CUDA_TEST_JOB_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <future>
@@ -87,6 +88,26 @@ class BorrowingJob final : public BorrowedOperandsJob {
 
  private:
   std::promise<Outcome> promise_;
+};
+
+// Fails the jobs whose ids are listed, at one point of their path, with
+// the status given.
+class ListFaults final : public FaultInjector {
+ public:
+  ListFaults(Point point, std::vector<int64_t> jobs, absl::Status status)
+      : point_(point), jobs_(std::move(jobs)), status_(std::move(status)) {}
+  absl::Status Inject(Point point, int64_t job) override {
+    if (point == point_ &&
+        std::find(jobs_.begin(), jobs_.end(), job) != jobs_.end()) {
+      return status_;
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  const Point point_;
+  const std::vector<int64_t> jobs_;
+  const absl::Status status_;
 };
 
 // The test-name suffix of a fault point, for INSTANTIATE_TEST_SUITE_P.
