@@ -14,6 +14,8 @@
 
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "client/lib/dtype_conversion.h"
@@ -463,33 +465,52 @@ TEST_F(StoredTensorClientTest, QuotasAreChargedToTheClientId) {
 
 TEST_F(StoredTensorClientTest, ConcurrentChainsFromManyThreads) {
   constexpr int kThreads = 8;
-  std::atomic<int> good{0};
+  constexpr int kChains = 5;
+  // Each chain's first failure, named, so that a failed run says which
+  // step failed and how.
+  absl::Mutex mu;
+  std::vector<std::string> failures;
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
       std::unique_ptr<MatmulClient> client =
           NewClient(absl::StrCat("thread-", t));
       absl::BitGen gen;
-      for (int i = 0; i < 5; ++i) {
+      auto fail = [&](int i, absl::string_view step,
+                      const absl::Status& status) {
+        absl::MutexLock lock(&mu);
+        failures.push_back(absl::StrCat("thread ", t, " chain ", i, ": ", step,
+                                        ": ", status.ToString()));
+      };
+      for (int i = 0; i < kChains; ++i) {
         const HostTensor a = Random({1 + t, 6}, DType::kFloat32, gen);
         const HostTensor b = Random({6, 5}, DType::kFloat32, gen);
         const HostTensor c = Random({5, 3}, DType::kFloat32, gen);
         absl::StatusOr<StoredTensor> ha = client->Upload(a);
-        if (!ha.ok()) continue;
+        if (!ha.ok()) {
+          fail(i, "Upload", ha.status());
+          continue;
+        }
         absl::StatusOr<StoredTensor> ab = client->MultiplyAndKeep(*ha, b);
-        if (!ab.ok()) continue;
+        if (!ab.ok()) {
+          fail(i, "MultiplyAndKeep", ab.status());
+          continue;
+        }
         absl::StatusOr<HostTensor> abc = client->Multiply(*ab, c);
-        const bool deleted =
-            client->Delete(ha->id).ok() && client->Delete(ab->id).ok();
-        if (abc.ok() && deleted &&
-            RelativeError(*abc, Reference(Reference(a, b), c)) < 1e-5) {
-          ++good;
+        const absl::Status deleted_a = client->Delete(ha->id);
+        const absl::Status deleted_ab = client->Delete(ab->id);
+        if (!abc.ok()) {
+          fail(i, "Multiply", abc.status());
+        } else if (!deleted_a.ok() || !deleted_ab.ok()) {
+          fail(i, "Delete", deleted_a.ok() ? deleted_ab : deleted_a);
+        } else if (RelativeError(*abc, Reference(Reference(a, b), c)) >= 1e-5) {
+          fail(i, "product", absl::DataLossError("wrong values"));
         }
       }
     });
   }
   for (std::thread& t : threads) t.join();
-  EXPECT_EQ(good.load(), kThreads * 5);
+  EXPECT_TRUE(failures.empty()) << absl::StrJoin(failures, "\n");
   EXPECT_EQ(StoredHandles(), 0);
 }
 
