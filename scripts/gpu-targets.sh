@@ -11,11 +11,12 @@
 # with default flags, in turn, ROUNDS rounds (default 2), 3 s points. A name
 # may carry flags after a colon, commas for spaces, e.g.
 # "matmul-server matmul-server:--cuda-graphs-per-stream=8". The ceiling runs
-# before and after. The c=1 target is also measured paired: PAIRS (default 3)
-# times the echo's n=256-sized point then the server's, 2 s each, with the
-# echo running beside the server, so that each difference of p50s comes
-# from the same minute (the echo's p50 alone moved 0.31-0.45 ms between the
-# before and after runs of one call); PAIRS=0 skips it.
+# before and after. The n=256 targets (c=1 p50, c=64 over 16 channels
+# req/s) are also measured paired: PAIRS (default 3) times the echo's
+# n=256-sized point then the server's, 2 s each, with the echo running
+# beside the server, so that each ratio or difference comes from the same
+# minute (the echo alone moved 7% in req/s and 0.31-0.45 ms in p50 between
+# the before and after runs of one call); PAIRS=0 skips them.
 # Writes OUT/targets.txt and the raw outputs.
 #
 #   [SERVERS="a b"] [ROUNDS=2] [PAIRS=3] scripts/gpu-targets.sh OUT
@@ -26,37 +27,48 @@ mkdir -p "$out"
 # shellcheck source=scripts/gpu-common.sh
 . "$(dirname "$0")/gpu-common.sh"
 
-# n=256 c=1, the echo and the running server in turn, PAIRS times: each
-# pair's p50s (ms) and the server's excess, then the median excess, on one
-# line after the label given. FILE collects matmul-bench's output.
-paired_c1() {
-  local label=$1 f=$2 i echo_p50 server_p50 line=""
+# Prints the median of the numbers on standard input.
+median() {
+  sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) print "none"; else printf "%.3f\n", NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
+
+# One n=256 point, the echo and the running server in turn, PAIRS times,
+# 2 s each: LABEL FILE CONCURRENCY CHANNELS. The echo sends 512 KiB, the
+# size of an n=256 float32 request. Logs each pair's req/s and p50s (echo,
+# server), then the median of the server's req/s over the echo's (the
+# throughput targets) and of its p50 excess in ms (the c=1 target).
+# FILE collects matmul-bench's output.
+paired_point() {
+  local label=$1 f=$2 c=$3 ch=$4 i echo_line server_line
+  local echo_rps echo_p50 server_rps server_p50 line=""
+  local ratios=() excess=()
   $R rawecho 127.0.0.1:50061 >/dev/null 2>&1 &
   local e=$!
   sleep 1
-  local excess=()
   for i in $(seq 1 "${PAIRS:-3}"); do
-    echo_p50=$(timeout 20 $R rawclient 127.0.0.1:50061 524288 1 1 2 2>&1 |
-      tail -1 | sed -n 's/.* p50=\([0-9.]*\)ms.*/\1/p')
-    timeout 30 $R matmul-bench --target $T --shape 256 --concurrency 1 \
-      --channels 1 --duration 2 --warmup 0.5 --timeout 30 >"$f.$i" 2>&1
-    server_p50=$(grep -E '^ +1 +1 ' "$f.$i" | tail -1 | awk '{print $9}')
+    echo_line=$(timeout 20 "$R" rawclient 127.0.0.1:50061 524288 "$c" "$ch" 2 2>&1 | tail -1)
+    echo_rps=$(echo "$echo_line" | sed -n 's/.* rps=\([0-9.]*\) .*/\1/p')
+    echo_p50=$(echo "$echo_line" | sed -n 's/.* p50=\([0-9.]*\)ms.*/\1/p')
+    timeout 30 "$R" matmul-bench --target $T --shape 256 --concurrency "$c" \
+      --channels "$ch" --duration 2 --warmup 0.5 --timeout 30 >"$f.$i" 2>&1
+    server_line=$(grep -E "^ +$c +$ch " "$f.$i" | tail -1)
+    server_rps=$(echo "$server_line" | awk '{print $4}')
+    server_p50=$(echo "$server_line" | awk '{print $9}')
     cat "$f.$i" >>"$f"
     rm -f "$f.$i"
-    if [ -z "$echo_p50" ] || [ -z "$server_p50" ]; then
+    if [ -z "$echo_rps" ] || [ -z "$echo_p50" ] || [ -z "$server_rps" ] || [ -z "$server_p50" ]; then
       line="$line pair $i: no figure;"
       continue
     fi
+    ratios+=("$(awk -v s="$server_rps" -v e="$echo_rps" 'BEGIN { printf "%.3f", s / e }')")
     excess+=("$(awk -v s="$server_p50" -v e="$echo_p50" 'BEGIN { printf "%+.3f", s - e }')")
-    line="$line $echo_p50/$server_p50/${excess[-1]}"
+    line="$line $echo_rps/$server_rps/$echo_p50/$server_p50"
   done
   kill $e
   wait $e 2>/dev/null
-  local median=none
-  if [ ${#excess[@]} -gt 0 ]; then
-    median=$(printf '%s\n' "${excess[@]}" | sort -g | awk '{ v[NR] = $1 } END { printf "%+.3f", NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }')
-  fi
-  log "$label n=256 c=1 paired p50 ms (echo/server/excess):$line median excess $median"
+  log "$label n=256 c=$c ch=$ch paired (echo req/s / server req/s / echo p50 ms / server p50 ms):$line;" \
+    "median server/echo req/s $(printf '%s\n' "${ratios[@]}" | grep . | median)," \
+    "median p50 excess $(printf '%s\n' "${excess[@]}" | grep . | median) ms"
 }
 
 log_gpu
@@ -73,7 +85,10 @@ for round in $(seq 1 "${ROUNDS:-2}"); do
     SERVER_BIN=$bin start_server "$out/server-$s-$round.log" --metrics-port 9464 ${flags//,/ }
     bench_point "$out/bench-$s-$round-n256-c1.txt" 256 1 1 3
     log "$entry $(stage_means "n=256 c=1")"
-    [ "${PAIRS:-3}" != 0 ] && paired_c1 "$entry" "$out/paired-$s-$round.txt"
+    if [ "${PAIRS:-3}" != 0 ]; then
+      paired_point "$entry" "$out/paired-$s-$round-c1.txt" 1 1
+      paired_point "$entry" "$out/paired-$s-$round-c64.txt" 64 16
+    fi
     bench_point "$out/bench-$s-$round-n64-c64.txt" 64 64 8 3
     bench_point "$out/bench-$s-$round-n256-c64.txt" 256 64 16 3
     bench_point "$out/bench-$s-$round-n1024-c32.txt" 1024 32 16 3
