@@ -169,15 +169,15 @@ std::unique_ptr<MatmulJob> CudaEngine::Dispatch(
   // leased: the instance has its own device memory (reserved against the
   // budget while it exists), staging and events, so such a job reserves no
   // device memory and leases no staging or events of its own.
-  JobGraphCache::Taken graph;
+  JobGraph::Use graph;
   if (lane->graphs != nullptr &&
       JobGraphCache::Replayable(layout, options_.job_graph_max_device_bytes)) {
     graph = lane->graphs->Take(spec, layout);
   }
   const int64_t device_bytes =
-      graph.graph != nullptr ? 0 : layout.transient_bytes + layout.kept_bytes;
+      graph ? 0 : layout.transient_bytes + layout.kept_bytes;
   std::optional<PinnedPool::Lease> lease;
-  if (graph.graph != nullptr) {
+  if (graph) {
     // Nothing to wait for.
   } else if (may_wait) {
     // Idle graph instances of this lane hold device memory and staging: a
@@ -242,8 +242,7 @@ std::unique_ptr<MatmulJob> CudaEngine::Dispatch(
   // Staging slot: [staged A][staged B][returned C], each part present only
   // when the layout needs it; a graph instance's staging is laid out so
   // (JobGraphCache::Replayable checks that the layout is exactly that).
-  std::byte* slot =
-      graph.graph != nullptr ? graph.graph->staging() : lease->data();
+  std::byte* slot = graph ? graph.graph()->staging() : lease->data();
   const int64_t a_staged = layout.staged_a_bytes;
   const int64_t b_staged = layout.staged_b_bytes;
   const std::byte* host_a = prestaged ? prestaged->a : slot;
@@ -253,10 +252,9 @@ std::unique_ptr<MatmulJob> CudaEngine::Dispatch(
                    : layout.c_to_destination
                        ? std::get<MultiplyOp>(job->op()).c_destination
                        : slot + layout.c_staging_offset();
-  if (graph.graph != nullptr) {
-    flight->graph = graph.graph;
-    flight->graph_use = std::move(graph.use);
-    flight->events = &graph.graph->events();
+  if (graph) {
+    flight->events = &graph.graph()->events();
+    flight->graph_use = std::move(graph);
   } else {
     flight->lease = std::move(*lease);
   }

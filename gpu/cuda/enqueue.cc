@@ -40,13 +40,13 @@ void CudaEngine::Enqueue(InFlight* flight, const std::byte* host_a,
   // (job_graph.h): its operands are in the instance's staging already, and
   // the graph records the instance's events, so one launch does it all.
   // The injected faults stand for the allocation and GEMM the graph does.
-  const bool replayed = flight->graph != nullptr;
+  const bool replayed = static_cast<bool>(flight->graph_use);
   if (replayed) {
     flight->status = [&]() -> absl::Status {
       RETURN_IF_ERROR(
           Inject(FaultInjector::Point::kDeviceAlloc, flight->job_id));
       RETURN_IF_ERROR(Inject(FaultInjector::Point::kGemm, flight->job_id));
-      return flight->lane->graphs->Launch(*flight->graph);
+      return flight->lane->graphs->Launch(*flight->graph_use.graph());
     }();
   }
   if (!replayed)

@@ -41,11 +41,10 @@ struct CudaEngine::InFlight {
   // The job's staging slot, leased from the device's pinned pool; empty for
   // a job replayed from a graph instance, which stages in the instance's.
   PinnedPool::Lease lease;
-  // A job replayed from a CUDA graph (job_graph.h): the instance, valid as
-  // long as `graph_use` is held. The use goes with the job's JobResult
+  // A job replayed from a CUDA graph (job_graph.h): its hold on the
+  // instance (graph_use.graph()). The use goes with the job's JobResult
   // (its release callback frees the instance once the reply is sent), or
-  // is broken and released when the job fails. Null for every other job.
-  JobGraph* graph = nullptr;
+  // is broken and released when the job fails. Empty for every other job.
   JobGraph::Use graph_use;
   std::byte* host_c = nullptr;
   // The job's events: its own set from the device's spare list

@@ -151,7 +151,7 @@ JobGraph::Use JobGraph::TryTake() {
                                             std::memory_order_acq_rel)) {
     return Use();
   }
-  return Use(state_);
+  return Use(state_, this);
 }
 
 absl::Status JobGraph::Launch() {
@@ -219,8 +219,8 @@ bool JobGraphCache::Sighted(const MatmulSpec& spec) {
   return ++sightings_.front().second >= min_sightings_;
 }
 
-JobGraphCache::Taken JobGraphCache::Take(const MatmulSpec& spec,
-                                         const JobLayout& layout) {
+JobGraph::Use JobGraphCache::Take(const MatmulSpec& spec,
+                                  const JobLayout& layout) {
   // Broken instances go as soon as nobody holds them.
   for (auto it = graphs_.begin(); it != graphs_.end();) {
     auto next = std::next(it);
@@ -232,7 +232,7 @@ JobGraphCache::Taken JobGraphCache::Take(const MatmulSpec& spec,
     JobGraph::Use use = (*it)->TryTake();
     if (!use) continue;                            // held by a job (or broken)
     graphs_.splice(graphs_.begin(), graphs_, it);  // most recently used
-    return {graphs_.front().get(), std::move(use)};
+    return use;
   }
   if (recording_failed_ || capacity_ <= 0) return {};
   // Counted as a sighting; recorded once seen often enough.
@@ -292,9 +292,7 @@ JobGraphCache::Taken JobGraphCache::Take(const MatmulSpec& spec,
   sightings_.pop_front();  // Sighted left the shape in front
   graphs_.push_front(std::move(*recorded));
   recorded_.fetch_add(1, std::memory_order_relaxed);
-  JobGraph::Use use = graphs_.front()->TryTake();  // new: free, not broken
-  if (!use) return {};
-  return {graphs_.front().get(), std::move(use)};
+  return graphs_.front()->TryTake();  // new: free, not broken
 }
 
 absl::Status JobGraphCache::Launch(JobGraph& graph) {
