@@ -114,9 +114,7 @@ TEST(BatchingEngineTest, SameShapeRequestsShareBatchesAndStayCorrect) {
   for (auto& p : pending) EXPECT_DOUBLE_EQ(p->outcome.timings.share, 1.0 / 16);
   // The wrapped engine ran three jobs, not 48.
   const EngineStats stats = engine->stats();
-  int64_t jobs = 0;
-  for (const StreamStats& s : stats.devices[0].streams) jobs += s.jobs;
-  EXPECT_EQ(jobs, 3);
+  EXPECT_EQ(testing::JobsOnStreams(stats.devices[0]), 3);
 }
 
 TEST(BatchingEngineTest, DifferentShapesAndDtypesBatchApart) {
@@ -441,9 +439,7 @@ TEST(BatchingEngineGroupedTest, HostEngineRunsAGroupedJobCorrectly) {
   EXPECT_EQ(stats.batch_sizes.launches, 3);  // alone, grouped, float64
   EXPECT_EQ(stats.batch_sizes.grouped_launches, 1);
   EXPECT_EQ(stats.batch_sizes.grouped_requests, 12);
-  int64_t jobs = 0;
-  for (const StreamStats& s : stats.devices[0].streams) jobs += s.jobs;
-  EXPECT_EQ(jobs, 3);
+  EXPECT_EQ(testing::JobsOnStreams(stats.devices[0]), 3);
 }
 
 // Half precisions and tf32 group too (the members' tolerance is their

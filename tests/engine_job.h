@@ -4,6 +4,7 @@
 #ifndef MATMUL_TESTS_ENGINE_JOB_H_
 #define MATMUL_TESTS_ENGINE_JOB_H_
 
+#include <cstdint>
 #include <cstring>
 #include <future>
 #include <memory>
@@ -99,6 +100,13 @@ inline MatmulSpec DownloadSpec(DType dtype, int64_t batch, int64_t rows,
   s.n = cols;
   s.k = 0;
   return s;
+}
+
+// How many jobs ran on the device's streams, all together.
+inline int64_t JobsOnStreams(const DeviceStats& d) {
+  int64_t jobs = 0;
+  for (const StreamStats& s : d.streams) jobs += s.jobs;
+  return jobs;
 }
 
 }  // namespace matmul::testing

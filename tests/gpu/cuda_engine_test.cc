@@ -338,9 +338,7 @@ TEST_P(CudaEngineCompletionTest, OneAtATimeEachJobIsRightAndDoneOnce) {
         << "job " << i;
   }
   const DeviceStats d = engine->stats().devices[0];
-  int64_t jobs = 0;
-  for (const StreamStats& s : d.streams) jobs += s.jobs;
-  EXPECT_EQ(jobs, 300);
+  EXPECT_EQ(testing::JobsOnStreams(d), 300);
   if (GetParam().job_graphs_per_stream > 0) {
     EXPECT_GT(d.graph_jobs, 0) << "no job was replayed from a graph";
     ExpectOnlyGraphsHoldMemory(d, 256);
@@ -610,9 +608,7 @@ TEST_P(CudaEngineFaultTest, OneFaultyJobFailsAloneAndTheRestFlow) {
   const DeviceStats d = (*engine)->stats().devices[0];
   EXPECT_EQ(d.staging_used_bytes, 0);
   EXPECT_EQ(d.device_memory_used_bytes, 0);
-  int64_t jobs = 0;
-  for (const StreamStats& s : d.streams) jobs += s.jobs;
-  EXPECT_EQ(jobs, 23);
+  EXPECT_EQ(testing::JobsOnStreams(d), 23);
 }
 
 INSTANTIATE_TEST_SUITE_P(EveryPoint, CudaEngineFaultTest,

@@ -335,9 +335,7 @@ TEST(JobGraphTest, HeldResultsKeepTheirInstancesAndFreedOnesAreReplayed) {
   const DeviceStats d = engine->stats().devices[0];
   EXPECT_EQ(d.device_memory_used_bytes, kCap * DeviceBytes(spec));
   EXPECT_EQ(d.queued_jobs, 0);
-  int64_t jobs = 0;
-  for (const StreamStats& s : d.streams) jobs += s.jobs;
-  EXPECT_EQ(jobs, kBatch * kRounds);
+  EXPECT_EQ(testing::JobsOnStreams(d), kBatch * kRounds);
 }
 
 // With poison_outputs every result buffer holds NaN bytes until the job
@@ -457,9 +455,7 @@ TEST_P(JobGraphFaultTest, AFailedReplayDropsItsInstanceAndTheNextJobIsRight) {
   // The failed job's instance is gone, its memory with it.
   const DeviceStats d = (*engine)->stats().devices[0];
   EXPECT_EQ(d.device_memory_used_bytes, DeviceBytes(spec));
-  int64_t jobs = 0;
-  for (const StreamStats& s : d.streams) jobs += s.jobs;
-  EXPECT_EQ(jobs, 4);
+  EXPECT_EQ(testing::JobsOnStreams(d), 4);
 }
 
 INSTANTIATE_TEST_SUITE_P(EveryPoint, JobGraphFaultTest,
