@@ -13,9 +13,11 @@
 #      the same with 1 stream (PIPELINE=0 skips it). On a slow H100 graphs
 #      gave 2.4x with poll-only where with host functions they had cost 18%
 #      (docs/PERFORMANCE.md section 16);
-#   3. scripts/gpu-targets.sh with the server as it is and with
-#      --cuda-graphs-per-stream=GRAPHS, ROUNDS (default 1) rounds, against
-#      the transport ceiling of the same run (TARGETS=0 skips it).
+#   3. scripts/gpu-targets.sh with the server as it is, with
+#      --cuda-graphs-per-stream=GRAPHS, and with that and
+#      --poll-only-max-bytes=POLL_ONLY_BYTES (the pair that led in step 2 on
+#      the slow H100), ROUNDS (default 1) rounds, against the transport
+#      ceiling of the same run (TARGETS=0 skips it).
 # (matmul-pipeline-bench's jobs take prestaged operands, which are never
 # replayed (JobGraphCache::Replayable); with --graphs N they copy theirs
 # into staging instead.)
@@ -32,6 +34,7 @@ mkdir -p "$logs"
 # shellcheck source=scripts/gpu-common.sh
 . "$(dirname "$0")/gpu-common.sh"
 graphs=${GRAPHS:-8}
+poll_only_bytes=${POLL_ONLY_BYTES:-4194304}
 
 log_gpu
 log "== 1. tests"
@@ -51,7 +54,7 @@ log "cuda_engine_test rc=$? $(gtest_summary "$logs/cuda_engine_test.log")"
 if [ "${PIPELINE:-1}" != 0 ]; then
   log "== 2. matmul-pipeline-bench n=256 float32, operands copied, graphs off and on, host functions and poll-only"
   for streams in 4 1; do
-    for poll_only in 0 "${POLL_ONLY_BYTES:-4194304}"; do
+    for poll_only in 0 "$poll_only_bytes"; do
       for g in 0 "$graphs"; do
         f=$logs/pipeline-s$streams-p$poll_only-g$g.txt
         timeout 60 "$R" matmul-pipeline-bench --sizes 256 --modes float32 \
@@ -66,8 +69,9 @@ if [ "${PIPELINE:-1}" != 0 ]; then
 fi
 
 if [ "${TARGETS:-1}" != 0 ]; then
-  log "== 3. service targets, graphs off and on"
-  SERVERS="matmul-server matmul-server:--cuda-graphs-per-stream=$graphs" \
+  log "== 3. service targets: graphs off, on, and on with poll-only"
+  with_graphs=matmul-server:--cuda-graphs-per-stream=$graphs
+  SERVERS="matmul-server $with_graphs $with_graphs,--poll-only-max-bytes=$poll_only_bytes" \
     ROUNDS=${ROUNDS:-1} "$(dirname "$0")/gpu-targets.sh" "$out/targets" 2>&1 | tail -40
   cat "$out/targets/targets.txt" >>"$out/$logfile" 2>/dev/null
 fi
