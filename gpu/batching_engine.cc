@@ -84,6 +84,7 @@ class BatchJob final : public MatmulJob {
     d.spec.batch = d.spec.a_batch = d.spec.b_batch = n;
     d.spec.c_is_3d = true;
     d.op = MultiplyOp{};
+    d.shape_recurs = false;
     return d;
   }
 

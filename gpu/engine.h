@@ -349,6 +349,13 @@ struct JobDescription {
   // belong to a chain whose waiting could hold up the very work that would
   // free the memory (a streamed multiply's steps).
   bool wait_for_memory = true;
+  // False for work whose shape is unlikely to come again: a batch that
+  // BatchingEngine gathered, whose count varies from one dispatch to the
+  // next. The CUDA engine records no graph for such a job
+  // (gpu/cuda/job_graph.h): one graph per batch count would fill its
+  // per-stream cache with shapes that are seldom replayed, evicting and
+  // re-recording.
+  bool shape_recurs = true;
 };
 
 // One piece of engine work, implemented by the caller (the server wraps an

@@ -64,6 +64,7 @@ absl::StatusOr<std::unique_ptr<Engine>> CreateBareEngine(
     cuda.completion_poll = options.completion_poll;
     cuda.poll_only_max_bytes = options.poll_only_max_bytes;
     cuda.job_graphs_per_stream = options.cuda_graphs_per_stream;
+    cuda.job_graph_max_device_bytes = options.cuda_graph_max_bytes;
     ASSIGN_OR_RETURN(std::unique_ptr<CudaEngine> engine,
                      CudaEngine::Create(cuda));
     return std::unique_ptr<Engine>(std::move(engine));

@@ -42,6 +42,9 @@ struct EngineOptions {
   // CUDA engine: small multiplies replayed from CUDA graphs recorded per
   // stream and shape, at most this many per stream (0: off).
   int cuda_graphs_per_stream = 0;
+  // CUDA engine: the most device memory (A, B and C) of a job replayed from
+  // a graph (CudaEngineOptions::job_graph_max_device_bytes).
+  int64_t cuda_graph_max_bytes = int64_t{16} << 20;
 };
 
 // "auto", "cuda" or "host".

@@ -64,6 +64,32 @@ bench_point() {
   grep -E "^ *[0-9]" "$f" | tee -a "$out/$logfile" || tail -n 3 "$f" | tee -a "$out/$logfile"
 }
 
+# The server's job counts so far from /metrics on 127.0.0.1:9464, on one
+# line after the label given: jobs on its streams, of them replayed from
+# CUDA graphs, graphs recorded and evicted, and the batching engine's
+# launches and the requests they carried (cumulative: a point's own are the
+# difference from the line before it).
+job_counts() {
+  python3 - "$1" <<'PY'
+import re, sys, urllib.request
+text = urllib.request.urlopen("http://127.0.0.1:9464/metrics").read().decode()
+names = [("stream jobs", "matmul_stream_jobs_total"),
+         ("graph jobs", "matmul_device_graph_jobs_total"),
+         ("graphs recorded", "matmul_device_graphs_recorded_total"),
+         ("graphs evicted", "matmul_device_graphs_evicted_total"),
+         ("batch launches", "matmul_batch_size_count"),
+         ("batched requests", "matmul_batch_size_sum")]
+totals = {}
+for label, name in names:
+    for line in text.splitlines():
+        m = re.match(re.escape(name) + r'(\{[^}]*\})? (\S+)$', line)
+        if m:
+            totals[label] = totals.get(label, 0.0) + float(m[2])
+print(sys.argv[1] + " job counts: " + ", ".join(
+    f"{label} {totals[label]:.0f}" for label, _ in names if label in totals))
+PY
+}
+
 # The server's stage means and its mean Multiply time, in ms, from
 # /metrics on 127.0.0.1:9464, on one line after the label given.
 stage_means() {

@@ -89,9 +89,13 @@ for round in $(seq 1 "${ROUNDS:-2}"); do
       paired_point "$entry" "$out/paired-$s-$round-c1.txt" 1 1
       paired_point "$entry" "$out/paired-$s-$round-c64.txt" 64 16
     fi
+    log "$entry $(job_counts "after n=256 c=1 and the paired points")"
     bench_point "$out/bench-$s-$round-n64-c64.txt" 64 64 8 3
+    log "$entry $(job_counts "after n=64 c=64")"
     bench_point "$out/bench-$s-$round-n256-c64.txt" 256 64 16 3
+    log "$entry $(job_counts "after n=256 c=64")"
     bench_point "$out/bench-$s-$round-n1024-c32.txt" 1024 32 16 3
+    log "$entry $(job_counts "after n=1024 c=32")"
     stop_server
   done
 done

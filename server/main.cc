@@ -107,11 +107,16 @@ ABSL_FLAG(int64_t, poll_only_max_bytes, 0,
           "next request; the poller keeps polling while one is in flight "
           "(0: every request ends with a host function)");
 ABSL_FLAG(int32_t, cuda_graphs_per_stream, 0,
-          "CUDA engine: a small multiply (at most 16 MiB of A, B and C) is "
-          "recorded per stream and shape as a CUDA graph (the second time "
-          "its shape comes) and replayed with one launch; at most this many "
-          "graphs per stream, the least "
-          "recently used evicted (0: every job call by call)");
+          "CUDA engine: a small multiply (at most --cuda_graph_max_bytes of "
+          "A, B and C; not a batch the server gathered) is recorded per "
+          "stream and shape as a CUDA graph (the second time its shape "
+          "comes) and replayed with one launch; at most this many graphs "
+          "per stream, the least recently used evicted (0: every job call "
+          "by call)");
+ABSL_FLAG(int64_t, cuda_graph_max_bytes, int64_t{16} << 20,
+          "CUDA engine, with --cuda_graphs_per_stream: the most device "
+          "memory (A, B and C) of a multiply replayed from a graph; larger "
+          "ones run call by call");
 ABSL_FLAG(std::string, unix_socket, "",
           "Also listen on this unix socket path (plaintext, same host)");
 ABSL_FLAG(std::string, tls_cert, "",
@@ -167,7 +172,8 @@ const std::vector<matmul::FlagGroup>& ServerFlags() {
        {"engine=auto|cuda|host", "streams_per_device", "pinned_pool_bytes",
         "batch_window_us", "adaptive_batching", "max_batch", "grouped_batching",
         "inline_dispatch_max_bytes", "completion_poll_us",
-        "poll_only_max_bytes", "cuda_graphs_per_stream"}},
+        "poll_only_max_bytes", "cuda_graphs_per_stream",
+        "cuda_graph_max_bytes"}},
       {"Request limits",
        {"max_message_bytes", "max_inflight_bytes", "max_elements_per_operand",
         "stripe_join_timeout=DURATION"}},
@@ -343,6 +349,8 @@ int main(int argc, char** argv) {
       std::max<int64_t>(0, absl::GetFlag(FLAGS_poll_only_max_bytes));
   engine_options.cuda_graphs_per_stream =
       std::max(0, absl::GetFlag(FLAGS_cuda_graphs_per_stream));
+  engine_options.cuda_graph_max_bytes =
+      std::max<int64_t>(0, absl::GetFlag(FLAGS_cuda_graph_max_bytes));
   engine_options.staging_bytes_per_device =
       absl::GetFlag(FLAGS_pinned_pool_bytes);
 

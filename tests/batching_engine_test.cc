@@ -364,6 +364,35 @@ TEST(BatchingEngineGroupedTest, MixedShapesQueuedWhileBusyGoOutAsOneJob) {
   EXPECT_EQ(stats.batch_sizes.counts[4], 1);  // the twelve: in (8, 16]
 }
 
+// A batch gathered while the slot was busy says its shape does not recur
+// (its count varies from one dispatch to the next, so the CUDA engine
+// records no graph for it); a request that goes out alone keeps its own
+// description, whose shape does.
+TEST(BatchingEngineTest, AGatheredBatchSaysItsShapeDoesNotRecur) {
+  auto fake_owned = std::make_unique<testing::FakeEngine>();
+  testing::FakeEngine* fake = fake_owned.get();
+  BatchingOptions options;
+  options.window = absl::Seconds(60);
+  BatchingEngine engine(std::move(fake_owned), options);
+  absl::BitGen gen;
+  const MatmulSpec spec =
+      MakeSpec(DType::kFloat32, 1, 1, 8, 8, 8, false, false, false);
+  auto first = Submit(engine, spec, gen);
+  fake->WaitForHeld(1);  // out at once, alone: the slot is now taken
+  EXPECT_TRUE(fake->held_description(0).shape_recurs);
+  EXPECT_EQ(fake->held_description(0).spec.batch, 1);
+  std::vector<std::unique_ptr<Pending>> waiting;
+  for (int i = 0; i < 3; ++i) waiting.push_back(Submit(engine, spec, gen));
+  fake->ReleaseOne();
+  ExpectCorrect(*first);
+  fake->WaitForHeld(1);
+  const JobDescription gathered = fake->held_description(0);
+  EXPECT_FALSE(gathered.shape_recurs);
+  EXPECT_EQ(gathered.spec.batch, 3);
+  fake->ReleaseOne();
+  for (auto& p : waiting) ExpectCorrect(*p);
+}
+
 // A member that fails to stage (its client went away) fails alone; the job
 // failing fails every member with its status; a job whose every member is
 // abandoned is dropped.

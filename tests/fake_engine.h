@@ -93,6 +93,12 @@ class FakeEngine final : public Engine {
     return held_.size();
   }
 
+  // The description of the held job at `index` (0: the oldest).
+  JobDescription held_description(size_t index) {
+    absl::MutexLock lock(&mu_);
+    return held_.at(index)->description();
+  }
+
   // Runs (status OK) or fails (status not OK) the oldest held job.
   void ReleaseOne(absl::Status status = absl::OkStatus()) {
     std::unique_ptr<MatmulJob> job;

@@ -170,7 +170,7 @@ std::unique_ptr<MatmulJob> CudaEngine::Dispatch(
   // budget while it exists), staging and events, so such a job reserves no
   // device memory and leases no staging or events of its own.
   JobGraph::Use graph;
-  if (lane->graphs != nullptr &&
+  if (lane->graphs != nullptr && job->description().shape_recurs &&
       JobGraphCache::Replayable(layout, options_.job_graph_max_device_bytes)) {
     graph = lane->graphs->Take(spec, layout);
   }

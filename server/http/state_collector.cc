@@ -134,6 +134,14 @@ std::vector<MetricFamily> EngineFamilies(const EngineStats& stats) {
              "CUDA graphs recorded, one per stream and shape first seen or "
              "seen again after its eviction.",
              MetricType::Counter);
+  MetricFamily graphs_evicted =
+      Family("matmul_device_graphs_evicted_total",
+             "CUDA graphs dropped while still replayable: the least recently "
+             "used free one, for a shape a stream had no room for, or idle "
+             "ones, for a job's device memory or staging. Evictions that "
+             "keep pace with recordings mean the graphs are re-recorded "
+             "rather than replayed.",
+             MetricType::Counter);
   MetricFamily healthy =
       Family("matmul_device_healthy",
              "1 while the device takes jobs, 0 once it has failed (a sticky "
@@ -180,6 +188,8 @@ std::vector<MetricFamily> EngineFamilies(const EngineStats& stats) {
     AddCounter(graph_jobs, {device, uuid}, static_cast<double>(d.graph_jobs));
     AddCounter(graphs_recorded, {device, uuid},
                static_cast<double>(d.graphs_recorded));
+    AddCounter(graphs_evicted, {device, uuid},
+               static_cast<double>(d.graphs_evicted));
     AddGauge(healthy, {device, uuid}, d.healthy ? 1 : 0);
   }
 
@@ -187,7 +197,7 @@ std::vector<MetricFamily> EngineFamilies(const EngineStats& stats) {
   for (MetricFamily* f :
        {&queued, &streams, &stream_busy, &stream_jobs, &device_busy,
         &compute_busy, &copy_busy, &overlap, &transfer, &flops, &pinned,
-        &memory, &graph_jobs, &graphs_recorded, &healthy}) {
+        &memory, &graph_jobs, &graphs_recorded, &graphs_evicted, &healthy}) {
     if (!f->metric.empty()) out.push_back(std::move(*f));
   }
   if (stats.batching) {

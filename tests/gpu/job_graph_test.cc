@@ -4,8 +4,9 @@
 // stream, results held (their instances busy) while more jobs of their
 // shape come, poisoned outputs, shutdown with results still held, injected
 // faults on replayed jobs, operands from engine-allocated host memory and a
-// product written into caller memory, jobs too big to record, and graphs
-// off. Skips where no GPU is visible (CI).
+// product written into caller memory, jobs too big to record, batches
+// that BatchingEngine gathered, and graphs off. Skips where no GPU is visible
+// (CI).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -18,6 +19,8 @@
 #include "absl/random/random.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "gpu/batching_engine.h"
 #include "gpu/cuda/cuda_engine.h"
 #include "gpu/cuda/job_layout.h"
 #include "gtest/gtest.h"
@@ -520,6 +523,58 @@ TEST(JobGraphTest, JobsOverTheLimitRunCallByCall) {
   MultiplyAndCheck(*engine, Square(DType::kFloat32, 128), gen);
   const GraphCounts counts = CountsOf(*engine);
   EXPECT_EQ(counts.jobs, 1);
+  EXPECT_EQ(counts.recorded, 1);
+}
+
+// Batches that BatchingEngine gathers (shape_recurs false: their count
+// varies from one dispatch to the next) run call by call and record
+// nothing, even when the same count comes again; the engine's own
+// single multiplies still replay.
+TEST(JobGraphTest, GatheredBatchesRunCallByCall) {
+  SKIP_WITHOUT_GPU();
+  std::unique_ptr<CudaEngine> graphs = GraphEngine(1, 8);
+  ASSERT_NE(graphs, nullptr);
+  CudaEngine* inner = graphs.get();
+  BatchingOptions options;
+  options.adaptive = false;
+  options.window = absl::Seconds(60);  // each batch goes out when full
+  options.max_batch = 4;
+  BatchingEngine engine(std::move(graphs), options);
+  absl::BitGen gen;
+  const MatmulSpec spec = Square(DType::kFloat32, 64);
+  for (int round = 0; round < 3; ++round) {
+    std::vector<std::string> a, b;
+    for (int i = 0; i < 4; ++i) {
+      a.push_back(RandomBytes(spec.dtype, spec.a_elements(), gen));
+      b.push_back(RandomBytes(spec.dtype, spec.b_elements(), gen));
+    }
+    std::vector<std::future<Outcome>> futures;
+    for (int i = 0; i < 4; ++i) {
+      futures.push_back(SubmitJob(engine, spec, &a[i], &b[i]));
+    }
+    for (int i = 0; i < 4; ++i) {
+      const Outcome out = futures[i].get();
+      ASSERT_TRUE(out.status.ok()) << out.status;
+      const std::vector<double> ref = ReferenceGemm(
+          spec, ToDoubles(spec.dtype, a[i].data(), spec.a_elements()),
+          ToDoubles(spec.dtype, b[i].data(), spec.b_elements()));
+      EXPECT_LT(
+          RelativeError(ToDoubles(spec.dtype, out.c.data(), spec.c_elements()),
+                        ref),
+          Tolerance(spec.dtype, spec.compute));
+    }
+  }
+  EXPECT_EQ(engine.batches(), 3);
+  EXPECT_EQ(engine.batched_requests(), 12);
+  GraphCounts counts = CountsOf(*inner);
+  EXPECT_EQ(counts.jobs, 0);
+  EXPECT_EQ(counts.recorded, 0);
+  // The same shape submitted to the CUDA engine alone is recorded and
+  // replayed (min_sightings 1).
+  MultiplyAndCheck(*inner, spec, gen);
+  MultiplyAndCheck(*inner, spec, gen);
+  counts = CountsOf(*inner);
+  EXPECT_EQ(counts.jobs, 2);
   EXPECT_EQ(counts.recorded, 1);
 }
 

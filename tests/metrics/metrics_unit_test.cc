@@ -179,6 +179,7 @@ EngineStats TwoGpuStats() {
     device.queued_jobs = 7;
     device.graph_jobs = 40 + d;
     device.graphs_recorded = 3;
+    device.graphs_evicted = 2;
     stats.devices.push_back(device);
   }
   return stats;
@@ -254,6 +255,10 @@ TEST(EngineFamiliesTest, ExportsEveryCounterPerDeviceAndStream) {
       s.at(
           R"(matmul_device_graphs_recorded_total{device="0",uuid="GPU-00000000-1111-2222-3333-444444444444"})"),
       3);
+  EXPECT_EQ(
+      s.at(
+          R"(matmul_device_graphs_evicted_total{device="0",uuid="GPU-00000000-1111-2222-3333-444444444444"})"),
+      2);
 }
 
 TEST(EngineFamiliesTest, HostEngineWithoutPoolHasNoNegativeFreeBytes) {
