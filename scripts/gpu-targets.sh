@@ -11,12 +11,15 @@
 # with default flags, in turn, ROUNDS rounds (default 2), 3 s points. A name
 # may carry flags after a colon, commas for spaces, e.g.
 # "matmul-server matmul-server:--cuda-graphs-per-stream=8". The ceiling runs
-# before and after. The n=256 targets (c=1 p50, c=64 over 16 channels
-# req/s) are also measured paired: PAIRS (default 3) times the echo's
-# n=256-sized point then the server's, 2 s each, with the echo running
-# beside the server, so that each ratio or difference comes from the same
-# minute (the echo alone moved 7% in req/s and 0.31-0.45 ms in p50 between
-# the before and after runs of one call); PAIRS=0 skips them.
+# before and after. The targets (n=256 c=1 p50, n=256 c=64 over 16
+# channels and n=64 c=64 over 8 req/s) are also measured paired: PAIRS
+# (default 3) times the echo's point of the same request size then the
+# server's, 2 s each, with the echo running beside the server, so that each
+# ratio or difference comes from the same minute (the echo alone moved 7%
+# in req/s and 0.31-0.45 ms in p50 between the before and after runs of one
+# call, and 15-30% between calls on one slower machine); PAIRS=0 skips
+# them. After each point the server's job counts (stream jobs, graph jobs,
+# graphs recorded and evicted, batches) are logged.
 # Writes OUT/targets.txt and the raw outputs.
 #
 #   [SERVERS="a b"] [ROUNDS=2] [PAIRS=3] scripts/gpu-targets.sh OUT
@@ -32,24 +35,24 @@ median() {
   sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) print "none"; else printf "%.3f\n", NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
 
-# One n=256 point, the echo and the running server in turn, PAIRS times,
-# 2 s each: LABEL FILE CONCURRENCY CHANNELS. The echo sends 512 KiB, the
-# size of an n=256 float32 request. Logs each pair's req/s and p50s (echo,
-# server), then the median of the server's req/s over the echo's (the
-# throughput targets) and of its p50 excess in ms (the c=1 target).
+# One point, the echo and the running server in turn, PAIRS times, 2 s
+# each: LABEL FILE N CONCURRENCY CHANNELS. The echo sends 8·N² bytes, the
+# size of an n×n float32 request (A and B). Logs each pair's req/s and p50s
+# (echo, server), then the median of the server's req/s over the echo's
+# (the throughput targets) and of its p50 excess in ms (the c=1 target).
 # FILE collects matmul-bench's output.
 paired_point() {
-  local label=$1 f=$2 c=$3 ch=$4 i echo_line server_line
+  local label=$1 f=$2 n=$3 c=$4 ch=$5 i echo_line server_line
   local echo_rps echo_p50 server_rps server_p50 line=""
   local ratios=() excess=()
   $R rawecho 127.0.0.1:50061 >/dev/null 2>&1 &
   local e=$!
   sleep 1
   for i in $(seq 1 "${PAIRS:-3}"); do
-    echo_line=$(timeout 20 "$R" rawclient 127.0.0.1:50061 524288 "$c" "$ch" 2 2>&1 | tail -1)
+    echo_line=$(timeout 20 "$R" rawclient 127.0.0.1:50061 $((8 * n * n)) "$c" "$ch" 2 2>&1 | tail -1)
     echo_rps=$(echo "$echo_line" | sed -n 's/.* rps=\([0-9.]*\) .*/\1/p')
     echo_p50=$(echo "$echo_line" | sed -n 's/.* p50=\([0-9.]*\)ms.*/\1/p')
-    timeout 30 "$R" matmul-bench --target $T --shape 256 --concurrency "$c" \
+    timeout 30 "$R" matmul-bench --target $T --shape "$n" --concurrency "$c" \
       --channels "$ch" --duration 2 --warmup 0.5 --timeout 30 >"$f.$i" 2>&1
     server_line=$(grep -E "^ +$c +$ch " "$f.$i" | tail -1)
     server_rps=$(echo "$server_line" | awk '{print $4}')
@@ -66,7 +69,7 @@ paired_point() {
   done
   kill $e
   wait $e 2>/dev/null
-  log "$label n=256 c=$c ch=$ch paired (echo req/s / server req/s / echo p50 ms / server p50 ms):$line;" \
+  log "$label n=$n c=$c ch=$ch paired (echo req/s / server req/s / echo p50 ms / server p50 ms):$line;" \
     "median server/echo req/s $(printf '%s\n' "${ratios[@]}" | grep . | median)," \
     "median p50 excess $(printf '%s\n' "${excess[@]}" | grep . | median) ms"
 }
@@ -86,8 +89,9 @@ for round in $(seq 1 "${ROUNDS:-2}"); do
     bench_point "$out/bench-$s-$round-n256-c1.txt" 256 1 1 3
     log "$entry $(stage_means "n=256 c=1")"
     if [ "${PAIRS:-3}" != 0 ]; then
-      paired_point "$entry" "$out/paired-$s-$round-c1.txt" 1 1
-      paired_point "$entry" "$out/paired-$s-$round-c64.txt" 64 16
+      paired_point "$entry" "$out/paired-$s-$round-n256-c1.txt" 256 1 1
+      paired_point "$entry" "$out/paired-$s-$round-n256-c64.txt" 256 64 16
+      paired_point "$entry" "$out/paired-$s-$round-n64-c64.txt" 64 64 8
     fi
     log "$entry $(job_counts "after n=256 c=1 and the paired points")"
     bench_point "$out/bench-$s-$round-n64-c64.txt" 64 64 8 3
