@@ -168,7 +168,8 @@ std::unique_ptr<MatmulJob> CudaEngine::Dispatch(
   // lane (job_graph.h), recorded now if need be, before anything else is
   // leased: the instance has its own device memory (reserved against the
   // budget while it exists), staging and events, so such a job reserves no
-  // device memory and leases no staging or events of its own.
+  // device memory and leases no staging or events of its own. A job whose
+  // shape does not recur (a gathered batch) never takes one.
   JobGraph::Use graph;
   if (lane->graphs != nullptr && job->description().shape_recurs &&
       JobGraphCache::Replayable(layout, options_.job_graph_max_device_bytes)) {

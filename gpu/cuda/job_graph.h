@@ -19,6 +19,11 @@
 // 0.06 ms off the n=256 c=1 p50; in process, 18% fewer jobs/s on 4 streams
 // with host functions, 2.4x with poll-only on a slow machine.)
 //
+// Only jobs whose shape recurs are recorded (JobDescription::shape_recurs):
+// a batch that BatchingEngine gathered carries its count in its shape, and
+// one graph per count was evicted and recorded again for about every six
+// jobs at n=64 c=64 (docs/PERFORMANCE.md section 17).
+//
 // An instance serves one job at a time: it is taken (JobGraphCache::Take)
 // by the dispatch that picks it and stays busy until that job's JobResult
 // lets go of it (the reply has been sent from its staging) or the job
