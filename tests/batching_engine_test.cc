@@ -99,6 +99,21 @@ void ExpectCorrect(Pending& p) {
       testing::Tolerance(p.spec.dtype, p.spec.compute));
 }
 
+// A BatchingEngine over a FakeEngine with one slot, whose jobs wait until
+// the test lets them go; a 60 s window, so that nothing leaves on a timer.
+struct OverFake {
+  explicit OverFake(bool grouped) {
+    auto owned = std::make_unique<testing::FakeEngine>();
+    fake = owned.get();
+    BatchingOptions options;
+    options.grouped = grouped;
+    options.window = absl::Seconds(60);
+    engine = std::make_unique<BatchingEngine>(std::move(owned), options);
+  }
+  testing::FakeEngine* fake;  // owned by `engine`
+  std::unique_ptr<BatchingEngine> engine;
+};
+
 TEST(BatchingEngineTest, SameShapeRequestsShareBatchesAndStayCorrect) {
   auto engine = NewEngine(absl::Milliseconds(20), 16);
   absl::BitGen gen;
@@ -324,12 +339,9 @@ TEST(BatchingEngineGroupedTest, GroupLayoutPlacesEveryMemberAligned) {
 // arrive meanwhile go out as ONE grouped job when it frees, every member
 // gets its own product, and their shares of the job sum to 1.
 TEST(BatchingEngineGroupedTest, MixedShapesQueuedWhileBusyGoOutAsOneJob) {
-  auto fake_owned = std::make_unique<testing::FakeEngine>();
-  testing::FakeEngine* fake = fake_owned.get();
-  BatchingOptions options;
-  options.grouped = true;
-  options.window = absl::Seconds(60);
-  BatchingEngine engine(std::move(fake_owned), options);
+  OverFake over(/*grouped=*/true);
+  testing::FakeEngine* fake = over.fake;
+  BatchingEngine& engine = *over.engine;
   absl::BitGen gen;
   auto first = Submit(
       engine, MakeSpec(DType::kFloat32, 1, 1, 8, 8, 8, false, false, false),
@@ -369,11 +381,9 @@ TEST(BatchingEngineGroupedTest, MixedShapesQueuedWhileBusyGoOutAsOneJob) {
 // records no graph for it); a request that goes out alone keeps its own
 // description, whose shape does.
 TEST(BatchingEngineTest, AGatheredBatchSaysItsShapeDoesNotRecur) {
-  auto fake_owned = std::make_unique<testing::FakeEngine>();
-  testing::FakeEngine* fake = fake_owned.get();
-  BatchingOptions options;
-  options.window = absl::Seconds(60);
-  BatchingEngine engine(std::move(fake_owned), options);
+  OverFake over(/*grouped=*/false);
+  testing::FakeEngine* fake = over.fake;
+  BatchingEngine& engine = *over.engine;
   absl::BitGen gen;
   const MatmulSpec spec =
       MakeSpec(DType::kFloat32, 1, 1, 8, 8, 8, false, false, false);
@@ -397,12 +407,9 @@ TEST(BatchingEngineTest, AGatheredBatchSaysItsShapeDoesNotRecur) {
 // failing fails every member with its status; a job whose every member is
 // abandoned is dropped.
 TEST(BatchingEngineGroupedTest, OneMembersFailureLeavesTheOthersAlone) {
-  auto fake_owned = std::make_unique<testing::FakeEngine>();
-  testing::FakeEngine* fake = fake_owned.get();
-  BatchingOptions options;
-  options.grouped = true;
-  options.window = absl::Seconds(60);
-  BatchingEngine engine(std::move(fake_owned), options);
+  OverFake over(/*grouped=*/true);
+  testing::FakeEngine* fake = over.fake;
+  BatchingEngine& engine = *over.engine;
   absl::BitGen gen;
   const MatmulSpec alone =
       MakeSpec(DType::kFloat32, 1, 1, 8, 8, 8, false, false, false);
