@@ -107,16 +107,16 @@ ABSL_FLAG(int64_t, poll_only_max_bytes, 0,
           "next request; the poller keeps polling while one is in flight "
           "(0: every request ends with a host function)");
 ABSL_FLAG(int32_t, cuda_graphs_per_stream, 0,
-          "CUDA engine: a small multiply (at most --cuda_graph_max_bytes of "
-          "A, B and C; not a batch the server gathered) is recorded per "
-          "stream and shape as a CUDA graph (the second time its shape "
-          "comes) and replayed with one launch; at most this many graphs "
-          "per stream, the least recently used evicted (0: every job call "
-          "by call)");
+          "CUDA engine: a small multiply (A, B and C within the "
+          "cuda-graph-max-bytes limit; not a batch the server gathered) is "
+          "recorded per stream and shape as a CUDA graph (the second time "
+          "its shape comes) and replayed with one launch; at most this many "
+          "graphs per stream, the least recently used evicted (0: every job "
+          "call by call)");
 ABSL_FLAG(int64_t, cuda_graph_max_bytes, int64_t{16} << 20,
-          "CUDA engine, with --cuda_graphs_per_stream: the most device "
-          "memory (A, B and C) of a multiply replayed from a graph; larger "
-          "ones run call by call");
+          "CUDA engine, with CUDA graphs on: the most device memory (A, B "
+          "and C) of a multiply replayed from a graph; larger ones run call "
+          "by call");
 ABSL_FLAG(std::string, unix_socket, "",
           "Also listen on this unix socket path (plaintext, same host)");
 ABSL_FLAG(std::string, tls_cert, "",
