@@ -136,6 +136,26 @@ inline std::future<Outcome> SubmitJob(Engine& engine, const MatmulSpec& spec,
   return future;
 }
 
+// Checks a multiply's outcome: OK, C of the right size, and within the
+// tolerance of the float64 reference product of `a` and `b` (a NaN or Inf
+// anywhere makes RelativeError infinite).
+inline void ExpectMatchesReference(const MatmulSpec& spec, const std::string& a,
+                                   const std::string& b, const Outcome& out) {
+  EXPECT_TRUE(out.status.ok()) << out.status;
+  EXPECT_EQ(static_cast<int64_t>(out.c.size()), spec.c_bytes());
+  if (!out.status.ok() ||
+      static_cast<int64_t>(out.c.size()) != spec.c_bytes()) {
+    return;
+  }
+  const std::vector<double> ref = testing::ReferenceGemm(
+      spec, testing::ToDoubles(spec.dtype, a.data(), spec.a_elements()),
+      testing::ToDoubles(spec.dtype, b.data(), spec.b_elements()));
+  const double err = testing::RelativeError(
+      testing::ToDoubles(spec.dtype, out.c.data(), spec.c_elements()), ref);
+  EXPECT_LT(err, testing::Tolerance(spec.dtype, spec.compute))
+      << "relative error " << err;
+}
+
 // Multiplies fresh random operands (absl::BitGen is seeded
 // nondeterministically) and checks the product against the float64
 // reference: with the engine's poison_outputs a C never written holds NaN
@@ -148,19 +168,7 @@ inline Outcome MultiplyAndCheck(Engine& engine, const MatmulSpec& spec,
   const std::string b =
       testing::RandomBytes(spec.dtype, spec.b_elements(), gen);
   Outcome out = SubmitJob(engine, spec, &a, &b).get();
-  EXPECT_TRUE(out.status.ok()) << out.status;
-  EXPECT_EQ(static_cast<int64_t>(out.c.size()), spec.c_bytes());
-  if (!out.status.ok() ||
-      static_cast<int64_t>(out.c.size()) != spec.c_bytes()) {
-    return out;
-  }
-  const std::vector<double> ref = testing::ReferenceGemm(
-      spec, testing::ToDoubles(spec.dtype, a.data(), spec.a_elements()),
-      testing::ToDoubles(spec.dtype, b.data(), spec.b_elements()));
-  const double err = testing::RelativeError(
-      testing::ToDoubles(spec.dtype, out.c.data(), spec.c_elements()), ref);
-  EXPECT_LT(err, testing::Tolerance(spec.dtype, spec.compute))
-      << "relative error " << err;
+  ExpectMatchesReference(spec, a, b, out);
   return out;
 }
 

@@ -34,6 +34,7 @@ using gpu_test::AllCases;
 using gpu_test::BorrowedOperandsJob;
 using gpu_test::Case;
 using gpu_test::CaseName;
+using gpu_test::ExpectMatchesReference;
 using gpu_test::FaultPointName;
 using gpu_test::ListFaults;
 using gpu_test::MultiplyAndCheck;
@@ -553,15 +554,7 @@ TEST(JobGraphTest, GatheredBatchesRunCallByCall) {
       futures.push_back(SubmitJob(engine, spec, &a[i], &b[i]));
     }
     for (int i = 0; i < 4; ++i) {
-      const Outcome out = futures[i].get();
-      ASSERT_TRUE(out.status.ok()) << out.status;
-      const std::vector<double> ref = ReferenceGemm(
-          spec, ToDoubles(spec.dtype, a[i].data(), spec.a_elements()),
-          ToDoubles(spec.dtype, b[i].data(), spec.b_elements()));
-      EXPECT_LT(
-          RelativeError(ToDoubles(spec.dtype, out.c.data(), spec.c_elements()),
-                        ref),
-          Tolerance(spec.dtype, spec.compute));
+      ExpectMatchesReference(spec, a[i], b[i], futures[i].get());
     }
   }
   EXPECT_EQ(engine.batches(), 3);
