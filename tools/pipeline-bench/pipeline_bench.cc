@@ -17,6 +17,10 @@
 //     run's jobs copy their operands into staging instead (prestaged jobs
 //     are never replayed) and are replayed from graph instances; --graphs 0
 //     is the same copying without graphs, the baseline to compare with.
+//   - with --submit-threads T, a finished job's successor is submitted by
+//     one of T bench threads, as a server's next request comes on a gRPC
+//     thread, instead of from inside Done, on the engine's completion
+//     thread (or poller), which completes no other job meanwhile.
 // Prints a table and optionally writes JSON. The ceilings are measured by
 // gpu/cuda/stage_ceilings.h, so that this tool includes no CUDA header.
 #include <algorithm>
@@ -101,23 +105,36 @@ void FillRandom(std::byte* data, DType dtype, int64_t count) {
 // memory and the jobs may be batched).
 class ClosedLoop {
  public:
+  // `submit_threads` > 0: successors are submitted by that many threads of
+  // the loop's own; 0: from inside Done.
   ClosedLoop(Engine& engine, const MatmulSpec& spec, PrestagedOperands ops,
-             bool copy_operands = false)
+             bool copy_operands = false, int submit_threads = 0)
       : engine_(engine),
         spec_(spec),
         ops_(ops),
-        copy_operands_(copy_operands) {}
+        copy_operands_(copy_operands),
+        submit_threads_(submit_threads) {}
+  ~ClosedLoop() { Stop(); }
 
   void Start(int depth) {
+    for (int i = 0; i < submit_threads_; ++i) {
+      submitters_.emplace_back([this] { SubmitLoop(); });
+    }
     for (int i = 0; i < depth; ++i) SubmitOne();
   }
+  // Waits for every job in flight, then for the submitting threads.
   void Stop() {
     stopping_.store(true);
-    absl::MutexLock lock(&mu_);
-    auto drained = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return outstanding_ == 0;
-    };
-    mu_.Await(absl::Condition(&drained));
+    {
+      absl::MutexLock lock(&mu_);
+      auto drained = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return outstanding_ == 0;
+      };
+      mu_.Await(absl::Condition(&drained));
+      quit_ = true;
+    }
+    for (std::thread& t : submitters_) t.join();
+    submitters_.clear();
   }
   int64_t completed() const { return completed_.load(); }
   int64_t failed() const { return failed_.load(); }
@@ -175,15 +192,34 @@ class ClosedLoop {
     engine_.Submit(std::make_unique<Job>(this));
   }
 
+  // A submitting thread: one successor per job that asked for one.
+  void SubmitLoop() {
+    while (true) {
+      {
+        absl::MutexLock lock(&mu_);
+        auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return pending_ > 0 || quit_;
+        };
+        mu_.Await(absl::Condition(&woken));
+        if (pending_ == 0) return;
+        --pending_;
+      }
+      engine_.Submit(std::make_unique<Job>(this));
+    }
+  }
+
   // Lets go of the result (its staging, or its CUDA graph instance) before
   // the next job goes in, as a server's reply is sent before the client's
   // next request comes.
+  // A job with a successor stays outstanding until the successor is
+  // submitted, so that Stop cannot return in between.
   void OnDone(absl::StatusOr<JobResult> result) {
     if (result.ok()) {
       completed_.fetch_add(1);
     } else {
       failed_.fetch_add(1);
     }
+    bool again = false;
     {
       absl::MutexLock lock(&mu_);
       if (result.ok()) {
@@ -192,22 +228,32 @@ class ClosedLoop {
       } else if (first_error_.ok()) {
         first_error_ = result.status();
       }
-      --outstanding_;
+      again = result.ok() && !stopping_.load();
+      if (!again) {
+        --outstanding_;
+      } else if (submit_threads_ > 0) {
+        ++pending_;
+      }
     }
-    const bool ok = result.ok();
     { absl::StatusOr<JobResult> release = std::move(result); }
-    if (!stopping_.load() && ok) SubmitOne();
+    if (again && submit_threads_ == 0) {
+      engine_.Submit(std::make_unique<Job>(this));
+    }
   }
 
   Engine& engine_;
   const MatmulSpec spec_;
   const PrestagedOperands ops_;
   const bool copy_operands_;
+  const int submit_threads_;
+  std::vector<std::thread> submitters_;
   std::atomic<bool> stopping_{false};
   std::atomic<int64_t> completed_{0};
   std::atomic<int64_t> failed_{0};
   absl::Mutex mu_;
-  int outstanding_ ABSL_GUARDED_BY(mu_) = 0;
+  int outstanding_ ABSL_GUARDED_BY(mu_) = 0;  // submitted or pending
+  int pending_ ABSL_GUARDED_BY(mu_) = 0;      // successors to submit
+  bool quit_ ABSL_GUARDED_BY(mu_) = false;    // submitting threads return
   double compute_sum_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t samples_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status first_error_ ABSL_GUARDED_BY(mu_);
@@ -236,6 +282,8 @@ struct RunOptions {
   // strided-batched GEMM. Otherwise the jobs go to the CUDA engine itself
   // with operands prestaged in pinned memory, one GEMM each.
   bool batched = false;
+  // Threads that submit finished jobs' successors (ClosedLoop); 0: Done.
+  int submit_threads = 0;
 };
 
 absl::StatusOr<EngineRun> RunEngine(const MatmulSpec& spec,
@@ -275,7 +323,8 @@ absl::StatusOr<EngineRun> RunEngine(const MatmulSpec& spec,
     batching.max_batch = 64;
     engine = std::make_unique<BatchingEngine>(std::move(engine), batching);
   }
-  ClosedLoop loop(*engine, spec, ops, copy_operands);
+  ClosedLoop loop(*engine, spec, ops, copy_operands,
+                  run_options.submit_threads);
   // By default two jobs per stream: one computing, one copying. More keep
   // the lanes' queues from running dry while a finished job's completion
   // and resubmission cross threads (--jobs-per-stream).
@@ -318,6 +367,7 @@ int Main(int argc, char** argv) {
   int64_t poll_only_max_bytes = 0;
   int graphs = -1;  // not given: prestaged operands, no graphs
   bool batched = false;
+  int submit_threads = 0;
   double seconds = 2;
   std::string json_path;
   for (int i = 1; i < argc; ++i) {
@@ -359,6 +409,12 @@ int Main(int argc, char** argv) {
         std::fprintf(stderr, "--graphs takes 0..64\n");
         return 2;
       }
+    } else if (arg.rfind("--submit-threads", 0) == 0) {
+      if (!absl::SimpleAtoi(value(), &submit_threads) || submit_threads < 0 ||
+          submit_threads > 64) {
+        std::fprintf(stderr, "--submit-threads takes 0..64\n");
+        return 2;
+      }
     } else if (arg == "--batched") {
       batched = true;
     } else if (arg.rfind("--seconds", 0) == 0) {
@@ -370,7 +426,8 @@ int Main(int argc, char** argv) {
                    "usage: matmul-pipeline-bench [--sizes 256,1024,4096] "
                    "[--modes float32,tf32,bfloat16] [--streams 4] "
                    "[--jobs-per-stream 2] [--poll-only-max-bytes 0] "
-                   "[--graphs N] [--batched] [--seconds 2] [--json FILE]\n");
+                   "[--graphs N] [--submit-threads 0] [--batched] "
+                   "[--seconds 2] [--json FILE]\n");
       return 2;
     }
   }
@@ -383,14 +440,17 @@ int Main(int argc, char** argv) {
   const DeviceInfo& device = devices->front();
   std::printf(
       "device 0: %s, %d SMs, %d copy engines; pool of %d streams; "
-      "%d jobs in flight per stream; poll-only up to %lld bytes; %s; %.1f s "
-      "per point\n\n",
+      "%d jobs in flight per stream; poll-only up to %lld bytes; %s; "
+      "successors submitted %s; %.1f s per point\n\n",
       device.name.c_str(), device.multiprocessors, device.copy_engines, streams,
       jobs_per_stream, static_cast<long long>(poll_only_max_bytes),
       graphs < 0
           ? "operands prestaged"
           : absl::StrCat("operands copied, ", graphs, " CUDA graphs per stream")
                 .c_str(),
+      submit_threads == 0
+          ? "inside Done"
+          : absl::StrCat("by ", submit_threads, " threads").c_str(),
       seconds);
   std::printf(
       "%6s %-9s | %8s %8s %8s | %9s %9s | %9s %9s %7s %6s | %8s %6s | %7s "
@@ -426,6 +486,7 @@ int Main(int argc, char** argv) {
       run_options.jobs_per_stream = jobs_per_stream;
       run_options.poll_only_max_bytes = poll_only_max_bytes;
       run_options.graphs = graphs;
+      run_options.submit_threads = submit_threads;
       absl::StatusOr<EngineRun> one = RunEngine(spec, run_options, window);
       run_options.streams = streams;
       absl::StatusOr<EngineRun> pool = RunEngine(spec, run_options, window);
@@ -466,8 +527,8 @@ int Main(int argc, char** argv) {
           ",\"one_stream_per_s\":", one->rate, ",\"pool_per_s\":", pool->rate,
           ",\"pool_streams\":", streams, ",\"jobs_per_stream\":",
           jobs_per_stream, ",\"poll_only_max_bytes\":", poll_only_max_bytes,
-          ",\"engine_gemm_s\":", one->mean_compute,
-          ",\"pool_engine_gemm_s\":", pool->mean_compute,
+          ",\"submit_threads\":", submit_threads, ",\"engine_gemm_s\":",
+          one->mean_compute, ",\"pool_engine_gemm_s\":", pool->mean_compute,
           ",\"raw_gemm_tflops\":", spec.flops() / c->gemm / 1e12,
           ",\"pool_tflops\":", spec.flops() * pool->rate / 1e12,
           ",\"pool_device_busy\":", pool->device_busy,
