@@ -1,10 +1,11 @@
 // CudaEngine::Enqueue: one job's work on its stream, in order: the start
 // event, stream-ordered device allocations, H2D copies of the staged
-// operands, the GEMM (or nothing, for transfers), the D2H copy of the result
-// into staging, the end event, then the host function that completes the
-// job. A small multiply instead replays the CUDA graph instance it took in
-// Dispatch (job_graph.h), which does the same work in one launch, then the
-// end event and host function as above. Nothing here waits on the device.
+// operands (one copy when they lie back to back), the GEMM (or nothing, for
+// transfers), the D2H copy of the result into staging, the end event, then the
+// host function that completes the job. A small multiply instead replays the
+// CUDA graph instance it took in Dispatch (job_graph.h), which does the same
+// work in one launch, then the end event and host function as above. Nothing
+// here waits on the device.
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -88,12 +89,25 @@ void CudaEngine::Enqueue(InFlight* flight, const std::byte* host_a,
               ? static_cast<const std::byte*>(flight->resident_b->data())
           : l.stage_b ? carve(l.b_bytes)
                       : nullptr;
-      if (l.stage_a) {
+      // Both operands in one copy where they lie back to back, in this
+      // job's staging only: a prestaged A and B that happen to adjoin may
+      // be two allocations, which one copy must not span.
+      const bool one_copy =
+          l.stage_a && l.stage_b && host_a != nullptr &&
+          host_a == flight->lease.data() &&
+          OperandsContiguous(host_a, host_b, device_a, device_b, l.a_bytes);
+      if (one_copy) {
+        CUDA_RETURN_IF_ERROR_AT(
+            site, cudaMemcpyAsync(const_cast<std::byte*>(device_a), host_a,
+                                  l.a_bytes + l.b_bytes, cudaMemcpyHostToDevice,
+                                  stream));
+      }
+      if (l.stage_a && !one_copy) {
         CUDA_RETURN_IF_ERROR_AT(
             site, cudaMemcpyAsync(const_cast<std::byte*>(device_a), host_a,
                                   l.a_bytes, cudaMemcpyHostToDevice, stream));
       }
-      if (l.stage_b) {
+      if (l.stage_b && !one_copy) {
         CUDA_RETURN_IF_ERROR_AT(
             site, cudaMemcpyAsync(const_cast<std::byte*>(device_b), host_b,
                                   l.b_bytes, cudaMemcpyHostToDevice, stream));

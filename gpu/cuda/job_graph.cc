@@ -116,12 +116,20 @@ absl::Status JobGraph::Capture(cudaStream_t capture) {
                           "cudaEventRecordWithFlags(external)", site);
       };
       RETURN_IF_ERROR(record(events.start));
-      CUDA_RETURN_IF_ERROR_AT(site,
-                              cudaMemcpyAsync(d.a, host_a(), spec_.a_bytes(),
-                                              cudaMemcpyHostToDevice, capture));
-      CUDA_RETURN_IF_ERROR_AT(site,
-                              cudaMemcpyAsync(d.b, host_b(), spec_.b_bytes(),
-                                              cudaMemcpyHostToDevice, capture));
+      // One copy node for both operands where they lie back to back.
+      if (OperandsContiguous(host_a(), host_b(), d.a, d.b, spec_.a_bytes())) {
+        CUDA_RETURN_IF_ERROR_AT(
+            site,
+            cudaMemcpyAsync(d.a, host_a(), spec_.a_bytes() + spec_.b_bytes(),
+                            cudaMemcpyHostToDevice, capture));
+      } else {
+        CUDA_RETURN_IF_ERROR_AT(
+            site, cudaMemcpyAsync(d.a, host_a(), spec_.a_bytes(),
+                                  cudaMemcpyHostToDevice, capture));
+        CUDA_RETURN_IF_ERROR_AT(
+            site, cudaMemcpyAsync(d.b, host_b(), spec_.b_bytes(),
+                                  cudaMemcpyHostToDevice, capture));
+      }
       if (lane_.poison_c) {
         CUDA_RETURN_IF_ERROR_AT(
             site, cudaMemsetAsync(d.c, 0xff, spec_.c_bytes(), capture));

@@ -8,6 +8,7 @@
 #ifndef MATMUL_GPU_CUDA_JOB_LAYOUT_H_
 #define MATMUL_GPU_CUDA_JOB_LAYOUT_H_
 
+#include <cstddef>
 #include <cstdint>
 
 #include "absl/status/statusor.h"
@@ -22,6 +23,19 @@ inline constexpr int64_t kDeviceAlignment = 256;
 
 inline int64_t AlignUp(int64_t bytes, int64_t alignment) {
   return (bytes + alignment - 1) / alignment * alignment;
+}
+
+// Whether B lies right after A both in host memory and on the device, so
+// that one host-to-device copy of a_bytes + b_bytes uploads both operands
+// (when the host side is one allocation, such as a job's staging). It holds
+// for a job staging both operands when A's bytes are a multiple of
+// kDeviceAlignment (every float32 n=64 or n=256 multiply, for one): staging
+// is laid out [A][B][C] and device memory is carved so too. Each copy is a
+// runtime call on the host and a transfer the copy engine starts.
+inline bool OperandsContiguous(const std::byte* host_a, const std::byte* host_b,
+                               const std::byte* device_a,
+                               const std::byte* device_b, int64_t a_bytes) {
+  return host_b == host_a + a_bytes && device_b == device_a + a_bytes;
 }
 
 // Device memory for A, B and C of `spec`, each aligned.

@@ -4,6 +4,8 @@
 // the engines will share can be checked against it.
 #include "gpu/cuda/job_layout.h"
 
+#include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <variant>
@@ -61,6 +63,28 @@ TEST(JobLayoutTest, PlainMultiplyStagesBothAndReturnsC) {
   EXPECT_EQ(l->staging_bytes, 24 + 48 + 32);
   EXPECT_EQ(l->moved_bytes, 24 + 48 + 32);
   EXPECT_EQ(l->required_device, -1);
+}
+
+// Staging is [A][B][C] and device memory is carved A, B, C at
+// kDeviceAlignment: A and B are back to back in both, and go up in one copy,
+// exactly when A's bytes are a multiple of the alignment.
+TEST(JobLayoutTest, OperandsGoUpInOneCopyWhenAFillsItsAlignedBlock) {
+  auto contiguous = [](const MatmulSpec& spec) {
+    absl::StatusOr<JobLayout> l = Layout(spec, {});
+    EXPECT_TRUE(l.ok()) << l.status();
+    if (!l.ok()) return false;
+    // Addresses only; nothing is read or written through them.
+    std::byte* staging = reinterpret_cast<std::byte*>(uintptr_t{1} << 20);
+    std::byte* device = reinterpret_cast<std::byte*>(uintptr_t{1} << 30);
+    return OperandsContiguous(staging, staging + l->b_staging_offset(), device,
+                              device + AlignUp(l->a_bytes, kDeviceAlignment),
+                              l->a_bytes);
+  };
+  EXPECT_TRUE(contiguous(Product(64, 64, 64)));     // A: 16 KiB
+  EXPECT_TRUE(contiguous(Product(256, 256, 256)));  // A: 256 KiB
+  EXPECT_TRUE(contiguous(Product(8, 8, 3)));        // A: 8x8 floats, 256 B
+  EXPECT_FALSE(contiguous(Product(2, 3, 4)));       // A: 24 B
+  EXPECT_FALSE(contiguous(Product(100, 3, 100)));   // A: 1,200 B
 }
 
 TEST(JobLayoutTest, KeptProductStaysOnTheDeviceAndIsNotReturned) {
