@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/status_macros.h"
+#include "common/thread_name.h"
 #include "gpu/cuda/cuda_resources.h"
 #include "gpu/cuda/cuda_status.h"
 #include "gpu/cuda/device.h"
@@ -69,12 +70,16 @@ absl::Status CudaEngine::Init() {
     for (auto& lane : d->lanes) {
       Lane* l = lane.get();
       l->thread = std::thread([this, l] { LaneLoop(l); });
+      NameThread(l->thread, absl::StrCat("mm-lane", d->index, ".", l->index));
     }
     for (int i = 0; i < options_.streams_per_device; ++i) {
       d->completion_threads.emplace_back([this, d] { CompletionLoop(d); });
+      NameThread(d->completion_threads.back(),
+                 absl::StrCat("mm-done", d->index, ".", i));
     }
     if (options_.completion_poll > absl::ZeroDuration()) {
       d->poller = std::thread([this, d] { PollLoop(d); });
+      NameThread(d->poller, absl::StrCat("mm-poll", d->index));
     }
   }
   return absl::OkStatus();

@@ -8,8 +8,11 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <future>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -152,6 +155,29 @@ TEST(CudaEngineTest, DiscoversDevicesAndPools) {
     EXPECT_GT(d.multiprocessors, 0);
     EXPECT_GE(d.copy_engines, 1);
     EXPECT_EQ(d.staging_bytes, int64_t{2} << 30);
+  }
+}
+
+// The engine's threads are named for what they do (common/thread_name.h),
+// so that top -H and perf tell them apart: each lane's dispatcher, each
+// completion thread and the poller.
+TEST(CudaEngineTest, ThreadsAreNamedForWhatTheyDo) {
+  SKIP_WITHOUT_GPU();
+  std::unique_ptr<CudaEngine> engine = NewEngine(2);
+  ASSERT_NE(engine, nullptr);
+  std::set<std::string> names;
+  for (const auto& task :
+       std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string name;
+    if (std::getline(comm, name)) names.insert(name);
+  }
+  const int d = engine->info().devices.front().index;
+  for (const std::string& want :
+       {absl::StrCat("mm-lane", d, ".0"), absl::StrCat("mm-lane", d, ".1"),
+        absl::StrCat("mm-done", d, ".0"), absl::StrCat("mm-done", d, ".1"),
+        absl::StrCat("mm-poll", d)}) {
+    EXPECT_EQ(names.count(want), 1u) << want;
   }
 }
 
