@@ -25,12 +25,7 @@
 #include "gpu/cuda/timing.h"
 
 namespace matmul {
-namespace {
-
-// The poller's pause between rounds of event queries that find nothing.
-constexpr absl::Duration kPollInterval = absl::Microseconds(5);
-
-}  // namespace
+namespace {}  // namespace
 
 void CudaEngine::CompletionLoop(Device* d) {
   if (absl::Status set =
@@ -83,7 +78,7 @@ void CudaEngine::CompletionLoop(Device* d) {
   }
 }
 
-void CudaEngine::PollLoop(Device* d) {
+void CudaEngine::PollLoop(Device* d, int poller, int pollers) {
   if (absl::Status set =
           CudaStatus(cudaSetDevice(d->index), "cudaSetDevice", {d->index});
       !set.ok()) {
@@ -95,6 +90,20 @@ void CudaEngine::PollLoop(Device* d) {
   absl::Time poll_until = absl::InfinitePast();
   std::vector<std::pair<InFlight*, cudaEvent_t>> fronts;
   std::vector<InFlight*> finished;
+  std::vector<Lane*> lanes;  // this poller's share
+  for (size_t i = poller; i < d->lanes.size(); i += pollers) {
+    lanes.push_back(d->lanes[i].get());
+  }
+  // Whether a job of this poller's lanes has no host function and is
+  // unclaimed: only a poller completes such a job.
+  auto has_poll_only = [&lanes, d]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(d->done_mu) {
+    for (Lane* lane : lanes) {
+      for (InFlight* flight : lane->unclaimed) {
+        if (!flight->host_function) return true;
+      }
+    }
+    return false;
+  };
   while (true) {
     // The oldest unclaimed job of each stream, referenced so that it stays
     // allocated while its event is queried outside the lock.
@@ -104,12 +113,14 @@ void CudaEngine::PollLoop(Device* d) {
       while (true) {
         // Jobs without a host function are the poller's to finish, even
         // while the engine stops.
-        if (d->stopping && d->poll_only_unclaimed == 0) return;
+        if (d->stopping && (d->poll_only_unclaimed == 0 || !has_poll_only())) {
+          return;
+        }
         if (d->enqueued != seen) {
           seen = d->enqueued;
           poll_until = absl::Now() + window;
         }
-        for (auto& lane : d->lanes) {
+        for (Lane* lane : lanes) {
           if (lane->unclaimed.empty()) continue;
           InFlight* front = lane->unclaimed.front();
           front->refs.fetch_add(1, std::memory_order_relaxed);
@@ -171,7 +182,7 @@ void CudaEngine::PollLoop(Device* d) {
     if (finished.empty()) {
       // A pause between rounds of queries, without CUDA calls: the driver
       // serializes them with the enqueues of the lanes and submitters.
-      const absl::Time resume = absl::Now() + kPollInterval;
+      const absl::Time resume = absl::Now() + options_.poll_pause;
       while (absl::Now() < resume) {
       }
     }

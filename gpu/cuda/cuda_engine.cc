@@ -78,8 +78,14 @@ absl::Status CudaEngine::Init() {
                  absl::StrCat("mm-done", d->index, ".", i));
     }
     if (options_.completion_poll > absl::ZeroDuration()) {
-      d->poller = std::thread([this, d] { PollLoop(d); });
-      NameThread(d->poller, absl::StrCat("mm-poll", d->index));
+      const int pollers = std::clamp(options_.pollers_per_device, 1,
+                                     static_cast<int>(d->lanes.size()));
+      for (int p = 0; p < pollers; ++p) {
+        d->pollers.emplace_back(
+            [this, d, p, pollers] { PollLoop(d, p, pollers); });
+        NameThread(d->pollers.back(),
+                   absl::StrCat("mm-poll", d->index, ".", p));
+      }
     }
   }
   return absl::OkStatus();
@@ -230,7 +236,9 @@ void CudaEngine::Shutdown() {
       device->done_cv.SignalAll();
       device->poll_cv.SignalAll();
     }
-    if (device->poller.joinable()) device->poller.join();
+    for (std::thread& t : device->pollers) {
+      if (t.joinable()) t.join();
+    }
     for (std::thread& t : device->completion_threads) {
       if (t.joinable()) t.join();
     }

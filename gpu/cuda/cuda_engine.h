@@ -15,13 +15,13 @@
 // submitting thread does the same steps itself (one thread hand-off less).
 //
 // A job is completed (event timestamps read, stream busy time accounted, the
-// job finished) exactly once, by whichever sees its end first: the device's
-// poller, which queries the end events of jobs in flight for a short while
-// after each enqueue or completion, or the completion threads, which the
-// host function wakes. The poller answers small jobs without the host
-// function's and the wake-up's latency; the host function covers long jobs
-// and a poller that is asleep or off. No thread ever waits on the device for
-// a request.
+// job finished) exactly once, by whichever sees its end first: one of the
+// device's pollers (each watching its share of the lanes), which query the end
+// events of jobs in flight for a short while after each enqueue or completion,
+// or the completion threads, which the host function wakes. The poller answers
+// small jobs without the host function's and the wake-up's latency; the host
+// function covers long jobs and a poller that is asleep or off. No thread ever
+// waits on the device for a request.
 //
 // Thread-safe.
 //
@@ -94,6 +94,17 @@ struct CudaEngineOptions {
   // enqueue; zero runs no poller (completion through host functions only).
   // While it polls, it keeps one CPU core busy.
   absl::Duration completion_poll = absl::Milliseconds(1);
+  // The poller's pause between rounds of end-event queries that find no
+  // job finished. Each query is a CUDA call, which the driver serializes
+  // with the lanes' enqueueing; a longer pause leaves them more of it and
+  // answers a job up to that much later.
+  absl::Duration poll_pause = absl::Microseconds(5);
+  // Pollers per device (at most one per stream), each querying the end
+  // events of its share of the streams (stream i goes to poller i mod N)
+  // and completing what it finds. One poller completes every small job of
+  // the device on one thread; more spread that over cores, each keeping one
+  // busy while it polls.
+  int pollers_per_device = 1;
   // Jobs that move at most this many bytes (operands in, product out) are
   // completed by the poller alone: no host function follows their stream
   // work, so the stream goes straight on to its next job and no completion
@@ -161,7 +172,8 @@ class CudaEngine final : public Engine {
   void Enqueue(InFlight* flight, const std::byte* host_a,
                const std::byte* host_b);
   void CompletionLoop(Device* device);
-  void PollLoop(Device* device);
+  // Poller `poller` of `pollers`: lanes poller, poller + pollers, ...
+  void PollLoop(Device* device, int poller, int pollers);
   // Reads the job's events, accounts it and finishes the job; called once
   // per job, by whoever claimed it.
   void Complete(InFlight* flight);

@@ -70,7 +70,7 @@ struct CudaEngine::Device {
   // that nobody has claimed: the poller does not sleep, or stop, while
   // there are any.
   int64_t poll_only_unclaimed ABSL_GUARDED_BY(done_mu) = 0;
-  std::thread poller;
+  std::vector<std::thread> pollers;  // CudaEngineOptions::pollers_per_device
 
   // False once the device's context has failed (sticky CUDA error).
   std::atomic<bool> healthy{true};

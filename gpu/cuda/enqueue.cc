@@ -179,7 +179,7 @@ void CudaEngine::Enqueue(InFlight* flight, const std::byte* host_a,
     }
     flight->lane->unclaimed.push_back(flight);
     ++d->enqueued;
-    d->poll_cv.Signal();
+    d->poll_cv.SignalAll();  // the pollers; one watches this lane
     if (poll_only) return;
   }
   absl::Status launched =

@@ -176,7 +176,7 @@ TEST(CudaEngineTest, ThreadsAreNamedForWhatTheyDo) {
   for (const std::string& want :
        {absl::StrCat("mm-lane", d, ".0"), absl::StrCat("mm-lane", d, ".1"),
         absl::StrCat("mm-done", d, ".0"), absl::StrCat("mm-done", d, ".1"),
-        absl::StrCat("mm-poll", d)}) {
+        absl::StrCat("mm-poll", d, ".0")}) {
     EXPECT_EQ(names.count(want), 1u) << want;
   }
 }
@@ -290,6 +290,8 @@ struct CompletionMode {
   // CUDA graphs per stream (0: none). With graphs the jobs' sizes come from
   // a few shapes, so that graphs are recorded and replayed.
   int job_graphs_per_stream = 0;
+  // CudaEngineOptions::pollers_per_device.
+  int pollers = 1;
 };
 
 // A job's size: 1-256 (or 16-256) at random, or, in a mode with graphs,
@@ -331,6 +333,7 @@ class CudaEngineCompletionTest
     options.completion_poll = GetParam().completion_poll;
     options.poll_only_max_bytes = GetParam().poll_only_max_bytes;
     options.job_graphs_per_stream = GetParam().job_graphs_per_stream;
+    options.pollers_per_device = GetParam().pollers;
     absl::StatusOr<std::unique_ptr<CudaEngine>> engine =
         CudaEngine::Create(options);
     EXPECT_TRUE(engine.ok()) << engine.status();
@@ -460,7 +463,13 @@ INSTANTIATE_TEST_SUITE_P(
         // functions: a graph's end event is what the completer sees.
         CompletionMode{"InlinePollOnlyGraphs", int64_t{1} << 20,
                        absl::Milliseconds(1), int64_t{1} << 20, 8},
-        CompletionMode{"LaneAndPollerGraphs", 0, absl::Milliseconds(1), 0, 8}),
+        CompletionMode{"LaneAndPollerGraphs", 0, absl::Milliseconds(1), 0, 8},
+        // Three pollers over four streams (one watches two): every poll-only
+        // job is still completed once, also while the engine shuts down.
+        CompletionMode{"InlinePollOnlyThreePollers", int64_t{1} << 20,
+                       absl::Milliseconds(1), int64_t{1} << 20, 0, 3},
+        CompletionMode{"LaneAndThreePollers", 0, absl::Milliseconds(1), 0, 0,
+                       3}),
     [](const ::testing::TestParamInfo<CompletionMode>& info) {
       return std::string(info.param.name);
     });

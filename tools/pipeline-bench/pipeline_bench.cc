@@ -270,6 +270,9 @@ struct RunOptions {
   int streams = 4;
   int jobs_per_stream = 2;
   int64_t poll_only_max_bytes = 0;
+  // CudaEngineOptions::poll_pause.
+  absl::Duration poll_pause = CudaEngineOptions().poll_pause;
+  int pollers = 1;  // CudaEngineOptions::pollers_per_device
   // CUDA graphs per stream (CudaEngineOptions::job_graphs_per_stream). Set
   // (0 or more), the jobs copy their operands into staging (a graph
   // instance's or their own), as the server's requests do, since prestaged
@@ -298,6 +301,8 @@ absl::StatusOr<EngineRun> RunEngine(const MatmulSpec& spec,
   // 21 full batches of 64 at n=256 float32.
   options.pinned_bytes_per_device = int64_t{1} << 30;
   options.poll_only_max_bytes = run_options.poll_only_max_bytes;
+  options.poll_pause = run_options.poll_pause;
+  options.pollers_per_device = run_options.pollers;
   options.job_graphs_per_stream = std::max(0, run_options.graphs);
   ASSIGN_OR_RETURN(std::unique_ptr<CudaEngine> cuda,
                    CudaEngine::Create(options));
@@ -365,6 +370,9 @@ int Main(int argc, char** argv) {
   int streams = 4;
   int jobs_per_stream = 2;
   int64_t poll_only_max_bytes = 0;
+  int64_t poll_pause_us =
+      absl::ToInt64Microseconds(CudaEngineOptions().poll_pause);
+  int pollers = 1;
   int graphs = -1;  // not given: prestaged operands, no graphs
   bool batched = false;
   int submit_threads = 0;
@@ -403,6 +411,17 @@ int Main(int argc, char** argv) {
         std::fprintf(stderr, "--poll-only-max-bytes takes bytes >= 0\n");
         return 2;
       }
+    } else if (arg.rfind("--poll-pause-us", 0) == 0) {
+      if (!absl::SimpleAtoi(value(), &poll_pause_us) || poll_pause_us < 0 ||
+          poll_pause_us > 10000) {
+        std::fprintf(stderr, "--poll-pause-us takes 0..10000\n");
+        return 2;
+      }
+    } else if (arg.rfind("--pollers", 0) == 0) {
+      if (!absl::SimpleAtoi(value(), &pollers) || pollers < 1 || pollers > 64) {
+        std::fprintf(stderr, "--pollers takes 1..64\n");
+        return 2;
+      }
     } else if (arg.rfind("--graphs", 0) == 0) {
       graphs = std::atoi(value().c_str());
       if (graphs < 0 || graphs > 64) {
@@ -426,6 +445,7 @@ int Main(int argc, char** argv) {
                    "usage: matmul-pipeline-bench [--sizes 256,1024,4096] "
                    "[--modes float32,tf32,bfloat16] [--streams 4] "
                    "[--jobs-per-stream 2] [--poll-only-max-bytes 0] "
+                   "[--poll-pause-us 5] [--pollers 1] "
                    "[--graphs N] [--submit-threads 0] [--batched] "
                    "[--seconds 2] [--json FILE]\n");
       return 2;
@@ -440,10 +460,12 @@ int Main(int argc, char** argv) {
   const DeviceInfo& device = devices->front();
   std::printf(
       "device 0: %s, %d SMs, %d copy engines; pool of %d streams; "
-      "%d jobs in flight per stream; poll-only up to %lld bytes; %s; "
+      "%d jobs in flight per stream; poll-only up to %lld bytes; %d "
+      "poller(s), pause %lld us; %s; "
       "successors submitted %s; %.1f s per point\n\n",
       device.name.c_str(), device.multiprocessors, device.copy_engines, streams,
-      jobs_per_stream, static_cast<long long>(poll_only_max_bytes),
+      jobs_per_stream, static_cast<long long>(poll_only_max_bytes), pollers,
+      static_cast<long long>(poll_pause_us),
       graphs < 0
           ? "operands prestaged"
           : absl::StrCat("operands copied, ", graphs, " CUDA graphs per stream")
@@ -487,6 +509,8 @@ int Main(int argc, char** argv) {
       run_options.poll_only_max_bytes = poll_only_max_bytes;
       run_options.graphs = graphs;
       run_options.submit_threads = submit_threads;
+      run_options.poll_pause = absl::Microseconds(poll_pause_us);
+      run_options.pollers = pollers;
       absl::StatusOr<EngineRun> one = RunEngine(spec, run_options, window);
       run_options.streams = streams;
       absl::StatusOr<EngineRun> pool = RunEngine(spec, run_options, window);
@@ -527,7 +551,8 @@ int Main(int argc, char** argv) {
           ",\"one_stream_per_s\":", one->rate, ",\"pool_per_s\":", pool->rate,
           ",\"pool_streams\":", streams, ",\"jobs_per_stream\":",
           jobs_per_stream, ",\"poll_only_max_bytes\":", poll_only_max_bytes,
-          ",\"submit_threads\":", submit_threads, ",\"engine_gemm_s\":",
+          ",\"submit_threads\":", submit_threads, ",\"pollers\":", pollers,
+          ",\"poll_pause_us\":", poll_pause_us, ",\"engine_gemm_s\":",
           one->mean_compute, ",\"pool_engine_gemm_s\":", pool->mean_compute,
           ",\"raw_gemm_tflops\":", spec.flops() / c->gemm / 1e12,
           ",\"pool_tflops\":", spec.flops() * pool->rate / 1e12,
