@@ -94,16 +94,6 @@ void CudaEngine::PollLoop(Device* d, int poller, int pollers) {
   for (size_t i = poller; i < d->lanes.size(); i += pollers) {
     lanes.push_back(d->lanes[i].get());
   }
-  // Whether a job of this poller's lanes has no host function and is
-  // unclaimed: only a poller completes such a job.
-  auto has_poll_only = [&lanes, d]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(d->done_mu) {
-    for (Lane* lane : lanes) {
-      for (InFlight* flight : lane->unclaimed) {
-        if (!flight->host_function) return true;
-      }
-    }
-    return false;
-  };
   while (true) {
     // The oldest unclaimed job of each stream, referenced so that it stays
     // allocated while its event is queried outside the lock.
@@ -113,8 +103,16 @@ void CudaEngine::PollLoop(Device* d, int poller, int pollers) {
       while (true) {
         // Jobs without a host function are the poller's to finish, even
         // while the engine stops.
-        if (d->stopping && (d->poll_only_unclaimed == 0 || !has_poll_only())) {
-          return;
+        if (d->stopping) {
+          // Only a poller completes a job without a host function: this one
+          // stops once its lanes have none left unclaimed.
+          bool poll_only_left = false;
+          for (Lane* lane : lanes) {
+            for (InFlight* flight : lane->unclaimed) {
+              poll_only_left |= !flight->host_function;
+            }
+          }
+          if (d->poll_only_unclaimed == 0 || !poll_only_left) return;
         }
         if (d->enqueued != seen) {
           seen = d->enqueued;
