@@ -3,7 +3,9 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
+#include <vector>
 
 #include "common/status_macros.h"
 #include "gpu/cuda/cublas_gemm.h"
@@ -37,6 +39,14 @@ absl::StatusOr<double> TimeOnStream(cudaStream_t stream, int reps, F enqueue) {
 int RepsFor(double estimate_s) {
   return static_cast<int>(
       std::clamp(0.3 / std::max(estimate_s, 1e-6), 5.0, 2000.0));
+}
+
+// Holds a stream until `open` is set (a host function on the stream, which
+// the driver's callback thread runs).
+void CUDART_CB WaitForGate(void* open) {
+  auto* flag = static_cast<std::atomic<bool>*>(open);
+  while (!flag->load(std::memory_order_acquire)) {
+  }
 }
 
 }  // namespace
@@ -96,6 +106,102 @@ absl::StatusOr<StageCeilings> MeasureStageCeilings(
   if (!t.ok()) return t.status();
   c.d2h = *t;
   return c;
+}
+
+absl::StatusOr<double> MeasurePipelined(
+    const MatmulSpec& spec, int device, int streams, int jobs_per_stream,
+    absl::FunctionRef<void(std::byte* operands)> fill) {
+  if (streams < 1 || jobs_per_stream < 1) {
+    return absl::InvalidArgumentError("streams and jobs must be positive");
+  }
+  ScopedDevice scoped(device);
+  RETURN_IF_ERROR(scoped.status());
+  const int64_t ab = spec.a_bytes() + spec.b_bytes();
+  const int64_t abc = ab + spec.c_bytes();
+  // A and B once (every job reads them); a C per stream.
+  absl::StatusOr<PinnedBuffer> host =
+      PinnedBuffer::Allocate(ab + streams * spec.c_bytes());
+  if (!host.ok()) return host.status();
+  fill(host->data());
+  struct Lane {
+    CudaStream stream;
+    CublasHandle cublas;
+    DeviceBuffer memory;     // A, B and C
+    DeviceBuffer workspace;  // cuBLAS's
+    CudaEvent end;
+  };
+  std::vector<Lane> lanes;
+  for (int i = 0; i < streams; ++i) {
+    absl::StatusOr<CudaStream> stream = CreateStream();
+    if (!stream.ok()) return stream.status();
+    absl::StatusOr<CublasHandle> cublas = CreateCublasHandle();
+    if (!cublas.ok()) return cublas.status();
+    absl::StatusOr<DeviceBuffer> memory = DeviceBuffer::Allocate(abc);
+    if (!memory.ok()) return memory.status();
+    absl::StatusOr<DeviceBuffer> workspace = DeviceBuffer::Allocate(32 << 20);
+    if (!workspace.ok()) return workspace.status();
+    absl::StatusOr<CudaEvent> end = CreateEvent();
+    if (!end.ok()) return end.status();
+    CUBLAS_RETURN_IF_ERROR(cublasSetStream(cublas->get(), stream->get()));
+    CUBLAS_RETURN_IF_ERROR(cublasSetWorkspace(cublas->get(), workspace->data(),
+                                              workspace->size()));
+    lanes.push_back(Lane{std::move(*stream), std::move(*cublas),
+                         std::move(*memory), std::move(*workspace),
+                         std::move(*end)});
+  }
+  absl::StatusOr<CudaEvent> opened = CreateEvent();
+  absl::StatusOr<CudaEvent> start = CreateEvent();
+  absl::StatusOr<CudaEvent> stop = CreateEvent();
+  if (!opened.ok()) return opened.status();
+  if (!start.ok()) return start.status();
+  if (!stop.ok()) return stop.status();
+  cudaStream_t first = lanes[0].stream.get();
+  auto job = [&](int i) -> absl::Status {
+    cudaStream_t s = lanes[i].stream.get();
+    auto* d = static_cast<std::byte*>(lanes[i].memory.data());
+    std::byte* c = host->data() + ab + i * spec.c_bytes();
+    CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(d, host->data(), ab, cudaMemcpyHostToDevice, s));
+    RETURN_IF_ERROR(EnqueueGemm(lanes[i].cublas.get(), spec, d,
+                                d + spec.a_bytes(), d + ab));
+    CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(c, d + ab, spec.c_bytes(), cudaMemcpyDeviceToHost, s));
+    return absl::OkStatus();
+  };
+  for (int i = 0; i < streams; ++i) RETURN_IF_ERROR(job(i));  // warm-up
+  CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+  double best = 0;
+  for (int run = 0; run < 3; ++run) {
+    std::atomic<bool> open{false};
+    // Everything below waits for the gate, then for the start event.
+    absl::Status enqueued = [&]() -> absl::Status {
+      CUDA_RETURN_IF_ERROR(cudaLaunchHostFunc(first, WaitForGate, &open));
+      CUDA_RETURN_IF_ERROR(cudaEventRecord(start->get(), first));
+      for (int i = 1; i < streams; ++i) {
+        CUDA_RETURN_IF_ERROR(
+            cudaStreamWaitEvent(lanes[i].stream.get(), start->get(), 0));
+      }
+      for (int j = 0; j < jobs_per_stream; ++j) {
+        for (int i = 0; i < streams; ++i) RETURN_IF_ERROR(job(i));
+      }
+      for (int i = 1; i < streams; ++i) {
+        CUDA_RETURN_IF_ERROR(
+            cudaEventRecord(lanes[i].end.get(), lanes[i].stream.get()));
+        CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(first, lanes[i].end.get(), 0));
+      }
+      CUDA_RETURN_IF_ERROR(cudaEventRecord(stop->get(), first));
+      return absl::OkStatus();
+    }();
+    open.store(true, std::memory_order_release);  // also after a failure
+    CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+    RETURN_IF_ERROR(enqueued);
+    float ms = 0;
+    CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, start->get(), stop->get()));
+    const double per_job =
+        ms * 1e-3 / (static_cast<double>(streams) * jobs_per_stream);
+    if (run == 0 || per_job < best) best = per_job;
+  }
+  return best;
 }
 
 }  // namespace matmul

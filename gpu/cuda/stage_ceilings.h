@@ -5,6 +5,12 @@
 // 1/(h2d + gemm + d2h). For matmul-pipeline-bench (tools/pipeline-bench/),
 // which so needs no CUDA header of its own.
 //
+// MeasurePipelined: the three stages together, as the engine runs them:
+// several streams, each job one copy of A and B up, the GEMM and the copy of
+// C down, all enqueued before any runs, so that the host's enqueueing is
+// out of the figure. What the device does with every stage in flight, which
+// 1/max(h2d, gemm, d2h) assumes it can overlap perfectly.
+//
 // Blocks the calling thread while it measures (about a second per stage).
 #ifndef MATMUL_GPU_CUDA_STAGE_CEILINGS_H_
 #define MATMUL_GPU_CUDA_STAGE_CEILINGS_H_
@@ -27,6 +33,14 @@ struct StageCeilings {
 // copies read.
 absl::StatusOr<StageCeilings> MeasureStageCeilings(
     const MatmulSpec& spec, int device,
+    absl::FunctionRef<void(std::byte* operands)> fill);
+
+// Seconds per job with `streams` streams of `jobs_per_stream` jobs each (the
+// best of three runs): the device's time from the first job's start to the
+// last one's end over the number of jobs. The streams are held back by a
+// host function on the first until every job is enqueued. `fill` as above.
+absl::StatusOr<double> MeasurePipelined(
+    const MatmulSpec& spec, int device, int streams, int jobs_per_stream,
     absl::FunctionRef<void(std::byte* operands)> fill);
 
 }  // namespace matmul

@@ -4,7 +4,10 @@
 //   - the ceilings, each stage alone with raw CUDA/cuBLAS on one stream:
 //     t_h2d (A and B from pinned memory), t_gemm (cublasGemmEx), t_d2h (C);
 //     the pipeline can at best finish 1/max(t_h2d, t_gemm, t_d2h) jobs/s, and
-//     a single stream serializes to 1/(t_h2d + t_gemm + t_d2h);
+//     a single stream serializes to 1/(t_h2d + t_gemm + t_d2h); and the
+//     same three stages raw on the pool's streams, all enqueued before any
+//     runs (pipe/s, MeasurePipelined): what the device does with them
+//     overlapped;
 //   - the engine's throughput with one stream and with the pool, fed
 //     operands already in pinned host memory (PrestagedOperands), with
 //     --jobs-per-stream jobs (default 2) kept in flight per stream;
@@ -475,11 +478,11 @@ int Main(int argc, char** argv) {
           : absl::StrCat("by ", submit_threads, " threads").c_str(),
       seconds);
   std::printf(
-      "%6s %-9s | %8s %8s %8s | %9s %9s | %9s %9s %7s %6s | %8s %6s | %7s "
-      "%5s %5s | %9s %7s %5s\n",
+      "%6s %-9s | %8s %8s %8s | %9s %9s %9s | %9s %9s %7s %7s %6s | %8s %6s "
+      "| %7s %5s %5s | %9s %7s %5s\n",
       "n", "mode", "h2d ms", "gemm ms", "d2h ms", "ceil/s", "serial/s",
-      "1strm/s", "pool/s", "%ceil", "xser", "eng gemm", "%raw", "TFLOP/s",
-      "busy", "ovlp", "batch/s", "%ceil", "busy");
+      "pipe/s", "1strm/s", "pool/s", "%ceil", "%pipe", "xser", "eng gemm",
+      "%raw", "TFLOP/s", "busy", "ovlp", "batch/s", "%ceil", "busy");
   std::vector<std::string> rows;
   for (int64_t n : sizes) {
     for (const std::string& mode_name : modes) {
@@ -502,6 +505,18 @@ int Main(int argc, char** argv) {
                      mode_name.c_str(), c.status().ToString().c_str());
         return 1;
       }
+      // The raw pipeline with the pool's streams, 32 jobs each.
+      absl::StatusOr<double> pipelined =
+          MeasurePipelined(spec, 0, streams, 32, [&spec](std::byte* operands) {
+            FillRandom(operands, spec.dtype,
+                       spec.a_elements() + spec.b_elements());
+          });
+      if (!pipelined.ok()) {
+        std::fprintf(stderr, "n=%lld %s: %s\n", static_cast<long long>(n),
+                     mode_name.c_str(), pipelined.status().ToString().c_str());
+        return 1;
+      }
+      const double pipe = 1.0 / *pipelined;
       const absl::Duration window = absl::Seconds(seconds);
       RunOptions run_options;
       run_options.streams = 1;
@@ -535,19 +550,21 @@ int Main(int argc, char** argv) {
       const double ceiling = 1.0 / std::max({c->h2d, c->gemm, c->d2h});
       const double serial = 1.0 / (c->h2d + c->gemm + c->d2h);
       std::printf(
-          "%6lld %-9s | %8.3f %8.3f %8.3f | %9.1f %9.1f | %9.1f %9.1f %6.1f%% "
-          "%5.2fx | %8.3f %5.1f%% | %7.1f %4.0f%% %4.0f%% | %s\n",
+          "%6lld %-9s | %8.3f %8.3f %8.3f | %9.1f %9.1f %9.1f | %9.1f %9.1f "
+          "%6.1f%% %6.1f%% %5.2fx | %8.3f %5.1f%% | %7.1f %4.0f%% %4.0f%% | "
+          "%s\n",
           static_cast<long long>(n), mode_name.c_str(), c->h2d * 1e3,
-          c->gemm * 1e3, c->d2h * 1e3, ceiling, serial, one->rate, pool->rate,
-          100 * pool->rate / ceiling, pool->rate / serial,
-          one->mean_compute * 1e3, 100 * one->mean_compute / c->gemm,
-          spec.flops() * pool->rate / 1e12, 100 * pool->device_busy,
-          100 * pool->overlap, batch_columns.c_str());
+          c->gemm * 1e3, c->d2h * 1e3, ceiling, serial, pipe, one->rate,
+          pool->rate, 100 * pool->rate / ceiling, 100 * pool->rate / pipe,
+          pool->rate / serial, one->mean_compute * 1e3,
+          100 * one->mean_compute / c->gemm, spec.flops() * pool->rate / 1e12,
+          100 * pool->device_busy, 100 * pool->overlap, batch_columns.c_str());
       std::fflush(stdout);
       rows.push_back(absl::StrCat(
           "{\"n\":", n, ",\"mode\":\"", mode_name, "\",\"t_h2d_s\":", c->h2d,
           ",\"t_gemm_s\":", c->gemm, ",\"t_d2h_s\":", c->d2h,
           ",\"ceiling_per_s\":", ceiling, ",\"serialized_per_s\":", serial,
+          ",\"raw_pipelined_per_s\":", pipe,
           ",\"one_stream_per_s\":", one->rate, ",\"pool_per_s\":", pool->rate,
           ",\"pool_streams\":", streams, ",\"jobs_per_stream\":",
           jobs_per_stream, ",\"poll_only_max_bytes\":", poll_only_max_bytes,
@@ -572,7 +589,10 @@ int Main(int argc, char** argv) {
   }
   std::printf(
       "\nceil/s = 1/max(h2d, gemm, d2h), each measured alone; serial/s = "
-      "1/(h2d+gemm+d2h); eng gemm = engine GEMM time (1 stream, CUDA events) "
+      "1/(h2d+gemm+d2h); pipe/s = raw CUDA and cuBLAS with the pool's "
+      "streams, 32 jobs each enqueued before any runs (each one copy up, the "
+      "GEMM, one copy down), %%pipe the pool against it; eng gemm = engine "
+      "GEMM time (1 stream, CUDA events) "
       "vs raw cuBLAS; busy = device busy (union over streams); ovlp = "
       "copy time overlapped with GEMMs; batch/s (--batched) = the pool "
       "through the server's path: operands copied into staging, adaptive "
