@@ -495,25 +495,23 @@ int Main(int argc, char** argv) {
       spec.dtype = mode->dtype;
       spec.compute = mode->compute;
       spec.m = spec.n = spec.k = n;
-      absl::StatusOr<StageCeilings> c =
-          MeasureStageCeilings(spec, 0, [&spec](std::byte* operands) {
-            FillRandom(operands, spec.dtype,
-                       spec.a_elements() + spec.b_elements());
-          });
-      if (!c.ok()) {
+      auto fill = [&spec](std::byte* operands) {
+        FillRandom(operands, spec.dtype, spec.a_elements() + spec.b_elements());
+      };
+      auto report = [&](const absl::Status& status) {
         std::fprintf(stderr, "n=%lld %s: %s\n", static_cast<long long>(n),
-                     mode_name.c_str(), c.status().ToString().c_str());
+                     mode_name.c_str(), status.ToString().c_str());
+      };
+      absl::StatusOr<StageCeilings> c = MeasureStageCeilings(spec, 0, fill);
+      if (!c.ok()) {
+        report(c.status());
         return 1;
       }
       // The raw pipeline with the pool's streams, 32 jobs each.
       absl::StatusOr<double> pipelined =
-          MeasurePipelined(spec, 0, streams, 32, [&spec](std::byte* operands) {
-            FillRandom(operands, spec.dtype,
-                       spec.a_elements() + spec.b_elements());
-          });
+          MeasurePipelined(spec, 0, streams, 32, fill);
       if (!pipelined.ok()) {
-        std::fprintf(stderr, "n=%lld %s: %s\n", static_cast<long long>(n),
-                     mode_name.c_str(), pipelined.status().ToString().c_str());
+        report(pipelined.status());
         return 1;
       }
       const double pipe = 1.0 / *pipelined;
