@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 #include "common/status_macros.h"
@@ -40,6 +41,8 @@ int RepsFor(double estimate_s) {
   return static_cast<int>(
       std::clamp(0.3 / std::max(estimate_s, 1e-6), 5.0, 2000.0));
 }
+
+void CUDART_CB DoNothing(void*) {}
 
 // Holds a stream until `open` is set (a host function on the stream, which
 // the driver's callback thread runs).
@@ -110,6 +113,7 @@ absl::StatusOr<StageCeilings> MeasureStageCeilings(
 
 absl::StatusOr<double> MeasurePipelined(
     const MatmulSpec& spec, int device, int streams, int jobs_per_stream,
+    const PipelinedWork& work,
     absl::FunctionRef<void(std::byte* operands)> fill) {
   if (streams < 1 || jobs_per_stream < 1) {
     return absl::InvalidArgumentError("streams and jobs must be positive");
@@ -129,7 +133,15 @@ absl::StatusOr<double> MeasurePipelined(
     DeviceBuffer memory;     // A, B and C
     DeviceBuffer workspace;  // cuBLAS's
     CudaEvent end;
+    std::vector<CudaEvent> job_events;  // PipelinedWork::timed_events
   };
+  cudaMemPool_t pool = nullptr;
+  if (work.stream_ordered_memory) {
+    CUDA_RETURN_IF_ERROR(cudaDeviceGetDefaultMemPool(&pool, device));
+    uint64_t keep = ~uint64_t{0};
+    CUDA_RETURN_IF_ERROR(
+        cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+  }
   std::vector<Lane> lanes;
   for (int i = 0; i < streams; ++i) {
     absl::StatusOr<CudaStream> stream = CreateStream();
@@ -145,9 +157,17 @@ absl::StatusOr<double> MeasurePipelined(
     CUBLAS_RETURN_IF_ERROR(cublasSetStream(cublas->get(), stream->get()));
     CUBLAS_RETURN_IF_ERROR(cublasSetWorkspace(cublas->get(), workspace->data(),
                                               workspace->size()));
-    lanes.push_back(Lane{std::move(*stream), std::move(*cublas),
-                         std::move(*memory), std::move(*workspace),
-                         std::move(*end)});
+    lanes.push_back(Lane{std::move(*stream),
+                         std::move(*cublas),
+                         std::move(*memory),
+                         std::move(*workspace),
+                         std::move(*end),
+                         {}});
+    for (int e = 0; work.timed_events && e < 4; ++e) {
+      absl::StatusOr<CudaEvent> event = CreateEvent();
+      if (!event.ok()) return event.status();
+      lanes.back().job_events.push_back(std::move(*event));
+    }
   }
   absl::StatusOr<CudaEvent> opened = CreateEvent();
   absl::StatusOr<CudaEvent> start = CreateEvent();
@@ -156,16 +176,53 @@ absl::StatusOr<double> MeasurePipelined(
   if (!start.ok()) return start.status();
   if (!stop.ok()) return stop.status();
   cudaStream_t first = lanes[0].stream.get();
+  // Stream-ordered memory is carved A, B, C at 256 bytes, as the engine
+  // carves it; the lane's own buffer holds them back to back.
+  const int64_t a_span = (spec.a_bytes() + 255) / 256 * 256;
+  const int64_t b_span = (spec.b_bytes() + 255) / 256 * 256;
   auto job = [&](int i) -> absl::Status {
-    cudaStream_t s = lanes[i].stream.get();
-    auto* d = static_cast<std::byte*>(lanes[i].memory.data());
+    Lane& lane = lanes[i];
+    cudaStream_t s = lane.stream.get();
+    auto record = [&](int e) -> absl::Status {
+      if (!work.timed_events) return absl::OkStatus();
+      CUDA_RETURN_IF_ERROR(cudaEventRecord(lane.job_events[e].get(), s));
+      return absl::OkStatus();
+    };
+    RETURN_IF_ERROR(record(0));
+    auto* d = static_cast<std::byte*>(lane.memory.data());
+    std::byte* db = d + spec.a_bytes();
+    std::byte* dc = d + ab;
+    void* transient = nullptr;
+    if (work.stream_ordered_memory) {
+      CUDA_RETURN_IF_ERROR(cudaMallocFromPoolAsync(
+          &transient, a_span + b_span + spec.c_bytes(), pool, s));
+      d = static_cast<std::byte*>(transient);
+      db = d + a_span;
+      dc = db + b_span;
+    }
     std::byte* c = host->data() + ab + i * spec.c_bytes();
+    if (work.two_copies || db != d + spec.a_bytes()) {
+      CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d, host->data(), spec.a_bytes(),
+                                           cudaMemcpyHostToDevice, s));
+      CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(db, host->data() + spec.a_bytes(),
+                                           spec.b_bytes(),
+                                           cudaMemcpyHostToDevice, s));
+    } else {
+      CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(d, host->data(), ab, cudaMemcpyHostToDevice, s));
+    }
+    RETURN_IF_ERROR(record(1));
+    RETURN_IF_ERROR(EnqueueGemm(lane.cublas.get(), spec, d, db, dc));
+    RETURN_IF_ERROR(record(2));
     CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(d, host->data(), ab, cudaMemcpyHostToDevice, s));
-    RETURN_IF_ERROR(EnqueueGemm(lanes[i].cublas.get(), spec, d,
-                                d + spec.a_bytes(), d + ab));
-    CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(c, d + ab, spec.c_bytes(), cudaMemcpyDeviceToHost, s));
+        cudaMemcpyAsync(c, dc, spec.c_bytes(), cudaMemcpyDeviceToHost, s));
+    RETURN_IF_ERROR(record(3));
+    if (transient != nullptr) {
+      CUDA_RETURN_IF_ERROR(cudaFreeAsync(transient, s));
+    }
+    if (work.host_function) {
+      CUDA_RETURN_IF_ERROR(cudaLaunchHostFunc(s, DoNothing, nullptr));
+    }
     return absl::OkStatus();
   };
   for (int i = 0; i < streams; ++i) RETURN_IF_ERROR(job(i));  // warm-up

@@ -35,12 +35,28 @@ absl::StatusOr<StageCeilings> MeasureStageCeilings(
     const MatmulSpec& spec, int device,
     absl::FunctionRef<void(std::byte* operands)> fill);
 
+// What a raw pipelined job does besides its copies and GEMM: each a part of
+// the engine's per-job stream work (gpu/cuda/enqueue.cc), so that adding
+// them one at a time shows which of them the device pays for.
+struct PipelinedWork {
+  // Four timed event records: start, operands up, GEMM done, end.
+  bool timed_events = false;
+  // A and B (and C) from cudaMallocFromPoolAsync on the device's default
+  // pool (freed memory kept), freed with cudaFreeAsync at the job's end.
+  bool stream_ordered_memory = false;
+  // A and B in two copies instead of one.
+  bool two_copies = false;
+  // A host function (doing nothing) after the job's work.
+  bool host_function = false;
+};
+
 // Seconds per job with `streams` streams of `jobs_per_stream` jobs each (the
 // best of three runs): the device's time from the first job's start to the
 // last one's end over the number of jobs. The streams are held back by a
 // host function on the first until every job is enqueued. `fill` as above.
 absl::StatusOr<double> MeasurePipelined(
     const MatmulSpec& spec, int device, int streams, int jobs_per_stream,
+    const PipelinedWork& work,
     absl::FunctionRef<void(std::byte* operands)> fill);
 
 }  // namespace matmul

@@ -7,7 +7,9 @@
 //     a single stream serializes to 1/(t_h2d + t_gemm + t_d2h); and the
 //     same three stages raw on the pool's streams, all enqueued before any
 //     runs (pipe/s, MeasurePipelined): what the device does with them
-//     overlapped;
+//     overlapped; --pipe-with adds parts of the engine's per-job stream work
+//     to it (timed events, stream-ordered memory, two copies, a host
+//     function), to find which of them the device pays for;
 //   - the engine's throughput with one stream and with the pool, fed
 //     operands already in pinned host memory (PrestagedOperands), with
 //     --jobs-per-stream jobs (default 2) kept in flight per stream;
@@ -376,6 +378,8 @@ int Main(int argc, char** argv) {
   int64_t poll_pause_us =
       absl::ToInt64Microseconds(CudaEngineOptions().poll_pause);
   int pollers = 1;
+  PipelinedWork pipe_work;  // --pipe-with: none of the engine's extras
+  std::string pipe_with = "nothing more";
   int graphs = -1;  // not given: prestaged operands, no graphs
   bool batched = false;
   int submit_threads = 0;
@@ -420,6 +424,24 @@ int Main(int argc, char** argv) {
         std::fprintf(stderr, "--poll-pause-us takes 0..10000\n");
         return 2;
       }
+    } else if (arg.rfind("--pipe-with", 0) == 0) {
+      pipe_with = value();
+      for (absl::string_view part : absl::StrSplit(pipe_with, ',')) {
+        if (part == "events") {
+          pipe_work.timed_events = true;
+        } else if (part == "memory") {
+          pipe_work.stream_ordered_memory = true;
+        } else if (part == "two-copies") {
+          pipe_work.two_copies = true;
+        } else if (part == "host-function") {
+          pipe_work.host_function = true;
+        } else {
+          std::fprintf(stderr,
+                       "--pipe-with takes events,memory,two-copies,"
+                       "host-function\n");
+          return 2;
+        }
+      }
     } else if (arg.rfind("--pollers", 0) == 0) {
       if (!absl::SimpleAtoi(value(), &pollers) || pollers < 1 || pollers > 64) {
         std::fprintf(stderr, "--pollers takes 1..64\n");
@@ -449,6 +471,7 @@ int Main(int argc, char** argv) {
                    "[--modes float32,tf32,bfloat16] [--streams 4] "
                    "[--jobs-per-stream 2] [--poll-only-max-bytes 0] "
                    "[--poll-pause-us 5] [--pollers 1] "
+                   "[--pipe-with events,memory,two-copies,host-function] "
                    "[--graphs N] [--submit-threads 0] [--batched] "
                    "[--seconds 2] [--json FILE]\n");
       return 2;
@@ -465,7 +488,7 @@ int Main(int argc, char** argv) {
       "device 0: %s, %d SMs, %d copy engines; pool of %d streams; "
       "%d jobs in flight per stream; poll-only up to %lld bytes; %d "
       "poller(s), pause %lld us; %s; "
-      "successors submitted %s; %.1f s per point\n\n",
+      "successors submitted %s; raw pipeline with %s; %.1f s per point\n\n",
       device.name.c_str(), device.multiprocessors, device.copy_engines, streams,
       jobs_per_stream, static_cast<long long>(poll_only_max_bytes), pollers,
       static_cast<long long>(poll_pause_us),
@@ -476,7 +499,7 @@ int Main(int argc, char** argv) {
       submit_threads == 0
           ? "inside Done"
           : absl::StrCat("by ", submit_threads, " threads").c_str(),
-      seconds);
+      pipe_with.c_str(), seconds);
   std::printf(
       "%6s %-9s | %8s %8s %8s | %9s %9s %9s | %9s %9s %7s %7s %6s | %8s %6s "
       "| %7s %5s %5s | %9s %7s %5s\n",
@@ -509,7 +532,7 @@ int Main(int argc, char** argv) {
       }
       // The raw pipeline with the pool's streams, 32 jobs each.
       absl::StatusOr<double> pipelined =
-          MeasurePipelined(spec, 0, streams, 32, fill);
+          MeasurePipelined(spec, 0, streams, 32, pipe_work, fill);
       if (!pipelined.ok()) {
         report(pipelined.status());
         return 1;
@@ -562,13 +585,14 @@ int Main(int argc, char** argv) {
           "{\"n\":", n, ",\"mode\":\"", mode_name, "\",\"t_h2d_s\":", c->h2d,
           ",\"t_gemm_s\":", c->gemm, ",\"t_d2h_s\":", c->d2h,
           ",\"ceiling_per_s\":", ceiling, ",\"serialized_per_s\":", serial,
-          ",\"raw_pipelined_per_s\":", pipe,
-          ",\"one_stream_per_s\":", one->rate, ",\"pool_per_s\":", pool->rate,
-          ",\"pool_streams\":", streams, ",\"jobs_per_stream\":",
-          jobs_per_stream, ",\"poll_only_max_bytes\":", poll_only_max_bytes,
-          ",\"submit_threads\":", submit_threads, ",\"pollers\":", pollers,
-          ",\"poll_pause_us\":", poll_pause_us, ",\"engine_gemm_s\":",
-          one->mean_compute, ",\"pool_engine_gemm_s\":", pool->mean_compute,
+          ",\"raw_pipelined_per_s\":", pipe, ",\"raw_pipelined_with\":\"",
+          pipe_with, "\"", ",\"one_stream_per_s\":", one->rate,
+          ",\"pool_per_s\":", pool->rate, ",\"pool_streams\":", streams,
+          ",\"jobs_per_stream\":", jobs_per_stream, ",\"poll_only_max_bytes\":",
+          poll_only_max_bytes, ",\"submit_threads\":", submit_threads,
+          ",\"pollers\":", pollers, ",\"poll_pause_us\":", poll_pause_us,
+          ",\"engine_gemm_s\":", one->mean_compute,
+          ",\"pool_engine_gemm_s\":", pool->mean_compute,
           ",\"raw_gemm_tflops\":", spec.flops() / c->gemm / 1e12,
           ",\"pool_tflops\":", spec.flops() * pool->rate / 1e12,
           ",\"pool_device_busy\":", pool->device_busy,
@@ -589,7 +613,8 @@ int Main(int argc, char** argv) {
       "\nceil/s = 1/max(h2d, gemm, d2h), each measured alone; serial/s = "
       "1/(h2d+gemm+d2h); pipe/s = raw CUDA and cuBLAS with the pool's "
       "streams, 32 jobs each enqueued before any runs (each one copy up, the "
-      "GEMM, one copy down), %%pipe the pool against it; eng gemm = engine "
+      "GEMM, one copy down, and what --pipe-with adds of the engine's per-job "
+      "work), %%pipe the pool against it; eng gemm = engine "
       "GEMM time (1 stream, CUDA events) "
       "vs raw cuBLAS; busy = device busy (union over streams); ovlp = "
       "copy time overlapped with GEMMs; batch/s (--batched) = the pool "

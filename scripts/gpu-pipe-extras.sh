@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# One device call that looks for what keeps the engine's four streams below
+# the raw pipeline (docs/PERFORMANCE.md section 18: at n=256 float32 the
+# engine's pool made 68% of MeasurePipelined's jobs/s): matmul-pipeline-bench
+# --pipe-with each part of the engine's per-job stream work alone (timed
+# events, stream-ordered memory, two copies, a host function), then all of
+# them, ROUNDS (default 2) rounds, with the pool (prestaged, poll-only up to
+# 4 MiB, JOBS (default 8) per stream) measured in each run beside it. If
+# one part takes the raw pipeline down to the pool's rate, that part is the
+# cost to remove; if all of them together do not, the cost is on the host.
+# Expects matmul-pipeline-bench in .gpubundle; writes summary.txt and the
+# outputs into OUT.
+#
+#   [ROUNDS=2] [SIZES=256] scripts/gpu-pipe-extras.sh OUT
+set -u
+out=${1:?usage: gpu-pipe-extras.sh OUT}
+logfile=summary.txt
+logs=$out/logs
+mkdir -p "$logs"
+# shellcheck source=scripts/gpu-common.sh
+. "$(dirname "$0")/gpu-common.sh"
+
+log_gpu
+for round in $(seq 1 "${ROUNDS:-2}"); do
+  for with in "" events memory two-copies host-function \
+    events,memory,two-copies,host-function; do
+    f=$logs/pipe-r$round-${with:-plain}.txt
+    args=()
+    [ -n "$with" ] && args=(--pipe-with "$with")
+    timeout 60 "$R" matmul-pipeline-bench --sizes "${SIZES:-256}" --modes float32 \
+      --streams 4 --jobs-per-stream "${JOBS:-8}" --poll-only-max-bytes 4194304 \
+      --seconds 1.5 "${args[@]}" >"$f" 2>&1
+    log "round $round, raw pipeline with ${with:-nothing more} (rc=$?):"
+    grep -E '^ +[0-9]+ ' "$f" | tee -a "$out/$logfile"
+  done
+done
+grep -m1 -E '^ +n ' "$logs/pipe-r1-plain.txt" | tee -a "$out/$logfile"
+log "== done $(date -u +%FT%TZ)"
