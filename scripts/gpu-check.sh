@@ -34,12 +34,12 @@ log "== 1. GPU tests"
 for t in cuda_engine_test cuda_status_test timing_test stream_pool_test \
   device_memory_test job_layout_test grouped_gemm_test job_graph_test; do
   [ -x ".gpubundle/bin/$t" ] || continue
-  timeout 300 $R "$t" >"$logs/$t.log" 2>&1
+  timeout 300 "$R" "$t" >"$logs/$t.log" 2>&1
   log "$t rc=$?"
   gtest_line "$t" "$logs/$t.log"
 done
 for t in server_test multiply_stream_test multiply_stream_stripe_test; do
-  MATMUL_TEST_ENGINE=cuda timeout 300 $R "$t" >"$logs/$t-cuda.log" 2>&1
+  MATMUL_TEST_ENGINE=cuda timeout 300 "$R" "$t" >"$logs/$t-cuda.log" 2>&1
   log "$t (cuda) rc=$?"
   gtest_line "$t" "$logs/$t-cuda.log"
 done
@@ -68,7 +68,10 @@ for round in $(seq 1 "${CHECK_BENCH_ROUNDS:-2}"); do
   done
 done
 log "== 3. compute-sanitizer"
-filter=${CHECK_SANITIZE_FILTER:-*}
+# Less the real out-of-memory case: the cudaMallocFromPoolAsync error it
+# provokes on purpose counts as one of the sanitizer's errors (two, with the
+# error's read-back; docs/PERFORMANCE.md section 18).
+filter=${CHECK_SANITIZE_FILTER:-*:-CudaEngineTest.RealDeviceOutOfMemoryFailsOnlyThatJob}
 for tool in "memcheck --leak-check full" "initcheck"; do
   name=${tool%% *}
   # shellcheck disable=SC2086
