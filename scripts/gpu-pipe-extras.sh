@@ -6,8 +6,11 @@
 # events, stream-ordered memory, two copies, a host function), then all of
 # them, ROUNDS (default 2) rounds, with the pool (prestaged, poll-only up to
 # 4 MiB, JOBS (default 8) per stream) measured in each run beside it. If
-# one part takes the raw pipeline down to the pool's rate, that part is the
-# cost to remove; if all of them together do not, the cost is on the host.
+# one part takes the raw pipeline (pipe/s) down to the pool's rate, the
+# device pays for that part; `enq us` gives what each costs the host to
+# enqueue, on one thread (the engine's lanes, poller and completion threads
+# all call into the same driver). If neither explains the pool's 22 us a
+# job, the cost is in the engine's own host work.
 # Expects matmul-pipeline-bench in .gpubundle; writes summary.txt and the
 # outputs into OUT.
 #

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/status_macros.h"
 #include "gpu/cuda/cublas_gemm.h"
 #include "gpu/cuda/cuda_resources.h"
@@ -111,7 +113,7 @@ absl::StatusOr<StageCeilings> MeasureStageCeilings(
   return c;
 }
 
-absl::StatusOr<double> MeasurePipelined(
+absl::StatusOr<Pipelined> MeasurePipelined(
     const MatmulSpec& spec, int device, int streams, int jobs_per_stream,
     const PipelinedWork& work,
     absl::FunctionRef<void(std::byte* operands)> fill) {
@@ -227,8 +229,10 @@ absl::StatusOr<double> MeasurePipelined(
   };
   for (int i = 0; i < streams; ++i) RETURN_IF_ERROR(job(i));  // warm-up
   CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
-  double best = 0;
+  Pipelined best;
   for (int run = 0; run < 3; ++run) {
+    absl::Time enqueue_start;
+    absl::Duration enqueue_time;
     std::atomic<bool> open{false};
     // Everything below waits for the gate, then for the start event.
     absl::Status enqueued = [&]() -> absl::Status {
@@ -238,9 +242,11 @@ absl::StatusOr<double> MeasurePipelined(
         CUDA_RETURN_IF_ERROR(
             cudaStreamWaitEvent(lanes[i].stream.get(), start->get(), 0));
       }
+      enqueue_start = absl::Now();
       for (int j = 0; j < jobs_per_stream; ++j) {
         for (int i = 0; i < streams; ++i) RETURN_IF_ERROR(job(i));
       }
+      enqueue_time = absl::Now() - enqueue_start;
       for (int i = 1; i < streams; ++i) {
         CUDA_RETURN_IF_ERROR(
             cudaEventRecord(lanes[i].end.get(), lanes[i].stream.get()));
@@ -254,9 +260,15 @@ absl::StatusOr<double> MeasurePipelined(
     RETURN_IF_ERROR(enqueued);
     float ms = 0;
     CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, start->get(), stop->get()));
-    const double per_job =
-        ms * 1e-3 / (static_cast<double>(streams) * jobs_per_stream);
-    if (run == 0 || per_job < best) best = per_job;
+    const double jobs = static_cast<double>(streams) * jobs_per_stream;
+    const double per_job = ms * 1e-3 / jobs;
+    const double enqueue = absl::ToDoubleSeconds(enqueue_time) / jobs;
+    if (run == 0 || per_job < best.seconds_per_job) {
+      best.seconds_per_job = per_job;
+    }
+    if (run == 0 || enqueue < best.enqueue_seconds_per_job) {
+      best.enqueue_seconds_per_job = enqueue;
+    }
   }
   return best;
 }

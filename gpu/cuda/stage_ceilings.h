@@ -50,11 +50,19 @@ struct PipelinedWork {
   bool host_function = false;
 };
 
-// Seconds per job with `streams` streams of `jobs_per_stream` jobs each (the
-// best of three runs): the device's time from the first job's start to the
-// last one's end over the number of jobs. The streams are held back by a
-// host function on the first until every job is enqueued. `fill` as above.
-absl::StatusOr<double> MeasurePipelined(
+struct Pipelined {
+  // The device's time from the first job's start to the last one's end over
+  // the number of jobs (the best of three runs).
+  double seconds_per_job = 0;
+  // The host's time to enqueue the jobs, one thread, over their number (the
+  // best of three): what the job's CUDA calls cost the host, without the
+  // contention of the engine's other threads.
+  double enqueue_seconds_per_job = 0;
+};
+
+// `streams` streams of `jobs_per_stream` jobs each, held back by a host
+// function on the first until every job is enqueued. `fill` as above.
+absl::StatusOr<Pipelined> MeasurePipelined(
     const MatmulSpec& spec, int device, int streams, int jobs_per_stream,
     const PipelinedWork& work,
     absl::FunctionRef<void(std::byte* operands)> fill);

@@ -501,11 +501,12 @@ int Main(int argc, char** argv) {
           : absl::StrCat("by ", submit_threads, " threads").c_str(),
       pipe_with.c_str(), seconds);
   std::printf(
-      "%6s %-9s | %8s %8s %8s | %9s %9s %9s | %9s %9s %7s %7s %6s | %8s %6s "
-      "| %7s %5s %5s | %9s %7s %5s\n",
+      "%6s %-9s | %8s %8s %8s | %9s %9s %9s %6s | %9s %9s %7s %7s %6s | %8s "
+      "%6s | %7s %5s %5s | %9s %7s %5s\n",
       "n", "mode", "h2d ms", "gemm ms", "d2h ms", "ceil/s", "serial/s",
-      "pipe/s", "1strm/s", "pool/s", "%ceil", "%pipe", "xser", "eng gemm",
-      "%raw", "TFLOP/s", "busy", "ovlp", "batch/s", "%ceil", "busy");
+      "pipe/s", "enq us", "1strm/s", "pool/s", "%ceil", "%pipe", "xser",
+      "eng gemm", "%raw", "TFLOP/s", "busy", "ovlp", "batch/s", "%ceil",
+      "busy");
   std::vector<std::string> rows;
   for (int64_t n : sizes) {
     for (const std::string& mode_name : modes) {
@@ -531,13 +532,14 @@ int Main(int argc, char** argv) {
         return 1;
       }
       // The raw pipeline with the pool's streams, 32 jobs each.
-      absl::StatusOr<double> pipelined =
+      absl::StatusOr<Pipelined> pipelined =
           MeasurePipelined(spec, 0, streams, 32, pipe_work, fill);
       if (!pipelined.ok()) {
         report(pipelined.status());
         return 1;
       }
-      const double pipe = 1.0 / *pipelined;
+      const double pipe = 1.0 / pipelined->seconds_per_job;
+      const double enqueue_us = pipelined->enqueue_seconds_per_job * 1e6;
       const absl::Duration window = absl::Seconds(seconds);
       RunOptions run_options;
       run_options.streams = 1;
@@ -571,13 +573,13 @@ int Main(int argc, char** argv) {
       const double ceiling = 1.0 / std::max({c->h2d, c->gemm, c->d2h});
       const double serial = 1.0 / (c->h2d + c->gemm + c->d2h);
       std::printf(
-          "%6lld %-9s | %8.3f %8.3f %8.3f | %9.1f %9.1f %9.1f | %9.1f %9.1f "
-          "%6.1f%% %6.1f%% %5.2fx | %8.3f %5.1f%% | %7.1f %4.0f%% %4.0f%% | "
-          "%s\n",
+          "%6lld %-9s | %8.3f %8.3f %8.3f | %9.1f %9.1f %9.1f %6.1f | %9.1f "
+          "%9.1f %6.1f%% %6.1f%% %5.2fx | %8.3f %5.1f%% | %7.1f %4.0f%% "
+          "%4.0f%% | %s\n",
           static_cast<long long>(n), mode_name.c_str(), c->h2d * 1e3,
-          c->gemm * 1e3, c->d2h * 1e3, ceiling, serial, pipe, one->rate,
-          pool->rate, 100 * pool->rate / ceiling, 100 * pool->rate / pipe,
-          pool->rate / serial, one->mean_compute * 1e3,
+          c->gemm * 1e3, c->d2h * 1e3, ceiling, serial, pipe, enqueue_us,
+          one->rate, pool->rate, 100 * pool->rate / ceiling,
+          100 * pool->rate / pipe, pool->rate / serial, one->mean_compute * 1e3,
           100 * one->mean_compute / c->gemm, spec.flops() * pool->rate / 1e12,
           100 * pool->device_busy, 100 * pool->overlap, batch_columns.c_str());
       std::fflush(stdout);
@@ -585,14 +587,14 @@ int Main(int argc, char** argv) {
           "{\"n\":", n, ",\"mode\":\"", mode_name, "\",\"t_h2d_s\":", c->h2d,
           ",\"t_gemm_s\":", c->gemm, ",\"t_d2h_s\":", c->d2h,
           ",\"ceiling_per_s\":", ceiling, ",\"serialized_per_s\":", serial,
-          ",\"raw_pipelined_per_s\":", pipe, ",\"raw_pipelined_with\":\"",
-          pipe_with, "\"", ",\"one_stream_per_s\":", one->rate,
-          ",\"pool_per_s\":", pool->rate, ",\"pool_streams\":", streams,
-          ",\"jobs_per_stream\":", jobs_per_stream, ",\"poll_only_max_bytes\":",
-          poll_only_max_bytes, ",\"submit_threads\":", submit_threads,
-          ",\"pollers\":", pollers, ",\"poll_pause_us\":", poll_pause_us,
-          ",\"engine_gemm_s\":", one->mean_compute,
-          ",\"pool_engine_gemm_s\":", pool->mean_compute,
+          ",\"raw_pipelined_per_s\":", pipe, ",\"raw_pipelined_enqueue_us\":",
+          enqueue_us, ",\"raw_pipelined_with\":\"", pipe_with, "\"",
+          ",\"one_stream_per_s\":", one->rate, ",\"pool_per_s\":", pool->rate,
+          ",\"pool_streams\":", streams, ",\"jobs_per_stream\":",
+          jobs_per_stream, ",\"poll_only_max_bytes\":", poll_only_max_bytes,
+          ",\"submit_threads\":", submit_threads, ",\"pollers\":", pollers,
+          ",\"poll_pause_us\":", poll_pause_us, ",\"engine_gemm_s\":",
+          one->mean_compute, ",\"pool_engine_gemm_s\":", pool->mean_compute,
           ",\"raw_gemm_tflops\":", spec.flops() / c->gemm / 1e12,
           ",\"pool_tflops\":", spec.flops() * pool->rate / 1e12,
           ",\"pool_device_busy\":", pool->device_busy,
@@ -614,7 +616,8 @@ int Main(int argc, char** argv) {
       "1/(h2d+gemm+d2h); pipe/s = raw CUDA and cuBLAS with the pool's "
       "streams, 32 jobs each enqueued before any runs (each one copy up, the "
       "GEMM, one copy down, and what --pipe-with adds of the engine's per-job "
-      "work), %%pipe the pool against it; eng gemm = engine "
+      "work), enq us its host time to enqueue a job (one thread), %%pipe the "
+      "pool against it; eng gemm = engine "
       "GEMM time (1 stream, CUDA events) "
       "vs raw cuBLAS; busy = device busy (union over streams); ovlp = "
       "copy time overlapped with GEMMs; batch/s (--batched) = the pool "
