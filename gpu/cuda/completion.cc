@@ -25,7 +25,6 @@
 #include "gpu/cuda/timing.h"
 
 namespace matmul {
-namespace {}  // namespace
 
 void CudaEngine::CompletionLoop(Device* d) {
   if (absl::Status set =
@@ -112,7 +111,7 @@ void CudaEngine::PollLoop(Device* d, int poller, int pollers) {
               poll_only_left |= !flight->host_function;
             }
           }
-          if (d->poll_only_unclaimed == 0 || !poll_only_left) return;
+          if (!poll_only_left) return;
         }
         if (d->enqueued != seen) {
           seen = d->enqueued;

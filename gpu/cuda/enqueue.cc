@@ -92,25 +92,23 @@ void CudaEngine::Enqueue(InFlight* flight, const std::byte* host_a,
       // Both operands in one copy where they lie back to back, in this
       // job's staging only: a prestaged A and B that happen to adjoin may
       // be two allocations, which one copy must not span.
-      const bool one_copy =
-          l.stage_a && l.stage_b && host_a != nullptr &&
-          host_a == flight->lease.data() &&
-          OperandsContiguous(host_a, host_b, device_a, device_b, l.a_bytes);
-      if (one_copy) {
+      if (l.stage_a && l.stage_b && host_a == flight->lease.data() &&
+          OperandsContiguous(host_a, host_b, device_a, device_b, l.a_bytes)) {
         CUDA_RETURN_IF_ERROR_AT(
             site, cudaMemcpyAsync(const_cast<std::byte*>(device_a), host_a,
                                   l.a_bytes + l.b_bytes, cudaMemcpyHostToDevice,
                                   stream));
-      }
-      if (l.stage_a && !one_copy) {
-        CUDA_RETURN_IF_ERROR_AT(
-            site, cudaMemcpyAsync(const_cast<std::byte*>(device_a), host_a,
-                                  l.a_bytes, cudaMemcpyHostToDevice, stream));
-      }
-      if (l.stage_b && !one_copy) {
-        CUDA_RETURN_IF_ERROR_AT(
-            site, cudaMemcpyAsync(const_cast<std::byte*>(device_b), host_b,
-                                  l.b_bytes, cudaMemcpyHostToDevice, stream));
+      } else {
+        if (l.stage_a) {
+          CUDA_RETURN_IF_ERROR_AT(
+              site, cudaMemcpyAsync(const_cast<std::byte*>(device_a), host_a,
+                                    l.a_bytes, cudaMemcpyHostToDevice, stream));
+        }
+        if (l.stage_b) {
+          CUDA_RETURN_IF_ERROR_AT(
+              site, cudaMemcpyAsync(const_cast<std::byte*>(device_b), host_b,
+                                    l.b_bytes, cudaMemcpyHostToDevice, stream));
+        }
       }
       if (l.allocate && options_.poison_outputs) {
         CUDA_RETURN_IF_ERROR_AT(

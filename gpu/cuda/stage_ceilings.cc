@@ -14,6 +14,7 @@
 #include "gpu/cuda/cublas_gemm.h"
 #include "gpu/cuda/cuda_resources.h"
 #include "gpu/cuda/cuda_status.h"
+#include "gpu/cuda/job_layout.h"
 
 namespace matmul {
 namespace {
@@ -171,17 +172,15 @@ absl::StatusOr<Pipelined> MeasurePipelined(
       lanes.back().job_events.push_back(std::move(*event));
     }
   }
-  absl::StatusOr<CudaEvent> opened = CreateEvent();
   absl::StatusOr<CudaEvent> start = CreateEvent();
   absl::StatusOr<CudaEvent> stop = CreateEvent();
-  if (!opened.ok()) return opened.status();
   if (!start.ok()) return start.status();
   if (!stop.ok()) return stop.status();
   cudaStream_t first = lanes[0].stream.get();
-  // Stream-ordered memory is carved A, B, C at 256 bytes, as the engine
-  // carves it; the lane's own buffer holds them back to back.
-  const int64_t a_span = (spec.a_bytes() + 255) / 256 * 256;
-  const int64_t b_span = (spec.b_bytes() + 255) / 256 * 256;
+  // Stream-ordered memory is carved A, B, C as the engine carves it; the
+  // lane's own buffer holds them back to back.
+  const int64_t a_span = AlignUp(spec.a_bytes(), kDeviceAlignment);
+  const int64_t b_span = AlignUp(spec.b_bytes(), kDeviceAlignment);
   auto job = [&](int i) -> absl::Status {
     Lane& lane = lanes[i];
     cudaStream_t s = lane.stream.get();
@@ -203,7 +202,9 @@ absl::StatusOr<Pipelined> MeasurePipelined(
       dc = db + b_span;
     }
     std::byte* c = host->data() + ab + i * spec.c_bytes();
-    if (work.two_copies || db != d + spec.a_bytes()) {
+    if (work.two_copies ||
+        !OperandsContiguous(host->data(), host->data() + spec.a_bytes(), d, db,
+                            spec.a_bytes())) {
       CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d, host->data(), spec.a_bytes(),
                                            cudaMemcpyHostToDevice, s));
       CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(db, host->data() + spec.a_bytes(),
