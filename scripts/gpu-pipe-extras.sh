@@ -2,9 +2,11 @@
 # One device call that looks for what keeps the engine's four streams below
 # the raw pipeline (docs/PERFORMANCE.md section 18: at n=256 float32 the
 # engine's pool made 68% of MeasurePipelined's jobs/s): matmul-pipeline-bench
-# --pipe-with each part of the engine's per-job stream work alone (timed
-# events, stream-ordered memory, two copies, a host function), then all of
-# them, ROUNDS (default 2) rounds, with the pool (prestaged, poll-only up to
+# --pipe-with each part of the engine's per-job stream work alone (its four
+# timed events; only start and end, or only end, timed or not;
+# stream-ordered memory; two copies; a host function), then the engine's
+# poll-only set (four events, memory, two copies) and all of them, ROUNDS
+# (default 2) rounds, with the pool (prestaged, poll-only up to
 # 4 MiB, JOBS (default 8) per stream) measured in each run beside it. If
 # one part takes the raw pipeline (pipe/s) down to the pool's rate, the
 # device pays for that part; `enq us` gives what each costs the host to
@@ -14,7 +16,7 @@
 # Expects matmul-pipeline-bench in .gpubundle; writes summary.txt and the
 # outputs into OUT.
 #
-#   [ROUNDS=2] [SIZES=256] scripts/gpu-pipe-extras.sh OUT
+#   [ROUNDS=2] [SIZES=256] [WITH='events memory ...'] scripts/gpu-pipe-extras.sh OUT
 set -u
 out=${1:?usage: gpu-pipe-extras.sh OUT}
 logfile=summary.txt
@@ -25,8 +27,10 @@ mkdir -p "$logs"
 
 log_gpu
 for round in $(seq 1 "${ROUNDS:-2}"); do
-  for with in "" events memory two-copies host-function \
-    events,memory,two-copies,host-function; do
+  # shellcheck disable=SC2086 # WITH is a list
+  for with in "" ${WITH:-events start-end-events end-event end-event,untimed \
+    events,untimed memory two-copies host-function events,memory,two-copies \
+    events,memory,two-copies,host-function}; do
     f=$logs/pipe-r$round-${with:-plain}.txt
     args=()
     [ -n "$with" ] && args=(--pipe-with "$with")

@@ -121,6 +121,10 @@ absl::StatusOr<Pipelined> MeasurePipelined(
   if (streams < 1 || jobs_per_stream < 1) {
     return absl::InvalidArgumentError("streams and jobs must be positive");
   }
+  if (work.events != 0 && work.events != 1 && work.events != 2 &&
+      work.events != 4) {
+    return absl::InvalidArgumentError("events per job must be 0, 1, 2 or 4");
+  }
   ScopedDevice scoped(device);
   RETURN_IF_ERROR(scoped.status());
   const int64_t ab = spec.a_bytes() + spec.b_bytes();
@@ -136,7 +140,7 @@ absl::StatusOr<Pipelined> MeasurePipelined(
     DeviceBuffer memory;     // A, B and C
     DeviceBuffer workspace;  // cuBLAS's
     CudaEvent end;
-    std::vector<CudaEvent> job_events;  // PipelinedWork::timed_events
+    std::vector<CudaEvent> job_events;  // PipelinedWork::events
   };
   cudaMemPool_t pool = nullptr;
   if (work.stream_ordered_memory) {
@@ -166,8 +170,9 @@ absl::StatusOr<Pipelined> MeasurePipelined(
                          std::move(*workspace),
                          std::move(*end),
                          {}});
-    for (int e = 0; work.timed_events && e < 4; ++e) {
-      absl::StatusOr<CudaEvent> event = CreateEvent();
+    for (int e = 0; e < 4; ++e) {
+      absl::StatusOr<CudaEvent> event = CreateEvent(
+          work.untimed_events ? cudaEventDisableTiming : cudaEventDefault);
       if (!event.ok()) return event.status();
       lanes.back().job_events.push_back(std::move(*event));
     }
@@ -184,8 +189,13 @@ absl::StatusOr<Pipelined> MeasurePipelined(
   auto job = [&](int i) -> absl::Status {
     Lane& lane = lanes[i];
     cudaStream_t s = lane.stream.get();
+    // Event e of the engine's four (start, operands up, GEMM done, end),
+    // where work.events has it.
     auto record = [&](int e) -> absl::Status {
-      if (!work.timed_events) return absl::OkStatus();
+      const bool recorded = work.events == 4 ||
+                            (work.events == 2 && (e == 0 || e == 3)) ||
+                            (work.events == 1 && e == 3);
+      if (!recorded) return absl::OkStatus();
       CUDA_RETURN_IF_ERROR(cudaEventRecord(lane.job_events[e].get(), s));
       return absl::OkStatus();
     };

@@ -39,8 +39,12 @@ absl::StatusOr<StageCeilings> MeasureStageCeilings(
 // the engine's per-job stream work (gpu/cuda/enqueue.cc), so that adding
 // them one at a time shows which of them the device pays for.
 struct PipelinedWork {
-  // Four timed event records: start, operands up, GEMM done, end.
-  bool timed_events = false;
+  // Event records per job: 0; 4 (start, operands up, GEMM done, end, as
+  // the engine records them); 2 (start and end); 1 (end only, what a
+  // poller needs to see the job done).
+  int events = 0;
+  // The events made with cudaEventDisableTiming (no timestamp).
+  bool untimed_events = false;
   // A and B (and C) from cudaMallocFromPoolAsync on the device's default
   // pool (freed memory kept), freed with cudaFreeAsync at the job's end.
   bool stream_ordered_memory = false;

@@ -8,7 +8,8 @@
 //     same three stages raw on the pool's streams, all enqueued before any
 //     runs (pipe/s, MeasurePipelined): what the device does with them
 //     overlapped; --pipe-with adds parts of the engine's per-job stream work
-//     to it (timed events, stream-ordered memory, two copies, a host
+//     to it (the engine's four timed events, or only start and end, or only
+//     end, optionally untimed; stream-ordered memory; two copies; a host
 //     function), to find which of them the device pays for;
 //   - the engine's throughput with one stream and with the pool, fed
 //     operands already in pinned host memory (PrestagedOperands), with
@@ -428,7 +429,13 @@ int Main(int argc, char** argv) {
       pipe_with = value();
       for (absl::string_view part : absl::StrSplit(pipe_with, ',')) {
         if (part == "events") {
-          pipe_work.timed_events = true;
+          pipe_work.events = 4;
+        } else if (part == "start-end-events") {
+          pipe_work.events = 2;
+        } else if (part == "end-event") {
+          pipe_work.events = 1;
+        } else if (part == "untimed") {
+          pipe_work.untimed_events = true;
         } else if (part == "memory") {
           pipe_work.stream_ordered_memory = true;
         } else if (part == "two-copies") {
@@ -437,8 +444,8 @@ int Main(int argc, char** argv) {
           pipe_work.host_function = true;
         } else {
           std::fprintf(stderr,
-                       "--pipe-with takes events,memory,two-copies,"
-                       "host-function\n");
+                       "--pipe-with takes events|start-end-events|end-event,"
+                       "untimed,memory,two-copies,host-function\n");
           return 2;
         }
       }
@@ -471,7 +478,8 @@ int Main(int argc, char** argv) {
                    "[--modes float32,tf32,bfloat16] [--streams 4] "
                    "[--jobs-per-stream 2] [--poll-only-max-bytes 0] "
                    "[--poll-pause-us 5] [--pollers 1] "
-                   "[--pipe-with events,memory,two-copies,host-function] "
+                   "[--pipe-with events|start-end-events|end-event,untimed,"
+                   "memory,two-copies,host-function] "
                    "[--graphs N] [--submit-threads 0] [--batched] "
                    "[--seconds 2] [--json FILE]\n");
       return 2;
