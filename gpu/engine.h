@@ -267,6 +267,11 @@ class HostMemoryRegistration {
 struct PrestagedOperands {
   const std::byte* a = nullptr;
   const std::byte* b = nullptr;
+  // A and B lie in one allocation (one HostBuffer, one registered region).
+  // The CUDA engine then uploads them in one copy where B follows A
+  // directly (a job's staging gets that always); a copy must not span two
+  // allocations, so without the flag each operand has its own.
+  bool one_allocation = false;
 };
 
 // Typed operations: what a job asks the engine to do. A job carries one of

@@ -89,10 +89,11 @@ void CudaEngine::Enqueue(InFlight* flight, const std::byte* host_a,
               ? static_cast<const std::byte*>(flight->resident_b->data())
           : l.stage_b ? carve(l.b_bytes)
                       : nullptr;
-      // Both operands in one copy where they lie back to back, in this
-      // job's staging only: a prestaged A and B that happen to adjoin may
-      // be two allocations, which one copy must not span.
-      if (l.stage_a && l.stage_b && host_a == flight->lease.data() &&
+      // Both operands in one copy where they lie back to back in one
+      // allocation (the job's staging, or prestaged operands that say so):
+      // a prestaged A and B that merely adjoin may be two allocations,
+      // which one copy must not span.
+      if (l.stage_a && l.stage_b && flight->operands_one_allocation &&
           OperandsContiguous(host_a, host_b, device_a, device_b, l.a_bytes)) {
         CUDA_RETURN_IF_ERROR_AT(
             site, cudaMemcpyAsync(const_cast<std::byte*>(device_a), host_a,

@@ -41,6 +41,10 @@ struct CudaEngine::InFlight {
   // The job's staging slot, leased from the device's pinned pool; empty for
   // a job replayed from a graph instance, which stages in the instance's.
   PinnedPool::Lease lease;
+  // The host operands (staged, or prestaged with
+  // PrestagedOperands::one_allocation) lie in one allocation, so one copy
+  // may upload both where they adjoin.
+  bool operands_one_allocation = true;
   // A job replayed from a CUDA graph (job_graph.h): its hold on the
   // instance (graph_use.graph()). The use goes with the job's JobResult
   // (its release callback frees the instance once the reply is sent), or

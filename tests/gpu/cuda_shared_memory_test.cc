@@ -172,6 +172,54 @@ TEST(CudaSharedMemoryTest, MultiplyFromAndIntoRegisteredMemoryIsExact) {
   engine->Shutdown();
 }
 
+// A and B in one registered region, flagged as one allocation
+// (PrestagedOperands::one_allocation): back to back they go up in one copy
+// (A's 256 KiB fill its aligned block on the device, so B follows it there
+// too); apart in the region they go up in two. Either way C is exact.
+TEST(CudaSharedMemoryTest, OperandsInOneRegionGoUpTogetherWhereTheyAdjoin) {
+  SKIP_WITHOUT_GPU();
+  std::unique_ptr<CudaEngine> engine = NewEngine();
+  ASSERT_NE(engine, nullptr);
+  const int64_t m = 256, k = 256, n = 256;
+  const int64_t a_bytes = m * k * 4, b_bytes = k * n * 4, c_bytes = m * n * 4;
+  const int64_t c_at = 2 << 20, bytes = 4 << 20;
+  Mapping region(bytes);
+  ASSERT_TRUE(region.ok());
+  absl::StatusOr<HostMemoryRegistration> registration =
+      engine->RegisterHostMemory(region.data(), bytes);
+  ASSERT_TRUE(registration.ok()) << registration.status();
+
+  absl::BitGen gen;
+  const std::vector<float> a = SmallIntegers(m * k, gen);
+  const std::vector<float> b = SmallIntegers(k * n, gen);
+  std::vector<double> ad(a.begin(), a.end()), bd(b.begin(), b.end());
+  const MatmulSpec spec =
+      testing::MakeSpec(DType::kFloat32, 1, 1, m, n, k, false, false, false);
+  const std::vector<double> ref = testing::ReferenceGemm(spec, ad, bd);
+  std::memcpy(region.data(), a.data(), a_bytes);
+  for (const int64_t b_at : {a_bytes, int64_t{1} << 20}) {
+    SCOPED_TRACE(b_at == a_bytes ? "B right after A" : "B apart from A");
+    std::memcpy(region.data() + b_at, b.data(), b_bytes);
+    std::memset(region.data() + c_at, 0xff, c_bytes);
+    JobDescription job;
+    job.spec = spec;
+    MultiplyOp op;
+    op.prestaged = PrestagedOperands{region.data(), region.data() + b_at,
+                                     /*one_allocation=*/true};
+    op.c_destination = region.data() + c_at;
+    job.op = op;
+    std::promise<absl::Status> promise;
+    std::future<absl::Status> done = promise.get_future();
+    engine->Submit(std::make_unique<RegionJob>(job, std::move(promise)));
+    ASSERT_TRUE(done.get().ok());
+    const float* c = reinterpret_cast<const float*>(region.data() + c_at);
+    for (int64_t i = 0; i < m * n; ++i) {
+      ASSERT_EQ(static_cast<double>(c[i]), ref[i]) << "at " << i;
+    }
+  }
+  engine->Shutdown();
+}
+
 TEST(CudaSharedMemoryTest, RegistrationFailuresAreStatuses) {
   SKIP_WITHOUT_GPU();
   std::unique_ptr<CudaEngine> engine = NewEngine();

@@ -23,6 +23,9 @@
 //     run's jobs copy their operands into staging instead (prestaged jobs
 //     are never replayed) and are replayed from graph instances; --graphs 0
 //     is the same copying without graphs, the baseline to compare with.
+//   - prestaged A and B lie back to back in one buffer, which the engine
+//     uploads in one copy (PrestagedOperands::one_allocation); with
+//     --operands-apart they are two buffers and two copies;
 //   - with --submit-threads T, a finished job's successor is submitted by
 //     one of T bench threads, as a server's next request comes on a gRPC
 //     thread, instead of from inside Done, on the engine's completion
@@ -293,6 +296,9 @@ struct RunOptions {
   bool batched = false;
   // Threads that submit finished jobs' successors (ClosedLoop); 0: Done.
   int submit_threads = 0;
+  // Prestaged A and B in two host buffers (two copies up) instead of back
+  // to back in one (PrestagedOperands::one_allocation: one copy).
+  bool operands_apart = false;
 };
 
 absl::StatusOr<EngineRun> RunEngine(const MatmulSpec& spec,
@@ -312,19 +318,27 @@ absl::StatusOr<EngineRun> RunEngine(const MatmulSpec& spec,
   options.job_graphs_per_stream = std::max(0, run_options.graphs);
   ASSIGN_OR_RETURN(std::unique_ptr<CudaEngine> cuda,
                    CudaEngine::Create(options));
-  ASSIGN_OR_RETURN(HostBuffer a, cuda->AllocateHostBuffer(spec.a_bytes()));
-  ASSIGN_OR_RETURN(HostBuffer b, cuda->AllocateHostBuffer(spec.b_bytes()));
+  // A and B back to back in one buffer (one copy up), or in two.
+  const bool apart = run_options.operands_apart;
+  ASSIGN_OR_RETURN(
+      HostBuffer a,
+      cuda->AllocateHostBuffer(spec.a_bytes() + (apart ? 0 : spec.b_bytes())));
+  HostBuffer b_apart;
+  if (apart) {
+    ASSIGN_OR_RETURN(b_apart, cuda->AllocateHostBuffer(spec.b_bytes()));
+  }
+  std::byte* host_b = apart ? b_apart.data() : a.data() + spec.a_bytes();
   FillRandom(a.data(), spec.dtype, spec.a_elements());
-  FillRandom(b.data(), spec.dtype, spec.b_elements());
+  FillRandom(host_b, spec.dtype, spec.b_elements());
   // Batched jobs copy from ordinary memory, as the server's requests do
   // from their messages.
   std::vector<std::byte> plain_a, plain_b;
-  PrestagedOperands ops{a.data(), b.data()};
+  PrestagedOperands ops{a.data(), host_b, /*one_allocation=*/!apart};
   std::unique_ptr<Engine> engine = std::move(cuda);
   const bool copy_operands = run_options.batched || run_options.graphs >= 0;
   if (copy_operands) {
     plain_a.assign(a.data(), a.data() + spec.a_bytes());
-    plain_b.assign(b.data(), b.data() + spec.b_bytes());
+    plain_b.assign(host_b, host_b + spec.b_bytes());
     ops = PrestagedOperands{plain_a.data(), plain_b.data()};
   }
   if (run_options.batched) {
@@ -384,6 +398,7 @@ int Main(int argc, char** argv) {
   int graphs = -1;  // not given: prestaged operands, no graphs
   bool batched = false;
   int submit_threads = 0;
+  bool operands_apart = false;
   double seconds = 2;
   std::string json_path;
   for (int i = 1; i < argc; ++i) {
@@ -468,6 +483,8 @@ int Main(int argc, char** argv) {
       }
     } else if (arg == "--batched") {
       batched = true;
+    } else if (arg == "--operands-apart") {
+      operands_apart = true;
     } else if (arg.rfind("--seconds", 0) == 0) {
       seconds = std::atof(value().c_str());
     } else if (arg.rfind("--json", 0) == 0) {
@@ -481,6 +498,7 @@ int Main(int argc, char** argv) {
                    "[--pipe-with events|start-end-events|end-event,untimed,"
                    "memory,two-copies,host-function] "
                    "[--graphs N] [--submit-threads 0] [--batched] "
+                   "[--operands-apart] "
                    "[--seconds 2] [--json FILE]\n");
       return 2;
     }
@@ -501,7 +519,8 @@ int Main(int argc, char** argv) {
       jobs_per_stream, static_cast<long long>(poll_only_max_bytes), pollers,
       static_cast<long long>(poll_pause_us),
       graphs < 0
-          ? "operands prestaged"
+          ? (operands_apart ? "operands prestaged in two buffers"
+                            : "operands prestaged in one buffer")
           : absl::StrCat("operands copied, ", graphs, " CUDA graphs per stream")
                 .c_str(),
       submit_threads == 0
@@ -555,6 +574,7 @@ int Main(int argc, char** argv) {
       run_options.poll_only_max_bytes = poll_only_max_bytes;
       run_options.graphs = graphs;
       run_options.submit_threads = submit_threads;
+      run_options.operands_apart = operands_apart;
       run_options.poll_pause = absl::Microseconds(poll_pause_us);
       run_options.pollers = pollers;
       absl::StatusOr<EngineRun> one = RunEngine(spec, run_options, window);
