@@ -207,7 +207,9 @@ void CudaEngine::Complete(InFlight* flight) {
     }
   }
   EventTimes ms{};  // start, h2d_done, gemm_done, end
-  if (status.ok()) {
+  // An untimed job (CudaEngineOptions::timed_job_every) has no times.
+  const bool timed = flight->events->timed;
+  if (status.ok() && timed) {
     const EventSet& ev = *flight->events;
     const cudaEvent_t events[4] = {ev.start.get(), ev.h2d_done.get(),
                                    ev.gemm_done.get(), ev.end.get()};
@@ -247,28 +249,30 @@ void CudaEngine::Complete(InFlight* flight) {
     return;
   }
 
-  SetDeviceStages(ms, flight->timings);
   lane->jobs.fetch_add(1, std::memory_order_relaxed);
-  AtomicAddDouble(lane->busy_seconds, (ms[3] - ms[0]) * 1e-3);
   d->h2d_bytes.fetch_add(l.moved_bytes - l.c_out_bytes,
                          std::memory_order_relaxed);
   d->d2h_bytes.fetch_add(l.c_out_bytes, std::memory_order_relaxed);
   if (l.gemm) {
     AtomicAddDouble(d->flops[static_cast<int>(spec.dtype)], l.flops);
   }
-  d->busy.Add(ms);
-  const StreamSpan::Kind kinds[3] = {StreamSpan::Kind::kH2D,
-                                     StreamSpan::Kind::kCompute,
-                                     StreamSpan::Kind::kD2H};
-  for (int i = 0; i < 3; ++i) {
-    StreamSpan span;
-    span.device = d->index;
-    span.stream = lane->index;
-    span.kind = kinds[i];
-    span.job = flight->job_id;
-    span.start = d->clock->WallTime(ms[i]);
-    span.end = d->clock->WallTime(ms[i + 1]);
-    spans_.Add(span);
+  if (timed) {
+    SetDeviceStages(ms, flight->timings);
+    AtomicAddDouble(lane->busy_seconds, (ms[3] - ms[0]) * 1e-3);
+    d->busy.Add(ms);
+    const StreamSpan::Kind kinds[3] = {StreamSpan::Kind::kH2D,
+                                       StreamSpan::Kind::kCompute,
+                                       StreamSpan::Kind::kD2H};
+    for (int i = 0; i < 3; ++i) {
+      StreamSpan span;
+      span.device = d->index;
+      span.stream = lane->index;
+      span.kind = kinds[i];
+      span.job = flight->job_id;
+      span.start = d->clock->WallTime(ms[i]);
+      span.end = d->clock->WallTime(ms[i + 1]);
+      spans_.Add(span);
+    }
   }
 
   // The reply is sent from the staging (the job's lease, or its graph

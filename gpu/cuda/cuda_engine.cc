@@ -32,6 +32,11 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(
         absl::StrCat("streams per device must be in [1, 64], got ",
                      options.streams_per_device));
   }
+  if (options.timed_job_every < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("one timed job in every N needs N >= 1, got ",
+                     options.timed_job_every));
+  }
   std::unique_ptr<CudaEngine> engine(new CudaEngine(options));
   if (absl::Status status = engine->Init(); !status.ok()) {
     engine->Shutdown();

@@ -105,6 +105,19 @@ struct CudaEngineOptions {
   // the device on one thread; more spread that over cores, each keeping one
   // busy while it polls.
   int pollers_per_device = 1;
+  // One job in this many on each stream records timed events; the others
+  // record the same four events untimed (cudaEventDisableTiming), which the
+  // device records for nothing: on an H100 four timestamps cost 4.5 us of
+  // device time a job at n=256 float32 (docs/PERFORMANCE.md section 19).
+  // An untimed job reports no device stage times (h2d, compute and d2h are
+  // 0 in its StageTimings) and adds nothing to its stream's busy seconds,
+  // the device's busy, copy and compute seconds, or the timeline: those
+  // then count the timed jobs alone, a sample. Job, byte and FLOP counts
+  // count every job. 1 (the default): every job is timed. Jobs replayed
+  // from CUDA graphs are always timed (their graph records timed events).
+  // A measuring aid (matmul-pipeline-bench --timed-job-every): the server
+  // leaves it at 1, since its stage metrics expect every job's times.
+  int timed_job_every = 1;
   // Jobs that move at most this many bytes (operands in, product out) are
   // completed by the poller alone: no host function follows their stream
   // work, so the stream goes straight on to its next job and no completion

@@ -278,7 +278,11 @@ std::unique_ptr<MatmulJob> CudaEngine::Dispatch(
     std::memset(flight->host_c, 0xff, static_cast<size_t>(layout.c_out_bytes));
   }
   if (flight->events == nullptr) {
-    absl::StatusOr<std::unique_ptr<EventSet>> events = d->events.Take();
+    const int every = options_.timed_job_every;
+    const bool timed =
+        every <= 1 ||
+        lane->events_taken.fetch_add(1, std::memory_order_relaxed) % every == 0;
+    absl::StatusOr<std::unique_ptr<EventSet>> events = d->events.Take(timed);
     if (!events.ok()) {
       d->memory->Release(device_bytes);
       flight.reset();

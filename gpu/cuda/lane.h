@@ -50,6 +50,9 @@ struct CudaEngine::Lane {
   std::thread thread;
   // Stats (updated by completion threads).
   std::atomic<int64_t> jobs{0};
+  // Jobs given their events on this stream, for
+  // CudaEngineOptions::timed_job_every.
+  std::atomic<int64_t> events_taken{0};
   std::atomic<double> busy_seconds{0};
 };
 

@@ -15,32 +15,37 @@ void SetDeviceStages(const EventTimes& ms, StageTimings& timings) {
   timings.d2h = (ms[3] - ms[2]) * 1e-3;
 }
 
-absl::StatusOr<std::unique_ptr<EventSet>> EventPool::Take() {
+absl::StatusOr<std::unique_ptr<EventSet>> EventPool::Take(bool timed) {
   {
     absl::MutexLock lock(&mu_);
-    if (!spare_.empty()) {
-      std::unique_ptr<EventSet> events = std::move(spare_.back());
-      spare_.pop_back();
+    std::vector<std::unique_ptr<EventSet>>& spare =
+        timed ? spare_ : spare_untimed_;
+    if (!spare.empty()) {
+      std::unique_ptr<EventSet> events = std::move(spare.back());
+      spare.pop_back();
       return events;
     }
   }
+  const unsigned flags = timed ? cudaEventDefault : cudaEventDisableTiming;
   auto events = std::make_unique<EventSet>();
-  ASSIGN_OR_RETURN(events->start, CreateEvent());
-  ASSIGN_OR_RETURN(events->h2d_done, CreateEvent());
-  ASSIGN_OR_RETURN(events->gemm_done, CreateEvent());
-  ASSIGN_OR_RETURN(events->end, CreateEvent());
+  ASSIGN_OR_RETURN(events->start, CreateEvent(flags));
+  ASSIGN_OR_RETURN(events->h2d_done, CreateEvent(flags));
+  ASSIGN_OR_RETURN(events->gemm_done, CreateEvent(flags));
+  ASSIGN_OR_RETURN(events->end, CreateEvent(flags));
+  events->timed = timed;
   return events;
 }
 
 void EventPool::Return(std::unique_ptr<EventSet> events) {
   if (events == nullptr) return;
   absl::MutexLock lock(&mu_);
-  spare_.push_back(std::move(events));
+  (events->timed ? spare_ : spare_untimed_).push_back(std::move(events));
 }
 
 void EventPool::Clear() {
   absl::MutexLock lock(&mu_);
   spare_.clear();
+  spare_untimed_.clear();
 }
 
 absl::Status DeviceClock::Refresh() {

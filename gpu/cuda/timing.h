@@ -25,12 +25,16 @@
 
 namespace matmul {
 
-// The four timing events of one job on its stream, recorded in this order.
+// The four events of one job on its stream, recorded in this order. Timed
+// (the default), they give the job's stage times; untimed
+// (cudaEventDisableTiming: CudaEngineOptions::timed_job_every), they only
+// order and complete it, and the device records them for nothing.
 struct EventSet {
   CudaEvent start;
   CudaEvent h2d_done;
   CudaEvent gemm_done;
   CudaEvent end;
+  bool timed = true;
 };
 
 // Device milliseconds of a job's four events, in EventSet order.
@@ -39,13 +43,14 @@ using EventTimes = std::array<double, 4>;
 // The job's h2d, compute and d2h durations from its event times.
 void SetDeviceStages(const EventTimes& ms, StageTimings& timings);
 
-// Spare EventSets of one device, so that a job takes four recorded-before
-// events instead of creating them. Thread-safe. Clear it with the device
-// current, before the context goes.
+// Spare EventSets of one device, timed and untimed, so that a job takes
+// four recorded-before events instead of creating them. Thread-safe. Clear
+// it with the device current, before the context goes.
 class EventPool {
  public:
-  // A spare set, or a new one (with the caller's device current).
-  absl::StatusOr<std::unique_ptr<EventSet>> Take();
+  // A spare set of the kind asked for, or a new one (with the caller's
+  // device current).
+  absl::StatusOr<std::unique_ptr<EventSet>> Take(bool timed = true);
   // Only once no stream work can still record into `events`.
   void Return(std::unique_ptr<EventSet> events);
   void Clear();
@@ -53,6 +58,7 @@ class EventPool {
  private:
   absl::Mutex mu_;
   std::vector<std::unique_ptr<EventSet>> spare_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<EventSet>> spare_untimed_ ABSL_GUARDED_BY(mu_);
 };
 
 // One device's clock. Event timestamps are float milliseconds relative to an

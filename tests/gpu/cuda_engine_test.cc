@@ -181,6 +181,54 @@ TEST(CudaEngineTest, ThreadsAreNamedForWhatTheyDo) {
   }
 }
 
+// CudaEngineOptions::timed_job_every: on one stream, jobs 0, 4 and 8 of
+// twelve record timed events and report their device stages; the others
+// record untimed ones, report none and add nothing to the busy seconds.
+// Every job is right and counted. N < 1 is refused.
+TEST(CudaEngineTest, OneJobInNIsTimedAndEveryJobIsRight) {
+  SKIP_WITHOUT_GPU();
+  CudaEngineOptions options;
+  options.streams_per_device = 1;
+  options.pinned_bytes_per_device = int64_t{64} << 20;
+  options.poison_outputs = true;
+  options.timed_job_every = 0;
+  EXPECT_EQ(CudaEngine::Create(options).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  options.timed_job_every = 4;
+  absl::StatusOr<std::unique_ptr<CudaEngine>> engine =
+      CudaEngine::Create(options);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  absl::BitGen gen;
+  const MatmulSpec spec =
+      MakeSpec(DType::kFloat32, 1, 1, 128, 128, 128, false, false, false);
+  const std::string a = RandomBytes(spec.dtype, spec.a_elements(), gen);
+  const std::string b = RandomBytes(spec.dtype, spec.b_elements(), gen);
+  double timed_busy = 0;
+  for (int i = 0; i < 12; ++i) {
+    SCOPED_TRACE(absl::StrCat("job ", i));
+    Outcome out = SubmitJob(**engine, spec, &a, &b).get();
+    gpu_test::ExpectMatchesReference(spec, a, b, out);
+    const StageTimings& t = out.timings;
+    if (i % 4 == 0) {
+      EXPECT_GT(t.h2d, 0);
+      EXPECT_GT(t.compute, 0);
+      EXPECT_GT(t.d2h, 0);
+      timed_busy += t.h2d + t.compute + t.d2h;
+    } else {
+      EXPECT_EQ(t.h2d, 0);
+      EXPECT_EQ(t.compute, 0);
+      EXPECT_EQ(t.d2h, 0);
+    }
+  }
+  const DeviceStats d = (*engine)->stats().devices[0];
+  EXPECT_EQ(testing::JobsOnStreams(d), 12);
+  ASSERT_EQ(d.streams.size(), 1u);
+  EXPECT_NEAR(d.streams[0].busy_seconds, timed_busy, 1e-6);
+  EXPECT_GT(d.busy_seconds, 0);
+  EXPECT_LE(d.busy_seconds, timed_busy + 1e-6);
+  (*engine)->Shutdown();
+}
+
 // Creating the engine where it cannot run is refused with the code the
 // server's start-up reports: no GPU is FAILED_PRECONDITION; a device index
 // past the visible ones is INVALID_ARGUMENT (an option, checked before any
@@ -292,6 +340,8 @@ struct CompletionMode {
   int job_graphs_per_stream = 0;
   // CudaEngineOptions::pollers_per_device.
   int pollers = 1;
+  // CudaEngineOptions::timed_job_every.
+  int timed_job_every = 1;
 };
 
 // A job's size: 1-256 (or 16-256) at random, or, in a mode with graphs,
@@ -334,6 +384,7 @@ class CudaEngineCompletionTest
     options.poll_only_max_bytes = GetParam().poll_only_max_bytes;
     options.job_graphs_per_stream = GetParam().job_graphs_per_stream;
     options.pollers_per_device = GetParam().pollers;
+    options.timed_job_every = GetParam().timed_job_every;
     absl::StatusOr<std::unique_ptr<CudaEngine>> engine =
         CudaEngine::Create(options);
     EXPECT_TRUE(engine.ok()) << engine.status();
@@ -469,7 +520,13 @@ INSTANTIATE_TEST_SUITE_P(
         CompletionMode{"InlinePollOnlyThreePollers", int64_t{1} << 20,
                        absl::Milliseconds(1), int64_t{1} << 20, 0, 3},
         CompletionMode{"LaneAndThreePollers", 0, absl::Milliseconds(1), 0, 0,
-                       3}),
+                       3},
+        // One job in three timed: untimed events complete jobs as well,
+        // by the poller alone or by host functions.
+        CompletionMode{"InlinePollOnlyOneInThreeTimed", int64_t{1} << 20,
+                       absl::Milliseconds(1), int64_t{1} << 20, 0, 1, 3},
+        CompletionMode{"LaneAndHostFunctionOneInThreeTimed", 0,
+                       absl::ZeroDuration(), 0, 0, 1, 3}),
     [](const ::testing::TestParamInfo<CompletionMode>& info) {
       return std::string(info.param.name);
     });

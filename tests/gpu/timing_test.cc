@@ -78,5 +78,39 @@ TEST_F(DeviceTimingTest, EventPoolHandsBackWhatWasReturned) {
   pool.Clear();
 }
 
+// Untimed sets (CudaEngineOptions::timed_job_every) are spares of their
+// own: a timed Take never gets one back, and their events carry no time
+// (compute-sanitizer memcheck reports the refused cudaEventElapsedTime,
+// and the cudaGetLastError that clears it, as two API errors: meant).
+TEST_F(DeviceTimingTest, EventPoolKeepsUntimedSetsApart) {
+  ScopedDevice scoped(0);
+  ASSERT_TRUE(scoped.status().ok()) << scoped.status();
+  EventPool pool;
+  absl::StatusOr<std::unique_ptr<EventSet>> untimed = pool.Take(false);
+  ASSERT_TRUE(untimed.ok()) << untimed.status();
+  EXPECT_FALSE((*untimed)->timed);
+  absl::StatusOr<CudaStream> stream = CreateStream();
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  ASSERT_EQ(cudaEventRecord((*untimed)->start.get(), stream->get()),
+            cudaSuccess);
+  ASSERT_EQ(cudaEventRecord((*untimed)->end.get(), stream->get()), cudaSuccess);
+  ASSERT_EQ(cudaEventSynchronize((*untimed)->end.get()), cudaSuccess);
+  float ms = 0;
+  EXPECT_NE(
+      cudaEventElapsedTime(&ms, (*untimed)->start.get(), (*untimed)->end.get()),
+      cudaSuccess);
+  (void)cudaGetLastError();
+  EventSet* raw = untimed->get();
+  pool.Return(std::move(*untimed));
+  absl::StatusOr<std::unique_ptr<EventSet>> timed = pool.Take();
+  ASSERT_TRUE(timed.ok()) << timed.status();
+  EXPECT_TRUE((*timed)->timed);
+  EXPECT_NE(timed->get(), raw);
+  absl::StatusOr<std::unique_ptr<EventSet>> again = pool.Take(false);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->get(), raw);
+  pool.Clear();
+}
+
 }  // namespace
 }  // namespace matmul

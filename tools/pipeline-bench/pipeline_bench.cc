@@ -26,6 +26,9 @@
 //   - prestaged A and B lie back to back in one buffer, which the engine
 //     uploads in one copy (PrestagedOperands::one_allocation); with
 //     --operands-apart they are two buffers and two copies;
+//   - with --timed-job-every N, one job in N on each stream records timed
+//     events and the others untimed ones (CudaEngineOptions::
+//     timed_job_every): what the engine gains from fewer timestamps;
 //   - with --submit-threads T, a finished job's successor is submitted by
 //     one of T bench threads, as a server's next request comes on a gRPC
 //     thread, instead of from inside Done, on the engine's completion
@@ -232,8 +235,11 @@ class ClosedLoop {
     {
       absl::MutexLock lock(&mu_);
       if (result.ok()) {
-        compute_sum_ += result->timings().compute;
-        ++samples_;
+        // An untimed job (--timed-job-every) has no compute time.
+        if (result->timings().compute > 0) {
+          compute_sum_ += result->timings().compute;
+          ++samples_;
+        }
       } else if (first_error_.ok()) {
         first_error_ = result.status();
       }
@@ -281,7 +287,8 @@ struct RunOptions {
   int64_t poll_only_max_bytes = 0;
   // CudaEngineOptions::poll_pause.
   absl::Duration poll_pause = CudaEngineOptions().poll_pause;
-  int pollers = 1;  // CudaEngineOptions::pollers_per_device
+  int pollers = 1;          // CudaEngineOptions::pollers_per_device
+  int timed_job_every = 1;  // CudaEngineOptions::timed_job_every
   // CUDA graphs per stream (CudaEngineOptions::job_graphs_per_stream). Set
   // (0 or more), the jobs copy their operands into staging (a graph
   // instance's or their own), as the server's requests do, since prestaged
@@ -315,6 +322,7 @@ absl::StatusOr<EngineRun> RunEngine(const MatmulSpec& spec,
   options.poll_only_max_bytes = run_options.poll_only_max_bytes;
   options.poll_pause = run_options.poll_pause;
   options.pollers_per_device = run_options.pollers;
+  options.timed_job_every = run_options.timed_job_every;
   options.job_graphs_per_stream = std::max(0, run_options.graphs);
   ASSIGN_OR_RETURN(std::unique_ptr<CudaEngine> cuda,
                    CudaEngine::Create(options));
@@ -399,6 +407,7 @@ int Main(int argc, char** argv) {
   bool batched = false;
   int submit_threads = 0;
   bool operands_apart = false;
+  int timed_job_every = 1;
   double seconds = 2;
   std::string json_path;
   for (int i = 1; i < argc; ++i) {
@@ -485,6 +494,11 @@ int Main(int argc, char** argv) {
       batched = true;
     } else if (arg == "--operands-apart") {
       operands_apart = true;
+    } else if (arg.rfind("--timed-job-every", 0) == 0) {
+      if (!absl::SimpleAtoi(value(), &timed_job_every) || timed_job_every < 1) {
+        std::fprintf(stderr, "--timed-job-every takes 1 or more\n");
+        return 2;
+      }
     } else if (arg.rfind("--seconds", 0) == 0) {
       seconds = std::atof(value().c_str());
     } else if (arg.rfind("--json", 0) == 0) {
@@ -498,7 +512,7 @@ int Main(int argc, char** argv) {
                    "[--pipe-with events|start-end-events|end-event,untimed,"
                    "memory,two-copies,host-function] "
                    "[--graphs N] [--submit-threads 0] [--batched] "
-                   "[--operands-apart] "
+                   "[--operands-apart] [--timed-job-every 1] "
                    "[--seconds 2] [--json FILE]\n");
       return 2;
     }
@@ -513,11 +527,11 @@ int Main(int argc, char** argv) {
   std::printf(
       "device 0: %s, %d SMs, %d copy engines; pool of %d streams; "
       "%d jobs in flight per stream; poll-only up to %lld bytes; %d "
-      "poller(s), pause %lld us; %s; "
+      "poller(s), pause %lld us; one job in %d timed; %s; "
       "successors submitted %s; raw pipeline with %s; %.1f s per point\n\n",
       device.name.c_str(), device.multiprocessors, device.copy_engines, streams,
       jobs_per_stream, static_cast<long long>(poll_only_max_bytes), pollers,
-      static_cast<long long>(poll_pause_us),
+      static_cast<long long>(poll_pause_us), timed_job_every,
       graphs < 0
           ? (operands_apart ? "operands prestaged in two buffers"
                             : "operands prestaged in one buffer")
@@ -577,6 +591,7 @@ int Main(int argc, char** argv) {
       run_options.operands_apart = operands_apart;
       run_options.poll_pause = absl::Microseconds(poll_pause_us);
       run_options.pollers = pollers;
+      run_options.timed_job_every = timed_job_every;
       absl::StatusOr<EngineRun> one = RunEngine(spec, run_options, window);
       run_options.streams = streams;
       absl::StatusOr<EngineRun> pool = RunEngine(spec, run_options, window);
