@@ -16,7 +16,11 @@
 # Expects matmul-pipeline-bench in .gpubundle; writes summary.txt and the
 # outputs into OUT.
 #
-#   [ROUNDS=2] [SIZES=256] [WITH='events memory ...'] scripts/gpu-pipe-extras.sh OUT
+# Then the pool alone with one job in N timed, N in TIMED_EVERY (default
+# "1 2 4 16"; CudaEngineOptions::timed_job_every).
+#
+#   [ROUNDS=2] [SIZES=256] [WITH='events memory ...'] [TIMED_EVERY='1 16']
+#     scripts/gpu-pipe-extras.sh OUT
 set -u
 out=${1:?usage: gpu-pipe-extras.sh OUT}
 logfile=summary.txt
@@ -38,6 +42,18 @@ for round in $(seq 1 "${ROUNDS:-2}"); do
       --streams 4 --jobs-per-stream "${JOBS:-8}" --poll-only-max-bytes 4194304 \
       --seconds 1.5 "${args[@]}" >"$f" 2>&1
     log "round $round, raw pipeline with ${with:-nothing more} (rc=$?):"
+    grep -E '^ +[0-9]+ ' "$f" | tee -a "$out/$logfile"
+  done
+done
+# The engine's pool with one job in N timed (--timed-job-every; section 19:
+# the four timestamps a job are what hold the pool), the same rounds.
+for round in $(seq 1 "${ROUNDS:-2}"); do
+  for every in ${TIMED_EVERY:-1 2 4 16}; do
+    f=$logs/timed-r$round-every$every.txt
+    timeout 60 "$R" matmul-pipeline-bench --sizes "${SIZES:-256}" --modes float32 \
+      --streams 4 --jobs-per-stream "${JOBS:-8}" --poll-only-max-bytes 4194304 \
+      --seconds 1.5 --timed-job-every "$every" >"$f" 2>&1
+    log "round $round, the pool with one job in $every timed (rc=$?):"
     grep -E '^ +[0-9]+ ' "$f" | tee -a "$out/$logfile"
   done
 done
