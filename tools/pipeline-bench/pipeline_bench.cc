@@ -662,7 +662,8 @@ int Main(int argc, char** argv) {
       "work), enq us its host time to enqueue a job (one thread), %%pipe the "
       "pool against it; eng gemm = engine "
       "GEMM time (1 stream, CUDA events) "
-      "vs raw cuBLAS; busy = device busy (union over streams); ovlp = "
+      "vs raw cuBLAS; busy = device busy (union over streams; of the timed "
+      "jobs only, with --timed-job-every); ovlp = "
       "copy time overlapped with GEMMs; batch/s (--batched) = the pool "
       "through the server's path: operands copied into staging, adaptive "
       "batching into strided-batched GEMMs\n");
