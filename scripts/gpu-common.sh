@@ -111,3 +111,14 @@ print(sys.argv[1] + " server means (ms): " + ", ".join(
     f"{k} {1e3 * sums[k] / counts[k]:.3f}" for k in sums if counts.get(k)))
 PY
 }
+
+# compute-sanitizer memcheck (--leak-check full) on a bundled test, cut at
+# 200 s, and its error and leak summaries logged: LOG TEST FILTER. Nothing
+# where the sanitizer or the test is missing.
+memcheck() {
+  [ -x /usr/local/cuda/bin/compute-sanitizer ] && [ -x ".gpubundle/bin/$2" ] || return 0
+  LD_LIBRARY_PATH=.gpubundle/lib:/usr/local/cuda/lib64 timeout 200 \
+    /usr/local/cuda/bin/compute-sanitizer --tool memcheck --leak-check full \
+    --error-exitcode 99 ".gpubundle/bin/$2" --gtest_filter="$3" >"$1" 2>&1
+  log "memcheck $2 $3 rc=$? $(grep -E 'ERROR SUMMARY|LEAK SUMMARY' "$1" | tr '\n' ' ')"
+}

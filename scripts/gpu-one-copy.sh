@@ -38,15 +38,6 @@ submit=${SUBMIT:-4}
 # Whether the bundle (or, without one, PATH) has the program.
 bundled() { [ -x ".gpubundle/bin/$1" ] || command -v "$1" >/dev/null; }
 
-# compute-sanitizer memcheck on a bundled test: LOG TEST FILTER.
-memcheck() {
-  [ -x /usr/local/cuda/bin/compute-sanitizer ] && [ -x ".gpubundle/bin/$2" ] || return 0
-  LD_LIBRARY_PATH=.gpubundle/lib:/usr/local/cuda/lib64 timeout 200 \
-    /usr/local/cuda/bin/compute-sanitizer --tool memcheck --leak-check full \
-    --error-exitcode 99 ".gpubundle/bin/$2" --gtest_filter="$3" >"$1" 2>&1
-  log "memcheck $2 $3 rc=$? $(grep -E 'ERROR SUMMARY|LEAK SUMMARY' "$1" | tr '\n' ' ')"
-}
-
 log_gpu
 if [ "${TESTS:-1}" != 0 ]; then
   log "== 1. tests"

@@ -67,8 +67,8 @@ struct CudaEngine::Device {
   absl::CondVar poll_cv;
   int64_t enqueued ABSL_GUARDED_BY(done_mu) = 0;
   // Jobs without a host function (CudaEngineOptions::poll_only_max_bytes)
-  // that nobody has claimed: the poller does not sleep, or stop, while
-  // there are any.
+  // that nobody has claimed: no poller sleeps while there are any (each
+  // stops only once its own lanes have none).
   int64_t poll_only_unclaimed ABSL_GUARDED_BY(done_mu) = 0;
   std::vector<std::thread> pollers;  // CudaEngineOptions::pollers_per_device
 

@@ -247,9 +247,9 @@ std::unique_ptr<MatmulJob> CudaEngine::Dispatch(
   const int64_t a_staged = layout.staged_a_bytes;
   const int64_t b_staged = layout.staged_b_bytes;
   const std::byte* host_a = prestaged ? prestaged->a : slot;
-  flight->operands_one_allocation = !prestaged || prestaged->one_allocation;
   const std::byte* host_b =
       prestaged ? prestaged->b : slot + layout.b_staging_offset();
+  flight->operands_one_allocation = !prestaged || prestaged->one_allocation;
   flight->host_c = !layout.return_c ? nullptr
                    : layout.c_to_destination
                        ? std::get<MultiplyOp>(job->op()).c_destination
