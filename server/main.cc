@@ -106,6 +106,15 @@ ABSL_FLAG(int64_t, poll_only_max_bytes, 0,
           "function follows its work, so its stream goes straight on to the "
           "next request; the poller keeps polling while one is in flight "
           "(0: every request ends with a host function)");
+ABSL_FLAG(int32_t, staging_copy_threads, -1,
+          "Helper threads that take part in copying one large request's "
+          "operands from gRPC's buffers into engine staging, one such copy "
+          "at a time, so that a request at low concurrency is staged by "
+          "several cores (-1: a quarter of the cores, at most 3; 0: every "
+          "copy by the thread that dispatches the request)");
+ABSL_FLAG(int64_t, staging_copy_split_bytes, int64_t{256} << 10,
+          "A request's inline operands of at least this many bytes are "
+          "copied into staging with the staging-copy-threads helpers");
 ABSL_FLAG(int32_t, cuda_graphs_per_stream, 0,
           "CUDA engine: a small multiply (A, B and C within the "
           "cuda-graph-max-bytes limit; not a batch the server gathered) is "
@@ -171,9 +180,9 @@ const std::vector<matmul::FlagGroup>& ServerFlags() {
       {"Engine",
        {"engine=auto|cuda|host", "streams_per_device", "pinned_pool_bytes",
         "batch_window_us", "adaptive_batching", "max_batch", "grouped_batching",
-        "inline_dispatch_max_bytes", "completion_poll_us",
-        "poll_only_max_bytes", "cuda_graphs_per_stream",
-        "cuda_graph_max_bytes"}},
+        "inline_dispatch_max_bytes", "staging_copy_threads",
+        "staging_copy_split_bytes", "completion_poll_us", "poll_only_max_bytes",
+        "cuda_graphs_per_stream", "cuda_graph_max_bytes"}},
       {"Request limits",
        {"max_message_bytes", "max_inflight_bytes", "max_elements_per_operand",
         "stripe_join_timeout=DURATION"}},
@@ -368,6 +377,12 @@ int main(int argc, char** argv) {
     options.metrics_address =
         absl::StrCat(ipv6 ? "[" : "", host, ipv6 ? "]" : "", ":", metrics_port);
   }
+  const int staging_copy_threads = absl::GetFlag(FLAGS_staging_copy_threads);
+  options.staging_copy.helpers = staging_copy_threads < 0
+                                     ? matmul::DefaultStagingCopyHelpers()
+                                     : std::min(staging_copy_threads, 64);
+  options.staging_copy.split_bytes =
+      std::max<int64_t>(1, absl::GetFlag(FLAGS_staging_copy_split_bytes));
   options.limits.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.limits.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes);
   options.limits.max_elements_per_operand =
@@ -482,7 +497,8 @@ int main(int argc, char** argv) {
           ? absl::StrCat("; health-only port ", (*server)->health_port())
           : "",
       "; max message ", options.limits.max_message_bytes,
-      " bytes, max in flight ", options.limits.max_inflight_bytes, " bytes"));
+      " bytes, max in flight ", options.limits.max_inflight_bytes,
+      " bytes; staging copy helpers ", options.staging_copy.helpers));
 
   const int first = (*signals)->Next();
   matmul::LogLine(

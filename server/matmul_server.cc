@@ -71,7 +71,8 @@ absl::StatusOr<std::unique_ptr<MatmulServer>> MatmulServer::Start(
     const ServerOptions& options, EngineProvider provider) {
   std::unique_ptr<MatmulServer> self(new MatmulServer(options));
   self->service_ = std::make_unique<MatmulServiceImpl>(
-      options.limits, options.handle_limits, ServerVersion());
+      options.limits, options.handle_limits, ServerVersion(),
+      options.staging_copy);
   self->service_->metrics()->client_usage().SetMaxClients(
       options.metrics_top_clients);
 

@@ -23,6 +23,7 @@
 #include "server/idle_memory_trimmer.h"
 #include "server/request_limits.h"
 #include "server/rpc/matmul_service.h"
+#include "server/staging_copier.h"
 
 namespace matmul {
 
@@ -46,6 +47,10 @@ struct ServerOptions {
   // "127.0.0.1:0"; empty: not served (metrics are still recorded).
   std::string metrics_address;
   RequestLimits limits;
+  // Inline operands are copied from gRPC's buffers into engine staging by
+  // the thread that dispatches the request, with these helper threads
+  // taking part in one large copy at a time (server/staging_copier.h).
+  StagingCopyOptions staging_copy;
   // Stored tensors (Upload, keep_result): quotas per client and lifetimes.
   HandleLimits handle_limits;
   // On Shutdown: how long health reports NOT_SERVING while RPCs are still

@@ -25,6 +25,7 @@
 #include "server/matmul_server.h"
 #include "server/request_validation.h"
 #include "server/server_metrics.h"
+#include "server/staging_copier.h"
 #include "tests/engine_under_test.h"
 #include "tests/fake_engine.h"
 #include "tests/reference_gemm.h"
@@ -631,6 +632,48 @@ TEST(ServerTest, MultiplyCopiesOperandsOnceAndResultsNever) {
   EXPECT_EQ(downloaded.tensor().data(), stored.a().data());
   EXPECT_EQ(server->service().copied_result_bytes(),
             static_cast<int64_t>(stored.a().data().size()));
+}
+
+// With staging-copy helpers and a split low enough for every request here,
+// operands copied partly by helpers still give exact products, from many
+// clients at once (one copy has the helpers at a time; the rest copy
+// alone), and the copier's counters move.
+TEST(ServerTest, StagingCopyHelpersKeepEveryProductExact) {
+  ServerOptions options = LocalOptions();
+  options.staging_copy = StagingCopyOptions{2, 4096, 4096};
+  std::unique_ptr<MatmulServer> server = StartOrDie(options, HostProvider());
+  ASSERT_NE(server, nullptr);
+  EXPECT_EQ(server->service().staging_copier().helpers(), 2);
+  auto channel = Channel(server->port());
+  std::vector<std::thread> threads;
+  std::atomic<int> ok{0};
+  std::atomic<int64_t> operand_bytes{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      auto stub = v1::MatmulService::NewStub(channel);
+      absl::BitGen gen;
+      for (int i = 0; i < 6; ++i) {
+        const int64_t m = 64 + 37 * t + 11 * i;
+        const int64_t k = 96 + 13 * i;
+        const int64_t n = 80 + 7 * t;
+        const DType dtype = i % 2 == 0 ? DType::kFloat32 : DType::kFloat64;
+        v1::MultiplyRequest request = RandomRequest(dtype, {m, k}, {k, n}, gen);
+        operand_bytes += static_cast<int64_t>(request.a().data().size() +
+                                              request.b().data().size());
+        v1::MultiplyResponse response;
+        grpc::Status status = Multiply(*stub, request, &response);
+        EXPECT_TRUE(status.ok()) << status.error_message();
+        ExpectCorrect(request, response);
+        if (status.ok()) ++ok;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(ok.load(), 24);
+  EXPECT_EQ(server->service().copied_operand_bytes(), operand_bytes.load());
+  const StagingCopier& copier = server->service().staging_copier();
+  EXPECT_GT(copier.shared_copies(), 0);
+  EXPECT_LE(copier.helper_bytes(), operand_bytes.load());
 }
 
 TEST(ServerTest, OverloadAnswersWithARetryHint) {

@@ -9,6 +9,7 @@
 #include "common/build_info.h"
 #include "common/dtype.h"
 #include "server/rpc/matmul_service.h"
+#include "server/staging_copier.h"
 
 namespace matmul {
 namespace {
@@ -268,6 +269,30 @@ std::vector<MetricFamily> StateCollector::Collect() const {
   AddGauge(stored_bytes, {},
            static_cast<double>(service_->handles().stored_bytes()));
   out.push_back(std::move(stored_bytes));
+
+  const StagingCopier& copier = service_->staging_copier();
+  MetricFamily copy_helpers =
+      Family("matmul_staging_copy_helpers",
+             "Threads that take part in large copies of inline operands into "
+             "staging (--staging-copy-threads).",
+             MetricType::Gauge);
+  AddGauge(copy_helpers, {}, copier.helpers());
+  out.push_back(std::move(copy_helpers));
+  MetricFamily shared_copies = Family(
+      "matmul_staging_copies_shared_total",
+      "Copies of a request's inline operands into staging that the helpers "
+      "were offered (at least --staging-copy-split-bytes, while no other "
+      "copy had them).",
+      MetricType::Counter);
+  AddCounter(shared_copies, {}, static_cast<double>(copier.shared_copies()));
+  out.push_back(std::move(shared_copies));
+  MetricFamily helper_bytes = Family(
+      "matmul_staging_copy_helper_bytes_total",
+      "Of those copies' bytes, the ones the helpers copied (the rest: the "
+      "thread that dispatched the request).",
+      MetricType::Counter);
+  AddCounter(helper_bytes, {}, static_cast<double>(copier.helper_bytes()));
+  out.push_back(std::move(helper_bytes));
 
   if (const Engine* engine = service_->engine(); engine != nullptr) {
     for (MetricFamily& f : EngineFamilies(engine->stats())) {

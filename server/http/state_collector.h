@@ -15,6 +15,8 @@
 //   matmul_pinned_bytes{device,state}
 //   matmul_device_memory_used_bytes{device}
 //   matmul_build_info{version,cuda}
+//   matmul_staging_copy_helpers, matmul_staging_copies_shared_total,
+//   matmul_staging_copy_helper_bytes_total
 //
 // docs/METRICS.md describes every metric.
 #ifndef MATMUL_SERVER_HTTP_STATE_COLLECTOR_H_

@@ -58,8 +58,9 @@ using MatmulServiceBase = v1::MatmulService::WithRawCallbackMethod_Multiply<
 class MatmulServiceImpl final : public MatmulServiceBase {
  public:
   MatmulServiceImpl(const RequestLimits& limits,
-                    const HandleLimits& handle_limits, std::string version)
-      : state_(limits, handle_limits, std::move(version)) {}
+                    const HandleLimits& handle_limits, std::string version,
+                    const StagingCopyOptions& staging_copy = {})
+      : state_(limits, handle_limits, std::move(version), staging_copy) {}
 
   // Installs the engine once it is ready; until then Multiply answers
   // UNAVAILABLE. The engine must outlive every RPC and every stored tensor
@@ -133,6 +134,9 @@ class MatmulServiceImpl final : public MatmulServiceBase {
   int64_t copied_result_bytes() const {
     return state_.copied_result_bytes.load(std::memory_order_relaxed);
   }
+  // What copied those operand bytes: the dispatching threads alone, or
+  // with the staging-copy helpers.
+  const StagingCopier& staging_copier() const { return state_.staging_copier; }
 
   grpc::ServerUnaryReactor* Multiply(grpc::CallbackServerContext* context,
                                      const grpc::ByteBuffer* request,

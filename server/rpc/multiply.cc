@@ -53,21 +53,26 @@ class MultiplyReactor final : public UnaryJobReactor {
     // server.
     absl::Status faulted = absl::OkStatus();
     absl::Status copied = Copy([&] {
-      if (!a.empty()) {
-        if (in_region_[0] != nullptr) {
-          faulted = CopyMappedMemory(a.data(), in_region_[0], a.size(),
-                                     "operand a (shared memory)");
-        } else {
-          CopyPieces(wire_.a.data, a.data());
-        }
+      if (!a.empty() && in_region_[0] != nullptr) {
+        faulted = CopyMappedMemory(a.data(), in_region_[0], a.size(),
+                                   "operand a (shared memory)");
       }
-      if (!b.empty() && faulted.ok()) {
-        if (in_region_[1] != nullptr) {
-          faulted = CopyMappedMemory(b.data(), in_region_[1], b.size(),
-                                     "operand b (shared memory)");
-        } else {
-          CopyPieces(wire_.b.data, b.data());
-        }
+      if (!b.empty() && in_region_[1] != nullptr && faulted.ok()) {
+        faulted = CopyMappedMemory(b.data(), in_region_[1], b.size(),
+                                   "operand b (shared memory)");
+      }
+      if (!faulted.ok()) return;
+      // The inline ones, from gRPC's buffers, in one copy.
+      StagingCopier::Part inline_parts[2];
+      size_t n = 0;
+      if (!a.empty() && in_region_[0] == nullptr) {
+        inline_parts[n++] = {wire_.a.data, a.data()};
+      }
+      if (!b.empty() && in_region_[1] == nullptr) {
+        inline_parts[n++] = {wire_.b.data, b.data()};
+      }
+      if (n > 0) {
+        state_.staging_copier.Copy(absl::MakeConstSpan(inline_parts, n));
       }
     });
     if (copied.ok()) copied = faulted;

@@ -68,7 +68,7 @@ class MultiplyStreamReactor::StepJob final : public MatmulJob {
       return absl::InternalError(absl::StrCat(
           "staging size mismatch: ", a.size(), " vs ", chunk_.bytes));
     }
-    CopyPieces(chunk_.data, a.data());
+    reactor_->state_.staging_copier.Copy(chunk_.data, a.data());
     reactor_->state_.copied_operand_bytes.fetch_add(chunk_.bytes,
                                                     std::memory_order_relaxed);
     reactor_->state_.metrics->RecordPayload(

@@ -18,13 +18,15 @@
 #include "server/rpc/stripe_registry.h"
 #include "server/server_metrics.h"
 #include "server/shared_memory/region_registry.h"
+#include "server/staging_copier.h"
 
 namespace matmul {
 
 // Thread-safe (each part is).
 struct ServiceState {
   ServiceState(const RequestLimits& request_limits,
-               const HandleLimits& handle_limits, std::string server_version)
+               const HandleLimits& handle_limits, std::string server_version,
+               const StagingCopyOptions& staging_copy = {})
       : limits(request_limits),
         version(std::move(server_version)),
         handles(handle_limits),
@@ -33,7 +35,8 @@ struct ServiceState {
                     handle_limits.max_shared_memory_regions_per_client},
                 metrics->shared_memory_gauges()),
         admission(request_limits.max_inflight_bytes, &handles, metrics.get()),
-        stripes(absl::Milliseconds(request_limits.stripe_join_timeout_ms)) {}
+        stripes(absl::Milliseconds(request_limits.stripe_join_timeout_ms)),
+        staging_copier(staging_copy) {}
 
   ServiceState(const ServiceState&) = delete;
   ServiceState& operator=(const ServiceState&) = delete;
@@ -52,6 +55,8 @@ struct ServiceState {
   CallRegistry calls;
   // Open striped MultiplyStream multiplies, for their joins.
   StripeRegistry stripes;
+  // Copies inline operands (gRPC's receive buffers) into engine staging.
+  StagingCopier staging_copier;
   // Bytes copied in user space (see MatmulServiceImpl::copied_operand_bytes).
   std::atomic<int64_t> copied_operand_bytes{0};
   std::atomic<int64_t> copied_result_bytes{0};
