@@ -115,6 +115,10 @@ ABSL_FLAG(int32_t, staging_copy_threads, -1,
 ABSL_FLAG(int64_t, staging_copy_split_bytes, int64_t{256} << 10,
           "A request's inline operands of at least this many bytes are "
           "copied into staging with the staging-copy-threads helpers");
+ABSL_FLAG(int64_t, staging_copy_expect_spin_us, 100,
+          "When a request that large arrives, sleeping staging-copy helpers "
+          "wake and wait awake this long for its copy, so that they are "
+          "already up when it starts (0: they wake when the copy starts)");
 ABSL_FLAG(int32_t, cuda_graphs_per_stream, 0,
           "CUDA engine: a small multiply (A, B and C within the "
           "cuda-graph-max-bytes limit; not a batch the server gathered) is "
@@ -181,8 +185,9 @@ const std::vector<matmul::FlagGroup>& ServerFlags() {
        {"engine=auto|cuda|host", "streams_per_device", "pinned_pool_bytes",
         "batch_window_us", "adaptive_batching", "max_batch", "grouped_batching",
         "inline_dispatch_max_bytes", "staging_copy_threads",
-        "staging_copy_split_bytes", "completion_poll_us", "poll_only_max_bytes",
-        "cuda_graphs_per_stream", "cuda_graph_max_bytes"}},
+        "staging_copy_split_bytes", "staging_copy_expect_spin_us",
+        "completion_poll_us", "poll_only_max_bytes", "cuda_graphs_per_stream",
+        "cuda_graph_max_bytes"}},
       {"Request limits",
        {"max_message_bytes", "max_inflight_bytes", "max_elements_per_operand",
         "stripe_join_timeout=DURATION"}},
@@ -383,6 +388,8 @@ int main(int argc, char** argv) {
                                      : std::min(staging_copy_threads, 64);
   options.staging_copy.split_bytes =
       std::max<int64_t>(1, absl::GetFlag(FLAGS_staging_copy_split_bytes));
+  options.staging_copy.expect_spin_us = std::clamp<int64_t>(
+      absl::GetFlag(FLAGS_staging_copy_expect_spin_us), 0, 1'000'000);
   options.limits.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.limits.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes);
   options.limits.max_elements_per_operand =

@@ -8,7 +8,9 @@
 //
 //   staging_copy_bench [--bytes 524288] [--piece-bytes 16384]
 //                      [--helpers 0,1,2,3] [--copies 2000] [--gap-us 400]
-//                      [--buffers 128]
+//                      [--buffers 128] [--expect-lead-us -1]
+// With --expect-lead-us L >= 0 each copy is announced (ExpectCopy) L µs
+// before it starts, as the server does when the request arrives.
 //
 // Prints, per helper count: copy time p50, p90 and mean in µs, GB/s at the
 // mean, and the share of bytes the helpers copied.
@@ -45,6 +47,7 @@ int main(int argc, char** argv) {
   int copies = 2000;
   int gap_us = 400;
   int buffers = 128;
+  int expect_lead_us = -1;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string arg = argv[i];
     if (arg == "--bytes") {
@@ -55,6 +58,8 @@ int main(int argc, char** argv) {
       helper_counts = ParseList(argv[i + 1]);
     } else if (arg == "--copies") {
       copies = std::atoi(argv[i + 1]);
+    } else if (arg == "--expect-lead-us") {
+      expect_lead_us = std::atoi(argv[i + 1]);
     } else if (arg == "--buffers") {
       buffers = std::atoi(argv[i + 1]);
     } else if (arg == "--gap-us") {
@@ -85,9 +90,11 @@ int main(int argc, char** argv) {
   std::vector<std::vector<std::byte>> staging(
       static_cast<size_t>(buffers),
       std::vector<std::byte>(static_cast<size_t>(bytes), std::byte{1}));
-  std::printf("%lld bytes in %zu pieces, %d copies, %d us apart, %d buffers\n",
-              static_cast<long long>(bytes), messages[0].size(), copies, gap_us,
-              buffers);
+  std::printf(
+      "%lld bytes in %zu pieces, %d copies, %d us apart, %d buffers, "
+      "announced %d us ahead (-1: not)\n",
+      static_cast<long long>(bytes), messages[0].size(), copies, gap_us,
+      buffers, expect_lead_us);
   std::printf("%8s %10s %10s %10s %8s %8s\n", "helpers", "p50 us", "p90 us",
               "mean us", "GB/s", "helped");
   for (int helpers : helper_counts) {
@@ -95,8 +102,15 @@ int main(int argc, char** argv) {
     std::vector<double> us;
     us.reserve(static_cast<size_t>(copies));
     for (int i = 0; i < copies; ++i) {
-      const auto t0 = std::chrono::steady_clock::now();
       const size_t b = static_cast<size_t>(i % buffers);
+      if (expect_lead_us >= 0) {
+        copier.ExpectCopy(bytes);
+        const auto until = std::chrono::steady_clock::now() +
+                           std::chrono::microseconds(expect_lead_us);
+        while (std::chrono::steady_clock::now() < until) {
+        }
+      }
+      const auto t0 = std::chrono::steady_clock::now();
       copier.Copy(messages[b], staging[b].data());
       const auto t1 = std::chrono::steady_clock::now();
       us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
