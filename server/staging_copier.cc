@@ -52,7 +52,9 @@ void StagingCopier::HelperLoop() {
   for (;;) {
     while (!stopping_ && (task_ == nullptr || task_number_ == seen) &&
            expect_number_ == seen_expect) {
+      asleep_.fetch_add(1, std::memory_order_relaxed);
       work_.Wait(&mu_);
+      asleep_.fetch_sub(1, std::memory_order_relaxed);
     }
     if (stopping_) return;
     seen_expect = expect_number_;
@@ -85,7 +87,8 @@ void StagingCopier::HelperLoop() {
 
 void StagingCopier::ExpectCopy(int64_t bytes) {
   if (threads_.empty() || options_.expect_spin_us <= 0 ||
-      bytes < std::max<int64_t>(1, options_.split_bytes)) {
+      bytes < std::max<int64_t>(1, options_.split_bytes) ||
+      asleep_.load(std::memory_order_relaxed) == 0) {
     return;
   }
   absl::MutexLock lock(&mu_);

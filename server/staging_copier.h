@@ -35,7 +35,7 @@ struct StagingCopyOptions {
   int64_t chunk_bytes = int64_t{64} << 10;
   // How long helpers woken by ExpectCopy stay awake (spinning) for the
   // copy (0: ExpectCopy does nothing).
-  int64_t expect_spin_us = 100;
+  int64_t expect_spin_us = 0;
 };
 
 // Helpers for this machine: a quarter of its cores, at most 3 (0 below 4
@@ -111,6 +111,9 @@ class StagingCopier {
   uint64_t task_number_ ABSL_GUARDED_BY(mu_) = 0;  // counts tasks posted
   // The same count, read without mu_ by helpers awake for a copy to come.
   std::atomic<uint64_t> posted_{0};
+  // Helpers asleep (waiting on work_); ExpectCopy takes no lock while none
+  // is, as under load.
+  std::atomic<int> asleep_{0};
   uint64_t expect_number_ ABSL_GUARDED_BY(mu_) = 0;  // counts ExpectCopy wakes
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_;
