@@ -110,8 +110,9 @@ ABSL_FLAG(int32_t, staging_copy_threads, -1,
           "Helper threads that take part in copying one large request's "
           "operands from gRPC's buffers into engine staging, one such copy "
           "at a time, so that a request at low concurrency is staged by "
-          "several cores (-1: a quarter of the cores, at most 3; 0: every "
-          "copy by the thread that dispatches the request)");
+          "several cores (-1: a quarter of the cores this process may use, "
+          "at most 3; 0: every copy by the thread that dispatches the "
+          "request)");
 ABSL_FLAG(int64_t, staging_copy_split_bytes, int64_t{256} << 10,
           "A request's inline operands of at least this many bytes are "
           "copied into staging with the staging-copy-threads helpers");

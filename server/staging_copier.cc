@@ -1,8 +1,12 @@
 #include "server/staging_copier.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <string>
 
 #include "absl/container/inlined_vector.h"
@@ -10,10 +14,27 @@
 
 namespace matmul {
 
-int DefaultStagingCopyHelpers() {
-  const int cores = static_cast<int>(std::thread::hardware_concurrency());
-  return std::clamp(cores / 4, 0, 3);
+int UsableCores() {
+  int cores = static_cast<int>(std::thread::hardware_concurrency());
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0) {
+    cores = CPU_COUNT(&set);
+  }
+  // cgroup v2: "max 100000" (no limit) or "QUOTA PERIOD" in microseconds.
+  std::ifstream cpu_max("/sys/fs/cgroup/cpu.max");
+  std::string quota;
+  int64_t period = 0;
+  if (cpu_max >> quota >> period && quota != "max" && period > 0) {
+    const int64_t q = std::strtoll(quota.c_str(), nullptr, 10);
+    if (q > 0) {
+      cores = std::min<int64_t>(cores, (q + period - 1) / period);
+    }
+  }
+  return std::max(1, cores);
 }
+
+int DefaultStagingCopyHelpers() { return std::clamp(UsableCores() / 4, 0, 3); }
 
 StagingCopier::StagingCopier(const StagingCopyOptions& options)
     : options_(options) {
@@ -115,6 +136,7 @@ void StagingCopier::Copy(absl::Span<const Part> parts) {
     for (const Part& part : parts) {
       std::byte* out = part.out;
       for (const Piece& p : part.pieces) {
+        if (p.empty()) continue;  // its data() may be null
         std::memcpy(out, p.data(), p.size());
         out += p.size();
       }

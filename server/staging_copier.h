@@ -38,8 +38,13 @@ struct StagingCopyOptions {
   int64_t expect_spin_us = 0;
 };
 
-// Helpers for this machine: a quarter of its cores, at most 3 (0 below 4
-// cores, where they would take cores from gRPC's own threads).
+// The cores this process may use: those its affinity mask allows (a
+// Kubernetes pod with whole CPUs gets only those) and, under a cgroup v2
+// CPU limit (cpu.max), that limit rounded up; at least 1.
+int UsableCores();
+
+// Helpers for this process: a quarter of its usable cores, at most 3 (0
+// below 4, where they would take cores from gRPC's own threads).
 int DefaultStagingCopyHelpers();
 
 // Thread-safe.
