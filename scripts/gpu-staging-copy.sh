@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# One device call on the staging copy (server/staging_copier.h,
+# docs/PERFORMANCE.md section 20): staging_copy_bench by helper count (512
+# KiB one every 400 us and back to back, 8 MiB one every 2 ms), with and
+# without announcing each copy 10 us ahead (ExpectCopy), then the service
+# targets (scripts/gpu-targets.sh, ROUNDS and PAIRS passed through, default
+# 1 and 3) for SERVERS, by default the default server against
+# --staging-copy-expect-spin-us=100 (whether ExpectCopy should be on by
+# default) and against --staging-copy-threads=0. The machine's usable cores
+# head the summary: the default helper count is a quarter of them.
+# Expects staging_copy_bench, matmul-server, matmul-bench, rawecho and
+# rawclient in .gpubundle; writes summary.txt, targets.txt and the outputs
+# into OUT.
+#
+#   [SERVERS="a b"] [ROUNDS=1] [PAIRS=3] scripts/gpu-staging-copy.sh OUT
+set -u
+out=${1:?usage: gpu-staging-copy.sh OUT}
+logfile=summary.txt
+mkdir -p "$out"
+# shellcheck source=scripts/gpu-common.sh
+. "$(dirname "$0")/gpu-common.sh"
+
+log_gpu
+log "cores: nproc $(nproc), cpu.max $(cat /sys/fs/cgroup/cpu.max 2>/dev/null || echo none)"
+for lead in -1 10; do
+  for point in "--bytes 524288 --gap-us 400 --copies 2000" \
+    "--bytes 524288 --gap-us 0 --copies 2000" \
+    "--bytes 8388608 --gap-us 2000 --copies 500 --buffers 16"; do
+    # shellcheck disable=SC2086 # the point's arguments split on purpose
+    timeout 120 $R staging_copy_bench $point --expect-lead-us "$lead" \
+      >>"$out/$logfile" 2>&1
+  done
+done
+SERVERS=${SERVERS:-"matmul-server matmul-server:--staging-copy-expect-spin-us=100 matmul-server:--staging-copy-threads=0"} \
+  ROUNDS=${ROUNDS:-1} PAIRS=${PAIRS:-3} \
+  "$(dirname "$0")/gpu-targets.sh" "$out"
