@@ -8,6 +8,8 @@
 # --staging-copy-expect-spin-us=100 (whether ExpectCopy should be on by
 # default) and against --staging-copy-threads=0. The machine's usable cores
 # head the summary: the default helper count is a quarter of them.
+# First, matmul-bench --verify at n=256 and n=1024 against the default
+# server (3 helpers on 16 cores): the products with the helpers on.
 # Expects staging_copy_bench, matmul-server, matmul-bench, rawecho and
 # rawclient in .gpubundle; writes summary.txt, targets.txt and the outputs
 # into OUT.
@@ -31,6 +33,19 @@ for lead in -1 10; do
       >>"$out/$logfile" 2>&1
   done
 done
+# Products checked against the client's float64 reference with the
+# helpers on (every 4th response), before the timed points.
+start_server "$out/server-verify.log" --metrics-port 9464
+for point in "256 8 4" "1024 2 2"; do
+  # shellcheck disable=SC2086 # N C CH
+  set -- $point
+  timeout 60 "$R" matmul-bench --target $T --shape "$1" --concurrency "$2" \
+    --channels "$3" --duration 2 --warmup 0.5 --timeout 30 --verify \
+    --verify-every 4 >"$out/verify-n$1.txt" 2>&1
+  log "verify n=$1 c=$2: matmul-bench exit $? (3: a wrong product)"
+done
+log "$(stage_means "after the verify points")"
+stop_server
 SERVERS=${SERVERS:-"matmul-server matmul-server:--staging-copy-expect-spin-us=100 matmul-server:--staging-copy-threads=0"} \
   ROUNDS=${ROUNDS:-1} PAIRS=${PAIRS:-3} \
   "$(dirname "$0")/gpu-targets.sh" "$out"
