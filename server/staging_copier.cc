@@ -125,13 +125,11 @@ void StagingCopier::Copy(absl::Span<const Part> parts) {
     for (const Piece& p : part.pieces) total += p.size();
     pieces += part.pieces.size();
   }
-  bool share =
+  // Below the split (or with no helpers) the caller copies alone; above,
+  // it posts its chunks for the helpers unless another copy has them.
+  const bool share =
       !threads_.empty() &&
       total >= static_cast<size_t>(std::max<int64_t>(1, options_.split_bytes));
-  if (share) {
-    absl::MutexLock lock(&mu_);
-    share = task_ == nullptr;  // else another copy has the helpers
-  }
   if (!share) {
     for (const Part& part : parts) {
       std::byte* out = part.out;
@@ -164,7 +162,7 @@ void StagingCopier::Copy(absl::Span<const Part> parts) {
   bool posted = false;
   {
     absl::MutexLock lock(&mu_);
-    if (task_ == nullptr) {  // else another copy took the helpers meanwhile
+    if (task_ == nullptr) {  // else another copy has them: this one is ours
       task_ = &task;
       ++task_number_;
       posted_.store(task_number_, std::memory_order_release);

@@ -24,18 +24,21 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "server/staging_copier.h"
 
 namespace {
 
-std::vector<int> ParseList(const char* s) {
-  std::vector<int> out;
-  for (const char* p = s; *p != '\0';) {
-    out.push_back(std::atoi(p));
-    while (*p != '\0' && *p != ',') ++p;
-    if (*p == ',') ++p;
+// "0,1,2,3" as numbers; false if one is not a number.
+bool ParseList(const char* s, std::vector<int>& out) {
+  out.clear();
+  for (absl::string_view part : absl::StrSplit(s, ',')) {
+    int v = 0;
+    if (!absl::SimpleAtoi(part, &v)) return false;
+    out.push_back(v);
   }
-  return out;
+  return true;
 }
 
 }  // namespace
@@ -55,7 +58,10 @@ int main(int argc, char** argv) {
     } else if (arg == "--piece-bytes") {
       piece_bytes = std::atoll(argv[i + 1]);
     } else if (arg == "--helpers") {
-      helper_counts = ParseList(argv[i + 1]);
+      if (!ParseList(argv[i + 1], helper_counts)) {
+        std::fprintf(stderr, "--helpers takes numbers, e.g. 0,1,2,3\n");
+        return 2;
+      }
     } else if (arg == "--copies") {
       copies = std::atoi(argv[i + 1]);
     } else if (arg == "--expect-lead-us") {

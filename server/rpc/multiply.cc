@@ -108,7 +108,6 @@ class MultiplyReactor final : public UnaryJobReactor {
   // Operands and product in shared-memory regions: where their bytes are,
   // and the regions, held until the job is done.
   const std::byte* in_region_[2] = {nullptr, nullptr};
-  bool operands_in_one_region_ = false;  // A and B both in one region
   std::byte* c_in_region_ = nullptr;
   SharedMemoryRegion::Use regions_[3];
   int64_t a_bytes_ = 0;
@@ -192,8 +191,6 @@ absl::Status MultiplyReactor::ResolveShared(const MatmulSpec& spec) {
   }
   in_region_[0] = at[0];
   in_region_[1] = at[1];
-  operands_in_one_region_ = refs[0]->present && refs[1]->present &&
-                            refs[0]->region_id == refs[1]->region_id;
   c_in_region_ = at[2];
   a_bytes_ = spec.a_bytes();
   b_bytes_ = spec.b_bytes();
@@ -311,8 +308,11 @@ void MultiplyReactor::Start() {
     // inline one's, and the engine's staging path is kept whole.
     // Both in one region: one allocation, so the engine may upload them
     // in one copy where B follows A.
-    multiply.prestaged = PrestagedOperands{in_region_[0], in_region_[1],
-                                           operands_in_one_region_};
+    const bool one_region =
+        in_region_[0] != nullptr && in_region_[1] != nullptr &&
+        wire_.a.shared.region_id == wire_.b.shared.region_id;
+    multiply.prestaged =
+        PrestagedOperands{in_region_[0], in_region_[1], one_region};
   }
   multiply.c_destination = c_in_region_;
   if (wire_.keep_result) {

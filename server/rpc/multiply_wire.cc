@@ -520,6 +520,7 @@ std::string FrameResultChunk(uint64_t request_id, int64_t offset,
 
 void CopyPieces(absl::Span<const ByteChunk> pieces, std::byte* out) {
   for (const ByteChunk& piece : pieces) {
+    if (piece.empty()) continue;  // its data() may be null
     std::memcpy(out, piece.data(), piece.size());
     out += piece.size();
   }
