@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -24,6 +25,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
@@ -294,6 +296,30 @@ MatmulClient::MatmulClient(std::vector<std::shared_ptr<grpc::Channel>> channels,
 v1::MatmulService::Stub& MatmulClient::NextStub() {
   const uint64_t n = next_stub_.fetch_add(1, std::memory_order_relaxed);
   return *stubs_[n % stubs_.size()];
+}
+
+absl::Status MatmulClient::WaitForConnected(absl::Duration timeout) {
+  std::vector<std::shared_ptr<grpc::Channel>> channels = channels_;
+  {
+    absl::MutexLock lock(&stripe_mu_);
+    channels.insert(channels.end(), extra_channels_.begin(),
+                    extra_channels_.end());
+  }
+  if (timeout < absl::ZeroDuration()) timeout = absl::ZeroDuration();
+  // An infinite timeout saturates to time_point::max(), which gRPC reads as
+  // no deadline.
+  const std::chrono::system_clock::time_point deadline =
+      absl::ToChronoTime(absl::Now() + timeout);
+  std::vector<int> not_ready;
+  for (size_t i = 0; i < channels.size(); ++i) {
+    if (!channels[i]->WaitForConnected(deadline)) {
+      not_ready.push_back(static_cast<int>(i));
+    }
+  }
+  if (not_ready.empty()) return absl::OkStatus();
+  return absl::DeadlineExceededError(absl::StrCat(
+      "client: channel(s) ", absl::StrJoin(not_ready, ", "), " of ",
+      channels.size(), " not connected after ", absl::FormatDuration(timeout)));
 }
 
 std::vector<std::shared_ptr<grpc::Channel>> MatmulClient::StripeChannels(

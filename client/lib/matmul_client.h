@@ -276,6 +276,14 @@ class MatmulClient {
   MatmulClient(const MatmulClient&) = delete;
   MatmulClient& operator=(const MatmulClient&) = delete;
 
+  // Connects every channel the client has opened (ClientOptions::channels,
+  // and those a striped MultiplyStreamed opened) and waits until all are
+  // ready, riding out failed connects by gRPC's reconnect backoff. OK once
+  // they are; DEADLINE_EXCEEDED, naming the channels that are not, when
+  // `timeout` passes first. Calls need not wait for it: a call connects its
+  // channel itself, and fails UNAVAILABLE if that first connect fails.
+  absl::Status WaitForConnected(absl::Duration timeout);
+
   // C = op(a) . op(b), in the operands' dtype; either operand may be data
   // or a stored tensor's handle. Blocks until the reply. INVALID_ARGUMENT if
   // options.keep_result is set (use MultiplyAndKeep); NOT_FOUND for an
