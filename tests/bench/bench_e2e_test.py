@@ -45,6 +45,17 @@ POINT_FIELDS = [
 ]
 
 
+# The servers running now, for what a timed-out bench leaves to read.
+_LIVE_SERVERS = []
+
+# Metrics that tell a request lost in the server from a slow or stuck
+# client: what the server holds in flight and has queued, and what it
+# answered.
+_DIAGNOSTIC_METRICS = ("matmul_inflight_requests", "matmul_inflight_bytes",
+                       "matmul_queued_requests", "matmul_requests_total",
+                       "matmul_rejected_requests_total")
+
+
 class Server:
     """A matmul-server child process on a free loopback port."""
 
@@ -58,6 +69,7 @@ class Server:
             stderr=subprocess.PIPE,
             text=True,
         )
+        _LIVE_SERVERS.append(self)
         self.log = []
         self.port = None
         self.metrics_port = None
@@ -86,6 +98,8 @@ class Server:
         self._ready.set()  # exited without serving
 
     def stop(self):
+        if self in _LIVE_SERVERS:
+            _LIVE_SERVERS.remove(self)
         self.proc.send_signal(signal.SIGTERM)
         try:
             return self.proc.wait(timeout=60)
@@ -101,14 +115,45 @@ class Server:
 def server():
     assert SERVER.exists(), "%s is not built" % SERVER
     assert BENCH.exists(), "%s is not built" % BENCH
-    s = Server()
+    s = Server(metrics_port=free_port())
     yield s
     assert s.stop() == 0, "".join(s.log)
 
 
+def server_diagnostics():
+    """Each running server's log tail and in-flight metrics, as text."""
+    parts = []
+    for s in list(_LIVE_SERVERS):
+        parts.append("server %s, log tail:\n%s" % (
+            getattr(s, "target", "?"), "".join(s.log[-30:])))
+        if s.metrics_port is None:
+            continue
+        url = "http://127.0.0.1:%d/metrics" % s.metrics_port
+        try:
+            with urllib.request.urlopen(url, timeout=10) as r:
+                text = r.read().decode("utf-8", "replace")
+        except OSError as e:
+            parts.append("scrape of %s failed: %s" % (url, e))
+            continue
+        parts.append("\n".join(
+            l for l in text.splitlines()
+            if l.startswith(_DIAGNOSTIC_METRICS) and not l.endswith(" 0")))
+    return "\n".join(parts)
+
+
 def bench(*args, timeout=60):
-    return subprocess.run([str(BENCH)] + [str(a) for a in args],
-                          capture_output=True, text=True, timeout=timeout)
+    try:
+        return subprocess.run([str(BENCH)] + [str(a) for a in args],
+                              capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        # What the bench printed, and what the servers hold: a request lost
+        # in the server shows as one in flight there.
+        def text(b):
+            return b.decode("utf-8", "replace") if isinstance(b, bytes) else (b or "")
+        pytest.fail("matmul-bench %s timed out after %s s\nstdout:\n%s\n"
+                    "stderr:\n%s\n%s" % (" ".join(str(a) for a in args),
+                                          timeout, text(e.stdout),
+                                          text(e.stderr), server_diagnostics()))
 
 
 def load(path):
