@@ -203,13 +203,20 @@ def _multiply_striped(
 ) -> np.ndarray:
     """A streamed multiply of ``request`` striped over one MultiplyStream
     call on each of ``channels`` (its own connection): one thread reads each
-    call; the first error cancels the others and is raised."""
+    call; the first error cancels the others and is raised. A join rides a
+    connection that may be opened just now: if its first connect fails, it
+    waits for the channel's reconnect (wait_for_ready, bounded by the
+    timeout; the first call's end cancels it) rather than fail the multiply
+    UNAVAILABLE at once, as the C++ client's joins do. The first call fails
+    fast as any call does."""
     product = _StreamProduct()
     calls = [
         matmul_pb2_grpc.MatmulServiceStub(channel).MultiplyStream(
-            messages, timeout=timeout, metadata=metadata
+            messages, timeout=timeout, metadata=metadata, wait_for_ready=s > 0
         )
-        for channel, messages in zip(channels, _striped_messages(request, chunk_bytes, len(channels)))
+        for s, (channel, messages) in enumerate(
+            zip(channels, _striped_messages(request, chunk_bytes, len(channels)))
+        )
     ]
     errors: List[MatmulError] = []
     lock = threading.Lock()
