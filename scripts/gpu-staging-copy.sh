@@ -8,13 +8,15 @@
 # --staging-copy-expect-spin-us=100 (whether ExpectCopy should be on by
 # default) and against --staging-copy-threads=0. The machine's usable cores
 # head the summary: the default helper count is a quarter of them.
-# First, matmul-bench --verify at n=256 and n=1024 against the default
-# server (3 helpers on 16 cores): the products with the helpers on.
+# First the GPU tests (see TESTS below), then matmul-bench --verify at
+# n=256 and n=1024 against the default server (3 helpers on 16 cores): the
+# products with the helpers on.
 # Expects staging_copy_bench, matmul-server, matmul-bench, rawecho and
-# rawclient in .gpubundle; writes summary.txt, targets.txt and the outputs
+# rawclient in .gpubundle (and the tests named below, each skipped when
+# not bundled); writes summary.txt, targets.txt and the outputs
 # into OUT.
 #
-#   [SERVERS="a b"] [ROUNDS=1] [PAIRS=3] scripts/gpu-staging-copy.sh OUT
+#   [SERVERS="a b"] [ROUNDS=1] [PAIRS=3] [TESTS=0] scripts/gpu-staging-copy.sh OUT
 set -u
 out=${1:?usage: gpu-staging-copy.sh OUT}
 logfile=summary.txt
@@ -24,6 +26,21 @@ mkdir -p "$out"
 
 log_gpu
 log "cores: nproc $(nproc), cpu.max $(cat /sys/fs/cgroup/cpu.max 2>/dev/null || echo none)"
+# The GPU tests of what changed since the last GPU run (TESTS=0 skips
+# them): those bundled of the shared-memory path, the copier, the server
+# and the streamed multiply on the CUDA engine, and job_graph_test without
+# its AllShapes sweep (its fault cases came after the sweep in a cut run).
+if [ "${TESTS:-1}" != 0 ]; then
+  for t in cuda_shared_memory_test staging_copier_test job_graph_test \
+    server_test multiply_stream_test; do
+    [ "$R" != .gpubundle/run ] || [ -x ".gpubundle/bin/$t" ] || continue
+    filter='*'
+    [ "$t" = job_graph_test ] && filter='-AllShapes/*'
+    MATMUL_TEST_ENGINE=cuda timeout 200 "$R" "$t" --gtest_filter="$filter" \
+      >"$out/$t.log" 2>&1
+    log "$t rc=$? $(gtest_summary "$out/$t.log")"
+  done
+fi
 for lead in -1 10; do
   for point in "--bytes 524288 --gap-us 400 --copies 2000" \
     "--bytes 524288 --gap-us 0 --copies 2000" \
