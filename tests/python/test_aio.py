@@ -162,6 +162,24 @@ def test_errors_carry_the_grpc_code(server, small_server, engine: str) -> None:
     run(main())
 
 
+@pytest.mark.parametrize("engine", ENGINES)
+def test_wait_for_connected(server, engine: str) -> None:
+    async def main() -> None:
+        async with make_async_client(server.target, engine) as c:
+            await c.wait_for_connected(timeout=_WAIT_S)
+            a = np.arange(6, dtype=np.float32).reshape(2, 3)
+            np.testing.assert_array_equal(await c.multiply(a, a.T), a @ a.T)
+        async with make_async_client(f"127.0.0.1:{_free_port()}", engine) as nowhere:
+            started = asyncio.get_running_loop().time()
+            with pytest.raises(MatmulError) as raised:
+                await nowhere.wait_for_connected(timeout=0.3)
+            waited = asyncio.get_running_loop().time() - started
+            assert raised.value.code is grpc.StatusCode.DEADLINE_EXCEEDED, raised.value
+            assert 0.25 <= waited < 10, waited
+
+    run(main())
+
+
 # --- deadlines and cancellation, seen from the server -----------------------------
 
 

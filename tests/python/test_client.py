@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import socket
+import time
 from typing import Tuple
 
 import grpc
@@ -15,6 +16,7 @@ import numpy as np
 import pytest
 
 import matmul_client
+from conftest import ENGINES, make_client
 from matmul_client import Client, MatmulError
 from matmul_client._proto.matmul.v1 import matmul_pb2, matmul_pb2_grpc
 
@@ -371,6 +373,29 @@ def test_client_default_timeout(server, big_operands) -> None:
         with pytest.raises(MatmulError) as raised:
             hasty.multiply(*big_operands)
     assert raised.value.code is grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_wait_for_connected(server, engine: str) -> None:
+    with make_client(server.target, engine) as c:
+        c.wait_for_connected(timeout=30)
+        a = np.arange(6, dtype=np.float32).reshape(2, 3)
+        np.testing.assert_array_equal(c.multiply(a, a.T), a @ a.T)
+        # Striped multiplies' own connections are waited for too.
+        c.multiply_streamed(a, a.T, chunk_bytes=8, stripes=3)
+        c.wait_for_connected(timeout=30)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_wait_for_connected_with_no_server_runs_out_its_timeout(engine: str) -> None:
+    with make_client(f"127.0.0.1:{free_port()}", engine) as nowhere:
+        started = time.monotonic()
+        with pytest.raises(MatmulError) as raised:
+            nowhere.wait_for_connected(timeout=0.3)
+        waited = time.monotonic() - started
+    assert raised.value.code is grpc.StatusCode.DEADLINE_EXCEEDED, raised.value
+    assert "not connected after" in raised.value.details
+    assert 0.25 <= waited < 10, waited
 
 
 def test_unreachable_server() -> None:

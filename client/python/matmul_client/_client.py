@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
+import time
 from typing import Any, List, Literal, Optional, Sequence, Tuple, Union, overload
 
 import grpc
@@ -495,6 +496,52 @@ class Client:
         except grpc.RpcError as error:
             raise MatmulError.from_call(error) from error
         return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
+
+    def wait_for_connected(self, timeout: Optional[float] = None) -> None:
+        """Connects every channel this client has opened (its gRPC channel,
+        those pure-Python striped multiplies opened, and the native core's)
+        and waits until all are ready, riding out a failed connect by gRPC's
+        reconnect backoff. A pure-Python channel is ready once a health
+        check that waits for its connection gets the server's answer.
+
+        Calls need not wait for it: a call connects its channel itself, and
+        fails UNAVAILABLE if that first connect fails (see
+        docs/RELIABILITY.md).
+
+        Args:
+            timeout: Seconds to wait at most; None: the client's default
+                timeout (no bound if that is None too).
+
+        Raises:
+            MatmulError: DEADLINE_EXCEEDED when the timeout passes first.
+        """
+        limit = self._deadline(timeout)
+        end = None if limit is None else time.monotonic() + limit
+
+        def remaining() -> Optional[float]:
+            return None if end is None else max(0.0, end - time.monotonic())
+
+        with self._stripe_lock:
+            channels = [self._channel] + list(self._stripe_channels)
+        for i, channel in enumerate(channels):
+            # A health check that waits for its connection: any answer of
+            # the server's means connected. (grpc.channel_ready_future leaves
+            # a polling thread that fails if the channel closes soon after.)
+            try:
+                health_pb2_grpc.HealthStub(channel).Check(
+                    health_pb2.HealthCheckRequest(), timeout=remaining(), wait_for_ready=True
+                )
+            except grpc.RpcError as error:
+                if error.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
+                    raise MatmulError(
+                        grpc.StatusCode.DEADLINE_EXCEEDED,
+                        f"client: channel {i} of {len(channels)} not connected after {limit} s",
+                    ) from None
+        if self._native is not None:
+            try:
+                self._native.wait_for_connected(_float_or_none(remaining()))
+            except _native.StatusError as error:
+                raise _native_error(error) from None
 
     def shared_memory(self, nbytes: int, **kwargs: Any) -> Any:
         """A :class:`~matmul_client.shared_memory.SharedMemory` session of

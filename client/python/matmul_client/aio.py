@@ -46,8 +46,10 @@ from ._native_bridge import (
     _downloaded,
     _handle_from_native,
     _make_native,
+    _native,
     _native_args,
     _native_array,
+    _native_error,
     _native_status,
     _native_upload_args,
 )
@@ -321,6 +323,51 @@ class AsyncClient:
         except grpc.RpcError as error:
             raise MatmulError.from_call(error) from error
         return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
+
+    async def wait_for_connected(self, timeout: Optional[float] = None) -> None:
+        """:meth:`Client.wait_for_connected`, awaited: the grpc.aio channel
+        (made now where there is no native core) with ``channel_ready()``,
+        and the native core's channels on the loop's default executor, in
+        slices of at most 0.1 s, so that cancelling the awaiting task leaves
+        no thread waiting for long.
+
+        Raises:
+            MatmulError: DEADLINE_EXCEEDED when the timeout passes first.
+        """
+        limit = self._deadline(timeout)
+        loop = asyncio.get_running_loop()
+        end = None if limit is None else loop.time() + limit
+
+        def remaining() -> Optional[float]:
+            return None if end is None else max(0.0, end - loop.time())
+
+        def timed_out() -> MatmulError:
+            return MatmulError(
+                grpc.StatusCode.DEADLINE_EXCEEDED, f"client: not connected after {limit} s"
+            )
+
+        if self._native is None or self._channel is not None:
+            self._pure()
+            assert self._channel is not None
+            try:
+                await asyncio.wait_for(self._channel.channel_ready(), remaining())
+            except asyncio.TimeoutError:
+                raise timed_out() from None
+        native = self._native
+        if native is None:
+            return
+        while True:
+            left = remaining()
+            step = 0.1 if left is None else min(0.1, left)
+            try:
+                await loop.run_in_executor(None, native.wait_for_connected, step)
+                return
+            except _native.StatusError as error:
+                failure = _native_error(error)
+                if failure.code != grpc.StatusCode.DEADLINE_EXCEEDED:
+                    raise failure from None
+            if left is not None and left <= step:
+                raise timed_out()
 
     async def close(self) -> None:
         """Closes the client. Native calls in flight finish first (each

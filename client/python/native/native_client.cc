@@ -247,6 +247,15 @@ void NativeClient::Delete(const std::string& id,
   if (!status.ok()) throw StatusException(std::move(status));
 }
 
+void NativeClient::WaitForConnected(std::optional<double> timeout) {
+  absl::Status status;
+  {
+    py::gil_scoped_release release;
+    status = client_->WaitForConnected(Timeout(timeout));
+  }
+  if (!status.ok()) throw StatusException(std::move(status));
+}
+
 PyCall NativeClient::DeleteAsync(const std::string& id,
                                  std::optional<double> timeout,
                                  const py::object& done) {

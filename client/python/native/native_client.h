@@ -111,6 +111,10 @@ class NativeClient {
   PyCall DeleteAsync(const std::string& id, std::optional<double> timeout,
                      const py::object& done);
 
+  // MatmulClient::WaitForConnected, the GIL released; raises StatusError
+  // (DEADLINE_EXCEEDED) when the timeout passes first.
+  void WaitForConnected(std::optional<double> timeout);
+
   int channel_count() const { return client_->channel_count(); }
 
  private:

@@ -148,5 +148,7 @@ PYBIND11_MODULE(_native, m) {
       .def("delete", &NativeClient::Delete, py::arg("id"), py::arg("timeout"))
       .def("delete_async", &NativeClient::DeleteAsync, py::arg("id"),
            py::arg("timeout"), py::arg("done"))
+      .def("wait_for_connected", &NativeClient::WaitForConnected,
+           py::arg("timeout"))
       .def_property_readonly("channel_count", &NativeClient::channel_count);
 }
