@@ -590,6 +590,42 @@ TEST(ServerTest, StuckJobDoesNotBlockShutdownPastTheDrainTimeout) {
   EXPECT_EQ(server->service().inflight_requests(), 0);
 }
 
+// A request held in the engine shows as the age of the oldest request in
+// progress (matmul_oldest_request_seconds), which grows while it is held
+// and falls back to zero once it is answered.
+TEST(ServerTest, OldestRequestAgeShowsAHeldRequest) {
+  FakeEngine* engine = nullptr;
+  std::unique_ptr<MatmulServer> server =
+      StartOrDie(LocalOptions(), FakeProvider(&engine));
+  ASSERT_NE(server, nullptr);
+  EXPECT_EQ(server->service().oldest_request_age(), absl::ZeroDuration());
+  auto stub = v1::MatmulService::NewStub(Channel(server->port()));
+  absl::BitGen gen;
+  const v1::MultiplyRequest request =
+      RandomRequest(DType::kFloat32, {8, 8}, {8, 8}, gen);
+  v1::MultiplyResponse response;
+  auto held = std::async(std::launch::async,
+                         [&] { return Multiply(*stub, request, &response); });
+  engine->WaitForHeld(1);
+  const absl::Duration first = server->service().oldest_request_age();
+  EXPECT_GT(first, absl::ZeroDuration());
+  absl::SleepFor(absl::Milliseconds(100));
+  const absl::Duration later = server->service().oldest_request_age();
+  EXPECT_GE(later - first, absl::Milliseconds(100));
+  engine->ReleaseOne();
+  const grpc::Status done = held.get();
+  ASSERT_TRUE(done.ok()) << done.error_message();
+  ExpectCorrect(request, response);
+  // The call leaves the registry when gRPC is done with it, a moment after
+  // the client has its answer.
+  absl::Duration after = server->service().oldest_request_age();
+  for (int i = 0; i < 500 && after > absl::ZeroDuration(); ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+    after = server->service().oldest_request_age();
+  }
+  EXPECT_EQ(after, absl::ZeroDuration());
+}
+
 // The Multiply path copies each operand byte once (gRPC's buffers into
 // staging) and no result byte (the product is sent from staging).
 TEST(ServerTest, MultiplyCopiesOperandsOnceAndResultsNever) {

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "common/build_info.h"
 #include "common/dtype.h"
 #include "server/rpc/matmul_service.h"
@@ -242,6 +243,15 @@ std::vector<MetricFamily> StateCollector::Collect() const {
       "Multiply requests admitted and not yet answered.", MetricType::Gauge);
   AddGauge(inflight, {}, static_cast<double>(service_->inflight_requests()));
   out.push_back(std::move(inflight));
+
+  MetricFamily oldest = Family(
+      "matmul_oldest_request_seconds",
+      "How long the oldest Multiply, Upload or Download call still in "
+      "progress (queued or running) has been; 0 when none. One that keeps "
+      "growing is a stuck request.",
+      MetricType::Gauge);
+  AddGauge(oldest, {}, absl::ToDoubleSeconds(service_->oldest_request_age()));
+  out.push_back(std::move(oldest));
 
   MetricFamily inflight_bytes =
       Family("matmul_inflight_bytes",

@@ -3,6 +3,7 @@
 // the request path does nothing for them.
 //
 //   matmul_inflight_requests, matmul_inflight_bytes
+//   matmul_oldest_request_seconds
 //   matmul_queued_requests{device}, matmul_streams{device}
 //   matmul_stream_busy_seconds_total{device,stream}
 //   matmul_stream_jobs_total{device,stream}

@@ -6,14 +6,16 @@
 #ifndef MATMUL_SERVER_RPC_CALL_REGISTRY_H_
 #define MATMUL_SERVER_RPC_CALL_REGISTRY_H_
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/container/flat_hash_set.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 
 namespace matmul {
@@ -35,13 +37,19 @@ class DrainableCall {
   ~DrainableCall() = default;
 };
 
+// What a registered call is, for the age of the oldest request: a request
+// that ends with its answer (the unary methods), or a call that stays open
+// for as long as its client wants (MultiplyStream, RegisterSharedMemory).
+enum class CallKind { kRequest, kOpen };
+
 // Thread-safe.
 class CallRegistry {
  public:
-  void Add(DrainableCall* call) {
+  void Add(DrainableCall* call, CallKind kind) {
     started_.fetch_add(1, std::memory_order_relaxed);
+    const absl::Time now = absl::Now();
     absl::MutexLock lock(&mu_);
-    calls_.insert(call);
+    calls_.emplace(call, Entry{now, kind});
   }
   void Remove(DrainableCall* call) {
     absl::MutexLock lock(&mu_);
@@ -52,6 +60,25 @@ class CallRegistry {
   size_t size() const {
     absl::MutexLock lock(&mu_);
     return calls_.size();
+  }
+  // How long the oldest registered request (CallKind::kRequest) has been
+  // in progress at `now`; zero when there is none. A request stuck in the
+  // server shows as an age that keeps growing. Linear in the calls: for a
+  // scrape, not for the request path.
+  absl::Duration OldestRequestAge(absl::Time now) const {
+    absl::Time oldest = absl::InfiniteFuture();
+    {
+      absl::MutexLock lock(&mu_);
+      for (const auto& [call, entry] : calls_) {
+        if (entry.kind == CallKind::kRequest) {
+          oldest = std::min(oldest, entry.added);
+        }
+      }
+    }
+    if (oldest == absl::InfiniteFuture() || oldest >= now) {
+      return absl::ZeroDuration();
+    }
+    return now - oldest;
   }
   // Waits until no call is registered or `deadline`; true if none is.
   bool AwaitEmpty(absl::Time deadline) const {
@@ -80,14 +107,23 @@ class CallRegistry {
   // The registered calls, each with a reference the caller releases.
   std::vector<DrainableCall*> Snapshot() {
     absl::MutexLock lock(&mu_);
-    std::vector<DrainableCall*> calls(calls_.begin(), calls_.end());
-    for (DrainableCall* call : calls) call->Ref();
+    std::vector<DrainableCall*> calls;
+    calls.reserve(calls_.size());
+    for (const auto& [call, entry] : calls_) {
+      call->Ref();
+      calls.push_back(call);
+    }
     return calls;
   }
 
+  struct Entry {
+    absl::Time added;
+    CallKind kind;
+  };
+
   std::atomic<uint64_t> started_{0};
   mutable absl::Mutex mu_;
-  absl::flat_hash_set<DrainableCall*> calls_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<DrainableCall*, Entry> calls_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace matmul

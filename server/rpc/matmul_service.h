@@ -20,6 +20,8 @@
 #include <string>
 #include <utility>
 
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gpu/engine.h"
 #include "matmul/v1/matmul.grpc.pb.h"
 #include "server/admission/admission.h"
@@ -102,6 +104,12 @@ class MatmulServiceImpl final : public MatmulServiceBase {
   }
   const InflightBytes& inflight_bytes() const {
     return state_.admission.inflight_bytes();
+  }
+  // How long the oldest request still in progress (a Multiply, Upload or
+  // Download call, queued or running; not an open MultiplyStream or region
+  // registration) has been so; zero when there is none.
+  absl::Duration oldest_request_age() const {
+    return state_.calls.OldestRequestAge(absl::Now());
   }
 
   // The installed engine, or null while it is starting.

@@ -197,6 +197,9 @@ TEST(MetricsEndpointTest, ScrapeAfterMultipliesHasTheExpectedSeries) {
       1u);
   EXPECT_EQ(s.at("matmul_inflight_requests"), 0);
   EXPECT_EQ(s.at("matmul_inflight_bytes"), 0);
+  // Answered, though a call may still be leaving the registry.
+  EXPECT_GE(s.at("matmul_oldest_request_seconds"), 0);
+  EXPECT_LT(s.at("matmul_oldest_request_seconds"), 10);
   EXPECT_EQ(Sum(s, "matmul_build_info", {"version=\"", "cuda=\""}), 1);
 
   const HttpReply reply = HttpGet(metrics_port, "/metrics");
