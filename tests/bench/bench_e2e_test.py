@@ -52,6 +52,7 @@ _LIVE_SERVERS = []
 # client: what the server holds in flight and has queued, and what it
 # answered.
 _DIAGNOSTIC_METRICS = ("matmul_inflight_requests", "matmul_inflight_bytes",
+                       "matmul_oldest_request_seconds",
                        "matmul_queued_requests", "matmul_requests_total",
                        "matmul_rejected_requests_total")
 
