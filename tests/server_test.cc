@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <memory>
 #include <optional>
@@ -157,6 +158,32 @@ grpc::Status Multiply(
   return stub.Multiply(&context, request, response);
 }
 
+// `threads` clients on one channel, each sending the `per_thread`
+// requests `make(thread, i, gen)` one after another and checking every
+// product; returns how many were answered OK.
+int MultiplyFromThreads(
+    const std::shared_ptr<grpc::Channel>& channel, int threads, int per_thread,
+    const std::function<v1::MultiplyRequest(int, int, absl::BitGen&)>& make) {
+  std::vector<std::thread> clients;
+  std::atomic<int> ok{0};
+  for (int t = 0; t < threads; ++t) {
+    clients.emplace_back([&, t] {
+      auto stub = v1::MatmulService::NewStub(channel);
+      absl::BitGen gen;
+      for (int i = 0; i < per_thread; ++i) {
+        const v1::MultiplyRequest request = make(t, i, gen);
+        v1::MultiplyResponse response;
+        grpc::Status status = Multiply(*stub, request, &response);
+        EXPECT_TRUE(status.ok()) << status.error_message();
+        ExpectCorrect(request, response);
+        if (status.ok()) ++ok;
+      }
+    });
+  }
+  for (std::thread& c : clients) c.join();
+  return ok.load();
+}
+
 TEST(ServerTest, MultipliesEveryDtypeAndShapeCorrectly) {
   std::unique_ptr<MatmulServer> server =
       StartOrDie(LocalOptions(), HostProvider());
@@ -192,29 +219,14 @@ TEST(ServerTest, ConcurrentRequestsFromManyThreadsAreAllCorrect) {
   std::unique_ptr<MatmulServer> server =
       StartOrDie(LocalOptions(), HostProvider());
   ASSERT_NE(server, nullptr);
-  auto channel = Channel(server->port());
-  std::vector<std::thread> threads;
-  std::atomic<int> ok{0};
-  for (int t = 0; t < 8; ++t) {
-    threads.emplace_back([&, t] {
-      auto stub = v1::MatmulService::NewStub(channel);
-      absl::BitGen gen;
-      for (int i = 0; i < 10; ++i) {
+  const int ok = MultiplyFromThreads(
+      Channel(server->port()), 8, 10, [](int t, int i, absl::BitGen& gen) {
         const int64_t m = 1 + (t * 7 + i * 13) % 40;
         const int64_t k = 1 + (t * 3 + i * 5) % 30;
         const int64_t n = 1 + (t * 11 + i) % 50;
-        v1::MultiplyRequest request =
-            RandomRequest(DType::kFloat32, {m, k}, {k, n}, gen);
-        v1::MultiplyResponse response;
-        grpc::Status status = Multiply(*stub, request, &response);
-        EXPECT_TRUE(status.ok()) << status.error_message();
-        ExpectCorrect(request, response);
-        if (status.ok()) ++ok;
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  EXPECT_EQ(ok.load(), 80);
+        return RandomRequest(DType::kFloat32, {m, k}, {k, n}, gen);
+      });
+  EXPECT_EQ(ok, 80);
   // The last reactors go just after their replies reach the clients.
   for (int i = 0; i < 100 && server->service().inflight_requests() != 0; ++i)
     absl::SleepFor(absl::Milliseconds(10));
@@ -681,15 +693,9 @@ TEST(ServerTest, StagingCopyHelpersKeepEveryProductExact) {
   std::unique_ptr<MatmulServer> server = StartOrDie(options, HostProvider());
   ASSERT_NE(server, nullptr);
   EXPECT_EQ(server->service().staging_copier().helpers(), 2);
-  auto channel = Channel(server->port());
-  std::vector<std::thread> threads;
-  std::atomic<int> ok{0};
   std::atomic<int64_t> operand_bytes{0};
-  for (int t = 0; t < 4; ++t) {
-    threads.emplace_back([&, t] {
-      auto stub = v1::MatmulService::NewStub(channel);
-      absl::BitGen gen;
-      for (int i = 0; i < 6; ++i) {
+  const int ok = MultiplyFromThreads(
+      Channel(server->port()), 4, 6, [&](int t, int i, absl::BitGen& gen) {
         const int64_t m = 64 + 37 * t + 11 * i;
         const int64_t k = 96 + 13 * i;
         const int64_t n = 80 + 7 * t;
@@ -697,16 +703,9 @@ TEST(ServerTest, StagingCopyHelpersKeepEveryProductExact) {
         v1::MultiplyRequest request = RandomRequest(dtype, {m, k}, {k, n}, gen);
         operand_bytes += static_cast<int64_t>(request.a().data().size() +
                                               request.b().data().size());
-        v1::MultiplyResponse response;
-        grpc::Status status = Multiply(*stub, request, &response);
-        EXPECT_TRUE(status.ok()) << status.error_message();
-        ExpectCorrect(request, response);
-        if (status.ok()) ++ok;
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  EXPECT_EQ(ok.load(), 24);
+        return request;
+      });
+  EXPECT_EQ(ok, 24);
   EXPECT_EQ(server->service().copied_operand_bytes(), operand_bytes.load());
   const StagingCopier& copier = server->service().staging_copier();
   EXPECT_GT(copier.shared_copies(), 0);

@@ -6,16 +6,16 @@
 #ifndef MATMUL_SERVER_RPC_CALL_REGISTRY_H_
 #define MATMUL_SERVER_RPC_CALL_REGISTRY_H_
 
-#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/time/clock.h"
 #include "absl/time/time.h"
 
 namespace matmul {
@@ -37,20 +37,18 @@ class DrainableCall {
   ~DrainableCall() = default;
 };
 
-// What a registered call is, for the age of the oldest request: a request
-// that ends with its answer (the unary methods), or a call that stays open
-// for as long as its client wants (MultiplyStream, RegisterSharedMemory).
-enum class CallKind { kRequest, kOpen };
-
 // Thread-safe.
 class CallRegistry {
  public:
-  void Add(DrainableCall* call, CallKind kind) {
-    started_.fetch_add(1, std::memory_order_relaxed);
-    const absl::Time now = absl::Now();
-    absl::MutexLock lock(&mu_);
-    calls_.emplace(call, Entry{now, kind});
+  // A request: a call that ends with its answer (the unary job methods),
+  // which came at `started`; OldestRequestAge counts it.
+  void AddRequest(DrainableCall* call,
+                  std::chrono::steady_clock::time_point started) {
+    Add(call, started);
   }
+  // A call that stays open for as long as its client wants
+  // (MultiplyStream, RegisterSharedMemory).
+  void AddOpen(DrainableCall* call) { Add(call, std::nullopt); }
   void Remove(DrainableCall* call) {
     absl::MutexLock lock(&mu_);
     calls_.erase(call);
@@ -61,24 +59,23 @@ class CallRegistry {
     absl::MutexLock lock(&mu_);
     return calls_.size();
   }
-  // How long the oldest registered request (CallKind::kRequest) has been
-  // in progress at `now`; zero when there is none. A request stuck in the
-  // server shows as an age that keeps growing. Linear in the calls: for a
-  // scrape, not for the request path.
-  absl::Duration OldestRequestAge(absl::Time now) const {
-    absl::Time oldest = absl::InfiniteFuture();
+  // How long the oldest registered request has been in progress at `now`;
+  // zero when there is none. A request stuck in the server shows as an age
+  // that keeps growing. Linear in the calls: for a scrape, not for the
+  // request path.
+  absl::Duration OldestRequestAge(
+      std::chrono::steady_clock::time_point now) const {
+    std::optional<std::chrono::steady_clock::time_point> oldest;
     {
       absl::MutexLock lock(&mu_);
-      for (const auto& [call, entry] : calls_) {
-        if (entry.kind == CallKind::kRequest) {
-          oldest = std::min(oldest, entry.added);
+      for (const auto& [call, started] : calls_) {
+        if (started.has_value() && (!oldest || *started < *oldest)) {
+          oldest = started;
         }
       }
     }
-    if (oldest == absl::InfiniteFuture() || oldest >= now) {
-      return absl::ZeroDuration();
-    }
-    return now - oldest;
+    if (!oldest.has_value() || *oldest >= now) return absl::ZeroDuration();
+    return absl::FromChrono(now - *oldest);
   }
   // Waits until no call is registered or `deadline`; true if none is.
   bool AwaitEmpty(absl::Time deadline) const {
@@ -109,21 +106,26 @@ class CallRegistry {
     absl::MutexLock lock(&mu_);
     std::vector<DrainableCall*> calls;
     calls.reserve(calls_.size());
-    for (const auto& [call, entry] : calls_) {
+    for (const auto& [call, started] : calls_) {
       call->Ref();
       calls.push_back(call);
     }
     return calls;
   }
 
-  struct Entry {
-    absl::Time added;
-    CallKind kind;
-  };
+  // `started`: when a request came; none for an open call.
+  void Add(DrainableCall* call,
+           std::optional<std::chrono::steady_clock::time_point> started) {
+    started_.fetch_add(1, std::memory_order_relaxed);
+    absl::MutexLock lock(&mu_);
+    calls_.emplace(call, started);
+  }
 
   std::atomic<uint64_t> started_{0};
   mutable absl::Mutex mu_;
-  absl::flat_hash_map<DrainableCall*, Entry> calls_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<DrainableCall*,
+                      std::optional<std::chrono::steady_clock::time_point>>
+      calls_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace matmul

@@ -15,12 +15,12 @@
 #ifndef MATMUL_SERVER_RPC_MATMUL_SERVICE_H_
 #define MATMUL_SERVER_RPC_MATMUL_SERVICE_H_
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>
 
-#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gpu/engine.h"
 #include "matmul/v1/matmul.grpc.pb.h"
@@ -109,7 +109,7 @@ class MatmulServiceImpl final : public MatmulServiceBase {
   // Download call, queued or running; not an open MultiplyStream or region
   // registration) has been so; zero when there is none.
   absl::Duration oldest_request_age() const {
-    return state_.calls.OldestRequestAge(absl::Now());
+    return state_.calls.OldestRequestAge(std::chrono::steady_clock::now());
   }
 
   // The installed engine, or null while it is starting.

@@ -28,7 +28,7 @@ grpc::ByteBuffer MultiplyStreamReactor::Serialize(
 MultiplyStreamReactor::MultiplyStreamReactor(
     ServiceState& state, grpc::CallbackServerContext* context)
     : state_(state), context_(context), client_(ClientKey(*context)) {
-  state_.calls.Add(this, CallKind::kOpen);
+  state_.calls.AddOpen(this);
 }
 
 int64_t MultiplyStreamReactor::HeldBytes(const Multiply& m) {

@@ -46,7 +46,7 @@ class RegisterReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
  public:
   RegisterReactor(ServiceState& state, grpc::CallbackServerContext* context)
       : state_(state), context_(context) {
-    state_.calls.Add(this, CallKind::kOpen);
+    state_.calls.AddOpen(this);
   }
 
   void Start(const grpc::ByteBuffer* request);

@@ -51,7 +51,7 @@ UnaryJobReactor::UnaryJobReactor(ServiceState& state,
       context_(context),
       method_(method),
       deadline_(context->deadline()) {
-  state_.calls.Add(this, CallKind::kRequest);
+  state_.calls.AddRequest(this, started_);
 }
 
 void UnaryJobReactor::OnCancel() { EndUnlessCopying(Ending::kCancelled); }

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, List, Mapping, Optional, Sequence, Tuple, Union
 
 import grpc
+
+from ._proto.grpc.health.v1 import health_pb2, health_pb2_grpc
 
 ChannelOption = Tuple[str, Any]
 
@@ -104,3 +107,29 @@ def make_channel(target: str, tls: TlsArgument, options: Sequence[ChannelOption]
     if config is None:
         return grpc.insecure_channel(target, options=merged)
     return grpc.secure_channel(target, config.credentials(), options=merged)
+
+
+def remaining_seconds(end: Optional[float]) -> Optional[float]:
+    """Seconds left until ``end`` (a time.monotonic() value), at least 0;
+    None for no end."""
+    return None if end is None else max(0.0, end - time.monotonic())
+
+
+def first_unconnected(channels: Sequence[grpc.Channel], end: Optional[float]) -> Optional[int]:
+    """Waits, until ``end`` (time.monotonic(); None: no bound), for each of
+    ``channels`` to connect, riding out a failed connect by gRPC's reconnect
+    backoff; the index of the first that did not in time, or None. A channel
+    counts as connected once a health check that waits for its connection
+    gets the server's answer, whatever it says (grpc.channel_ready_future
+    leaves a polling thread that fails if the channel closes soon after)."""
+    for i, channel in enumerate(channels):
+        try:
+            health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(),
+                timeout=remaining_seconds(end),
+                wait_for_ready=True,
+            )
+        except grpc.RpcError as error:
+            if error.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
+                return i
+    return None

@@ -18,7 +18,13 @@ import grpc
 import numpy as np
 import numpy.typing as npt
 
-from ._channel import ChannelOption, TlsArgument, make_channel
+from ._channel import (
+    ChannelOption,
+    TlsArgument,
+    first_unconnected,
+    make_channel,
+    remaining_seconds,
+)
 from ._errors import MatmulError
 from ._handles import Handle, HandleOrId, handle_id, ttl_seconds
 from ._info import ServerInfo
@@ -501,8 +507,7 @@ class Client:
         """Connects every channel this client has opened (its gRPC channel,
         those pure-Python striped multiplies opened, and the native core's)
         and waits until all are ready, riding out a failed connect by gRPC's
-        reconnect backoff. A pure-Python channel is ready once a health
-        check that waits for its connection gets the server's answer.
+        reconnect backoff.
 
         Calls need not wait for it: a call connects its channel itself, and
         fails UNAVAILABLE if that first connect fails (see
@@ -517,29 +522,17 @@ class Client:
         """
         limit = self._deadline(timeout)
         end = None if limit is None else time.monotonic() + limit
-
-        def remaining() -> Optional[float]:
-            return None if end is None else max(0.0, end - time.monotonic())
-
         with self._stripe_lock:
             channels = [self._channel] + list(self._stripe_channels)
-        for i, channel in enumerate(channels):
-            # A health check that waits for its connection: any answer of
-            # the server's means connected. (grpc.channel_ready_future leaves
-            # a polling thread that fails if the channel closes soon after.)
-            try:
-                health_pb2_grpc.HealthStub(channel).Check(
-                    health_pb2.HealthCheckRequest(), timeout=remaining(), wait_for_ready=True
-                )
-            except grpc.RpcError as error:
-                if error.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
-                    raise MatmulError(
-                        grpc.StatusCode.DEADLINE_EXCEEDED,
-                        f"client: channel {i} of {len(channels)} not connected after {limit} s",
-                    ) from None
+        unconnected = first_unconnected(channels, end)
+        if unconnected is not None:
+            raise MatmulError(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"client: channel {unconnected} of {len(channels)} not connected after {limit} s",
+            )
         if self._native is not None:
             try:
-                self._native.wait_for_connected(_float_or_none(remaining()))
+                self._native.wait_for_connected(_float_or_none(remaining_seconds(end)))
             except _native.StatusError as error:
                 raise _native_error(error) from None
 
