@@ -1,0 +1,326 @@
+// matmul-idle-job-bench: one small multiply at a time, as an n=256 c=1
+// request meets the device (issue 20 item 3: where a c=1 request's time
+// goes), and whether enqueuing the job before its staging copy would help.
+//
+// Each job copies A and B (one request's bytes) from an ordinary host
+// buffer into pinned staging, uploads them in one copy, runs cublasGemmEx
+// (float32, as the engine does) and copies C back, with a timed event
+// before the upload and after each step; the host then polls the last
+// event (as a poll-only job's completion does). Between jobs the host waits
+// GAP microseconds with the device idle (a c=1 client's round trip). Three
+// orders, for each gap:
+//   serial:  copy into staging, then enqueue the job, then poll: what the
+//            engine does today;
+//   overlap: enqueue the job behind a gate (cuStreamWaitValue32 on a word
+//            of mapped pinned memory), copy into staging, open the gate,
+//            poll: the job's CUDA calls made while the host copies;
+//   device:  enqueue behind the gate and copy, then open the gate and time
+//            from there: the device's own time for the job (and the
+//            completion poll) with no host call in its way.
+// Prints per order the host's time from the job's start to the poll seeing
+// it done (p50, mean, p90) and the device's upload / GEMM / download spans
+// from the events (p50), microseconds. With the gate, the events' spans are
+// the device's; without it they include the host's enqueue calls (the
+// device waits for them).
+//
+//   matmul-idle-job-bench [--n 256] [--jobs 1000] [--gaps-us 0,100,500]
+#include <cublas_v2.h>
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+#define CHECK_CUDA(x)                                                        \
+  do {                                                                       \
+    cudaError_t cuda_error_ = (x);                                           \
+    if (cuda_error_ != cudaSuccess) {                                        \
+      std::fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(cuda_error_)); \
+      std::exit(1);                                                          \
+    }                                                                        \
+  } while (0)
+#define CHECK_CU(x)                                 \
+  do {                                              \
+    CUresult cu_result_ = (x);                      \
+    if (cu_result_ != CUDA_SUCCESS) {               \
+      std::fprintf(stderr, "%s: CUresult %d\n", #x, \
+                   static_cast<int>(cu_result_));   \
+      std::exit(1);                                 \
+    }                                               \
+  } while (0)
+#define CHECK_CUBLAS(x)                                                 \
+  do {                                                                  \
+    cublasStatus_t s = (x);                                             \
+    if (s != CUBLAS_STATUS_SUCCESS) {                                   \
+      std::fprintf(stderr, "%s: status %d\n", #x, static_cast<int>(s)); \
+      std::exit(1);                                                     \
+    }                                                                   \
+  } while (0)
+
+enum class Order { kSerial, kOverlap, kDevice };
+const char* OrderName(Order order) {
+  switch (order) {
+    case Order::kSerial:
+      return "serial";
+    case Order::kOverlap:
+      return "overlap";
+    case Order::kDevice:
+      return "device";
+  }
+  return "?";
+}
+
+double Percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  const size_t k = std::min(v.size() - 1, static_cast<size_t>(q * v.size()));
+  std::nth_element(v.begin(), v.begin() + static_cast<ptrdiff_t>(k), v.end());
+  return v[k];
+}
+double Mean(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x;
+  return v.empty() ? 0 : s / static_cast<double>(v.size());
+}
+
+void SpinFor(double us) {
+  const Clock::time_point until =
+      Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                         std::chrono::duration<double, std::micro>(us));
+  while (Clock::now() < until) {
+  }
+}
+
+struct Bench {
+  int n = 256;
+  size_t bytes = 0;  // one operand
+  cudaStream_t stream = nullptr;
+  cublasHandle_t handle = nullptr;
+  std::vector<std::vector<std::byte>> sources;  // the "received" requests
+  std::byte* staging = nullptr;                 // pinned A then B
+  std::byte* product = nullptr;                 // pinned C
+  std::byte* device = nullptr;                  // A, B, C on the device
+  uint32_t* gate = nullptr;                     // mapped pinned word
+  CUdeviceptr gate_on_device = 0;
+  uint32_t gate_value = 0;
+  // The driver's cuStreamWaitValue32, found through the runtime so that the
+  // program needs no link to libcuda.
+  PFN_cuStreamWaitValue32_v11070 wait_value = nullptr;
+  cudaEvent_t events[4] = {};
+
+  void Enqueue(bool gated) {
+    if (gated) {
+      CHECK_CU(wait_value(reinterpret_cast<CUstream>(stream), gate_on_device,
+                          gate_value, CU_STREAM_WAIT_VALUE_GEQ));
+    }
+    const float alpha = 1, beta = 0;
+    CHECK_CUDA(cudaEventRecord(events[0], stream));
+    CHECK_CUDA(cudaMemcpyAsync(device, staging, 2 * bytes,
+                               cudaMemcpyHostToDevice, stream));
+    CHECK_CUDA(cudaEventRecord(events[1], stream));
+    CHECK_CUBLAS(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha,
+                              device + bytes, CUDA_R_32F, n, device, CUDA_R_32F,
+                              n, &beta, device + 2 * bytes, CUDA_R_32F, n,
+                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    CHECK_CUDA(cudaEventRecord(events[2], stream));
+    CHECK_CUDA(cudaMemcpyAsync(product, device + 2 * bytes, bytes,
+                               cudaMemcpyDeviceToHost, stream));
+    CHECK_CUDA(cudaEventRecord(events[3], stream));
+  }
+
+  void Stage(int job) {
+    std::memcpy(staging,
+                sources[static_cast<size_t>(job) % sources.size()].data(),
+                2 * bytes);
+  }
+
+  void OpenGate() {
+    // The staging's bytes before the word that lets the device read them.
+    std::atomic_thread_fence(std::memory_order_release);
+    *static_cast<volatile uint32_t*>(gate) = gate_value;
+  }
+
+  void Poll() {
+    cudaError_t e;
+    while ((e = cudaEventQuery(events[3])) == cudaErrorNotReady) {
+    }
+    CHECK_CUDA(e);
+  }
+
+  // One job in `order`; returns the host's microseconds.
+  double Job(Order order, int job) {
+    ++gate_value;
+    Clock::time_point start;
+    switch (order) {
+      case Order::kSerial:
+        start = Clock::now();
+        Stage(job);
+        Enqueue(false);
+        break;
+      case Order::kOverlap:
+        start = Clock::now();
+        Enqueue(true);
+        Stage(job);
+        OpenGate();
+        break;
+      case Order::kDevice:
+        Enqueue(true);
+        Stage(job);
+        start = Clock::now();
+        OpenGate();
+        break;
+    }
+    Poll();
+    return std::chrono::duration<double, std::micro>(Clock::now() - start)
+        .count();
+  }
+
+  // Whether the product of `job` (the last one run) matches a float64
+  // reference at a few places: a job that read staging before its copy
+  // finished would not.
+  bool ProductIsRight(int job) const {
+    const auto* a = reinterpret_cast<const float*>(
+        sources[static_cast<size_t>(job) % sources.size()].data());
+    const float* bm = a + static_cast<size_t>(n) * n;
+    const auto* c = reinterpret_cast<const float*>(product);
+    for (int probe = 0; probe < 16; ++probe) {
+      const int i = (probe * 37) % n, j = (probe * 101 + 3) % n;
+      double want = 0;
+      for (int k = 0; k < n; ++k) {
+        want += static_cast<double>(a[static_cast<size_t>(i) * n + k]) *
+                bm[static_cast<size_t>(k) * n + j];
+      }
+      const double got = c[static_cast<size_t>(i) * n + j];
+      if (got < want - 1e-3 * (1 + want) || got > want + 1e-3 * (1 + want)) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  float Span(int from, int to) {
+    float ms = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&ms, events[from], events[to]));
+    return ms * 1e3f;
+  }
+};
+
+std::vector<double> ParseList(const char* text) {
+  std::vector<double> out;
+  std::string s(text);
+  size_t at = 0;
+  while (at <= s.size()) {
+    const size_t comma = std::min(s.find(',', at), s.size());
+    const std::string piece = s.substr(at, comma - at);
+    char* end = nullptr;
+    const double v = std::strtod(piece.c_str(), &end);
+    if (piece.empty() || end == nullptr || *end != '\0' || v < 0) {
+      std::fprintf(stderr, "not a list of microseconds: %s\n", text);
+      std::exit(2);
+    }
+    out.push_back(v);
+    at = comma + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Bench b;
+  int jobs = 1000;
+  std::vector<double> gaps = {0, 100, 500};
+  for (int i = 1; i < argc; ++i) {
+    const bool has_value = i + 1 < argc;
+    if (std::strcmp(argv[i], "--n") == 0 && has_value) {
+      b.n = std::atoi(argv[++i]);
+    } else if (std::strcmp(argv[i], "--jobs") == 0 && has_value) {
+      jobs = std::atoi(argv[++i]);
+    } else if (std::strcmp(argv[i], "--gaps-us") == 0 && has_value) {
+      gaps = ParseList(argv[++i]);
+    } else {
+      std::fprintf(stderr,
+                   "usage: matmul-idle-job-bench [--n 256] [--jobs 1000] "
+                   "[--gaps-us 0,100,500]\n");
+      return 2;
+    }
+  }
+  if (b.n <= 0 || jobs <= 0) {
+    std::fprintf(stderr, "--n and --jobs must be positive\n");
+    return 2;
+  }
+  b.bytes = static_cast<size_t>(b.n) * b.n * sizeof(float);
+  CHECK_CUDA(cudaSetDevice(0));
+  CHECK_CUDA(cudaStreamCreateWithFlags(&b.stream, cudaStreamNonBlocking));
+  CHECK_CUBLAS(cublasCreate(&b.handle));
+  CHECK_CUBLAS(cublasSetStream(b.handle, b.stream));
+  b.sources.resize(4);
+  for (size_t s = 0; s < b.sources.size(); ++s) {
+    b.sources[s].resize(2 * b.bytes);
+    auto* f = reinterpret_cast<float*>(b.sources[s].data());
+    for (size_t i = 0; i < 2 * b.bytes / sizeof(float); ++i) {
+      f[i] = static_cast<float>((i + s) % 7) * 0.25f;
+    }
+  }
+  CHECK_CUDA(cudaMallocHost(&b.staging, 2 * b.bytes));
+  CHECK_CUDA(cudaMallocHost(&b.product, b.bytes));
+  CHECK_CUDA(cudaMalloc(&b.device, 3 * b.bytes));
+  CHECK_CUDA(cudaHostAlloc(&b.gate, sizeof(uint32_t), cudaHostAllocMapped));
+  *b.gate = 0;
+  void* gate_device = nullptr;
+  CHECK_CUDA(cudaHostGetDevicePointer(&gate_device, b.gate, 0));
+  b.gate_on_device = reinterpret_cast<CUdeviceptr>(gate_device);
+  for (cudaEvent_t& e : b.events) CHECK_CUDA(cudaEventCreate(&e));
+  cudaDriverEntryPointQueryResult found;
+  CHECK_CUDA(cudaGetDriverEntryPointByVersion(
+      "cuStreamWaitValue32", reinterpret_cast<void**>(&b.wait_value), 11070,
+      cudaEnableDefault, &found));
+  if (found != cudaDriverEntryPointSuccess || b.wait_value == nullptr) {
+    std::fprintf(stderr, "the driver has no cuStreamWaitValue32\n");
+    return 1;
+  }
+
+  cudaDeviceProp prop;
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  std::printf(
+      "matmul-idle-job-bench: %s, n=%d float32, %zu bytes staged a job, %d "
+      "jobs a point\n",
+      prop.name, b.n, 2 * b.bytes, jobs);
+  std::printf("%8s %8s %9s %9s %9s %9s %9s %9s\n", "gap us", "order", "p50 us",
+              "mean us", "p90 us", "h2d us", "gemm us", "d2h us");
+  for (int i = 0; i < 200; ++i) b.Job(Order::kSerial, i);  // warm-up
+  for (double gap : gaps) {
+    for (Order order : {Order::kSerial, Order::kOverlap, Order::kDevice}) {
+      std::vector<double> host, h2d, gemm, d2h;
+      for (int i = 0; i < jobs; ++i) {
+        SpinFor(gap);
+        host.push_back(b.Job(order, i));
+        h2d.push_back(b.Span(0, 1));
+        gemm.push_back(b.Span(1, 2));
+        d2h.push_back(b.Span(2, 3));
+      }
+      if (!b.ProductIsRight(jobs - 1)) {
+        std::fprintf(stderr, "gap %.0f us, %s: a wrong product\n", gap,
+                     OrderName(order));
+        return 1;
+      }
+      std::printf("%8.0f %8s %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f\n", gap,
+                  OrderName(order), Percentile(host, 0.5), Mean(host),
+                  Percentile(host, 0.9), Percentile(h2d, 0.5),
+                  Percentile(gemm, 0.5), Percentile(d2h, 0.5));
+    }
+  }
+  CHECK_CUDA(cudaStreamSynchronize(b.stream));
+  return 0;
+}
