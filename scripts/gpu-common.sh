@@ -6,6 +6,25 @@
 R=${MATMUL_RUN:-.gpubundle/run}
 T=127.0.0.1:50051
 
+# A device call returns at most 8 files from OUT (the device tool's README,
+# Limits). So when the outermost gpu-*.sh script exits, every file under
+# `out` but the summaries at its top (summary.txt, targets.txt and its
+# own `logfile`) goes into OUT/outputs.tgz (`tar tzf` lists them); a
+# gpu-*.sh it runs leaves that to it.
+pack_outputs() {
+  local files
+  files=$(cd "$out" && find . -type f ! -path ./summary.txt \
+    ! -path ./targets.txt ! -path "./$logfile" ! -path ./outputs.tgz | sort)
+  [ -n "$files" ] || return 0
+  (cd "$out" && printf '%s\n' "$files" | tar czf outputs.tgz -T - &&
+    printf '%s\n' "$files" | xargs rm -f &&
+    find . -mindepth 1 -type d -empty -delete)
+}
+if [ -z "${MATMUL_OUTPUTS_PACKED_BY:-}" ]; then
+  export MATMUL_OUTPUTS_PACKED_BY=$$
+  trap pack_outputs EXIT
+fi
+
 # Prints and appends to the summary.
 log() { echo "$*" | tee -a "$out/$logfile"; }
 

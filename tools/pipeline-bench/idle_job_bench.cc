@@ -21,7 +21,9 @@
 // it done (p50, mean, p90) and the device's upload / GEMM / download spans
 // from the events (p50), microseconds. With the gate, the events' spans are
 // the device's; without it they include the host's enqueue calls (the
-// device waits for them).
+// device waits for them). The warm-up runs serial jobs first: a first job
+// behind a closed gate can wait forever, if a call made while it waits
+// blocks until the stream is done (docs/PERFORMANCE.md section 22).
 //
 //   matmul-idle-job-bench [--n 256] [--jobs 1000] [--gaps-us 0,100,500]
 #include <cublas_v2.h>
