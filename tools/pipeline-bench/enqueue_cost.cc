@@ -41,26 +41,11 @@
 #include <thread>
 #include <vector>
 
+#include "tools/pipeline-bench/raw_cuda_checks.h"
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-#define CHECK_CUDA(x)                                                        \
-  do {                                                                       \
-    cudaError_t cuda_error_ = (x);                                           \
-    if (cuda_error_ != cudaSuccess) {                                        \
-      std::fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(cuda_error_)); \
-      std::exit(1);                                                          \
-    }                                                                        \
-  } while (0)
-#define CHECK_CUBLAS(x)                                                 \
-  do {                                                                  \
-    cublasStatus_t s = (x);                                             \
-    if (s != CUBLAS_STATUS_SUCCESS) {                                   \
-      std::fprintf(stderr, "%s: status %d\n", #x, static_cast<int>(s)); \
-      std::exit(1);                                                     \
-    }                                                                   \
-  } while (0)
 
 enum Call {
   kStartEvent,

@@ -41,18 +41,12 @@
 #include <string>
 #include <vector>
 
+#include "tools/pipeline-bench/raw_cuda_checks.h"
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-#define CHECK_CUDA(x)                                                        \
-  do {                                                                       \
-    cudaError_t cuda_error_ = (x);                                           \
-    if (cuda_error_ != cudaSuccess) {                                        \
-      std::fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(cuda_error_)); \
-      std::exit(1);                                                          \
-    }                                                                        \
-  } while (0)
 #define CHECK_CU(x)                                 \
   do {                                              \
     CUresult cu_result_ = (x);                      \
@@ -61,14 +55,6 @@ using Clock = std::chrono::steady_clock;
                    static_cast<int>(cu_result_));   \
       std::exit(1);                                 \
     }                                               \
-  } while (0)
-#define CHECK_CUBLAS(x)                                                 \
-  do {                                                                  \
-    cublasStatus_t s = (x);                                             \
-    if (s != CUBLAS_STATUS_SUCCESS) {                                   \
-      std::fprintf(stderr, "%s: status %d\n", #x, static_cast<int>(s)); \
-      std::exit(1);                                                     \
-    }                                                                   \
   } while (0)
 
 enum class Order { kSerial, kOverlap, kDevice };
