@@ -120,7 +120,7 @@ ABSL_FLAG(int64_t, staging_copy_expect_spin_us, 0,
           "When a request that large arrives, sleeping staging-copy helpers "
           "wake and wait awake this long for its copy, so that they are "
           "already up when it starts (0: they wake when the copy starts; "
-          "not yet measured in the service, docs/PERFORMANCE.md section 20)");
+          "off by default, docs/PERFORMANCE.md sections 20 and 21)");
 ABSL_FLAG(int32_t, cuda_graphs_per_stream, 0,
           "CUDA engine: a small multiply (A, B and C within the "
           "cuda-graph-max-bytes limit; not a batch the server gathered) is "
