@@ -7,10 +7,13 @@
 // (float32, as the engine does) and copies C back, with a timed event
 // before the upload and after each step; the host then polls the last
 // event (as a poll-only job's completion does). Between jobs the host waits
-// GAP microseconds with the device idle (a c=1 client's round trip). Three
+// GAP microseconds with the device idle (a c=1 client's round trip). Four
 // orders, for each gap:
 //   serial:  copy into staging, then enqueue the job, then poll: what the
 //            engine does today;
+//   split:   copy A, enqueue its upload, copy B, enqueue its upload and
+//            the rest: A goes up while B is copied, for a second upload
+//            call;
 //   overlap: enqueue the job behind a gate (cuStreamWaitValue32 on a word
 //            of mapped pinned memory), copy into staging, open the gate,
 //            poll: the job's CUDA calls made while the host copies;
@@ -21,9 +24,10 @@
 // it done (p50, mean, p90) and the device's upload / GEMM / download spans
 // from the events (p50), microseconds. With the gate, the events' spans are
 // the device's; without it they include the host's enqueue calls (the
-// device waits for them). The warm-up runs serial jobs first: a first job
-// behind a closed gate can wait forever, if a call made while it waits
-// blocks until the stream is done (docs/PERFORMANCE.md section 22).
+// device waits for them), and in split, B's copy. The warm-up runs serial jobs
+// first: a first job behind a closed gate can wait forever, if a call made
+// while it waits blocks until the stream is done (docs/PERFORMANCE.md section
+// 22).
 //
 //   matmul-idle-job-bench [--n 256] [--jobs 1000] [--gaps-us 0,100,500]
 #include <cublas_v2.h>
@@ -57,11 +61,13 @@ using Clock = std::chrono::steady_clock;
     }                                               \
   } while (0)
 
-enum class Order { kSerial, kOverlap, kDevice };
+enum class Order { kSerial, kSplit, kOverlap, kDevice };
 const char* OrderName(Order order) {
   switch (order) {
     case Order::kSerial:
       return "serial";
+    case Order::kSplit:
+      return "split";
     case Order::kOverlap:
       return "overlap";
     case Order::kDevice:
@@ -107,15 +113,29 @@ struct Bench {
   PFN_cuStreamWaitValue32_v11070 wait_value = nullptr;
   cudaEvent_t events[4] = {};
 
-  void Enqueue(bool gated) {
+  // The job's calls; with `split_job` >= 0, A is copied into staging and
+  // uploaded before B is copied (that job's sources), B uploaded apart.
+  void Enqueue(bool gated, int split_job = -1) {
     if (gated) {
       CHECK_CU(wait_value(reinterpret_cast<CUstream>(stream), gate_on_device,
                           gate_value, CU_STREAM_WAIT_VALUE_GEQ));
     }
     const float alpha = 1, beta = 0;
-    CHECK_CUDA(cudaEventRecord(events[0], stream));
-    CHECK_CUDA(cudaMemcpyAsync(device, staging, 2 * bytes,
-                               cudaMemcpyHostToDevice, stream));
+    if (split_job >= 0) {
+      const std::byte* source =
+          sources[static_cast<size_t>(split_job) % sources.size()].data();
+      std::memcpy(staging, source, bytes);
+      CHECK_CUDA(cudaEventRecord(events[0], stream));
+      CHECK_CUDA(cudaMemcpyAsync(device, staging, bytes, cudaMemcpyHostToDevice,
+                                 stream));
+      std::memcpy(staging + bytes, source + bytes, bytes);
+      CHECK_CUDA(cudaMemcpyAsync(device + bytes, staging + bytes, bytes,
+                                 cudaMemcpyHostToDevice, stream));
+    } else {
+      CHECK_CUDA(cudaEventRecord(events[0], stream));
+      CHECK_CUDA(cudaMemcpyAsync(device, staging, 2 * bytes,
+                                 cudaMemcpyHostToDevice, stream));
+    }
     CHECK_CUDA(cudaEventRecord(events[1], stream));
     CHECK_CUBLAS(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha,
                               device + bytes, CUDA_R_32F, n, device, CUDA_R_32F,
@@ -155,6 +175,10 @@ struct Bench {
         start = Clock::now();
         Stage(job);
         Enqueue(false);
+        break;
+      case Order::kSplit:
+        start = Clock::now();
+        Enqueue(false, job);
         break;
       case Order::kOverlap:
         start = Clock::now();
@@ -289,7 +313,8 @@ int main(int argc, char** argv) {
               "mean us", "p90 us", "h2d us", "gemm us", "d2h us");
   for (int i = 0; i < 200; ++i) b.Job(Order::kSerial, i);  // warm-up
   for (double gap : gaps) {
-    for (Order order : {Order::kSerial, Order::kOverlap, Order::kDevice}) {
+    for (Order order :
+         {Order::kSerial, Order::kSplit, Order::kOverlap, Order::kDevice}) {
       std::vector<double> host, h2d, gemm, d2h;
       for (int i = 0; i < jobs; ++i) {
         SpinFor(gap);
