@@ -41,7 +41,7 @@
 #include <thread>
 #include <vector>
 
-#include "tools/pipeline-bench/raw_cuda_checks.h"
+#include "tools/pipeline-bench/raw_bench.h"
 
 namespace {
 
@@ -78,15 +78,9 @@ void CUDART_CB OnDone(void*) {
                      std::memory_order_release);
 }
 
-double Mean(const std::vector<double>& v) {
-  double s = 0;
-  for (double x : v) s += x;
-  return v.empty() ? 0 : s / static_cast<double>(v.size());
-}
-double P50(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
-  return v[v.size() / 2];
+using matmul::raw_bench::Mean;
+double P50(const std::vector<double>& v) {
+  return matmul::raw_bench::Percentile(v, 0.5);
 }
 
 }  // namespace

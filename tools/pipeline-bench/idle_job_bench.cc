@@ -42,10 +42,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <string>
 #include <vector>
 
-#include "tools/pipeline-bench/raw_cuda_checks.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "tools/pipeline-bench/raw_bench.h"
 
 namespace {
 
@@ -76,17 +77,8 @@ const char* OrderName(Order order) {
   return "?";
 }
 
-double Percentile(std::vector<double> v, double q) {
-  if (v.empty()) return 0;
-  const size_t k = std::min(v.size() - 1, static_cast<size_t>(q * v.size()));
-  std::nth_element(v.begin(), v.begin() + static_cast<ptrdiff_t>(k), v.end());
-  return v[k];
-}
-double Mean(const std::vector<double>& v) {
-  double s = 0;
-  for (double x : v) s += x;
-  return v.empty() ? 0 : s / static_cast<double>(v.size());
-}
+using matmul::raw_bench::Mean;
+using matmul::raw_bench::Percentile;
 
 void SpinFor(double us) {
   const Clock::time_point until =
@@ -228,21 +220,16 @@ struct Bench {
   }
 };
 
-std::vector<double> ParseList(const char* text) {
+// "0,100,500": microseconds, none negative; exits with status 2 otherwise.
+std::vector<double> ParseGaps(const char* text) {
   std::vector<double> out;
-  std::string s(text);
-  size_t at = 0;
-  while (at <= s.size()) {
-    const size_t comma = std::min(s.find(',', at), s.size());
-    const std::string piece = s.substr(at, comma - at);
-    char* end = nullptr;
-    const double v = std::strtod(piece.c_str(), &end);
-    if (piece.empty() || end == nullptr || *end != '\0' || v < 0) {
+  for (absl::string_view piece : absl::StrSplit(text, ',')) {
+    double v = 0;
+    if (!absl::SimpleAtod(piece, &v) || v < 0) {
       std::fprintf(stderr, "not a list of microseconds: %s\n", text);
       std::exit(2);
     }
     out.push_back(v);
-    at = comma + 1;
   }
   return out;
 }
@@ -260,7 +247,7 @@ int main(int argc, char** argv) {
     } else if (std::strcmp(argv[i], "--jobs") == 0 && has_value) {
       jobs = std::atoi(argv[++i]);
     } else if (std::strcmp(argv[i], "--gaps-us") == 0 && has_value) {
-      gaps = ParseList(argv[++i]);
+      gaps = ParseGaps(argv[++i]);
     } else {
       std::fprintf(stderr,
                    "usage: matmul-idle-job-bench [--n 256] [--jobs 1000] "
