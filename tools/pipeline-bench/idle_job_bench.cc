@@ -7,13 +7,17 @@
 // (float32, as the engine does) and copies C back, with a timed event
 // before the upload and after each step; the host then polls the last
 // event (as a poll-only job's completion does). Between jobs the host waits
-// GAP microseconds with the device idle (a c=1 client's round trip). Four
+// GAP microseconds with the device idle (a c=1 client's round trip). The
 // orders, for each gap:
 //   serial:  copy into staging, then enqueue the job, then poll: what the
 //            engine does today;
-//   split:   copy A, enqueue its upload, copy B, enqueue its upload and
-//            the rest: A goes up while B is copied, for a second upload
-//            call;
+//   splitK:  for each of K equal pieces of A and B (K from --splits, 2 =
+//            A then B), copy it into staging and enqueue its upload, then
+//            the rest: each piece goes up while the next is copied, for
+//            K - 1 more upload calls;
+//   pageable: no staging copy: one upload straight from the (ordinary,
+//            pageable) source, the driver staging it through its own
+//            pinned buffers;
 //   overlap: enqueue the job behind a gate (cuStreamWaitValue32 on a word
 //            of mapped pinned memory), copy into staging, open the gate,
 //            poll: the job's CUDA calls made while the host copies;
@@ -24,12 +28,13 @@
 // it done (p50, mean, p90) and the device's upload / GEMM / download spans
 // from the events (p50), microseconds. With the gate, the events' spans are
 // the device's; without it they include the host's enqueue calls (the
-// device waits for them), and in split, B's copy. The warm-up runs serial jobs
-// first: a first job behind a closed gate can wait forever, if a call made
-// while it waits blocks until the stream is done (docs/PERFORMANCE.md section
-// 22).
+// device waits for them), and in splitK, the later pieces' copies. The warm-up
+// runs serial jobs first: a first job behind a closed gate can wait forever, if
+// a call made while it waits blocks until the stream is done
+// (docs/PERFORMANCE.md section 22).
 //
 //   matmul-idle-job-bench [--n 256] [--jobs 1000] [--gaps-us 0,100,500]
+//                         [--splits 2,4,8]
 #include <cublas_v2.h>
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -42,6 +47,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -62,13 +69,15 @@ using Clock = std::chrono::steady_clock;
     }                                               \
   } while (0)
 
-enum class Order { kSerial, kSplit, kOverlap, kDevice };
-const char* OrderName(Order order) {
+enum class Order { kSerial, kSplit, kPageable, kOverlap, kDevice };
+std::string OrderName(Order order, int splits) {
   switch (order) {
     case Order::kSerial:
       return "serial";
     case Order::kSplit:
-      return "split";
+      return "split" + std::to_string(splits);
+    case Order::kPageable:
+      return "pageable";
     case Order::kOverlap:
       return "overlap";
     case Order::kDevice:
@@ -105,23 +114,36 @@ struct Bench {
   PFN_cuStreamWaitValue32_v11070 wait_value = nullptr;
   cudaEvent_t events[4] = {};
 
-  // The job's calls; with `split_job` >= 0, A is copied into staging and
-  // uploaded before B is copied (that job's sources), B uploaded apart.
-  void Enqueue(bool gated, int split_job = -1) {
+  const std::byte* Source(int job) const {
+    return sources[static_cast<size_t>(job) % sources.size()].data();
+  }
+
+  // The job's calls. With `splits` > 0, job `job`'s A and B are copied into
+  // staging in `splits` pieces, each uploaded as soon as it is there; with
+  // `pageable`, uploaded straight from the job's source.
+  void Enqueue(bool gated, int job = 0, int splits = 0, bool pageable = false) {
     if (gated) {
       CHECK_CU(wait_value(reinterpret_cast<CUstream>(stream), gate_on_device,
                           gate_value, CU_STREAM_WAIT_VALUE_GEQ));
     }
     const float alpha = 1, beta = 0;
-    if (split_job >= 0) {
-      const std::byte* source =
-          sources[static_cast<size_t>(split_job) % sources.size()].data();
-      std::memcpy(staging, source, bytes);
+    if (splits > 0) {
+      const std::byte* source = Source(job);
+      const size_t total = 2 * bytes;
+      // Pieces of whole 4 KiB pages (the last may be shorter).
+      const size_t piece =
+          std::max<size_t>(4096, (total / static_cast<size_t>(splits)) &
+                                     ~static_cast<size_t>(4095));
+      for (size_t at = 0; at < total; at += piece) {
+        const size_t len = std::min(piece, total - at);
+        std::memcpy(staging + at, source + at, len);
+        if (at == 0) CHECK_CUDA(cudaEventRecord(events[0], stream));
+        CHECK_CUDA(cudaMemcpyAsync(device + at, staging + at, len,
+                                   cudaMemcpyHostToDevice, stream));
+      }
+    } else if (pageable) {
       CHECK_CUDA(cudaEventRecord(events[0], stream));
-      CHECK_CUDA(cudaMemcpyAsync(device, staging, bytes, cudaMemcpyHostToDevice,
-                                 stream));
-      std::memcpy(staging + bytes, source + bytes, bytes);
-      CHECK_CUDA(cudaMemcpyAsync(device + bytes, staging + bytes, bytes,
+      CHECK_CUDA(cudaMemcpyAsync(device, Source(job), 2 * bytes,
                                  cudaMemcpyHostToDevice, stream));
     } else {
       CHECK_CUDA(cudaEventRecord(events[0], stream));
@@ -139,11 +161,7 @@ struct Bench {
     CHECK_CUDA(cudaEventRecord(events[3], stream));
   }
 
-  void Stage(int job) {
-    std::memcpy(staging,
-                sources[static_cast<size_t>(job) % sources.size()].data(),
-                2 * bytes);
-  }
+  void Stage(int job) { std::memcpy(staging, Source(job), 2 * bytes); }
 
   void OpenGate() {
     // The staging's bytes before the word that lets the device read them.
@@ -159,7 +177,7 @@ struct Bench {
   }
 
   // One job in `order`; returns the host's microseconds.
-  double Job(Order order, int job) {
+  double Job(Order order, int job, int splits = 0) {
     ++gate_value;
     Clock::time_point start;
     switch (order) {
@@ -170,7 +188,11 @@ struct Bench {
         break;
       case Order::kSplit:
         start = Clock::now();
-        Enqueue(false, job);
+        Enqueue(false, job, splits);
+        break;
+      case Order::kPageable:
+        start = Clock::now();
+        Enqueue(false, job, 0, true);
         break;
       case Order::kOverlap:
         start = Clock::now();
@@ -194,8 +216,7 @@ struct Bench {
   // reference at a few places: a job that read staging before its copy
   // finished would not.
   bool ProductIsRight(int job) const {
-    const auto* a = reinterpret_cast<const float*>(
-        sources[static_cast<size_t>(job) % sources.size()].data());
+    const auto* a = reinterpret_cast<const float*>(Source(job));
     const float* bm = a + static_cast<size_t>(n) * n;
     const auto* c = reinterpret_cast<const float*>(product);
     for (int probe = 0; probe < 16; ++probe) {
@@ -234,12 +255,27 @@ std::vector<double> ParseGaps(const char* text) {
   return out;
 }
 
+// "2,4,8": piece counts from 2 to 64; exits with status 2 otherwise.
+std::vector<int> ParseSplits(const char* text) {
+  std::vector<int> out;
+  for (absl::string_view piece : absl::StrSplit(text, ',')) {
+    int v = 0;
+    if (!absl::SimpleAtoi(piece, &v) || v < 2 || v > 64) {
+      std::fprintf(stderr, "not a list of piece counts (2-64): %s\n", text);
+      std::exit(2);
+    }
+    out.push_back(v);
+  }
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   Bench b;
   int jobs = 1000;
   std::vector<double> gaps = {0, 100, 500};
+  std::vector<int> splits = {2, 4, 8};
   for (int i = 1; i < argc; ++i) {
     const bool has_value = i + 1 < argc;
     if (std::strcmp(argv[i], "--n") == 0 && has_value) {
@@ -248,10 +284,12 @@ int main(int argc, char** argv) {
       jobs = std::atoi(argv[++i]);
     } else if (std::strcmp(argv[i], "--gaps-us") == 0 && has_value) {
       gaps = ParseGaps(argv[++i]);
+    } else if (std::strcmp(argv[i], "--splits") == 0 && has_value) {
+      splits = ParseSplits(argv[++i]);
     } else {
       std::fprintf(stderr,
                    "usage: matmul-idle-job-bench [--n 256] [--jobs 1000] "
-                   "[--gaps-us 0,100,500]\n");
+                   "[--gaps-us 0,100,500] [--splits 2,4,8]\n");
       return 2;
     }
   }
@@ -299,24 +337,30 @@ int main(int argc, char** argv) {
   std::printf("%8s %8s %9s %9s %9s %9s %9s %9s\n", "gap us", "order", "p50 us",
               "mean us", "p90 us", "h2d us", "gemm us", "d2h us");
   for (int i = 0; i < 200; ++i) b.Job(Order::kSerial, i);  // warm-up
+  // Each point: an order, and for splitK its piece count.
+  std::vector<std::pair<Order, int>> points = {{Order::kSerial, 0}};
+  for (int k : splits) points.emplace_back(Order::kSplit, k);
+  points.insert(
+      points.end(),
+      {{Order::kPageable, 0}, {Order::kOverlap, 0}, {Order::kDevice, 0}});
   for (double gap : gaps) {
-    for (Order order :
-         {Order::kSerial, Order::kSplit, Order::kOverlap, Order::kDevice}) {
+    for (const auto& [order, k] : points) {
       std::vector<double> host, h2d, gemm, d2h;
       for (int i = 0; i < jobs; ++i) {
         SpinFor(gap);
-        host.push_back(b.Job(order, i));
+        host.push_back(b.Job(order, i, k));
         h2d.push_back(b.Span(0, 1));
         gemm.push_back(b.Span(1, 2));
         d2h.push_back(b.Span(2, 3));
       }
+      const std::string name = OrderName(order, k);
       if (!b.ProductIsRight(jobs - 1)) {
         std::fprintf(stderr, "gap %.0f us, %s: a wrong product\n", gap,
-                     OrderName(order));
+                     name.c_str());
         return 1;
       }
       std::printf("%8.0f %8s %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f\n", gap,
-                  OrderName(order), Percentile(host, 0.5), Mean(host),
+                  name.c_str(), Percentile(host, 0.5), Mean(host),
                   Percentile(host, 0.9), Percentile(h2d, 0.5),
                   Percentile(gemm, 0.5), Percentile(d2h, 0.5));
     }
