@@ -15,6 +15,13 @@
 //            A then B), copy it into staging and enqueue its upload, then
 //            the rest: each piece goes up while the next is copied, for
 //            K - 1 more upload calls;
+//   nt:      as serial, the copy made with non-temporal (streaming)
+//            stores, which leave no dirty lines in the CPU's caches for
+//            the upload to read;
+//   clean:   no copy: staging holds one source's operands, written and
+//            flushed from the CPU's caches before the point; the upload
+//            reads memory the CPU has not just written (what the copies'
+//            dirty lines cost the upload);
 //   pageable: no staging copy: one upload straight from the (ordinary,
 //            pageable) source, the driver staging it through its own
 //            pinned buffers;
@@ -39,6 +46,7 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
+#include <emmintrin.h>
 
 #include <algorithm>
 #include <atomic>
@@ -69,13 +77,17 @@ using Clock = std::chrono::steady_clock;
     }                                               \
   } while (0)
 
-enum class Order { kSerial, kSplit, kPageable, kOverlap, kDevice };
+enum class Order { kSerial, kNt, kClean, kSplit, kPageable, kOverlap, kDevice };
 std::string OrderName(Order order, int splits) {
   switch (order) {
     case Order::kSerial:
       return "serial";
     case Order::kSplit:
       return "split" + std::to_string(splits);
+    case Order::kNt:
+      return "nt";
+    case Order::kClean:
+      return "clean";
     case Order::kPageable:
       return "pageable";
     case Order::kOverlap:
@@ -88,6 +100,27 @@ std::string OrderName(Order order, int splits) {
 
 using matmul::raw_bench::Mean;
 using matmul::raw_bench::Percentile;
+
+// memcpy with non-temporal stores (SSE2): the destination's lines go to
+// memory, not into the caches.
+void StreamingCopy(std::byte* to, const std::byte* from, size_t bytes) {
+  size_t head = (16 - (reinterpret_cast<uintptr_t>(to) & 15)) & 15;
+  head = std::min(head, bytes);
+  std::memcpy(to, from, head);
+  size_t i = head;
+  for (; i + 64 <= bytes; i += 64) {
+    const auto* s = reinterpret_cast<const __m128i*>(from + i);
+    auto* d = reinterpret_cast<__m128i*>(to + i);
+    const __m128i v0 = _mm_loadu_si128(s), v1 = _mm_loadu_si128(s + 1);
+    const __m128i v2 = _mm_loadu_si128(s + 2), v3 = _mm_loadu_si128(s + 3);
+    _mm_stream_si128(d, v0);
+    _mm_stream_si128(d + 1, v1);
+    _mm_stream_si128(d + 2, v2);
+    _mm_stream_si128(d + 3, v3);
+  }
+  std::memcpy(to + i, from + i, bytes - i);
+  _mm_sfence();
+}
 
 void SpinFor(double us) {
   const Clock::time_point until =
@@ -184,6 +217,15 @@ struct Bench {
       case Order::kSerial:
         start = Clock::now();
         Stage(job);
+        Enqueue(false);
+        break;
+      case Order::kNt:
+        start = Clock::now();
+        StreamingCopy(staging, Source(job), 2 * bytes);
+        Enqueue(false);
+        break;
+      case Order::kClean:
+        start = Clock::now();
         Enqueue(false);
         break;
       case Order::kSplit:
@@ -338,7 +380,8 @@ int main(int argc, char** argv) {
               "mean us", "p90 us", "h2d us", "gemm us", "d2h us");
   for (int i = 0; i < 200; ++i) b.Job(Order::kSerial, i);  // warm-up
   // Each point: an order, and for splitK its piece count.
-  std::vector<std::pair<Order, int>> points = {{Order::kSerial, 0}};
+  std::vector<std::pair<Order, int>> points = {
+      {Order::kSerial, 0}, {Order::kNt, 0}, {Order::kClean, 0}};
   for (int k : splits) points.emplace_back(Order::kSplit, k);
   points.insert(
       points.end(),
@@ -346,15 +389,25 @@ int main(int argc, char** argv) {
   for (double gap : gaps) {
     for (const auto& [order, k] : points) {
       std::vector<double> host, h2d, gemm, d2h;
+      // clean: every job multiplies source 0, staged once here.
+      // Its lines are then flushed from the caches (written back).
+      if (order == Order::kClean) {
+        b.Stage(0);
+        for (size_t at = 0; at < 2 * b.bytes; at += 64) {
+          _mm_clflush(b.staging + at);
+        }
+        _mm_mfence();
+      }
+      const int stride = order == Order::kClean ? 0 : 1;
       for (int i = 0; i < jobs; ++i) {
         SpinFor(gap);
-        host.push_back(b.Job(order, i, k));
+        host.push_back(b.Job(order, i * stride, k));
         h2d.push_back(b.Span(0, 1));
         gemm.push_back(b.Span(1, 2));
         d2h.push_back(b.Span(2, 3));
       }
       const std::string name = OrderName(order, k);
-      if (!b.ProductIsRight(jobs - 1)) {
+      if (!b.ProductIsRight((jobs - 1) * stride)) {
         std::fprintf(stderr, "gap %.0f us, %s: a wrong product\n", gap,
                      name.c_str());
         return 1;
