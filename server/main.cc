@@ -121,6 +121,11 @@ ABSL_FLAG(int64_t, staging_copy_expect_spin_us, 0,
           "wake and wait awake this long for its copy, so that they are "
           "already up when it starts (0: they wake when the copy starts; "
           "off by default, docs/PERFORMANCE.md sections 20 and 21)");
+ABSL_FLAG(bool, staging_copy_streaming_stores, false,
+          "Copy request operands into engine staging with non-temporal "
+          "(streaming) stores, which leave no dirty lines in the CPU's "
+          "caches for the GPU's upload to read (x86-64; elsewhere a plain "
+          "copy)");
 ABSL_FLAG(int32_t, cuda_graphs_per_stream, 0,
           "CUDA engine: a small multiply (A, B and C within the "
           "cuda-graph-max-bytes limit; not a batch the server gathered) is "
@@ -188,7 +193,8 @@ const std::vector<matmul::FlagGroup>& ServerFlags() {
         "batch_window_us", "adaptive_batching", "max_batch", "grouped_batching",
         "inline_dispatch_max_bytes", "staging_copy_threads",
         "staging_copy_split_bytes", "staging_copy_expect_spin_us",
-        "completion_poll_us", "poll_only_max_bytes", "cuda_graphs_per_stream",
+        "staging_copy_streaming_stores", "completion_poll_us",
+        "poll_only_max_bytes", "cuda_graphs_per_stream",
         "cuda_graph_max_bytes"}},
       {"Request limits",
        {"max_message_bytes", "max_inflight_bytes", "max_elements_per_operand",
@@ -392,6 +398,8 @@ int main(int argc, char** argv) {
       std::max<int64_t>(1, absl::GetFlag(FLAGS_staging_copy_split_bytes));
   options.staging_copy.expect_spin_us = std::clamp<int64_t>(
       absl::GetFlag(FLAGS_staging_copy_expect_spin_us), 0, 1'000'000);
+  options.staging_copy.streaming_stores =
+      absl::GetFlag(FLAGS_staging_copy_streaming_stores);
   options.limits.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.limits.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes);
   options.limits.max_elements_per_operand =

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "absl/container/inlined_vector.h"
+#include "common/streaming_copy.h"
 #include "common/thread_name.h"
 
 namespace matmul {
@@ -54,13 +55,21 @@ StagingCopier::~StagingCopier() {
   for (std::thread& t : threads_) t.join();
 }
 
-size_t StagingCopier::TakeChunks(Task& task) {
+void StagingCopier::CopyBytes(void* to, const void* from, size_t bytes) const {
+  if (options_.streaming_stores) {
+    StreamingCopy(to, from, bytes);
+  } else {
+    std::memcpy(to, from, bytes);
+  }
+}
+
+size_t StagingCopier::TakeChunks(Task& task) const {
   size_t copied = 0;
   for (;;) {
     const size_t i = task.next.fetch_add(1, std::memory_order_relaxed);
     if (i >= task.count) return copied;
     const Chunk& c = task.chunks[i];
-    std::memcpy(c.to, c.from, c.bytes);
+    CopyBytes(c.to, c.from, c.bytes);
     copied += c.bytes;
   }
 }
@@ -135,7 +144,7 @@ void StagingCopier::Copy(absl::Span<const Part> parts) {
       std::byte* out = part.out;
       for (const Piece& p : part.pieces) {
         if (p.empty()) continue;  // its data() may be null
-        std::memcpy(out, p.data(), p.size());
+        CopyBytes(out, p.data(), p.size());
         out += p.size();
       }
     }

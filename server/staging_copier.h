@@ -36,6 +36,10 @@ struct StagingCopyOptions {
   // How long helpers woken by ExpectCopy stay awake (spinning) for the
   // copy (0: ExpectCopy does nothing).
   int64_t expect_spin_us = 0;
+  // Copy with streaming stores (common/streaming_copy.h), so that staging
+  // is not left dirty in the caches for the GPU's upload to read from
+  // there. Every copy, shared or not.
+  bool streaming_stores = false;
 };
 
 // The cores this process may use: those its affinity mask allows (a
@@ -107,7 +111,8 @@ class StagingCopier {
 
   void HelperLoop();
   // Copies chunks of `task` until none is left; returns the bytes copied.
-  static size_t TakeChunks(Task& task);
+  size_t TakeChunks(Task& task) const;
+  void CopyBytes(void* to, const void* from, size_t bytes) const;
 
   const StagingCopyOptions options_;
   absl::Mutex mu_;

@@ -712,6 +712,26 @@ TEST(ServerTest, StagingCopyHelpersKeepEveryProductExact) {
   EXPECT_LE(copier.helper_bytes(), operand_bytes.load());
 }
 
+TEST(ServerTest, StreamingStoresKeepEveryProductExact) {
+  // --staging-copy-streaming-stores: operands of every size (a few bytes
+  // off 16-byte edges), staged alone and with the helpers.
+  ServerOptions options = LocalOptions();
+  options.staging_copy = StagingCopyOptions{2, 4096, 4096};
+  options.staging_copy.streaming_stores = true;
+  std::unique_ptr<MatmulServer> server = StartOrDie(options, HostProvider());
+  ASSERT_NE(server, nullptr);
+  const int ok = MultiplyFromThreads(
+      Channel(server->port()), 3, 6, [&](int t, int i, absl::BitGen& gen) {
+        const int64_t m = 1 + 29 * t + 17 * i;
+        const int64_t k = 3 + 13 * i;
+        const int64_t n = 5 + 7 * t;
+        const DType dtype = i % 2 == 0 ? DType::kFloat32 : DType::kFloat64;
+        return RandomRequest(dtype, {m, k}, {k, n}, gen);
+      });
+  EXPECT_EQ(ok, 18);
+  EXPECT_GT(server->service().staging_copier().shared_copies(), 0);
+}
+
 TEST(ServerTest, OverloadAnswersWithARetryHint) {
   FakeEngine* engine = nullptr;
   ServerOptions options = LocalOptions();

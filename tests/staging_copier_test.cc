@@ -87,6 +87,44 @@ TEST(StagingCopierTest, SharedCopiesPutEveryByteInPlace) {
   // here; WhenTheHelpersWakeTheyTakeChunks below waits for them to.
 }
 
+TEST(StagingCopierTest, StreamingStoresPutEveryByteInPlace) {
+  // The streaming copy stores 64 bytes at a time from the destination's
+  // first 16-byte boundary: pieces of every length from every alignment,
+  // copied alone and shared, with guards around them.
+  for (int helpers : {0, 2}) {
+    StagingCopyOptions options{helpers, 8192, 4096};
+    options.streaming_stores = true;
+    StagingCopier copier(options);
+    for (uint32_t round = 0; round < 20; ++round) {
+      CopyAndCheck(copier, MakeMessage({1, 15, 16, 17, 63, 64, 65, 127, 4095,
+                                        4097, 70000, 0, 31},
+                                       100 + round));
+      CopyAndCheck(copier, MakeMessage({524288, 524288 - 5}, 200 + round));
+      CopyAndCheck(copier, MakeMessage({3}, 300 + round));
+    }
+    if (helpers > 0) {
+      EXPECT_GT(copier.shared_copies(), 0);
+    }
+  }
+  // And into a destination that starts off a 16-byte boundary.
+  StagingCopyOptions options{0, 8192, 4096};
+  options.streaming_stores = true;
+  StagingCopier copier(options);
+  const Message m = MakeMessage({100000, 77}, 400);
+  std::vector<std::byte> out(m.joined.size() + 64, std::byte{0x5a});
+  for (size_t offset : {1, 7, 8, 15}) {
+    std::fill(out.begin(), out.end(), std::byte{0x5a});
+    copier.Copy(m.pieces, out.data() + offset);
+    ASSERT_EQ(
+        std::memcmp(out.data() + offset, m.joined.data(), m.joined.size()), 0)
+        << "offset " << offset;
+    for (size_t i = 0; i < offset; ++i) ASSERT_EQ(out[i], std::byte{0x5a});
+    for (size_t i = offset + m.joined.size(); i < out.size(); ++i) {
+      ASSERT_EQ(out[i], std::byte{0x5a});
+    }
+  }
+}
+
 TEST(StagingCopierTest, PartsGoToTheirOwnPlaces) {
   StagingCopier copier(StagingCopyOptions{2, 4096, 4096});
   const Message a = MakeMessage({70000, 30000}, 7);

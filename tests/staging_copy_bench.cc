@@ -8,9 +8,11 @@
 //
 //   staging_copy_bench [--bytes 524288] [--piece-bytes 16384]
 //                      [--helpers 0,1,2,3] [--copies 2000] [--gap-us 400]
-//                      [--buffers 128] [--expect-lead-us -1]
+//                      [--buffers 128] [--expect-lead-us -1] [--streaming]
 // With --expect-lead-us L >= 0 each copy is announced (ExpectCopy) L µs
-// before it starts, as the server does when the request arrives.
+// before it starts, as the server does when the request arrives. With
+// --streaming the copies use streaming stores (StagingCopyOptions::
+// streaming_stores).
 //
 // Prints, per helper count: copy time p50, p90 and mean in µs, GB/s at the
 // mean, and the share of bytes the helpers copied.
@@ -51,6 +53,17 @@ int main(int argc, char** argv) {
   int gap_us = 400;
   int buffers = 128;
   int expect_lead_us = -1;
+  bool streaming = false;
+  // --streaming takes no value; the others come in pairs.
+  std::vector<char*> args(argv, argv + argc);
+  if (auto it =
+          std::find(args.begin() + 1, args.end(), std::string("--streaming"));
+      it != args.end()) {
+    streaming = true;
+    args.erase(it);
+  }
+  argc = static_cast<int>(args.size());
+  argv = args.data();
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string arg = argv[i];
     if (arg == "--bytes") {
@@ -98,14 +111,15 @@ int main(int argc, char** argv) {
       std::vector<std::byte>(static_cast<size_t>(bytes), std::byte{1}));
   std::printf(
       "%lld bytes in %zu pieces, %d copies, %d us apart, %d buffers, "
-      "announced %d us ahead (-1: not)\n",
+      "announced %d us ahead (-1: not), %s stores\n",
       static_cast<long long>(bytes), messages[0].size(), copies, gap_us,
-      buffers, expect_lead_us);
+      buffers, expect_lead_us, streaming ? "streaming" : "plain");
   std::printf("%8s %10s %10s %10s %8s %8s\n", "helpers", "p50 us", "p90 us",
               "mean us", "GB/s", "helped");
   for (int helpers : helper_counts) {
     matmul::StagingCopyOptions options{helpers, 1, 65536};
     options.expect_spin_us = 100;  // what ExpectCopy's helpers wait awake
+    options.streaming_stores = streaming;
     matmul::StagingCopier copier(options);
     std::vector<double> us;
     us.reserve(static_cast<size_t>(copies));

@@ -16,8 +16,9 @@
 //            the rest: each piece goes up while the next is copied, for
 //            K - 1 more upload calls;
 //   nt:      as serial, the copy made with non-temporal (streaming)
-//            stores, which leave no dirty lines in the CPU's caches for
-//            the upload to read;
+//            stores (common/streaming_copy.h, the server's
+//            --staging-copy-streaming-stores), which leave no dirty lines
+//            in the CPU's caches for the upload to read;
 //   clean:   no copy: staging holds one source's operands, written and
 //            flushed from the CPU's caches before the point; the upload
 //            reads memory the CPU has not just written (what the copies'
@@ -61,6 +62,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "common/streaming_copy.h"
 #include "tools/pipeline-bench/raw_bench.h"
 
 namespace {
@@ -100,27 +102,6 @@ std::string OrderName(Order order, int splits) {
 
 using matmul::raw_bench::Mean;
 using matmul::raw_bench::Percentile;
-
-// memcpy with non-temporal stores (SSE2): the destination's lines go to
-// memory, not into the caches.
-void StreamingCopy(std::byte* to, const std::byte* from, size_t bytes) {
-  size_t head = (16 - (reinterpret_cast<uintptr_t>(to) & 15)) & 15;
-  head = std::min(head, bytes);
-  std::memcpy(to, from, head);
-  size_t i = head;
-  for (; i + 64 <= bytes; i += 64) {
-    const auto* s = reinterpret_cast<const __m128i*>(from + i);
-    auto* d = reinterpret_cast<__m128i*>(to + i);
-    const __m128i v0 = _mm_loadu_si128(s), v1 = _mm_loadu_si128(s + 1);
-    const __m128i v2 = _mm_loadu_si128(s + 2), v3 = _mm_loadu_si128(s + 3);
-    _mm_stream_si128(d, v0);
-    _mm_stream_si128(d + 1, v1);
-    _mm_stream_si128(d + 2, v2);
-    _mm_stream_si128(d + 3, v3);
-  }
-  std::memcpy(to + i, from + i, bytes - i);
-  _mm_sfence();
-}
 
 void SpinFor(double us) {
   const Clock::time_point until =
@@ -221,7 +202,7 @@ struct Bench {
         break;
       case Order::kNt:
         start = Clock::now();
-        StreamingCopy(staging, Source(job), 2 * bytes);
+        matmul::StreamingCopy(staging, Source(job), 2 * bytes);
         Enqueue(false);
         break;
       case Order::kClean:
