@@ -41,8 +41,12 @@
 // a call made while it waits blocks until the stream is done
 // (docs/PERFORMANCE.md section 22).
 //
+// With --sleep the host sleeps through each gap instead of spinning, as a
+// server's threads do between one client's requests; "enq us" is the
+// host's time in the job's CUDA calls.
+//
 //   matmul-idle-job-bench [--n 256] [--jobs 1000] [--gaps-us 0,100,500]
-//                         [--splits 2,4,8]
+//                         [--splits 2,4,8] [--sleep] [--orders serial,nt]
 #include <cublas_v2.h>
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -57,6 +61,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -190,32 +195,43 @@ struct Bench {
     CHECK_CUDA(e);
   }
 
+  // The host's microseconds in the last job's CUDA calls (serial, nt and
+  // clean; with the copies in splitK; with the whole upload in pageable).
+  double enqueue_us = 0;
+  void TimedEnqueue(int job = 0, int splits = 0, bool pageable = false) {
+    const Clock::time_point at = Clock::now();
+    Enqueue(false, job, splits, pageable);
+    enqueue_us =
+        std::chrono::duration<double, std::micro>(Clock::now() - at).count();
+  }
+
   // One job in `order`; returns the host's microseconds.
   double Job(Order order, int job, int splits = 0) {
     ++gate_value;
+    enqueue_us = 0;
     Clock::time_point start;
     switch (order) {
       case Order::kSerial:
         start = Clock::now();
         Stage(job);
-        Enqueue(false);
+        TimedEnqueue();
         break;
       case Order::kNt:
         start = Clock::now();
         matmul::StreamingCopy(staging, Source(job), 2 * bytes);
-        Enqueue(false);
+        TimedEnqueue();
         break;
       case Order::kClean:
         start = Clock::now();
-        Enqueue(false);
+        TimedEnqueue();
         break;
       case Order::kSplit:
         start = Clock::now();
-        Enqueue(false, job, splits);
+        TimedEnqueue(job, splits);
         break;
       case Order::kPageable:
         start = Clock::now();
-        Enqueue(false, job, 0, true);
+        TimedEnqueue(job, 0, true);
         break;
       case Order::kOverlap:
         start = Clock::now();
@@ -299,6 +315,8 @@ int main(int argc, char** argv) {
   int jobs = 1000;
   std::vector<double> gaps = {0, 100, 500};
   std::vector<int> splits = {2, 4, 8};
+  bool sleep = false;
+  std::string only;  // --orders: names to run, e.g. "serial,nt"; all if empty
   for (int i = 1; i < argc; ++i) {
     const bool has_value = i + 1 < argc;
     if (std::strcmp(argv[i], "--n") == 0 && has_value) {
@@ -307,12 +325,17 @@ int main(int argc, char** argv) {
       jobs = std::atoi(argv[++i]);
     } else if (std::strcmp(argv[i], "--gaps-us") == 0 && has_value) {
       gaps = ParseGaps(argv[++i]);
+    } else if (std::strcmp(argv[i], "--sleep") == 0) {
+      sleep = true;
+    } else if (std::strcmp(argv[i], "--orders") == 0 && has_value) {
+      only = argv[++i];
     } else if (std::strcmp(argv[i], "--splits") == 0 && has_value) {
       splits = ParseSplits(argv[++i]);
     } else {
       std::fprintf(stderr,
                    "usage: matmul-idle-job-bench [--n 256] [--jobs 1000] "
-                   "[--gaps-us 0,100,500] [--splits 2,4,8]\n");
+                   "[--gaps-us 0,100,500] [--splits 2,4,8] [--sleep] "
+                   "[--orders serial,nt,...]\n");
       return 2;
     }
   }
@@ -357,8 +380,9 @@ int main(int argc, char** argv) {
       "matmul-idle-job-bench: %s, n=%d float32, %zu bytes staged a job, %d "
       "jobs a point\n",
       prop.name, b.n, 2 * b.bytes, jobs);
-  std::printf("%8s %8s %9s %9s %9s %9s %9s %9s\n", "gap us", "order", "p50 us",
-              "mean us", "p90 us", "h2d us", "gemm us", "d2h us");
+  std::printf("%8s %8s %9s %9s %9s %9s %9s %9s %9s\n", "gap us", "order",
+              "p50 us", "mean us", "p90 us", "enq us", "h2d us", "gemm us",
+              "d2h us");
   for (int i = 0; i < 200; ++i) b.Job(Order::kSerial, i);  // warm-up
   // Each point: an order, and for splitK its piece count.
   std::vector<std::pair<Order, int>> points = {
@@ -367,9 +391,20 @@ int main(int argc, char** argv) {
   points.insert(
       points.end(),
       {{Order::kPageable, 0}, {Order::kOverlap, 0}, {Order::kDevice, 0}});
+  if (!only.empty()) {
+    const std::vector<std::string> wanted = absl::StrSplit(only, ',');
+    points.erase(std::remove_if(points.begin(), points.end(),
+                                [&](const std::pair<Order, int>& point) {
+                                  return std::find(wanted.begin(), wanted.end(),
+                                                   OrderName(point.first,
+                                                             point.second)) ==
+                                         wanted.end();
+                                }),
+                 points.end());
+  }
   for (double gap : gaps) {
     for (const auto& [order, k] : points) {
-      std::vector<double> host, h2d, gemm, d2h;
+      std::vector<double> host, enq, h2d, gemm, d2h;
       // clean: every job multiplies source 0, staged once here.
       // Its lines are then flushed from the caches (written back).
       if (order == Order::kClean) {
@@ -381,8 +416,14 @@ int main(int argc, char** argv) {
       }
       const int stride = order == Order::kClean ? 0 : 1;
       for (int i = 0; i < jobs; ++i) {
-        SpinFor(gap);
+        if (sleep) {
+          std::this_thread::sleep_for(
+              std::chrono::duration<double, std::micro>(gap));
+        } else {
+          SpinFor(gap);
+        }
         host.push_back(b.Job(order, i * stride, k));
+        enq.push_back(b.enqueue_us);
         h2d.push_back(b.Span(0, 1));
         gemm.push_back(b.Span(1, 2));
         d2h.push_back(b.Span(2, 3));
@@ -393,10 +434,11 @@ int main(int argc, char** argv) {
                      name.c_str());
         return 1;
       }
-      std::printf("%8.0f %8s %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f\n", gap,
+      std::printf("%8.0f %8s %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f\n", gap,
                   name.c_str(), Percentile(host, 0.5), Mean(host),
-                  Percentile(host, 0.9), Percentile(h2d, 0.5),
-                  Percentile(gemm, 0.5), Percentile(d2h, 0.5));
+                  Percentile(host, 0.9), Percentile(enq, 0.5),
+                  Percentile(h2d, 0.5), Percentile(gemm, 0.5),
+                  Percentile(d2h, 0.5));
     }
   }
   CHECK_CUDA(cudaStreamSynchronize(b.stream));
