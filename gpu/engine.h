@@ -43,6 +43,13 @@ struct StageTimings {
   double h2d = 0;
   double compute = 0;
   double d2h = 0;
+  // Host time the engine's thread spent making the job's device calls
+  // (CUDA engine: its events, allocations, copies and GEMM, or its graph's
+  // launch, up to the end event and the free; not the completion's
+  // hand-off). It overlaps h2d and compute: the device runs each step as
+  // soon as its call is made, and waits for calls still to come. 0 on the
+  // host engine.
+  double enqueue = 0;
   // The job's share of the device work these times are of: 1, or 1/n for a
   // request that ran as one of n in a batch (gpu/batching_engine.h), whose
   // times are the batch's. For charging device time to clients.

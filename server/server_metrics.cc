@@ -76,6 +76,8 @@ absl::string_view StageName(Stage stage) {
       return "d2h";
     case Stage::kReply:
       return "reply";
+    case Stage::kEnqueue:
+      return "enqueue";
   }
   return "unknown";
 }
@@ -169,6 +171,7 @@ void ServerMetrics::RecordStages(const StageTimings& timings) {
   RecordStage(Stage::kH2D, timings.h2d);
   RecordStage(Stage::kCompute, timings.compute);
   RecordStage(Stage::kD2H, timings.d2h);
+  RecordStage(Stage::kEnqueue, timings.enqueue);
 }
 
 void ServerMetrics::RecordStage(Stage stage, double seconds) {

@@ -59,9 +59,11 @@ absl::string_view RpcMethodName(RpcMethod method);
 
 // Where a Multiply spent its time (label `stage`). queue .. d2h come from the
 // engine's StageTimings; reply is from the engine's completion to the end of
-// the RPC (response serialized and handed to the transport).
-enum class Stage { kQueue, kStageIn, kH2D, kCompute, kD2H, kReply };
-inline constexpr int kNumStages = 6;
+// the RPC (response serialized and handed to the transport). enqueue (the
+// host's time making the job's device calls, StageTimings::enqueue)
+// overlaps h2d and compute.
+enum class Stage { kQueue, kStageIn, kH2D, kCompute, kD2H, kReply, kEnqueue };
+inline constexpr int kNumStages = 7;
 absl::string_view StageName(Stage stage);
 
 // Why a request was answered without a result (label `reason`). The first

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "gpu/cuda/cublas_gemm.h"
 #include "gpu/cuda/cuda_engine.h"
@@ -25,6 +26,7 @@ namespace matmul {
 
 void CudaEngine::Enqueue(InFlight* flight, const std::byte* host_a,
                          const std::byte* host_b) {
+  const absl::Time enqueue_start = absl::Now();
   Device* d = flight->device;
   const MatmulSpec& spec = flight->spec;
   cudaStream_t stream = flight->lane->stream->stream.get();
@@ -162,6 +164,8 @@ void CudaEngine::Enqueue(InFlight* flight, const std::byte* host_a,
     CUDA_LOG_IF_ERROR_AT(site, cudaFreeAsync(flight->kept, stream));
     flight->kept = nullptr;
   }
+  // Set before the hand-off below, after which the job may be completed.
+  flight->timings.enqueue = absl::ToDoubleSeconds(absl::Now() - enqueue_start);
   // Only a job whose every event was recorded may be polled: an event that
   // was not recorded (or still holds an earlier job's record) reads as done.
   // A small one is left to the poller alone: no host function, so the

@@ -322,6 +322,7 @@ TEST(JobGraphTest, HeldResultsKeepTheirInstancesAndFreedOnesAreReplayed) {
       EXPECT_GE(t.compute, 0);
       EXPECT_GE(t.d2h, 0);
       EXPECT_GT(t.h2d + t.compute + t.d2h, 0);
+      EXPECT_GT(t.enqueue, 0);  // the launch, or the calls
     }
     // No held result was overwritten by a later job: a busy instance is
     // never replayed.

@@ -154,7 +154,7 @@ TEST(MetricsEndpointTest, ScrapeAfterMultipliesHasTheExpectedSeries) {
   EXPECT_EQ(s.at(R"(matmul_rejected_requests_total{reason="invalid"})"), 1);
   EXPECT_EQ(Sum(s, "matmul_rejected_requests_total"), 1);
   for (const char* stage :
-       {"queue", "stage_in", "h2d", "compute", "d2h", "reply"}) {
+       {"queue", "stage_in", "h2d", "compute", "d2h", "reply", "enqueue"}) {
     EXPECT_EQ(
         s.at(absl::StrCat(R"(matmul_stage_duration_seconds_count{stage=")",
                           stage, "\"}")),

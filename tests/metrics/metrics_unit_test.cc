@@ -89,7 +89,7 @@ TEST(ServerMetricsTest, EveryLabelCombinationExistsFromTheStart) {
   for (const auto& f : families) sizes[f.name] = f.metric.size();
   EXPECT_EQ(sizes["matmul_requests_total"], size_t{kNumRpcMethods} * 17u);
   EXPECT_EQ(sizes["matmul_request_duration_seconds"], size_t{kNumRpcMethods});
-  EXPECT_EQ(sizes["matmul_stage_duration_seconds"], 6u);
+  EXPECT_EQ(sizes["matmul_stage_duration_seconds"], size_t{kNumStages});
   EXPECT_EQ(sizes["matmul_rejected_requests_total"], size_t{kNumRejectReasons});
   const auto samples = Samples(families);
   EXPECT_EQ(
