@@ -32,7 +32,13 @@
 //   - with --submit-threads T, a finished job's successor is submitted by
 //     one of T bench threads, as a server's next request comes on a gRPC
 //     thread, instead of from inside Done, on the engine's completion
-//     thread (or poller), which completes no other job meanwhile.
+//     thread (or poller), which completes no other job meanwhile; with
+//     --submit-gap-us G (one submitting thread unless T is given) each
+//     successor goes in G µs after its predecessor's Done, the submitting
+//     thread asleep meanwhile, as a server's threads sleep through a c=1
+//     client's round trip;
+//   - after each row, the engine's mean StageTimings::enqueue (the host's
+//     time making a job's device calls) with one stream and with the pool.
 // Prints a table and optionally writes JSON. The ceilings are measured by
 // gpu/cuda/stage_ceilings.h, so that this tool includes no CUDA header.
 #include <algorithm>
@@ -118,14 +124,17 @@ void FillRandom(std::byte* data, DType dtype, int64_t count) {
 class ClosedLoop {
  public:
   // `submit_threads` > 0: successors are submitted by that many threads of
-  // the loop's own; 0: from inside Done.
+  // the loop's own, each sleeping `submit_gap` first (a client's round
+  // trip, through which a server's threads sleep); 0: from inside Done.
   ClosedLoop(Engine& engine, const MatmulSpec& spec, PrestagedOperands ops,
-             bool copy_operands = false, int submit_threads = 0)
+             bool copy_operands = false, int submit_threads = 0,
+             absl::Duration submit_gap = absl::ZeroDuration())
       : engine_(engine),
         spec_(spec),
         ops_(ops),
         copy_operands_(copy_operands),
-        submit_threads_(submit_threads) {}
+        submit_threads_(submit_threads),
+        submit_gap_(submit_gap) {}
   ~ClosedLoop() { Stop(); }
 
   void Start(int depth) {
@@ -159,10 +168,19 @@ class ClosedLoop {
     absl::MutexLock lock(&mu_);
     return samples_ == 0 ? 0 : compute_sum_ / samples_;
   }
+  // Mean host seconds the engine spent making a job's device calls
+  // (StageTimings::enqueue), over every job completed since the last Reset.
+  double MeanEnqueue() {
+    absl::MutexLock lock(&mu_);
+    return completed_since_reset_ == 0 ? 0
+                                       : enqueue_sum_ / completed_since_reset_;
+  }
   void ResetSamples() {
     absl::MutexLock lock(&mu_);
     compute_sum_ = 0;
     samples_ = 0;
+    enqueue_sum_ = 0;
+    completed_since_reset_ = 0;
   }
 
  private:
@@ -216,6 +234,7 @@ class ClosedLoop {
         if (pending_ == 0) return;
         --pending_;
       }
+      if (submit_gap_ > absl::ZeroDuration()) absl::SleepFor(submit_gap_);
       engine_.Submit(std::make_unique<Job>(this));
     }
   }
@@ -235,6 +254,8 @@ class ClosedLoop {
     {
       absl::MutexLock lock(&mu_);
       if (result.ok()) {
+        enqueue_sum_ += result->timings().enqueue;
+        ++completed_since_reset_;
         // An untimed job (--timed-job-every) has no compute time.
         if (result->timings().compute > 0) {
           compute_sum_ += result->timings().compute;
@@ -261,6 +282,7 @@ class ClosedLoop {
   const PrestagedOperands ops_;
   const bool copy_operands_;
   const int submit_threads_;
+  const absl::Duration submit_gap_;
   std::vector<std::thread> submitters_;
   std::atomic<bool> stopping_{false};
   std::atomic<int64_t> completed_{0};
@@ -271,12 +293,15 @@ class ClosedLoop {
   bool quit_ ABSL_GUARDED_BY(mu_) = false;    // submitting threads return
   double compute_sum_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t samples_ ABSL_GUARDED_BY(mu_) = 0;
+  double enqueue_sum_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t completed_since_reset_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status first_error_ ABSL_GUARDED_BY(mu_);
 };
 
 struct EngineRun {
   double rate = 0;          // jobs/s
   double mean_compute = 0;  // seconds, engine GEMM from events
+  double mean_enqueue = 0;  // seconds, StageTimings::enqueue
   double device_busy = 0;   // fraction of the window
   double overlap = 0;       // copy-compute overlap / copy busy
 };
@@ -303,6 +328,9 @@ struct RunOptions {
   bool batched = false;
   // Threads that submit finished jobs' successors (ClosedLoop); 0: Done.
   int submit_threads = 0;
+  // With submit_threads: each successor submitted this long after its
+  // predecessor's Done (the submitting thread sleeps).
+  absl::Duration submit_gap = absl::ZeroDuration();
   // Prestaged A and B in two host buffers (two copies up) instead of back
   // to back in one (PrestagedOperands::one_allocation: one copy).
   bool operands_apart = false;
@@ -356,8 +384,8 @@ absl::StatusOr<EngineRun> RunEngine(const MatmulSpec& spec,
     batching.max_batch = 64;
     engine = std::make_unique<BatchingEngine>(std::move(engine), batching);
   }
-  ClosedLoop loop(*engine, spec, ops, copy_operands,
-                  run_options.submit_threads);
+  ClosedLoop loop(*engine, spec, ops, copy_operands, run_options.submit_threads,
+                  run_options.submit_gap);
   // By default two jobs per stream: one computing, one copying. More keep
   // the lanes' queues from running dry while a finished job's completion
   // and resubmission cross threads (--jobs-per-stream).
@@ -373,6 +401,7 @@ absl::StatusOr<EngineRun> RunEngine(const MatmulSpec& spec,
   const EngineStats s1 = engine->stats();
   EngineRun run;
   run.mean_compute = loop.MeanCompute();
+  run.mean_enqueue = loop.MeanEnqueue();
   loop.Stop();
   if (loop.failed() > 0) {
     return absl::InternalError(absl::StrCat(
@@ -406,6 +435,7 @@ int Main(int argc, char** argv) {
   int graphs = -1;  // not given: prestaged operands, no graphs
   bool batched = false;
   int submit_threads = 0;
+  int64_t submit_gap_us = 0;
   bool operands_apart = false;
   int timed_job_every = 1;
   double seconds = 2;
@@ -490,6 +520,12 @@ int Main(int argc, char** argv) {
         std::fprintf(stderr, "--submit-threads takes 0..64\n");
         return 2;
       }
+    } else if (arg.rfind("--submit-gap-us", 0) == 0) {
+      if (!absl::SimpleAtoi(value(), &submit_gap_us) || submit_gap_us < 0 ||
+          submit_gap_us > 1000000) {
+        std::fprintf(stderr, "--submit-gap-us takes 0..1000000\n");
+        return 2;
+      }
     } else if (arg == "--batched") {
       batched = true;
     } else if (arg == "--operands-apart") {
@@ -511,12 +547,14 @@ int Main(int argc, char** argv) {
                    "[--poll-pause-us 5] [--pollers 1] "
                    "[--pipe-with events|start-end-events|end-event,untimed,"
                    "memory,two-copies,host-function] "
-                   "[--graphs N] [--submit-threads 0] [--batched] "
+                   "[--graphs N] [--submit-threads 0] [--submit-gap-us 0] "
+                   "[--batched] "
                    "[--operands-apart] [--timed-job-every 1] "
                    "[--seconds 2] [--json FILE]\n");
       return 2;
     }
   }
+  if (submit_gap_us > 0 && submit_threads == 0) submit_threads = 1;
   absl::StatusOr<std::vector<DeviceInfo>> devices = DiscoverCudaDevices();
   if (!devices.ok()) {
     std::fprintf(stderr, "no CUDA device: %s\n",
@@ -537,9 +575,10 @@ int Main(int argc, char** argv) {
                             : "operands prestaged in one buffer")
           : absl::StrCat("operands copied, ", graphs, " CUDA graphs per stream")
                 .c_str(),
-      submit_threads == 0
-          ? "inside Done"
-          : absl::StrCat("by ", submit_threads, " threads").c_str(),
+      submit_threads == 0 ? "inside Done"
+                          : absl::StrCat("by ", submit_threads, " threads, ",
+                                         submit_gap_us, " us after Done")
+                                .c_str(),
       pipe_with.c_str(), seconds);
   std::printf(
       "%6s %-9s | %8s %8s %8s | %9s %9s %9s %6s | %9s %9s %7s %7s %6s | %8s "
@@ -588,6 +627,7 @@ int Main(int argc, char** argv) {
       run_options.poll_only_max_bytes = poll_only_max_bytes;
       run_options.graphs = graphs;
       run_options.submit_threads = submit_threads;
+      run_options.submit_gap = absl::Microseconds(submit_gap_us);
       run_options.operands_apart = operands_apart;
       run_options.poll_pause = absl::Microseconds(poll_pause_us);
       run_options.pollers = pollers;
@@ -625,6 +665,10 @@ int Main(int argc, char** argv) {
           100 * pool->rate / pipe, pool->rate / serial, one->mean_compute * 1e3,
           100 * one->mean_compute / c->gemm, spec.flops() * pool->rate / 1e12,
           100 * pool->device_busy, 100 * pool->overlap, batch_columns.c_str());
+      std::printf(
+          "%6s engine enqueue (host) mean: one stream %.1f us, pool "
+          "%.1f us\n",
+          "", one->mean_enqueue * 1e6, pool->mean_enqueue * 1e6);
       std::fflush(stdout);
       rows.push_back(absl::StrCat(
           "{\"n\":", n, ",\"mode\":\"", mode_name, "\",\"t_h2d_s\":", c->h2d,
@@ -638,6 +682,8 @@ int Main(int argc, char** argv) {
           ",\"submit_threads\":", submit_threads, ",\"pollers\":", pollers,
           ",\"poll_pause_us\":", poll_pause_us, ",\"engine_gemm_s\":",
           one->mean_compute, ",\"pool_engine_gemm_s\":", pool->mean_compute,
+          ",\"one_stream_enqueue_s\":", one->mean_enqueue,
+          ",\"pool_enqueue_s\":", pool->mean_enqueue,
           ",\"raw_gemm_tflops\":", spec.flops() / c->gemm / 1e12,
           ",\"pool_tflops\":", spec.flops() * pool->rate / 1e12,
           ",\"pool_device_busy\":", pool->device_busy,

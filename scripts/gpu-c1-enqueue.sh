@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# One device call on where a c=1 request's engine time goes
+# (docs/PERFORMANCE.md sections 23-25): in the server, the engine's thread
+# made a job's device calls in 97-194 µs at n=256 (the `enqueue` stage),
+# where raw CUDA makes the same calls in 22-40 µs. This call asks whether
+# the engine does so in process too, once the job comes after an idle
+# spell from a thread that slept through it:
+#   1. GPU tests of the enqueue stage (cuda_engine_test's timed-one-in-N
+#      case, job_graph_test's held-instances case), when bundled;
+#   2. matmul-idle-job-bench --n 256 --orders serial,nt --gaps-us 0,600
+#      --sleep: raw CUDA's enqueue after a sleep;
+#   3. matmul-pipeline-bench --sizes 256 --streams 1 --jobs-per-stream 1,
+#      operands copied (--graphs 0, then --graphs 8), the successor
+#      submitted inside Done and then 600 µs later from a thread that
+#      slept (--submit-gap-us 600): the engine's mean enqueue each way;
+#   4. scripts/gpu-targets.sh for SERVERS (default: the default server
+#      against graphs, 8 per stream, 4 MiB), ROUNDS (default 2) and PAIRS
+#      (default 3): the service's stage means, enqueue included, and the
+#      decision on graphs by default.
+# Expects matmul-idle-job-bench, matmul-pipeline-bench, matmul-server,
+# matmul-bench, rawecho and rawclient in .gpubundle; writes summary.txt,
+# targets.txt and the outputs into OUT.
+#
+#   [SERVERS="a b"] [ROUNDS=2] [PAIRS=3] scripts/gpu-c1-enqueue.sh OUT
+set -u
+out=${1:?usage: gpu-c1-enqueue.sh OUT}
+logfile=summary.txt
+mkdir -p "$out"
+# shellcheck source=scripts/gpu-common.sh
+. "$(dirname "$0")/gpu-common.sh"
+
+log_gpu
+if [ "$R" != .gpubundle/run ] || [ -x .gpubundle/bin/cuda_engine_test ]; then
+  timeout 120 "$R" cuda_engine_test \
+    --gtest_filter='*OneJobInNIsTimedAndEveryJobIsRight*' >"$out/cuda_engine_test.log" 2>&1
+  log "cuda_engine_test rc=$? $(gtest_summary "$out/cuda_engine_test.log")"
+fi
+if [ "$R" != .gpubundle/run ] || [ -x .gpubundle/bin/job_graph_test ]; then
+  timeout 120 "$R" job_graph_test \
+    --gtest_filter='*HeldResultsKeepTheirInstancesAndFreedOnesAreReplayed*' >"$out/job_graph_test.log" 2>&1
+  log "job_graph_test rc=$? $(gtest_summary "$out/job_graph_test.log")"
+fi
+log "-- raw CUDA, the host asleep through each gap"
+timeout 60 "$R" matmul-idle-job-bench --n 256 --jobs 1000 --gaps-us 0,600 \
+  --orders serial,nt --sleep 2>&1 | tee -a "$out/$logfile"
+for graphs in 0 8; do
+  for gap in 0 600; do
+    log "-- in process, one job in flight, --graphs $graphs, --submit-gap-us $gap"
+    timeout 90 "$R" matmul-pipeline-bench --sizes 256 --modes float32 \
+      --streams 1 --jobs-per-stream 1 --seconds 1.5 --graphs "$graphs" \
+      --submit-gap-us "$gap" >"$out/pipe-g$graphs-gap$gap.txt" 2>&1
+    grep -E "^ +256 float32|engine enqueue" "$out/pipe-g$graphs-gap$gap.txt" |
+      tee -a "$out/$logfile"
+  done
+done
+SERVERS=${SERVERS:-"matmul-server matmul-server:--cuda-graphs-per-stream=8,--cuda-graph-max-bytes=4194304"} \
+  ROUNDS=${ROUNDS:-2} PAIRS=${PAIRS:-3} "$(dirname "$0")/gpu-targets.sh" "$out/targets" \
+  >"$out/targets.log" 2>&1
+log "targets rc=$?"
+cp "$out/targets/targets.txt" "$out/targets.txt" 2>/dev/null
