@@ -11,8 +11,10 @@
 #      --sleep: raw CUDA's enqueue after a sleep;
 #   3. matmul-pipeline-bench --sizes 256 --streams 1 --jobs-per-stream 1,
 #      operands copied (--graphs 0, then --graphs 8), the successor
-#      submitted inside Done and then 600 µs later from a thread that
-#      slept (--submit-gap-us 600): the engine's mean enqueue each way;
+#      submitted inside Done, from another thread at once (while the
+#      engine's poller polls, as a gRPC thread submits), and 600 µs later
+#      from a thread that slept (--submit-gap-us 600): the engine's mean
+#      enqueue each way;
 #   4. scripts/gpu-targets.sh for SERVERS (default: the default server
 #      against graphs, 8 per stream, 4 MiB), ROUNDS (default 2) and PAIRS
 #      (default 3): the service's stage means, enqueue included, and the
@@ -43,13 +45,19 @@ fi
 log "-- raw CUDA, the host asleep through each gap"
 timeout 60 "$R" matmul-idle-job-bench --n 256 --jobs 1000 --gaps-us 0,600 \
   --orders serial,nt --sleep 2>&1 | tee -a "$out/$logfile"
+# Successors submitted inside Done; from a thread of the bench's at once
+# (while the engine's poller polls); and from one that slept 600 µs.
+i=0
 for graphs in 0 8; do
-  for gap in 0 600; do
-    log "-- in process, one job in flight, --graphs $graphs, --submit-gap-us $gap"
+  for submit in "--submit-threads 0" "--submit-threads 1" "--submit-gap-us 600"; do
+    log "-- in process, one job in flight, --graphs $graphs $submit"
+    i=$((i + 1))
+    name="pipe-$i-graphs$graphs"
+    # shellcheck disable=SC2086 # the option and its value split on purpose
     timeout 90 "$R" matmul-pipeline-bench --sizes 256 --modes float32 \
       --streams 1 --jobs-per-stream 1 --seconds 1.5 --graphs "$graphs" \
-      --submit-gap-us "$gap" >"$out/pipe-g$graphs-gap$gap.txt" 2>&1
-    grep -E "^ +256 float32|engine enqueue" "$out/pipe-g$graphs-gap$gap.txt" |
+      $submit >"$out/$name.txt" 2>&1
+    grep -E "^ +256 float32|engine enqueue" "$out/$name.txt" |
       tee -a "$out/$logfile"
   done
 done
