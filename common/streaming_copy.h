@@ -17,13 +17,6 @@
 
 namespace matmul {
 
-// Whether StreamingCopy uses streaming stores on this build's CPU.
-#if defined(__SSE2__)
-inline constexpr bool kStreamingStores = true;
-#else
-inline constexpr bool kStreamingStores = false;
-#endif
-
 // Copies `bytes` from `from` to `to` (not overlapping). The stores are
 // fenced (sfence) before it returns, so that they are ordered before any
 // later store of this thread, such as a release that hands the bytes to

@@ -62,6 +62,7 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -280,27 +281,21 @@ struct Bench {
   }
 };
 
-// "0,100,500": microseconds, none negative; exits with status 2 otherwise.
-std::vector<double> ParseGaps(const char* text) {
-  std::vector<double> out;
+// A comma-separated list of numbers from `lo` to `hi` ("0,100,500");
+// exits with status 2, naming `what`, otherwise.
+template <typename T>
+std::vector<T> ParseList(const char* text, T lo, T hi, const char* what) {
+  std::vector<T> out;
   for (absl::string_view piece : absl::StrSplit(text, ',')) {
-    double v = 0;
-    if (!absl::SimpleAtod(piece, &v) || v < 0) {
-      std::fprintf(stderr, "not a list of microseconds: %s\n", text);
-      std::exit(2);
+    T v{};
+    bool parsed = false;
+    if constexpr (std::is_floating_point_v<T>) {
+      parsed = absl::SimpleAtod(piece, &v);
+    } else {
+      parsed = absl::SimpleAtoi(piece, &v);
     }
-    out.push_back(v);
-  }
-  return out;
-}
-
-// "2,4,8": piece counts from 2 to 64; exits with status 2 otherwise.
-std::vector<int> ParseSplits(const char* text) {
-  std::vector<int> out;
-  for (absl::string_view piece : absl::StrSplit(text, ',')) {
-    int v = 0;
-    if (!absl::SimpleAtoi(piece, &v) || v < 2 || v > 64) {
-      std::fprintf(stderr, "not a list of piece counts (2-64): %s\n", text);
+    if (!parsed || v < lo || v > hi) {
+      std::fprintf(stderr, "not a list of %s: %s\n", what, text);
       std::exit(2);
     }
     out.push_back(v);
@@ -324,13 +319,13 @@ int main(int argc, char** argv) {
     } else if (std::strcmp(argv[i], "--jobs") == 0 && has_value) {
       jobs = std::atoi(argv[++i]);
     } else if (std::strcmp(argv[i], "--gaps-us") == 0 && has_value) {
-      gaps = ParseGaps(argv[++i]);
+      gaps = ParseList<double>(argv[++i], 0, 1e9, "microseconds");
     } else if (std::strcmp(argv[i], "--sleep") == 0) {
       sleep = true;
     } else if (std::strcmp(argv[i], "--orders") == 0 && has_value) {
       only = argv[++i];
     } else if (std::strcmp(argv[i], "--splits") == 0 && has_value) {
-      splits = ParseSplits(argv[++i]);
+      splits = ParseList<int>(argv[++i], 2, 64, "piece counts (2-64)");
     } else {
       std::fprintf(stderr,
                    "usage: matmul-idle-job-bench [--n 256] [--jobs 1000] "
