@@ -18,7 +18,10 @@
 #   4. scripts/gpu-targets.sh for SERVERS (default: the default server
 #      against graphs, 8 per stream, 4 MiB), ROUNDS (default 2) and PAIRS
 #      (default 3): the service's stage means, enqueue included, and the
-#      decision on graphs by default.
+#      decision on graphs by default;
+#   5. the n=256 c=1 point, echo and default server, unpinned and with the
+#      server and the client pinned to disjoint CPUs (taskset);
+#   6. compute-sanitizer memcheck of the two tests in 1, time permitting.
 # Expects matmul-idle-job-bench, matmul-pipeline-bench, matmul-server,
 # matmul-bench, rawecho and rawclient in .gpubundle; writes summary.txt,
 # targets.txt and the outputs into OUT.
@@ -66,3 +69,44 @@ SERVERS=${SERVERS:-"matmul-server matmul-server:--cuda-graphs-per-stream=8,--cud
   >"$out/targets.log" 2>&1
 log "targets rc=$?"
 cp "$out/targets/targets.txt" "$out/targets.txt" 2>/dev/null
+
+# Does where the threads run matter at c=1? The echo's and the default
+# server's n=256 c=1 point (3 s), unpinned, then with the server (or echo)
+# pinned to CPUs 0-7 and the client to 8-15, then 0-3 and 8-11, taskset
+# permitting. The stage means follow each server point.
+if command -v taskset >/dev/null; then
+  base_r=$R
+  for pins in "" "0-7 8-15" "0-3 8-11"; do
+    read -r server_cpus client_cpus <<<"$pins"
+    server_r=$base_r client_r=$base_r
+    if [ -n "$pins" ]; then
+      server_r="taskset -c $server_cpus $base_r"
+      client_r="taskset -c $client_cpus $base_r"
+    fi
+    log "-- c=1 with the server on CPUs ${server_cpus:-any}, the client on ${client_cpus:-any}"
+    $server_r rawecho 127.0.0.1:50061 >/dev/null 2>&1 &
+    e=$!
+    sleep 1
+    # shellcheck disable=SC2086 # the wrapper's words split on purpose
+    log "echo 524288 1 1: $(timeout 20 $client_r rawclient 127.0.0.1:50061 524288 1 1 3 2>&1 | tail -1)"
+    kill $e
+    wait $e 2>/dev/null
+    name="pin-${server_cpus:-any}"
+    R=$server_r start_server "$out/server-$name.log" --metrics-port 9464
+    R=$client_r bench_point "$out/bench-$name.txt" 256 1 1 3
+    log "$(stage_means "pinned ${pins:-no}")"
+    stop_server
+  done
+  R=$base_r
+else
+  log "-- no taskset: the pinned c=1 points did not run"
+fi
+
+# compute-sanitizer on the two enqueue tests, while the call has time.
+if [ "$SECONDS" -lt 470 ]; then
+  memcheck "$out/memcheck-cuda_engine_test.log" cuda_engine_test '*OneJobInNIsTimedAndEveryJobIsRight*'
+  memcheck "$out/memcheck-job_graph_test.log" job_graph_test '*HeldResultsKeepTheirInstancesAndFreedOnesAreReplayed*'
+else
+  log "-- memcheck skipped: ${SECONDS}s gone"
+fi
+log "== done $(date -u +%FT%TZ), ${SECONDS}s"
