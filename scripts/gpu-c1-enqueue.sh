@@ -35,6 +35,14 @@ mkdir -p "$out"
 . "$(dirname "$0")/gpu-common.sh"
 
 log_gpu
+# The GPU's clocks and load every 250 ms through the call (gpu-clocks.csv);
+# after each c=1 point, the SM clocks of its last 3 s go to the summary.
+nvidia-smi --query-gpu=timestamp,pstate,clocks.sm,clocks.mem,utilization.gpu,power.draw \
+  --format=csv,noheader -lms 250 >"$out/gpu-clocks.csv" 2>&1 &
+smi=$!
+sm_clocks() {
+  log "  SM MHz, last 3 s: $(tail -n 12 "$out/gpu-clocks.csv" | awk -F', ' '{printf "%s ", $3}')"
+}
 if [ "$R" != .gpubundle/run ] || [ -x .gpubundle/bin/cuda_engine_test ]; then
   timeout 120 "$R" cuda_engine_test \
     --gtest_filter='*OneJobInNIsTimedAndEveryJobIsRight*' >"$out/cuda_engine_test.log" 2>&1
@@ -62,6 +70,7 @@ for graphs in 0 8; do
       $submit >"$out/$name.txt" 2>&1
     grep -E "^ +256 float32|engine enqueue" "$out/$name.txt" |
       tee -a "$out/$logfile"
+    sm_clocks
   done
 done
 SERVERS=${SERVERS:-"matmul-server matmul-server:--cuda-graphs-per-stream=8,--cuda-graph-max-bytes=4194304"} \
@@ -94,6 +103,7 @@ if command -v taskset >/dev/null; then
     name="pin-${server_cpus:-any}"
     R=$server_r start_server "$out/server-$name.log" --metrics-port 9464
     R=$client_r bench_point "$out/bench-$name.txt" 256 1 1 3
+    sm_clocks
     log "$(stage_means "pinned ${pins:-no}")"
     stop_server
   done
@@ -109,4 +119,5 @@ if [ "$SECONDS" -lt 470 ]; then
 else
   log "-- memcheck skipped: ${SECONDS}s gone"
 fi
+kill $smi
 log "== done $(date -u +%FT%TZ), ${SECONDS}s"
