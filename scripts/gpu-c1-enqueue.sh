@@ -20,7 +20,8 @@
 #      (default 3): the service's stage means, enqueue included, and the
 #      decision on graphs by default;
 #   5. the n=256 c=1 point, echo and default server, unpinned and with the
-#      server and the client pinned to disjoint CPUs (taskset);
+#      server and the client pinned to disjoint CPUs (taskset), then with
+#      the lane's thread dispatching and with no poller;
 #   6. compute-sanitizer memcheck of the two tests in 1, time permitting.
 # Expects matmul-idle-job-bench, matmul-pipeline-bench, matmul-server,
 # matmul-bench, rawecho and rawclient in .gpubundle; writes summary.txt,
@@ -79,20 +80,25 @@ SERVERS=${SERVERS:-"matmul-server matmul-server:--cuda-graphs-per-stream=8,--cud
 log "targets rc=$?"
 cp "$out/targets/targets.txt" "$out/targets.txt" 2>/dev/null
 
-# Does where the threads run matter at c=1? The echo's and the default
-# server's n=256 c=1 point (3 s), unpinned, then with the server (or echo)
-# pinned to CPUs 0-7 and the client to 8-15, then 0-3 and 8-11, taskset
-# permitting. The stage means follow each server point.
+# Does where the threads run matter at c=1, or which thread enqueues? The
+# echo's and the default server's n=256 c=1 point (3 s): unpinned; with the
+# server (or echo) pinned to CPUs 0-7 and the client to 8-15; 0-3 and
+# 8-11; then unpinned with the job dispatched by the lane's thread
+# (--inline-dispatch-max-bytes=0) and with no poller
+# (--completion-poll-us=0). The stage means (enqueue among them) and the
+# SM clocks follow each server point.
 if command -v taskset >/dev/null; then
   base_r=$R
-  for pins in "" "0-7 8-15" "0-3 8-11"; do
-    read -r server_cpus client_cpus <<<"$pins"
+  for variant in "- - -" "0-7 8-15 -" "0-3 8-11 -" \
+    "- - --inline-dispatch-max-bytes=0" "- - --completion-poll-us=0"; do
+    read -r server_cpus client_cpus flags <<<"$variant"
     server_r=$base_r client_r=$base_r
-    if [ -n "$pins" ]; then
+    if [ "$server_cpus" != - ]; then
       server_r="taskset -c $server_cpus $base_r"
       client_r="taskset -c $client_cpus $base_r"
     fi
-    log "-- c=1 with the server on CPUs ${server_cpus:-any}, the client on ${client_cpus:-any}"
+    [ "$flags" = - ] && flags=""
+    log "-- c=1, server on CPUs $server_cpus, client on $client_cpus, flags ${flags:--}"
     $server_r rawecho 127.0.0.1:50061 >/dev/null 2>&1 &
     e=$!
     sleep 1
@@ -100,11 +106,12 @@ if command -v taskset >/dev/null; then
     log "echo 524288 1 1: $(timeout 20 $client_r rawclient 127.0.0.1:50061 524288 1 1 3 2>&1 | tail -1)"
     kill $e
     wait $e 2>/dev/null
-    name="pin-${server_cpus:-any}"
-    R=$server_r start_server "$out/server-$name.log" --metrics-port 9464
+    name="c1-${server_cpus}${flags//[^a-z0-9]/_}"
+    # shellcheck disable=SC2086 # no flags, or one
+    R=$server_r start_server "$out/server-$name.log" --metrics-port 9464 $flags
     R=$client_r bench_point "$out/bench-$name.txt" 256 1 1 3
     sm_clocks
-    log "$(stage_means "pinned ${pins:-no}")"
+    log "$(stage_means "$variant")"
     stop_server
   done
   R=$base_r
