@@ -36,6 +36,9 @@ struct EngineOptions {
   // (CudaEngineOptions).
   int64_t inline_dispatch_max_bytes = int64_t{1} << 20;
   absl::Duration completion_poll = absl::Milliseconds(1);
+  // CUDA engine: how long a lane's thread stays awake for its next job
+  // (CudaEngineOptions::lane_spin; zero: it sleeps at once).
+  absl::Duration lane_spin = absl::ZeroDuration();
   // CUDA engine: jobs moving at most this many bytes are completed by the
   // poller alone, without a host function (0: never).
   int64_t poll_only_max_bytes = 0;

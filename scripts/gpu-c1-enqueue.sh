@@ -21,7 +21,7 @@
 #      decision on graphs by default;
 #   5. the n=256 c=1 point, echo and default server, unpinned and with the
 #      server and the client pinned to disjoint CPUs (taskset), then with
-#      the lane's thread dispatching and with no poller;
+#      the lane's thread dispatching (asleep and awake) and with no poller;
 #   6. compute-sanitizer memcheck of the two tests in 1, time permitting.
 # Expects matmul-idle-job-bench, matmul-pipeline-bench, matmul-server,
 # matmul-bench, rawecho and rawclient in .gpubundle; writes summary.txt,
@@ -46,7 +46,7 @@ sm_clocks() {
 }
 if [ "$R" != .gpubundle/run ] || [ -x .gpubundle/bin/cuda_engine_test ]; then
   timeout 120 "$R" cuda_engine_test \
-    --gtest_filter='*OneJobInNIsTimedAndEveryJobIsRight*' >"$out/cuda_engine_test.log" 2>&1
+    --gtest_filter='*OneJobInNIsTimedAndEveryJobIsRight*:*Spinning*' >"$out/cuda_engine_test.log" 2>&1
   log "cuda_engine_test rc=$? $(gtest_summary "$out/cuda_engine_test.log")"
 fi
 if [ "$R" != .gpubundle/run ] || [ -x .gpubundle/bin/job_graph_test ]; then
@@ -84,13 +84,15 @@ cp "$out/targets/targets.txt" "$out/targets.txt" 2>/dev/null
 # echo's and the default server's n=256 c=1 point (3 s): unpinned; with the
 # server (or echo) pinned to CPUs 0-7 and the client to 8-15; 0-3 and
 # 8-11; then unpinned with the job dispatched by the lane's thread
-# (--inline-dispatch-max-bytes=0) and with no poller
-# (--completion-poll-us=0). The stage means (enqueue among them) and the
+# (--inline-dispatch-max-bytes=0), with no poller (--completion-poll-us=0)
+# and with the lane's thread dispatching awake (--lane-spin-us=2000, where
+# the server has it). The stage means (enqueue among them) and the
 # SM clocks follow each server point.
 if command -v taskset >/dev/null; then
   base_r=$R
   for variant in "- - -" "0-7 8-15 -" "0-3 8-11 -" \
-    "- - --inline-dispatch-max-bytes=0" "- - --completion-poll-us=0"; do
+    "- - --inline-dispatch-max-bytes=0" "- - --completion-poll-us=0" \
+    "- - --inline-dispatch-max-bytes=0,--lane-spin-us=2000"; do
     read -r server_cpus client_cpus flags <<<"$variant"
     server_r=$base_r client_r=$base_r
     if [ "$server_cpus" != - ]; then
@@ -98,6 +100,7 @@ if command -v taskset >/dev/null; then
       client_r="taskset -c $client_cpus $base_r"
     fi
     [ "$flags" = - ] && flags=""
+    flags=${flags//,/ }
     log "-- c=1, server on CPUs $server_cpus, client on $client_cpus, flags ${flags:--}"
     $server_r rawecho 127.0.0.1:50061 >/dev/null 2>&1 &
     e=$!
@@ -107,7 +110,7 @@ if command -v taskset >/dev/null; then
     kill $e
     wait $e 2>/dev/null
     name="c1-${server_cpus}${flags//[^a-z0-9]/_}"
-    # shellcheck disable=SC2086 # no flags, or one
+    # shellcheck disable=SC2086 # the flags split on purpose
     R=$server_r start_server "$out/server-$name.log" --metrics-port 9464 $flags
     R=$client_r bench_point "$out/bench-$name.txt" 256 1 1 3
     sm_clocks

@@ -100,6 +100,12 @@ ABSL_FLAG(int64_t, completion_poll_us, 1000,
           "requests after each submit or completion, so that small requests "
           "are answered without waiting for a CUDA host function; it keeps "
           "one core busy while it polls (0: no poller)");
+ABSL_FLAG(int64_t, lane_spin_us, 0,
+          "CUDA engine: how long each stream's dispatching thread stays "
+          "awake after a dispatch, watching for the next request, before "
+          "it sleeps; a request handed to it meanwhile is put on the GPU "
+          "by a thread that has not slept. Keeps one core busy per stream "
+          "while it spins (0: sleep at once)");
 ABSL_FLAG(int64_t, poll_only_max_bytes, 0,
           "CUDA engine: a request (or batch) moving at most this many bytes "
           "to and from the GPU is answered by the poller alone: no CUDA host "
@@ -193,7 +199,7 @@ const std::vector<matmul::FlagGroup>& ServerFlags() {
         "batch_window_us", "adaptive_batching", "max_batch", "grouped_batching",
         "inline_dispatch_max_bytes", "staging_copy_threads",
         "staging_copy_split_bytes", "staging_copy_expect_spin_us",
-        "staging_copy_streaming_stores", "completion_poll_us",
+        "staging_copy_streaming_stores", "completion_poll_us", "lane_spin_us",
         "poll_only_max_bytes", "cuda_graphs_per_stream",
         "cuda_graph_max_bytes"}},
       {"Request limits",
@@ -367,6 +373,8 @@ int main(int argc, char** argv) {
       std::max<int64_t>(0, absl::GetFlag(FLAGS_inline_dispatch_max_bytes));
   engine_options.completion_poll = absl::Microseconds(
       std::max<int64_t>(0, absl::GetFlag(FLAGS_completion_poll_us)));
+  engine_options.lane_spin = absl::Microseconds(
+      std::max<int64_t>(0, absl::GetFlag(FLAGS_lane_spin_us)));
   engine_options.poll_only_max_bytes =
       std::max<int64_t>(0, absl::GetFlag(FLAGS_poll_only_max_bytes));
   engine_options.cuda_graphs_per_stream =

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <memory>
 #include <optional>
+#include <thread>
 #include <utility>
 #include <variant>
 
@@ -83,6 +84,8 @@ void CudaEngine::Submit(std::unique_ptr<MatmulJob> job) {
         inline_layout = *layout;
       } else {
         lane->queue.push_back({std::move(job), *layout, submitted, estimate});
+        lane->queued.store(static_cast<int64_t>(lane->queue.size()),
+                           std::memory_order_release);
         lane->cv.Signal();
         return;
       }
@@ -113,6 +116,8 @@ void CudaEngine::Submit(std::unique_ptr<MatmulJob> job) {
     // Memory or staging was not free at once: the lane thread waits for it.
     inline_lane->queue.push_front(
         {std::move(left), inline_layout, submitted, estimate});
+    inline_lane->queued.store(static_cast<int64_t>(inline_lane->queue.size()),
+                              std::memory_order_release);
   }
   inline_lane->cv.Signal();
 }
@@ -127,6 +132,15 @@ void CudaEngine::LaneLoop(Lane* lane) {
     FailDevice(lane->device, set);
   }
   while (true) {
+    if (options_.lane_spin > absl::ZeroDuration()) {
+      // Awake a while for the next job (CudaEngineOptions::lane_spin);
+      // the wait below then finds it without sleeping.
+      const absl::Time until = absl::Now() + options_.lane_spin;
+      while (lane->queued.load(std::memory_order_acquire) == 0 &&
+             absl::Now() < until) {
+        std::this_thread::yield();
+      }
+    }
     Lane::Queued next;
     {
       absl::MutexLock lock(&lane->mu);
@@ -136,6 +150,8 @@ void CudaEngine::LaneLoop(Lane* lane) {
       if (lane->queue.empty()) return;  // stopping, and nothing is left
       next = std::move(lane->queue.front());
       lane->queue.pop_front();
+      lane->queued.store(static_cast<int64_t>(lane->queue.size()),
+                         std::memory_order_release);
       lane->busy = true;
     }
     Dispatch(lane, std::move(next.job), next.layout, next.submitted,

@@ -39,6 +39,9 @@ struct CudaEngine::Lane {
     double estimate = 0;
   };
   std::deque<Queued> queue ABSL_GUARDED_BY(mu);
+  // queue.size(), written under mu, read without it by the lane's thread
+  // while it spins (CudaEngineOptions::lane_spin).
+  std::atomic<int64_t> queued{0};
   // A thread (the lane's own or a submitter) is dispatching onto the stream.
   bool busy ABSL_GUARDED_BY(mu) = false;
   bool stopping ABSL_GUARDED_BY(mu) = false;
