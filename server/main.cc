@@ -132,14 +132,14 @@ ABSL_FLAG(bool, staging_copy_streaming_stores, false,
           "(streaming) stores, which leave no dirty lines in the CPU's "
           "caches for the GPU's upload to read (x86-64; elsewhere a plain "
           "copy)");
-ABSL_FLAG(int32_t, cuda_graphs_per_stream, 0,
+ABSL_FLAG(int32_t, cuda_graphs_per_stream, 8,
           "CUDA engine: a small multiply (A, B and C within the "
           "cuda-graph-max-bytes limit; not a batch the server gathered) is "
           "recorded per stream and shape as a CUDA graph (the second time "
           "its shape comes) and replayed with one launch; at most this many "
           "graphs per stream, the least recently used evicted (0: every job "
           "call by call)");
-ABSL_FLAG(int64_t, cuda_graph_max_bytes, int64_t{16} << 20,
+ABSL_FLAG(int64_t, cuda_graph_max_bytes, int64_t{4} << 20,
           "CUDA engine, with CUDA graphs on: the most device memory (A, B "
           "and C) of a multiply replayed from a graph; larger ones run call "
           "by call");
