@@ -15,10 +15,10 @@
 #      engine's poller polls, as a gRPC thread submits), and 600 µs later
 #      from a thread that slept (--submit-gap-us 600): the engine's mean
 #      enqueue each way;
-#   4. scripts/gpu-targets.sh for SERVERS (default: the default server
-#      against graphs, 8 per stream, 4 MiB), ROUNDS (default 2) and PAIRS
-#      (default 3): the service's stage means, enqueue included, and the
-#      decision on graphs by default;
+#   4. scripts/gpu-targets.sh for SERVERS (default: call by call,
+#      --cuda-graphs-per-stream=0, against the default server, graphs on),
+#      ROUNDS (default 2) and PAIRS (default 3): the service's stage means,
+#      enqueue included, and graphs against call by call;
 #   5. the n=256 c=1 point, echo and default server, unpinned and with the
 #      server and the client pinned to disjoint CPUs (taskset), then with
 #      the lane's thread dispatching (asleep and awake) and with no poller;
@@ -74,7 +74,7 @@ for graphs in 0 8; do
     sm_clocks
   done
 done
-SERVERS=${SERVERS:-"matmul-server matmul-server:--cuda-graphs-per-stream=8,--cuda-graph-max-bytes=4194304"} \
+SERVERS=${SERVERS:-"matmul-server:--cuda-graphs-per-stream=0 matmul-server"} \
   ROUNDS=${ROUNDS:-2} PAIRS=${PAIRS:-3} "$(dirname "$0")/gpu-targets.sh" "$out/targets" \
   >"$out/targets.log" 2>&1
 log "targets rc=$?"

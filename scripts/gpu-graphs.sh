@@ -13,8 +13,8 @@
 #      the same with 1 stream (PIPELINE=0 skips it). On a slow H100 graphs
 #      gave 2.4x with poll-only where with host functions they had cost 18%
 #      (docs/PERFORMANCE.md section 16);
-#   3. scripts/gpu-targets.sh with the server as it is, with
-#      --cuda-graphs-per-stream=GRAPHS, and with that and
+#   3. scripts/gpu-targets.sh with the server call by call
+#      (--cuda-graphs-per-stream=0), with --cuda-graphs-per-stream=GRAPHS, and with that and
 #      --poll-only-max-bytes=POLL_ONLY_BYTES (the pair that led in step 2 on
 #      the slow H100), ROUNDS (default 1) rounds, against the transport
 #      ceiling of the same run (TARGETS=0 skips it).
@@ -71,7 +71,7 @@ fi
 if [ "${TARGETS:-1}" != 0 ]; then
   log "== 3. service targets: graphs off, on, and on with poll-only"
   with_graphs=matmul-server:--cuda-graphs-per-stream=$graphs
-  SERVERS="matmul-server $with_graphs $with_graphs,--poll-only-max-bytes=$poll_only_bytes" \
+  SERVERS="matmul-server:--cuda-graphs-per-stream=0 $with_graphs $with_graphs,--poll-only-max-bytes=$poll_only_bytes" \
     ROUNDS=${ROUNDS:-1} "$(dirname "$0")/gpu-targets.sh" "$out/targets" 2>&1 | tail -40
   cat "$out/targets/targets.txt" >>"$out/$logfile" 2>/dev/null
 fi

@@ -10,7 +10,7 @@
 # the commit before the change copied into the bundle under that name), each
 # with default flags, in turn, ROUNDS rounds (default 2), 3 s points. A name
 # may carry flags after a colon, commas for spaces, e.g.
-# "matmul-server matmul-server:--cuda-graphs-per-stream=8". The ceiling runs
+# "matmul-server matmul-server:--cuda-graphs-per-stream=0". The ceiling runs
 # before and after. The targets (n=256 c=1 p50, n=256 c=64 over 16
 # channels and n=64 c=64 over 8 req/s) are also measured paired: PAIRS
 # (default 3) times the echo's point of the same request size then the
