@@ -19,7 +19,7 @@
 # sets CCACHE_BASEDIR to the checkout), so a fresh clone of code built before
 # compiles almost nothing. docs/CONTRIBUTING.md has the times of each suite.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit
 root=$PWD
 
 mode=full
