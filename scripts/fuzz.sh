@@ -47,4 +47,4 @@ echo "fuzz: request_fuzzer for ${seconds} s"
   -print_final_stats=1 \
   -artifact_prefix="$build/fuzz-artifacts/" \
   "$work/corpus" tests/fuzz/corpus
-echo "fuzz: no crash in ${seconds} s; $(ls "$work/corpus" | wc -l) new corpus entries (discarded)"
+echo "fuzz: no crash in ${seconds} s; $(find "$work/corpus" -mindepth 1 -maxdepth 1 | wc -l) new corpus entries (discarded)"
