@@ -55,8 +55,8 @@ esac
 if [ -r /etc/os-release ] && . /etc/os-release && [ "${ID:-}" = ubuntu ]; then
   for i in "${!wanted[@]}"; do
     case "${wanted[$i]}" in
-      libgrpc++1.51) wanted[$i]=libgrpc++1.51t64 ;;
-      libprotobuf32) wanted[$i]=libprotobuf32t64 ;;
+      libgrpc++1.51) wanted[i]=libgrpc++1.51t64 ;;
+      libprotobuf32) wanted[i]=libprotobuf32t64 ;;
     esac
   done
 fi
@@ -80,5 +80,5 @@ fi
 # Node tools used by the checks (buf lint, manifest validation) live in the
 # project's own tools/node_modules, pinned by tools/package-lock.json.
 if [ "$mode" = --all ] && [ -f "$(dirname "$0")/../tools/package.json" ]; then
-  (cd "$(dirname "$0")/../tools" && { [ -d node_modules ] && npm ls >/dev/null 2>&1 || npm ci --no-audit --no-fund --loglevel=error; })
+  (cd "$(dirname "$0")/../tools" && { { [ -d node_modules ] && npm ls >/dev/null 2>&1; } || npm ci --no-audit --no-fund --loglevel=error; })
 fi
