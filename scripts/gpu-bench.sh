@@ -32,12 +32,11 @@ log "transport ceiling (rawecho/rawclient)"
 $R rawecho 127.0.0.1:50061 >"$work/rawecho.log" 2>&1 &
 echo_pid=$!
 sleep 1
-for target in 127.0.0.1:50061; do
-  for point in "8388608 32 16" "32768 64 8" "524288 1 1"; do
-    # shellcheck disable=SC2086
-    line=$(timeout 30 $R rawclient "$target" $point "$secs" 2>&1 | tail -1)
-    echo "$target $point: $line" | tee -a "$work/summary.txt"
-  done
+target=127.0.0.1:50061
+for point in "8388608 32 16" "32768 64 8" "524288 1 1"; do
+  # shellcheck disable=SC2086
+  line=$(timeout 30 $R rawclient "$target" $point "$secs" 2>&1 | tail -1)
+  echo "$target $point: $line" | tee -a "$work/summary.txt"
 done
 kill "$echo_pid" 2>/dev/null
 wait "$echo_pid" 2>/dev/null
@@ -106,6 +105,7 @@ kill -TERM "$batching"
 wait "$batching"
 # Stored operands and kept results: the GPU, not the wire, is the limit.
 for mode in "float32 strict" "float32 tf32" "bfloat16 strict"; do
+  # shellcheck disable=SC2086 # mode is a dtype and a compute mode, split on purpose
   set -- $mode
   ( sleep 2; python3 -c "import urllib.request,sys; \
 sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:9464/timeline?seconds=1').read().decode())" \

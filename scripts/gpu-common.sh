@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared by the scripts that measure the server on the H200 (gpu-*.sh):
 # sourced, not run. Expects `out` (the output folder) and `logfile` (the
 # summary file's name in it) to be set, and the programs in .gpubundle.
@@ -11,6 +12,7 @@ T=127.0.0.1:50051
 # `out` but the summaries at its top (summary.txt, targets.txt and its
 # own `logfile`) goes into OUT/outputs.tgz (`tar tzf` lists them); a
 # gpu-*.sh it runs leaves that to it.
+# shellcheck disable=SC2154 # out and logfile: set by the sourcing script
 pack_outputs() {
   local files
   files=$(cd "$out" && find . -type f ! -path ./summary.txt \
@@ -78,6 +80,7 @@ stop_server() {
 bench_point() {
   local f=$1 n=$2 c=$3 ch=$4 secs=$5
   shift 5
+  # shellcheck disable=SC2086 # $R (MATMUL_RUN) splits as in the other $R calls
   timeout 60 $R matmul-bench --target $T --shape "$n" --concurrency "$c" \
     --channels "$ch" --duration "$secs" --warmup 1 --timeout 30 "$@" >"$f" 2>&1
   grep -E "^ *[0-9]" "$f" | tee -a "$out/$logfile" || tail -n 3 "$f" | tee -a "$out/$logfile"

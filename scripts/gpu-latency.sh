@@ -12,15 +12,15 @@ out=${1:?usage: gpu-latency.sh OUT}
 R=.gpubundle/run
 $R rawecho 127.0.0.1:50061 > /dev/null 2>&1 & e=$!
 sleep 1
-for i in 1 2 3; do echo "ceiling: $(timeout 20 $R rawclient 127.0.0.1:50061 524288 1 1 3 2>&1 | tail -1)" | tee -a $out/lat.txt; done
-kill $e
-$R matmul-server --host 127.0.0.1 --port 50051 --metrics-port 9464 --engine cuda --pinned-pool-bytes 1073741824 2> $out/server.log &
+for i in 1 2 3; do echo "ceiling: $(timeout 20 $R rawclient 127.0.0.1:50061 524288 1 1 3 2>&1 | tail -1)" | tee -a "$out/lat.txt"; done
+kill "$e"
+$R matmul-server --host 127.0.0.1 --port 50051 --metrics-port 9464 --engine cuda --pinned-pool-bytes 1073741824 2> "$out/server.log" &
 s=$!
-for _ in $(seq 1 300); do grep -q "serving on port" $out/server.log && break; sleep 0.1; done
+for _ in $(seq 1 300); do grep -q "serving on port" "$out/server.log" && break; sleep 0.1; done
 for i in 1 2; do
-  timeout 60 $R matmul-bench --target 127.0.0.1:50051 --shape 256 --dtype float32 --concurrency 1 --duration 4 --warmup 1 --timeout 30 > $out/bench$i.txt 2>&1
-  grep -E "^ *[0-9]" $out/bench$i.txt | tee -a $out/lat.txt
+  timeout 60 $R matmul-bench --target 127.0.0.1:50051 --shape 256 --dtype float32 --concurrency 1 --duration 4 --warmup 1 --timeout 30 > "$out/bench$i.txt" 2>&1
+  grep -E "^ *[0-9]" "$out/bench$i.txt" | tee -a "$out/lat.txt"
 done
-python3 -c "import urllib.request,sys; sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:9464/metrics').read().decode())" > $out/metrics.txt
-grep -E "^matmul_(stage_duration_seconds|request_duration_seconds)_(sum|count)" $out/metrics.txt | grep -v 'method="[^M]' | tee -a $out/lat.txt
-kill -TERM $s; sleep 1
+python3 -c "import urllib.request,sys; sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:9464/metrics').read().decode())" > "$out/metrics.txt"
+grep -E "^matmul_(stage_duration_seconds|request_duration_seconds)_(sum|count)" "$out/metrics.txt" | grep -v 'method="[^M]' | tee -a "$out/lat.txt"
+kill -TERM "$s"; sleep 1

@@ -88,17 +88,19 @@ if [ -x .gpubundle/bin/rawecho ]; then
   echo_pid=$!
   sleep 1
   for threads in 1 1 8 8; do
-    log "rawclient 8388608 $threads threads 1 channel: $(timeout 30 $R rawclient 127.0.0.1:50061 8388608 $threads 1 3 2>&1 | tail -1)"
+    # shellcheck disable=SC2086 # $R (MATMUL_RUN) splits as in the other $R calls
+    log "rawclient 8388608 $threads threads 1 channel: $(timeout 30 $R rawclient 127.0.0.1:50061 8388608 "$threads" 1 3 2>&1 | tail -1)"
   done
-  kill $echo_pid
+  kill "$echo_pid"
 fi
 
 log "== generating operands"
-gen $big a16k 1 && gen $big b16k 2 && gen $mid a8k 3 && gen $mid b8k 4
+gen "$big" a16k 1 && gen "$big" b16k 2 && gen "$mid" a8k 3 && gen "$mid" b8k 4
+# shellcheck disable=SC2012 # a listing for the summary, not parsed
 ls -la "$data" | tee -a "$out/summary.txt"
 
 $R matmul-server --host 127.0.0.1 --port 50051 --metrics-port 9464 \
-  --engine $engine --pinned-pool-bytes 4294967296 \
+  --engine "$engine" --pinned-pool-bytes 4294967296 \
   --max-message-bytes 1073741824 2>"$work/server.log" &
 server=$!
 for _ in $(seq 1 600); do
@@ -117,8 +119,9 @@ for mib in $chunks_list; do
     striping=(--stripes "$k")
     log "-- --stripes $k --chunk-mib $mib"
   fi
+  # shellcheck disable=SC2086 # $R (MATMUL_RUN) splits as in the other $R calls
   timeout 120 $R matmul-cli multiply --target $T --a "$data/a16k.npy" \
-    --b "$data/b16k.npy" --out "$data/c16k.npy" --stream --chunk-mib $mib \
+    --b "$data/b16k.npy" --out "$data/c16k.npy" --stream --chunk-mib "$mib" \
     ${striping[@]+"${striping[@]}"} 2>&1 | tee -a "$out/summary.txt"
   if [ $first = 1 ]; then
     python3 -c "import urllib.request,sys; sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:9464/timeline?seconds=20').read().decode())" \
@@ -134,9 +137,11 @@ done
 done
 
 log "== ${mid}^2 float32: unary Multiply vs MultiplyStream"
-for i in 1 2 3; do
+for _ in 1 2 3; do
+  # shellcheck disable=SC2086 # $R (MATMUL_RUN) splits as in the other $R calls
   timeout 60 $R matmul-cli multiply --target $T --a "$data/a8k.npy" \
     --b "$data/b8k.npy" --out "$data/c8k.npy" 2>&1 | tee -a "$out/summary.txt"
+  # shellcheck disable=SC2086 # $R (MATMUL_RUN) splits as in the other $R calls
   timeout 60 $R matmul-cli multiply --target $T --a "$data/a8k.npy" \
     --b "$data/b8k.npy" --out "$data/c8k-s.npy" --stream --chunk-mib 16 \
     2>&1 | tee -a "$out/summary.txt"
@@ -149,21 +154,24 @@ print('$mid: streamed product identical to unary:', bool((u == s).all()))" \
 python3 -c "import urllib.request,sys; sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:9464/metrics').read().decode())" \
   >"$work/metrics.txt" 2>&1
 grep -E '^matmul_requests_total.*MultiplyStream' "$work/metrics.txt" | tee -a "$out/summary.txt"
-kill -TERM $server
-for _ in $(seq 1 100); do kill -0 $server 2>/dev/null || break; sleep 0.1; done
+kill -TERM "$server"
+for _ in $(seq 1 100); do kill -0 "$server" 2>/dev/null || break; sleep 0.1; done
 rm -rf "$data"
 save
 
 if [ "${MATMUL_STREAM_TESTS:-1}" = 0 ]; then log "done"; exit 0; fi
 log "== GPU tests"
+# shellcheck disable=SC2086 # $R (MATMUL_RUN) splits as in the other $R calls
 timeout 240 $R cuda_engine_test >"$work/cuda_engine_test.log" 2>&1
 log "cuda_engine_test rc=$? $(summary "$work/cuda_engine_test.log")"
 grep -E '^\[  FAILED  \]' "$work/cuda_engine_test.log" | head | tee -a "$out/summary.txt"
 save
+# shellcheck disable=SC2086 # $R (MATMUL_RUN) splits as in the other $R calls
 MATMUL_TEST_ENGINE=cuda timeout 120 $R multiply_stream_test \
   >"$work/multiply_stream_test.log" 2>&1
 log "multiply_stream_test (cuda) rc=$? $(summary "$work/multiply_stream_test.log")"
 save
+# shellcheck disable=SC2086 # $R (MATMUL_RUN) splits as in the other $R calls
 MATMUL_TEST_ENGINE=cuda timeout 200 $R server_test >"$work/server_test.log" 2>&1
 log "server_test (cuda) rc=$? $(summary "$work/server_test.log")"
 grep -E '^\[  FAILED  \]' "$work/server_test.log" | head | tee -a "$out/summary.txt"
