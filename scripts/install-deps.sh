@@ -34,7 +34,7 @@ build_pkgs=(
   python3-venv python3-pip python3-setuptools python3-wheel
   python3-matplotlib pybind11-dev python3-dev
   prometheus openssl curl ca-certificates
-  clang-14 libclang-rt-14-dev clang-format
+  clang-14 libclang-rt-14-dev clang-format shellcheck
 )
 
 case "$mode" in
