@@ -142,15 +142,26 @@ ipassed=${ipassed:-0} ifailed=${ifailed:-0}
 ((install_rc != 0 && ifailed == 0)) && ifailed=1
 row install $((ipassed + ifailed)) "$ifailed" 0 $((SECONDS - t0)) "check_install.sh steps: client-only build, install, consumer, multiply"
 
-step "lint: buf lint (proto/), clang-format, include cycles, proto compatibility"
+step "lint: buf lint (proto/), clang-format, shellcheck, include cycles, proto compatibility"
 t0=$SECONDS
 files=$(git ls-files '*.cc' '*.h' | grep -v '^third_party/')
 nfiles=$(wc -w <<<"$files")
 nproto=$(git ls-files 'proto/*.proto' | grep -vc '^proto/released/')
+# Every tracked shell script: the *.sh files and the executables whose first
+# line runs sh or bash (.ci/run).
+scripts=$({
+  git ls-files '*.sh'
+  git ls-files -s | awk '$1 == "100755"' | cut -f2 | while read -r f; do
+    head -n 1 "$f" 2>/dev/null | grep -qE '^#!.*[/ ](ba)?sh([[:space:]]|$)' && echo "$f"
+  done
+} | grep -v '^third_party/' | sort -u)
+nscripts=$(wc -w <<<"$scripts")
 lint_failed=0
 (cd proto && ../tools/node_modules/.bin/buf lint) || lint_failed=$((lint_failed + 1))
 # shellcheck disable=SC2086
 clang-format --dry-run --Werror $files || lint_failed=$((lint_failed + 1))
+# shellcheck disable=SC2086
+shellcheck -x $scripts || lint_failed=$((lint_failed + 1))
 # No include cycles: by unit (a .h with its .cc) in server/, client/,
 # common/ and tools/; by file in gpu/, whose CUDA engine defines its nested
 # types (CudaEngine::Device, ::Lane, ::InFlight) in headers of their own.
@@ -161,7 +172,7 @@ lint_junit=$results/ctest-lint.xml lint_since=$(date +%s)
 ctest --test-dir "$build" -L '^lint$' --no-tests=error --output-on-failure \
   --output-junit "$lint_junit" || lint_failed=$((lint_failed + 1))
 read -r nlint _ < <("$py" "$summary_py" count "$lint_junit" --pytest-dir "$results" --since "$lint_since")
-row lint $((nfiles + nproto + 2 + nlint)) "$lint_failed" 0 $((SECONDS - t0)) "files: $nproto proto (buf), $nfiles C++ (clang-format); 2 include-cycle checks; $nlint proto compatibility (ctest -L lint)"
+row lint $((nfiles + nproto + nscripts + 2 + nlint)) "$lint_failed" 0 $((SECONDS - t0)) "files: $nproto proto (buf), $nfiles C++ (clang-format), $nscripts shell (shellcheck); 2 include-cycle checks; $nlint proto compatibility (ctest -L lint)"
 
 step "warnings: clang-14, -Wthread-safety -Werror (scripts/warnings.sh)"
 t0=$SECONDS
