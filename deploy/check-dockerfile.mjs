@@ -69,7 +69,7 @@ export const STAGES = {
   cuda: { image: "cuda-runtime", install: "--runtime", from: "build", final: true },
 };
 // What the build stages must not install (scripts/install-deps.sh --compile).
-const NOT_FOR_COMPILING = /^(prometheus|python3.*|nodejs|npm|libgtest-dev|libgmock-dev|clang-format|clang-\d+|libclang-rt-.*|openssl|curl|git)$/;
+const NOT_FOR_COMPILING = /^(prometheus|python3.*|nodejs|npm|libgtest-dev|libgmock-dev|clang-format|shellcheck|clang-\d+|libclang-rt-.*|openssl|curl|git)$/;
 
 // The packages of one mode of scripts/install-deps.sh (its NAME_pkgs array).
 export function installDepsPackages(name, file = join(repoRoot, "scripts/install-deps.sh")) {
