@@ -93,7 +93,8 @@ struct CudaEngineOptions {
   // its queue, before it sleeps until the next job is queued: a job queued
   // meanwhile is dispatched by a thread that has not slept (no wake-up,
   // its caches warm), at the cost of one CPU core per lane kept busy
-  // while it spins. Zero: the thread sleeps at once.
+  // while it spins. While it is awake, submitters queue small jobs to it
+  // rather than dispatching them inline. Zero: the thread sleeps at once.
   absl::Duration lane_spin = absl::ZeroDuration();
   // How long the poller keeps querying the end events of jobs in flight
   // after the last enqueue or completion before it sleeps until the next

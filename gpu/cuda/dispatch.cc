@@ -76,8 +76,11 @@ void CudaEngine::Submit(std::unique_ptr<MatmulJob> job) {
       submitted = absl::Now();
       absl::MutexLock lock(&lane->mu);
       // 0 turns this off even for jobs that stage nothing.
+      // A lane thread awake for work (lane_spin) takes the job at once and
+      // makes its calls faster than a thread that has just received a
+      // request (docs/PERFORMANCE.md section 26): it gets the job.
       if (options_.inline_dispatch_max_bytes > 0 && lane->queue.empty() &&
-          !lane->busy &&
+          !lane->busy && !lane->spinning.load(std::memory_order_acquire) &&
           layout->staging_bytes <= options_.inline_dispatch_max_bytes) {
         lane->busy = true;
         inline_lane = lane;
@@ -136,24 +139,40 @@ void CudaEngine::LaneLoop(Lane* lane) {
       // Awake a while for the next job (CudaEngineOptions::lane_spin);
       // the wait below then finds it without sleeping.
       const absl::Time until = absl::Now() + options_.lane_spin;
+      lane->spinning.store(true, std::memory_order_release);
       while (lane->queued.load(std::memory_order_acquire) == 0 &&
              absl::Now() < until) {
         std::this_thread::yield();
       }
+      // A job queued from here on is found by the wait below (it is
+      // queued and signalled under mu).
+      lane->spinning.store(false, std::memory_order_release);
     }
     Lane::Queued next;
+    const bool spins = options_.lane_spin > absl::ZeroDuration();
+    bool woken_idle = false;
     {
       absl::MutexLock lock(&lane->mu);
       while (lane->busy || (lane->queue.empty() && !lane->stopping)) {
         lane->cv.Wait(&lane->mu);
+        // Woken with nothing to do (a submitter's inline dispatch has
+        // ended): a spinning lane goes back to spinning, so that the next
+        // job comes to it rather than to another inline dispatch.
+        if (spins && !lane->busy && lane->queue.empty() && !lane->stopping) {
+          woken_idle = true;
+          break;
+        }
       }
-      if (lane->queue.empty()) return;  // stopping, and nothing is left
-      next = std::move(lane->queue.front());
-      lane->queue.pop_front();
-      lane->queued.store(static_cast<int64_t>(lane->queue.size()),
-                         std::memory_order_release);
-      lane->busy = true;
+      if (!woken_idle) {
+        if (lane->queue.empty()) return;  // stopping, and nothing is left
+        next = std::move(lane->queue.front());
+        lane->queue.pop_front();
+        lane->queued.store(static_cast<int64_t>(lane->queue.size()),
+                           std::memory_order_release);
+        lane->busy = true;
+      }
     }
+    if (woken_idle) continue;
     Dispatch(lane, std::move(next.job), next.layout, next.submitted,
              next.estimate, /*may_wait=*/true);
     absl::MutexLock lock(&lane->mu);

@@ -42,6 +42,9 @@ struct CudaEngine::Lane {
   // queue.size(), written under mu, read without it by the lane's thread
   // while it spins (CudaEngineOptions::lane_spin).
   std::atomic<int64_t> queued{0};
+  // The lane's thread is awake for its next job (lane_spin): a submitter
+  // then queues a small job to it instead of dispatching it itself.
+  std::atomic<bool> spinning{false};
   // A thread (the lane's own or a submitter) is dispatching onto the stream.
   bool busy ABSL_GUARDED_BY(mu) = false;
   bool stopping ABSL_GUARDED_BY(mu) = false;
