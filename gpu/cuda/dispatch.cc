@@ -87,8 +87,7 @@ void CudaEngine::Submit(std::unique_ptr<MatmulJob> job) {
         inline_layout = *layout;
       } else {
         lane->queue.push_back({std::move(job), *layout, submitted, estimate});
-        lane->queued.store(static_cast<int64_t>(lane->queue.size()),
-                           std::memory_order_release);
+        lane->CountQueued();
         lane->cv.Signal();
         return;
       }
@@ -119,8 +118,7 @@ void CudaEngine::Submit(std::unique_ptr<MatmulJob> job) {
     // Memory or staging was not free at once: the lane thread waits for it.
     inline_lane->queue.push_front(
         {std::move(left), inline_layout, submitted, estimate});
-    inline_lane->queued.store(static_cast<int64_t>(inline_lane->queue.size()),
-                              std::memory_order_release);
+    inline_lane->CountQueued();
   }
   inline_lane->cv.Signal();
 }
@@ -134,8 +132,9 @@ void CudaEngine::LaneLoop(Lane* lane) {
     // lane's jobs with the cause instead of running them elsewhere.
     FailDevice(lane->device, set);
   }
+  const bool spins = options_.lane_spin > absl::ZeroDuration();
   while (true) {
-    if (options_.lane_spin > absl::ZeroDuration()) {
+    if (spins) {
       // Awake a while for the next job (CudaEngineOptions::lane_spin);
       // the wait below then finds it without sleeping.
       const absl::Time until = absl::Now() + options_.lane_spin;
@@ -149,30 +148,25 @@ void CudaEngine::LaneLoop(Lane* lane) {
       lane->spinning.store(false, std::memory_order_release);
     }
     Lane::Queued next;
-    const bool spins = options_.lane_spin > absl::ZeroDuration();
-    bool woken_idle = false;
     {
       absl::MutexLock lock(&lane->mu);
+      bool woken_idle = false;
       while (lane->busy || (lane->queue.empty() && !lane->stopping)) {
         lane->cv.Wait(&lane->mu);
         // Woken with nothing to do (a submitter's inline dispatch has
         // ended): a spinning lane goes back to spinning, so that the next
         // job comes to it rather than to another inline dispatch.
-        if (spins && !lane->busy && lane->queue.empty() && !lane->stopping) {
-          woken_idle = true;
-          break;
-        }
+        woken_idle =
+            spins && !lane->busy && lane->queue.empty() && !lane->stopping;
+        if (woken_idle) break;
       }
-      if (!woken_idle) {
-        if (lane->queue.empty()) return;  // stopping, and nothing is left
-        next = std::move(lane->queue.front());
-        lane->queue.pop_front();
-        lane->queued.store(static_cast<int64_t>(lane->queue.size()),
-                           std::memory_order_release);
-        lane->busy = true;
-      }
+      if (woken_idle) continue;
+      if (lane->queue.empty()) return;  // stopping, and nothing is left
+      next = std::move(lane->queue.front());
+      lane->queue.pop_front();
+      lane->CountQueued();
+      lane->busy = true;
     }
-    if (woken_idle) continue;
     Dispatch(lane, std::move(next.job), next.layout, next.submitted,
              next.estimate, /*may_wait=*/true);
     absl::MutexLock lock(&lane->mu);
