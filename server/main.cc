@@ -105,8 +105,9 @@ ABSL_FLAG(int64_t, lane_spin_us, 0,
           "awake after a dispatch, watching for the next request, before "
           "it sleeps; meanwhile a request for its stream is handed to it "
           "(not dispatched by the thread that received it) and put on the "
-          "GPU by a thread that has not slept. Keeps one core busy per "
-          "stream while it spins (0: sleep at once)");
+          "GPU by a thread that has not slept. It spins only while no other "
+          "stream of its GPU has work (requests one at a time). Keeps one "
+          "core busy per stream while it spins (0: sleep at once)");
 ABSL_FLAG(int64_t, poll_only_max_bytes, 0,
           "CUDA engine: a request (or batch) moving at most this many bytes "
           "to and from the GPU is answered by the poller alone: no CUDA host "

@@ -123,6 +123,26 @@ void CudaEngine::Submit(std::unique_ptr<MatmulJob> job) {
   inline_lane->cv.Signal();
 }
 
+namespace {
+
+// No other lane of `lane`'s device has work queued or running: requests
+// come one at a time (c=1), and a lane awake for the next one pays. With
+// work on other lanes (concurrency) a spinning lane would only take a core
+// from the threads that receive requests (docs/PERFORMANCE.md section 27).
+bool AloneOnItsDevice(const CudaEngine::Lane* lane) {
+  for (const std::unique_ptr<CudaEngine::Lane>& other : lane->device->lanes) {
+    // outstanding is a sum of estimates added and taken away again: below
+    // a nanosecond it is rounding, not work.
+    if (other.get() != lane &&
+        other->outstanding.load(std::memory_order_relaxed) > 1e-9) {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
 void CudaEngine::LaneLoop(Lane* lane) {
   const int index = lane->device->index;
   if (absl::Status set = CudaStatus(cudaSetDevice(index), "cudaSetDevice",
@@ -134,13 +154,14 @@ void CudaEngine::LaneLoop(Lane* lane) {
   }
   const bool spins = options_.lane_spin > absl::ZeroDuration();
   while (true) {
-    if (spins) {
-      // Awake a while for the next job (CudaEngineOptions::lane_spin);
-      // the wait below then finds it without sleeping.
+    if (spins && AloneOnItsDevice(lane)) {
+      // Awake a while for the next job (CudaEngineOptions::lane_spin),
+      // while requests come one at a time; the wait below then finds it
+      // without sleeping.
       const absl::Time until = absl::Now() + options_.lane_spin;
       lane->spinning.store(true, std::memory_order_release);
       while (lane->queued.load(std::memory_order_acquire) == 0 &&
-             absl::Now() < until) {
+             absl::Now() < until && AloneOnItsDevice(lane)) {
         std::this_thread::yield();
       }
       // A job queued from here on is found by the wait below (it is
