@@ -1,38 +1,17 @@
 #include "tests/reference_gemm.h"
 
 #include <cmath>
-#include <cstring>
 #include <limits>
 
-#include "common/float16.h"
+#include "common/element.h"
 
 namespace matmul::testing {
 
 std::string RandomBytes(DType dtype, int64_t count, absl::BitGen& gen) {
   std::string out(static_cast<size_t>(count) * DTypeSize(dtype), '\0');
   for (int64_t i = 0; i < count; ++i) {
-    const double v = absl::Uniform<double>(gen, -1.0, 1.0);
-    char* p = out.data() + i * DTypeSize(dtype);
-    switch (dtype) {
-      case DType::kFloat32: {
-        const float f = static_cast<float>(v);
-        std::memcpy(p, &f, 4);
-        break;
-      }
-      case DType::kFloat64:
-        std::memcpy(p, &v, 8);
-        break;
-      case DType::kFloat16: {
-        const uint16_t h = FloatToHalf(static_cast<float>(v));
-        std::memcpy(p, &h, 2);
-        break;
-      }
-      case DType::kBFloat16: {
-        const uint16_t h = FloatToBFloat16(static_cast<float>(v));
-        std::memcpy(p, &h, 2);
-        break;
-      }
-    }
+    StoreElement(dtype, absl::Uniform<double>(gen, -1.0, 1.0),
+                 out.data() + i * DTypeSize(dtype));
   }
   return out;
 }
@@ -41,25 +20,7 @@ std::vector<double> ToDoubles(DType dtype, const void* data, int64_t count) {
   std::vector<double> out(static_cast<size_t>(count));
   const char* p = static_cast<const char*>(data);
   for (int64_t i = 0; i < count; ++i) {
-    const char* e = p + i * DTypeSize(dtype);
-    switch (dtype) {
-      case DType::kFloat32: {
-        float f;
-        std::memcpy(&f, e, 4);
-        out[i] = f;
-        break;
-      }
-      case DType::kFloat64:
-        std::memcpy(&out[i], e, 8);
-        break;
-      case DType::kFloat16:
-      case DType::kBFloat16: {
-        uint16_t h;
-        std::memcpy(&h, e, 2);
-        out[i] = dtype == DType::kFloat16 ? HalfToFloat(h) : BFloat16ToFloat(h);
-        break;
-      }
-    }
+    out[i] = LoadElement(dtype, p + i * DTypeSize(dtype));
   }
   return out;
 }

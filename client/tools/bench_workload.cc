@@ -13,7 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "client/lib/tensor_proto.h"
-#include "common/float16.h"
+#include "common/element.h"
 
 namespace matmul {
 namespace {
@@ -45,55 +45,13 @@ std::string RandomData(DType dtype, int64_t count, SplitMix64& rng) {
   std::string data(static_cast<size_t>(count) * DTypeSize(dtype), '\0');
   char* out = data.data();
   for (int64_t i = 0; i < count; ++i) {
-    const double v = rng.Uniform();
-    switch (dtype) {
-      case DType::kFloat64:
-        std::memcpy(out + 8 * i, &v, 8);
-        break;
-      case DType::kFloat32: {
-        const float f = static_cast<float>(v);
-        std::memcpy(out + 4 * i, &f, 4);
-        break;
-      }
-      case DType::kFloat16: {
-        const uint16_t h = FloatToHalf(static_cast<float>(v));
-        std::memcpy(out + 2 * i, &h, 2);
-        break;
-      }
-      case DType::kBFloat16: {
-        const uint16_t b = FloatToBFloat16(static_cast<float>(v));
-        std::memcpy(out + 2 * i, &b, 2);
-        break;
-      }
-    }
+    StoreElement(dtype, rng.Uniform(), out + i * DTypeSize(dtype));
   }
   return data;
 }
 
 double ElementAt(DType dtype, const char* data, int64_t i) {
-  switch (dtype) {
-    case DType::kFloat64: {
-      double v;
-      std::memcpy(&v, data + 8 * i, 8);
-      return v;
-    }
-    case DType::kFloat32: {
-      float v;
-      std::memcpy(&v, data + 4 * i, 4);
-      return v;
-    }
-    case DType::kFloat16: {
-      uint16_t h;
-      std::memcpy(&h, data + 2 * i, 2);
-      return HalfToFloat(h);
-    }
-    case DType::kBFloat16: {
-      uint16_t b;
-      std::memcpy(&b, data + 2 * i, 2);
-      return BFloat16ToFloat(b);
-    }
-  }
-  return 0;
+  return LoadElement(dtype, data + i * DTypeSize(dtype));
 }
 
 std::vector<double> ToDoubles(DType dtype, const std::string& data) {

@@ -14,59 +14,18 @@
 #include "client/lib/tensor_proto.h"
 #include "client/tools/bench_report.h"
 #include "client/tools/server_scrape.h"
-#include "common/float16.h"
+#include "common/element.h"
 #include "nlohmann/json.hpp"
 
 namespace matmul {
 namespace {
 
 double Element(DType dtype, const std::string& data, int64_t i) {
-  switch (dtype) {
-    case DType::kFloat64: {
-      double v;
-      std::memcpy(&v, data.data() + 8 * i, 8);
-      return v;
-    }
-    case DType::kFloat32: {
-      float v;
-      std::memcpy(&v, data.data() + 4 * i, 4);
-      return v;
-    }
-    case DType::kFloat16: {
-      uint16_t v;
-      std::memcpy(&v, data.data() + 2 * i, 2);
-      return HalfToFloat(v);
-    }
-    case DType::kBFloat16: {
-      uint16_t v;
-      std::memcpy(&v, data.data() + 2 * i, 2);
-      return BFloat16ToFloat(v);
-    }
-  }
-  return 0;
+  return LoadElement(dtype, data.data() + i * DTypeSize(dtype));
 }
 
 void SetElement(DType dtype, std::string& data, int64_t i, double value) {
-  switch (dtype) {
-    case DType::kFloat64:
-      std::memcpy(data.data() + 8 * i, &value, 8);
-      break;
-    case DType::kFloat32: {
-      const float f = static_cast<float>(value);
-      std::memcpy(data.data() + 4 * i, &f, 4);
-      break;
-    }
-    case DType::kFloat16: {
-      const uint16_t h = FloatToHalf(static_cast<float>(value));
-      std::memcpy(data.data() + 2 * i, &h, 2);
-      break;
-    }
-    case DType::kBFloat16: {
-      const uint16_t b = FloatToBFloat16(static_cast<float>(value));
-      std::memcpy(data.data() + 2 * i, &b, 2);
-      break;
-    }
-  }
+  StoreElement(dtype, value, data.data() + i * DTypeSize(dtype));
 }
 
 // What a correct server answers: the product accumulated in float32 (or

@@ -20,7 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/lib/dtype_conversion.h"
-#include "common/float16.h"
+#include "common/element.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -43,28 +43,7 @@ HostTensor MakeTensor(std::vector<int64_t> shape, DType dtype) {
   for (int64_t d : t.shape) n *= d;
   t.data.resize(static_cast<size_t>(n) * DTypeSize(dtype));
   for (int64_t i = 0; i < n; ++i) {
-    char* p = t.data.data() + i * DTypeSize(dtype);
-    const double v = ValueAt(i);
-    switch (dtype) {
-      case DType::kFloat32: {
-        const float f = static_cast<float>(v);
-        std::memcpy(p, &f, 4);
-        break;
-      }
-      case DType::kFloat64:
-        std::memcpy(p, &v, 8);
-        break;
-      case DType::kFloat16: {
-        const uint16_t h = FloatToHalf(static_cast<float>(v));
-        std::memcpy(p, &h, 2);
-        break;
-      }
-      case DType::kBFloat16: {
-        const uint16_t b = FloatToBFloat16(static_cast<float>(v));
-        std::memcpy(p, &b, 2);
-        break;
-      }
-    }
+    StoreElement(dtype, ValueAt(i), t.data.data() + i * DTypeSize(dtype));
   }
   return t;
 }
