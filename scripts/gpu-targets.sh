@@ -20,9 +20,11 @@
 # call, and 15-30% between calls on one slower machine); PAIRS=0 skips
 # them. After each point the server's job counts (stream jobs, graph jobs,
 # graphs recorded and evicted, batches) are logged.
+# C1_ONLY=1 keeps only the n=256 c=1 points (and the c=1 ceiling): more
+# rounds of the one target that small differences decide, in less time.
 # Writes OUT/targets.txt and the raw outputs.
 #
-#   [SERVERS="a b"] [ROUNDS=2] [PAIRS=3] scripts/gpu-targets.sh OUT
+#   [SERVERS="a b"] [ROUNDS=2] [PAIRS=3] [C1_ONLY=1] scripts/gpu-targets.sh OUT
 set -u
 out=${1:?usage: gpu-targets.sh OUT}
 logfile=targets.txt
@@ -75,8 +77,10 @@ paired_point() {
 }
 
 log_gpu
+ceilings=("32768 64 8" "524288 64 16" "524288 1 1" "8388608 32 16")
+[ "${C1_ONLY:-0}" = 1 ] && ceilings=("524288 1 1")
 log "== transport ceiling before (REQUEST_BYTES THREADS CHANNELS)"
-ceiling "32768 64 8" "524288 64 16" "524288 1 1" "8388608 32 16"
+ceiling "${ceilings[@]}"
 for round in $(seq 1 "${ROUNDS:-2}"); do
   for entry in ${SERVERS:-matmul-server}; do
     bin=${entry%%:*}
@@ -90,6 +94,12 @@ for round in $(seq 1 "${ROUNDS:-2}"); do
     log "$entry $(stage_means "n=256 c=1")"
     if [ "${PAIRS:-3}" != 0 ]; then
       paired_point "$entry" "$out/paired-$s-$round-n256-c1.txt" 256 1 1
+    fi
+    if [ "${C1_ONLY:-0}" = 1 ]; then
+      stop_server
+      continue
+    fi
+    if [ "${PAIRS:-3}" != 0 ]; then
       paired_point "$entry" "$out/paired-$s-$round-n256-c64.txt" 256 64 16
       paired_point "$entry" "$out/paired-$s-$round-n64-c64.txt" 64 64 8
     fi
@@ -104,5 +114,5 @@ for round in $(seq 1 "${ROUNDS:-2}"); do
   done
 done
 log "== transport ceiling after"
-ceiling "32768 64 8" "524288 64 16" "524288 1 1" "8388608 32 16"
+ceiling "${ceilings[@]}"
 log "== done $(date -u +%FT%TZ)"
