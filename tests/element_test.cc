@@ -43,8 +43,8 @@ TEST(ElementTest, RoundsToTheNearestValueOfTheDType) {
   char bytes[8] = {};
   StoreElement(DType::kFloat16, 1.0 + 1.0 / 4096, bytes);  // a quarter step up
   EXPECT_EQ(LoadElement(DType::kFloat16, bytes), 1.0);
-  StoreElement(DType::kBFloat16, 1.0 + 3.0 / 256,
-               bytes);  // 1.5 steps: a tie, to even
+  // 1.5 steps above 1: a tie, rounded to the even mantissa.
+  StoreElement(DType::kBFloat16, 1.0 + 3.0 / 256, bytes);
   EXPECT_EQ(LoadElement(DType::kBFloat16, bytes), 1.0 + 2.0 / 128);
   StoreElement(DType::kFloat16, 1e6, bytes);  // beyond float16's range
   EXPECT_TRUE(std::isinf(LoadElement(DType::kFloat16, bytes)));

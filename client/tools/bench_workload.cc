@@ -3,7 +3,6 @@
 #include <cblas.h>
 
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <utility>
 
