@@ -1,11 +1,12 @@
 // CudaEngine::Enqueue: one job's work on its stream, in order: the start
-// event, stream-ordered device allocations, H2D copies of the staged
-// operands (one copy when they lie back to back), the GEMM (or nothing, for
-// transfers), the D2H copy of the result into staging, the end event, then the
-// host function that completes the job. A small multiply instead replays the
-// CUDA graph instance it took in Dispatch (job_graph.h), which does the same
-// work in one launch, then the end event and host function as above. Nothing
-// here waits on the device.
+// event, stream-ordered device allocations, H2D copies of the staged operands
+// (one copy when they lie back to back), the h2d_done event, the GEMM (or
+// nothing, for transfers), the gemm_done event, the D2H copy of the result
+// into staging, the end event, then the host function that completes the
+// job; an untimed job (timed_job_every) records only the end event. A small
+// multiply instead replays the CUDA graph instance it took in Dispatch
+// (job_graph.h), which does the same work in one launch, then the end event
+// and host function as above. Nothing here waits on the device.
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -54,7 +55,10 @@ void CudaEngine::Enqueue(InFlight* flight, const std::byte* host_a,
   }
   if (!replayed)
     flight->status = [&]() -> absl::Status {
-      CUDA_RETURN_IF_ERROR_AT(site, cudaEventRecord(ev.start.get(), stream));
+      // An untimed job's set has only `end` (timing.h).
+      if (ev.timed) {
+        CUDA_RETURN_IF_ERROR_AT(site, cudaEventRecord(ev.start.get(), stream));
+      }
       RETURN_IF_ERROR(
           Inject(FaultInjector::Point::kDeviceAlloc, flight->job_id));
       if (l.transient_bytes > 0) {
@@ -117,7 +121,10 @@ void CudaEngine::Enqueue(InFlight* flight, const std::byte* host_a,
         CUDA_RETURN_IF_ERROR_AT(
             site, cudaMemsetAsync(flight->kept, 0xff, spec.a_bytes(), stream));
       }
-      CUDA_RETURN_IF_ERROR_AT(site, cudaEventRecord(ev.h2d_done.get(), stream));
+      if (ev.timed) {
+        CUDA_RETURN_IF_ERROR_AT(site,
+                                cudaEventRecord(ev.h2d_done.get(), stream));
+      }
       const std::byte* device_c = device_a;  // download: C is A itself
       if (l.gemm) {
         std::byte* c =
@@ -141,8 +148,10 @@ void CudaEngine::Enqueue(InFlight* flight, const std::byte* host_a,
                                       device_a, device_b, c, site));
         }
       }
-      CUDA_RETURN_IF_ERROR_AT(site,
-                              cudaEventRecord(ev.gemm_done.get(), stream));
+      if (ev.timed) {
+        CUDA_RETURN_IF_ERROR_AT(site,
+                                cudaEventRecord(ev.gemm_done.get(), stream));
+      }
       if (l.return_c) {
         CUDA_RETURN_IF_ERROR_AT(
             site, cudaMemcpyAsync(flight->host_c, device_c, l.c_bytes,

@@ -28,9 +28,11 @@ absl::StatusOr<std::unique_ptr<EventSet>> EventPool::Take(bool timed) {
   }
   const unsigned flags = timed ? cudaEventDefault : cudaEventDisableTiming;
   auto events = std::make_unique<EventSet>();
-  ASSIGN_OR_RETURN(events->start, CreateEvent(flags));
-  ASSIGN_OR_RETURN(events->h2d_done, CreateEvent(flags));
-  ASSIGN_OR_RETURN(events->gemm_done, CreateEvent(flags));
+  if (timed) {
+    ASSIGN_OR_RETURN(events->start, CreateEvent(flags));
+    ASSIGN_OR_RETURN(events->h2d_done, CreateEvent(flags));
+    ASSIGN_OR_RETURN(events->gemm_done, CreateEvent(flags));
+  }
   ASSIGN_OR_RETURN(events->end, CreateEvent(flags));
   events->timed = timed;
   return events;

@@ -25,10 +25,12 @@
 
 namespace matmul {
 
-// The four events of one job on its stream, recorded in this order. Timed
-// (the default), they give the job's stage times; untimed
-// (cudaEventDisableTiming: CudaEngineOptions::timed_job_every), they only
-// order and complete it, and the device records them for nothing.
+// The events of one job on its stream, recorded in this order. Timed (the
+// default), the four give the job's stage times. An untimed set
+// (CudaEngineOptions::timed_job_every) has `end` alone, made with
+// cudaEventDisableTiming: it tells the poller that the job's stream work is
+// done, and start, h2d_done and gemm_done stay empty and are never recorded,
+// three calls a job fewer for the enqueuing thread.
 struct EventSet {
   CudaEvent start;
   CudaEvent h2d_done;
