@@ -28,6 +28,16 @@ bool CudaEngineBuilt() {
 #endif
 }
 
+bool ChoosesCudaEngine(EngineKind kind) {
+#ifdef MATMUL_HAVE_CUDA
+  return kind == EngineKind::kCuda ||
+         (kind == EngineKind::kAuto && VisibleCudaDevices() > 0);
+#else
+  (void)kind;
+  return false;
+#endif
+}
+
 namespace {
 
 absl::StatusOr<std::unique_ptr<Engine>> CreateBareEngine(
@@ -53,10 +63,7 @@ namespace {
 absl::StatusOr<std::unique_ptr<Engine>> CreateBareEngine(
     const EngineOptions& options) {
 #ifdef MATMUL_HAVE_CUDA
-  const bool use_cuda =
-      options.kind == EngineKind::kCuda ||
-      (options.kind == EngineKind::kAuto && VisibleCudaDevices() > 0);
-  if (use_cuda) {
+  if (ChoosesCudaEngine(options.kind)) {
     CudaEngineOptions cuda;
     cuda.streams_per_device = options.streams_per_device;
     cuda.pinned_bytes_per_device = options.staging_bytes_per_device;

@@ -56,6 +56,10 @@ absl::StatusOr<EngineKind> ParseEngineKind(const std::string& text);
 // Whether this binary includes the CUDA engine.
 bool CudaEngineBuilt();
 
+// Whether CreateEngine with this kind makes the CUDA engine: kCuda in a
+// build that has it, or kAuto there with a GPU visible.
+bool ChoosesCudaEngine(EngineKind kind);
+
 // kAuto: the CUDA engine when it was built and a GPU is visible, otherwise
 // the host engine. kCuda fails (FAILED_PRECONDITION) without a usable GPU.
 absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(

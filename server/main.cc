@@ -129,11 +129,13 @@ ABSL_FLAG(int64_t, staging_copy_expect_spin_us, 0,
           "wake and wait awake this long for its copy, so that they are "
           "already up when it starts (0: they wake when the copy starts; "
           "off by default, docs/PERFORMANCE.md sections 20 and 21)");
-ABSL_FLAG(bool, staging_copy_streaming_stores, false,
-          "Copy request operands into engine staging with non-temporal "
-          "(streaming) stores, which leave no dirty lines in the CPU's "
-          "caches for the GPU's upload to read (x86-64; elsewhere a plain "
-          "copy)");
+ABSL_FLAG(bool, staging_copy_streaming_stores, true,
+          "CUDA engine: copy request operands into staging with "
+          "non-temporal (streaming) stores, which leave no dirty lines in "
+          "the CPU's caches for the GPU's upload to read (x86-64; elsewhere "
+          "a plain copy). The host engine's copies are always plain: its "
+          "CPU reads the operands next, from the caches (docs/PERFORMANCE.md "
+          "section 30)");
 ABSL_FLAG(int32_t, cuda_graphs_per_stream, 8,
           "CUDA engine: a small multiply (A, B and C within the "
           "cuda-graph-max-bytes limit; not a batch the server gathered) is "
@@ -409,7 +411,8 @@ int main(int argc, char** argv) {
   options.staging_copy.expect_spin_us = std::clamp<int64_t>(
       absl::GetFlag(FLAGS_staging_copy_expect_spin_us), 0, 1'000'000);
   options.staging_copy.streaming_stores =
-      absl::GetFlag(FLAGS_staging_copy_streaming_stores);
+      absl::GetFlag(FLAGS_staging_copy_streaming_stores) &&
+      matmul::ChoosesCudaEngine(*kind);
   options.limits.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.limits.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes);
   options.limits.max_elements_per_operand =
@@ -525,7 +528,8 @@ int main(int argc, char** argv) {
           : "",
       "; max message ", options.limits.max_message_bytes,
       " bytes, max in flight ", options.limits.max_inflight_bytes,
-      " bytes; staging copy helpers ", options.staging_copy.helpers));
+      " bytes; staging copy helpers ", options.staging_copy.helpers,
+      options.staging_copy.streaming_stores ? ", streaming stores" : ""));
 
   const int first = (*signals)->Next();
   matmul::LogLine(

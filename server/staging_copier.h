@@ -38,7 +38,9 @@ struct StagingCopyOptions {
   int64_t expect_spin_us = 0;
   // Copy with streaming stores (common/streaming_copy.h), so that staging
   // is not left dirty in the caches for the GPU's upload to read from
-  // there. Every copy, shared or not.
+  // there. Every copy, shared or not. matmul-server sets it with the CUDA
+  // engine (--staging-copy-streaming-stores, on by default), never with
+  // the host engine, whose CPU reads the operands next.
   bool streaming_stores = false;
 };
 
