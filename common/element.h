@@ -1,9 +1,10 @@
 // One element of a dtype as a double, written to or read from its
 // little-endian bytes: for tests and the bench's workloads, which build and
-// check tensors element by element. Writing a float16 or bfloat16 rounds
+// check tensors element by element, and the client's dtype conversion,
+// which reads with LoadElement. Writing a float16 or bfloat16 rounds
 // through float32 (twice, so a float64 between two float32s can land one
 // step off the correctly rounded value; client/lib/dtype_conversion.h
-// rounds once, as NumPy does). Reading is exact. Pure functions;
+// writes rounding once, as NumPy does). Reading is exact. Pure functions;
 // thread-safe.
 #ifndef MATMUL_COMMON_ELEMENT_H_
 #define MATMUL_COMMON_ELEMENT_H_

@@ -4,37 +4,12 @@
 #include <cstring>
 #include <utility>
 
+#include "common/element.h"
 #include "common/float16.h"
 #include "common/status_macros.h"
 
 namespace matmul {
 namespace {
-
-double LoadAsDouble(const char* p, DType dtype) {
-  switch (dtype) {
-    case DType::kFloat32: {
-      float f;
-      std::memcpy(&f, p, sizeof f);
-      return f;
-    }
-    case DType::kFloat64: {
-      double d;
-      std::memcpy(&d, p, sizeof d);
-      return d;
-    }
-    case DType::kFloat16: {
-      uint16_t h;
-      std::memcpy(&h, p, sizeof h);
-      return HalfToFloat(h);
-    }
-    case DType::kBFloat16: {
-      uint16_t b;
-      std::memcpy(&b, p, sizeof b);
-      return BFloat16ToFloat(b);
-    }
-  }
-  return 0;
-}
 
 void StoreFromDouble(double value, DType dtype, char* p) {
   switch (dtype) {
@@ -106,7 +81,7 @@ absl::StatusOr<HostTensor> ConvertDType(const HostTensor& tensor, DType to) {
     return out;
   }
   for (size_t i = 0; i < n; ++i, in += in_size, dst += out_size) {
-    StoreFromDouble(LoadAsDouble(in, tensor.dtype), to, dst);
+    StoreFromDouble(LoadElement(tensor.dtype, in), to, dst);
   }
   return out;
 }
