@@ -22,9 +22,15 @@
 # graphs recorded and evicted, batches) are logged.
 # C1_ONLY=1 keeps only the n=256 c=1 points (and the c=1 ceiling): more
 # rounds of the one target that small differences decide, in less time.
+# BENCH_FLAGS (space-separated) go to every matmul-bench run, and
+# C1_BENCH_FLAGS (default --blocking-calls) to its c=1 runs besides: the
+# client the echo's rawclient is there (the caller polls for its own
+# reply; gRPC's callbacks cost the echo itself 0.09-0.14 ms of p50 on an
+# H100, docs/PERFORMANCE.md section 31). C1_BENCH_FLAGS= gives callbacks.
 # Writes OUT/targets.txt and the raw outputs.
 #
-#   [SERVERS="a b"] [ROUNDS=2] [PAIRS=3] [C1_ONLY=1] scripts/gpu-targets.sh OUT
+#   [SERVERS="a b"] [ROUNDS=2] [PAIRS=3] [C1_ONLY=1] [BENCH_FLAGS=...] \
+#     [C1_BENCH_FLAGS=...] scripts/gpu-targets.sh OUT
 set -u
 out=${1:?usage: gpu-targets.sh OUT}
 logfile=targets.txt
@@ -46,7 +52,8 @@ median() {
 paired_point() {
   local label=$1 f=$2 n=$3 c=$4 ch=$5 i echo_line server_line
   local echo_rps echo_p50 server_rps server_p50 line=""
-  local ratios=() excess=()
+  local ratios=() excess=() point_flags=("${bench_flags[@]}")
+  [ "$c" = 1 ] && point_flags+=("${c1_bench_flags[@]}")
   $R rawecho 127.0.0.1:50061 >/dev/null 2>&1 &
   local e=$!
   sleep 1
@@ -55,7 +62,7 @@ paired_point() {
     echo_rps=$(echo "$echo_line" | sed -n 's/.* rps=\([0-9.]*\) .*/\1/p')
     echo_p50=$(echo "$echo_line" | sed -n 's/.* p50=\([0-9.]*\)ms.*/\1/p')
     timeout 30 "$R" matmul-bench --target $T --shape "$n" --concurrency "$c" \
-      --channels "$ch" --duration 2 --warmup 0.5 --timeout 30 >"$f.$i" 2>&1
+      --channels "$ch" --duration 2 --warmup 0.5 --timeout 30 "${point_flags[@]}" >"$f.$i" 2>&1
     server_line=$(grep -E "^ +$c +$ch " "$f.$i" | tail -1)
     server_rps=$(echo "$server_line" | awk '{print $4}')
     server_p50=$(echo "$server_line" | awk '{print $9}')
@@ -77,6 +84,9 @@ paired_point() {
 }
 
 log_gpu
+read -r -a bench_flags <<<"${BENCH_FLAGS:-}"
+read -r -a c1_bench_flags <<<"${C1_BENCH_FLAGS---blocking-calls}"
+log "matmul-bench flags: ${bench_flags[*]}; at c=1 besides: ${c1_bench_flags[*]}"
 ceilings=("32768 64 8" "524288 64 16" "524288 1 1" "8388608 32 16")
 [ "${C1_ONLY:-0}" = 1 ] && ceilings=("524288 1 1")
 log "== transport ceiling before (REQUEST_BYTES THREADS CHANNELS)"
@@ -90,7 +100,7 @@ for round in $(seq 1 "${ROUNDS:-2}"); do
     log "-- $entry, round $round"
     # shellcheck disable=SC2086 # the flags split on purpose
     SERVER_BIN=$bin start_server "$out/server-$s-$round.log" --metrics-port 9464 ${flags//,/ }
-    bench_point "$out/bench-$s-$round-n256-c1.txt" 256 1 1 3
+    bench_point "$out/bench-$s-$round-n256-c1.txt" 256 1 1 3 "${bench_flags[@]}" "${c1_bench_flags[@]}"
     log "$entry $(stage_means "n=256 c=1")"
     if [ "${PAIRS:-3}" != 0 ]; then
       paired_point "$entry" "$out/paired-$s-$round-n256-c1.txt" 256 1 1
@@ -104,11 +114,11 @@ for round in $(seq 1 "${ROUNDS:-2}"); do
       paired_point "$entry" "$out/paired-$s-$round-n64-c64.txt" 64 64 8
     fi
     log "$entry $(job_counts "after n=256 c=1 and the paired points")"
-    bench_point "$out/bench-$s-$round-n64-c64.txt" 64 64 8 3
+    bench_point "$out/bench-$s-$round-n64-c64.txt" 64 64 8 3 "${bench_flags[@]}"
     log "$entry $(job_counts "after n=64 c=64")"
-    bench_point "$out/bench-$s-$round-n256-c64.txt" 256 64 16 3
+    bench_point "$out/bench-$s-$round-n256-c64.txt" 256 64 16 3 "${bench_flags[@]}"
     log "$entry $(job_counts "after n=256 c=64")"
-    bench_point "$out/bench-$s-$round-n1024-c32.txt" 1024 32 16 3
+    bench_point "$out/bench-$s-$round-n1024-c32.txt" 1024 32 16 3 "${bench_flags[@]}"
     log "$entry $(job_counts "after n=1024 c=32")"
     stop_server
   done

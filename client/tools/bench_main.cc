@@ -202,6 +202,7 @@ int Main(int argc, char** argv) {
   run.resident = c.resident;
   run.client_id = c.client_id;
   if (c.stream) run.stream = StreamOptions{c.stream_chunk_bytes, c.stripes};
+  run.blocking_calls = c.blocking_calls;
 
   // The server first: no point building operands for a server that is not
   // there.
@@ -364,6 +365,7 @@ int Main(int argc, char** argv) {
       bp.point.warmup = absl::Seconds(c.warmup_s);
       bp.point.timeout = absl::Seconds(c.timeout_s);
       bp.point.verify_every = c.verify ? c.verify_every : 0;
+      bp.point.blocking_calls = c.blocking_calls;
       if (c.progress) bp.point.progress_interval = absl::Seconds(1);
       bp.channels = PointChannels(c, concurrency);
       ClientOptions options;

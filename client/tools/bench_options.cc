@@ -19,6 +19,7 @@
 #include "absl/strings/string_view.h"
 #include "client/lib/matmul_client.h"
 #include "client/tools/bench_stability.h"
+#include "client/tools/load_generator.h"
 #include "common/command_line.h"
 
 // The values are checked by MakeConfig; the help texts are kBenchUsage's.
@@ -44,6 +45,7 @@ ABSL_FLAG(std::string, resident, "none", "");
 ABSL_FLAG(bool, verify, false, "");
 ABSL_FLAG(bool, progress, false, "");
 ABSL_FLAG(bool, protobuf_requests, false, "");
+ABSL_FLAG(bool, blocking_calls, false, "");
 ABSL_FLAG(bool, stable, false, "");
 ABSL_FLAG(bool, shared_memory, false, "");
 ABSL_FLAG(std::string, stable_windows, "", "");
@@ -63,7 +65,7 @@ const char kBenchUsage[] = R"(usage:
                [--duration SECONDS | --requests N] [--warmup SECONDS]
                [--channels N] [--timeout SECONDS]
                [--verify] [--verify-every N] [--distinct N] [--seed N]
-               [--protobuf-requests] [--shared-memory]
+               [--protobuf-requests] [--shared-memory] [--blocking-calls]
                [--resident[=operands|all|none]] [--client-id NAME]
                [--grpc-arg NAME=INT,...]
                [--json FILE] [--label TEXT] [--progress]
@@ -125,6 +127,13 @@ p50/p90/p99/p99.9 of the successful requests, and errors by gRPC status code.
                   serialize each request with protobuf on every call (a copy
                   of every operand byte), instead of sending prebuilt
                   encodings whose operands go out from memory as they are
+  --blocking-calls
+                  a thread per request in flight, each making gRPC's blocking
+                  call (MatmulClient::MultiplyEncoded: the thread polls for
+                  its own reply) and then the next, as the transport
+                  ceiling's rawclient does, instead of callbacks on gRPC's
+                  threads. A closed loop only (not with --rate); concurrency
+                  at most 256; not with --stream, whose calls block already
   --json          write every point to FILE (schema matmul-bench/1)
   --label         free text stored with every point in the JSON
   --progress      a line on stderr every second: elapsed, req/s, errors
@@ -222,8 +231,8 @@ absl::StatusOr<Flags> ParseFlags(const std::vector<std::string>& args) {
                                                 "stream-chunk-bytes",
                                                 "stripes"};
   static const std::set<std::string> kSwitches = {
-      "verify", "progress",      "protobuf-requests",
-      "stable", "shared-memory", "stream"};
+      "verify",        "progress", "protobuf-requests", "stable",
+      "shared-memory", "stream",   "blocking-calls"};
   // A switch that may take a value: --resident, --resident=operands, or
   // --resident operands; given alone it is --resident=all.
   static const std::set<std::string> kResidentValues = {"none", "operands",
@@ -358,6 +367,8 @@ absl::Status StreamOptionsFrom(const Flags& flags, BenchConfig& c) {
            Excluded{c.protobuf_requests, "--protobuf-requests",
                     "frames its chunks from memory, with no request to "
                     "serialize"},
+           Excluded{c.blocking_calls, "--blocking-calls",
+                    "makes blocking calls already"},
        }) {
     if (e.given) {
       return absl::InvalidArgumentError(
@@ -456,6 +467,21 @@ absl::StatusOr<BenchConfig> MakeConfig(const Flags& flags) {
   c.channels = static_cast<int>(*channels);
   c.verify = flags.switches.count("verify") > 0 || flags.Has("verify-every");
   c.protobuf_requests = flags.switches.count("protobuf-requests") > 0;
+  c.blocking_calls = flags.switches.count("blocking-calls") > 0;
+  if (c.blocking_calls) {
+    if (!c.rates.empty()) {
+      return absl::InvalidArgumentError(
+          "--blocking-calls makes a closed loop: not with --rate");
+    }
+    const int most =
+        *std::max_element(c.concurrency.begin(), c.concurrency.end());
+    if (most > kMaxBlockingCallers) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--blocking-calls runs a thread per request in flight: "
+                       "--concurrency is at most ",
+                       kMaxBlockingCallers, " with it, got ", most));
+    }
+  }
   absl::StatusOr<int64_t> every = ParsePositive(flags, "verify-every", 64);
   if (!every.ok()) return every.status();
   c.verify_every = static_cast<int>(std::min<int64_t>(*every, 1 << 30));

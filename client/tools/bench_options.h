@@ -40,6 +40,8 @@ struct BenchConfig {
   double timeout_s = 60;
   bool verify = false;
   bool protobuf_requests = false;
+  // --blocking-calls: LoadPoint::blocking_calls.
+  bool blocking_calls = false;
   int verify_every = 64;
   int distinct = 0;  // 0: automatic
   uint64_t seed = 1;

@@ -147,6 +147,7 @@ Json PointJson(const BenchRun& run, const BenchPoint& bp) {
   j["resident"] = std::string(ResidentName(run.resident));
   j["shared_memory"] = run.shared_memory;
   j["streamed"] = run.stream.has_value();
+  j["blocking_calls"] = p.blocking_calls;
   j["stream"] = StreamJson(run);
   j["request_message_bytes"] = bp.request_message_bytes;
   j["response_message_bytes"] = r.response_message_bytes;
@@ -257,6 +258,8 @@ std::string RunDescription(const BenchRun& run) {
           ? "; resident: operands stored, products returned"
           : "",
       run.shared_memory ? "; through shared memory (a region per slot)" : "",
+      run.blocking_calls ? "; blocking calls (a thread per request in flight)"
+                         : "",
       run.stream.has_value()
           ? absl::StrCat("; streamed (MultiplyStream) over ",
                          run.stream->stripes, " stripe(s), ",
@@ -356,6 +359,7 @@ std::string ReportJson(const BenchRun& run,
   config["resident"] = std::string(ResidentName(run.resident));
   config["shared_memory"] = run.shared_memory;
   config["streamed"] = run.stream.has_value();
+  config["blocking_calls"] = run.blocking_calls;
   config["stream"] = StreamJson(run);
   config["client_id"] = run.client_id;
   doc["config"] = std::move(config);

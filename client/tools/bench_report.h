@@ -103,6 +103,8 @@ struct BenchRun {
   // --stream: each multiply over MultiplyStream, in chunks of about
   // chunk_bytes, striped over `stripes` calls (unset: unary Multiply).
   std::optional<StreamOptions> stream;
+  // --blocking-calls: LoadPoint::blocking_calls on every point.
+  bool blocking_calls = false;
   // Sent as x-matmul-client on every call.
   std::string client_id;
   v1::GetServerInfoResponse server;

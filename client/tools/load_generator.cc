@@ -4,7 +4,9 @@
 #include <chrono>
 #include <cmath>
 #include <memory>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -65,6 +67,8 @@ struct RunState {
   MultiplyOptions options;
   bool open_loop = false;
   bool count_mode = false;
+  // LoadPoint::blocking_calls: each caller thread issues its own successor.
+  bool blocking = false;
   // LoadGenerator::set_exclusive_requests: indices of the requests that no
   // call is using now.
   bool exclusive = false;
@@ -100,6 +104,9 @@ struct RunState {
   // Closed loop: successors the driver must issue (see kMaxInlineDepth).
   int64_t deferred ABSL_GUARDED_BY(mu) = 0;
   bool driver_waits_for_slot ABSL_GUARDED_BY(mu) = false;
+  // Blocking calls: caller threads waiting for a slot (held by a kept
+  // product still being verified).
+  int callers_wait_for_slot ABSL_GUARDED_BY(mu) = 0;
   std::map<std::string, std::string> messages ABSL_GUARDED_BY(mu);
   std::map<std::string, std::string> delete_messages ABSL_GUARDED_BY(mu);
 
@@ -132,10 +139,9 @@ bool Issue(const std::shared_ptr<RunState>& s, Clock::time_point start) {
   if (measured) {
     const int64_t n =
         s->measured_started.fetch_add(1, std::memory_order_relaxed);
-    if (s->count_mode && n >= s->point.requests) {
-      s->stop_issuing.store(true, std::memory_order_relaxed);
-      return false;
-    }
+    // Not stop_issuing: a request counted before this one may not have
+    // started yet (on another thread) and must still start.
+    if (s->count_mode && n >= s->point.requests) return false;
   }
   int index = -1;
   {
@@ -143,6 +149,14 @@ bool Issue(const std::shared_ptr<RunState>& s, Clock::time_point start) {
     // after stopping, nothing more may start (Run's caller may free the
     // client).
     absl::MutexLock lock(&s->mu);
+    // A blocking caller's request may still hold its slot after its call
+    // (a kept product being verified): the next waits for one.
+    while (s->blocking && s->in_flight >= s->point.concurrency &&
+           !s->stop_issuing.load(std::memory_order_relaxed)) {
+      ++s->callers_wait_for_slot;
+      s->cv.Wait(&s->mu);
+      --s->callers_wait_for_slot;
+    }
     if (s->stop_issuing.load(std::memory_order_relaxed)) return false;
     ++s->in_flight;
     // Never empty: Run keeps concurrency <= requests, and a request is
@@ -158,6 +172,15 @@ bool Issue(const std::shared_ptr<RunState>& s, Clock::time_point start) {
         s->requests->size());
   }
   if (!s->open_loop) start = Clock::now();
+  if (s->blocking) {
+    // gRPC's blocking call: this thread polls for its own reply.
+    absl::StatusOr<v1::MultiplyResponse> response =
+        !s->encoded->empty()
+            ? s->client->MultiplyEncoded((*s->encoded)[index], s->options)
+            : s->client->MultiplyRaw(*(*s->requests)[index], s->options);
+    OnDone(s, index, start, measured, std::move(response));
+    return true;
+  }
   auto done = [s, index, start, measured](
                   absl::StatusOr<v1::MultiplyResponse> response) mutable {
     OnDone(std::move(s), index, start, measured, std::move(response));
@@ -228,11 +251,13 @@ void Complete(const std::shared_ptr<RunState>& s, bool ok, bool measured,
     absl::MutexLock lock(&s->mu);
     --s->in_flight;
     if (count_reached || s->driver_waits_for_slot ||
+        s->callers_wait_for_slot > 0 ||
         (s->in_flight == 0 && s->stop_issuing.load())) {
       s->cv.SignalAll();
     }
   }
-  if (s->open_loop) return;
+  // Blocking calls: the caller's thread issues the successor.
+  if (s->open_loop || s->blocking) return;
   // Closed loop: the successor.
   if (inline_depth < kMaxInlineDepth) {
     ++inline_depth;
@@ -368,6 +393,16 @@ absl::Status CheckLoadPoint(const LoadPoint& point, bool has_checker,
   if (requests == 0) {
     return absl::InvalidArgumentError("no requests to send");
   }
+  if (point.blocking_calls && point.rate > 0) {
+    return absl::InvalidArgumentError(
+        "blocking calls make a closed loop: not with a rate");
+  }
+  if (point.blocking_calls && point.concurrency > kMaxBlockingCallers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "blocking calls run a thread per request in flight: "
+        "concurrency is at most ",
+        kMaxBlockingCallers, " with them, got ", point.concurrency));
+  }
   return absl::OkStatus();
 }
 
@@ -394,6 +429,7 @@ absl::StatusOr<LoadResult> LoadGenerator::Run(
   s->point = point;
   s->options.timeout = point.timeout;
   s->open_loop = point.rate > 0;
+  s->blocking = point.blocking_calls;
   s->count_mode = point.requests > 0;
   s->exclusive = exclusive_;
   if (exclusive_) {
@@ -423,7 +459,18 @@ absl::StatusOr<LoadResult> LoadGenerator::Run(
       t_start + (report_progress ? ToClock(point.progress_interval)
                                  : Clock::duration::zero());
 
-  if (!s->open_loop) {
+  // Blocking calls: a thread per request in flight, each issuing its next
+  // as soon as its call returns, until the point stops issuing.
+  std::vector<std::thread> callers;
+  if (s->blocking) {
+    callers.reserve(point.concurrency);
+    for (int i = 0; i < point.concurrency; ++i) {
+      callers.emplace_back([s] {
+        while (Issue(s, Clock::now())) {
+        }
+      });
+    }
+  } else if (!s->open_loop) {
     for (int i = 0; i < point.concurrency; ++i) {
       if (!Issue(s, Clock::now())) break;
     }
@@ -523,6 +570,7 @@ absl::StatusOr<LoadResult> LoadGenerator::Run(
   {
     absl::MutexLock lock(&s->mu);
     s->stop_issuing.store(true);
+    s->cv.SignalAll();  // callers waiting for a slot
   }
   const Clock::time_point end = Clock::now();
   if (!window_closed) {
@@ -545,6 +593,8 @@ absl::StatusOr<LoadResult> LoadGenerator::Run(
     result.abandoned = s->in_flight;
     result.abandoned_deletes = s->pending_deletes;
   }
+  // Each caller returns within its call's deadline.
+  for (std::thread& caller : callers) caller.join();
 
   if (s->count_mode && !result.interrupted) {
     const Clock::time_point last(

@@ -5,7 +5,9 @@
 // Two disciplines:
 //  - closed loop (rate 0): `concurrency` requests are kept in flight; each
 //    completion issues the next one at once, from the gRPC thread that ran
-//    it. Latency runs from the moment a request is handed to gRPC.
+//    it. Latency runs from the moment a request is handed to gRPC. With
+//    LoadPoint::blocking_calls, `concurrency` threads each make a blocking
+//    call and then the next, as the transport ceiling's client does.
 //  - open loop (rate > 0): requests are started on a fixed schedule,
 //    `rate` per second, with `concurrency` as the cap on requests in flight.
 //    A request whose slot is not free yet waits for one; its latency still
@@ -78,7 +80,15 @@ struct LoadPoint {
   int verify_every = 0;
   // How often `progress` is called (zero: never).
   absl::Duration progress_interval = absl::ZeroDuration();
+  // Closed loop only: a thread per request in flight, each making gRPC's
+  // blocking call (the thread polls for its own reply, as the transport
+  // ceiling's rawclient does) and then the next, instead of callbacks on
+  // gRPC's threads. At most kMaxBlockingCallers.
+  bool blocking_calls = false;
 };
+
+// LoadPoint::blocking_calls: the most requests in flight (threads).
+inline constexpr int kMaxBlockingCallers = 256;
 
 // What a progress callback sees.
 struct LoadProgress {

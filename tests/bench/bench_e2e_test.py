@@ -42,6 +42,7 @@ POINT_FIELDS = [
     "request_bytes", "response_bytes", "request_gb_per_s",
     "response_gb_per_s", "total_gb_per_s", "flops_per_request",
     "tflop_per_s", "latency_ms", "verify", "interrupted", "server",
+    "blocking_calls",
 ]
 
 
@@ -219,6 +220,7 @@ def test_sweep_with_verify(server, tmp_path):
         assert p["flops_per_request"] == 2 * 48 * 40 * 24
         # Throughput counts a 1 s window; nothing absurd.
         assert 0.9 < p["elapsed_s"] < 1.5
+        assert p["blocking_calls"] is False  # callbacks, by default
     # The table on stdout: a header and one row per point.
     lines = r.stdout.splitlines()
     header = [i for i, l in enumerate(lines) if "req/s" in l and "p99.9" in l]
@@ -241,6 +243,71 @@ def test_dtypes_and_batches_verify(server, tmp_path, dtype, shape):
     assert p["requests"] == 30 and p["ok"] == 30
     assert p["verify"]["checked"] == 30 and p["verify"]["mismatches"] == 0
     assert p["requests_target"] == 30 and p["duration_s"] is None
+
+
+def test_blocking_calls_sweep_with_verify(server, tmp_path):
+    # A thread per request in flight, each making blocking calls: by
+    # duration, then by count (every request counted starts, whichever
+    # thread counted it).
+    out = tmp_path / "blocking.json"
+    r = bench("--target", server.target, "--shape", "48x40x24",
+              "--concurrency", "1,4", "--duration", "1", "--warmup", "0.2",
+              "--verify", "--verify-every", "8", "--blocking-calls",
+              "--json", out)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "blocking calls (a thread per request in flight)" in r.stdout
+    doc = load(out)
+    assert doc["config"]["blocking_calls"] is True
+    assert [p["concurrency"] for p in doc["points"]] == [1, 4]
+    for p in doc["points"]:
+        check_point_sane(p)
+        assert p["blocking_calls"] is True and p["mode"] == "closed"
+        assert p["errors"] == 0, p["error_messages"]
+        assert p["verify"]["checked"] > 0 and p["verify"]["mismatches"] == 0
+        assert 0.9 < p["elapsed_s"] < 1.5
+    for attempt in range(5):
+        out = tmp_path / ("count%d.json" % attempt)
+        r = bench("--target", server.target, "--shape", "8",
+                  "--concurrency", "8", "--requests", "200", "--warmup", "0",
+                  "--verify-every", "1", "--blocking-calls", "--json", out,
+                  timeout=30)
+        assert r.returncode == 0, r.stdout + r.stderr
+        (p,) = load(out)["points"]
+        assert p["requests"] == 200 and p["ok"] == 200, p
+        assert p["verify"]["checked"] == 200 and p["abandoned"] == 0
+
+
+def test_blocking_calls_with_kept_products(server, tmp_path):
+    # A sampled kept product holds its slot while it is downloaded and
+    # checked: the caller's next call waits for it.
+    out = tmp_path / "blocking_resident.json"
+    r = bench("--target", server.target, "--shape", "20",
+              "--concurrency", "3", "--requests", "60", "--warmup", "0",
+              "--resident", "--verify-every", "1", "--blocking-calls",
+              "--json", out)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (p,) = load(out)["points"]
+    check_resident_point(p, "all")
+    assert p["blocking_calls"] is True
+    assert p["requests"] == 60 and p["ok"] == 60
+    assert p["verify"]["checked"] == 60 and p["verify"]["mismatches"] == 0
+    assert p["deletes"]["issued"] == 60
+    assert_nothing_stored(server, p["resident_operands"])
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--blocking-calls", "--rate", "10"], "not with --rate"),
+    (["--blocking-calls", "--concurrency", "4,257"],
+     "--concurrency is at most 256 with it, got 257"),
+    (["--stream", "--blocking-calls"], "not with --blocking-calls"),
+])
+def test_blocking_calls_refuses_what_does_not_apply(server, args, message):
+    r = bench("--target", server.target, "--shape", "8", *args)
+    assert r.returncode == 2, (args, r.stdout, r.stderr)
+    assert r.stderr.startswith("matmul-bench: "), r.stderr
+    assert message in r.stderr, r.stderr
+    assert len(r.stderr.splitlines()) == 1, r.stderr
+    assert r.stdout == ""
 
 
 def test_fixed_rate(server, tmp_path):
