@@ -45,6 +45,13 @@ int64_t MultiplyStreamReactor::HeldBytes(const Multiply& m) {
 }
 
 void MultiplyStreamReactor::Start() {
+  // The response headers go first, on their own: otherwise the first write
+  // and a Finish that races it (OnCancel on gRPC's thread, say, while
+  // another answers a multiply) could each see them unsent and both carry
+  // them, which gRPC takes as API misuse and aborts the process for.
+  // Called before the reactor is returned, this runs before any other
+  // operation of the call.
+  StartSendInitialMetadata();
   Actions actions;
   {
     absl::MutexLock lock(&mu_);
