@@ -37,6 +37,9 @@
 //     successor goes in G µs after its predecessor's Done, the submitting
 //     thread asleep meanwhile, as a server's threads sleep through a c=1
 //     client's round trip;
+//   - with --coalesce K, the raw pipeline again with K jobs a launch: their
+//     operands in one copy up, one strided-batched GEMM, one copy down, as a
+//     gathered batch runs: what coalescing jobs on the device could reach;
 //   - after each row, the engine's mean StageTimings::enqueue (the host's
 //     time making a job's device calls) with one stream and with the pool.
 // Prints a table and optionally writes JSON. The ceilings are measured by
@@ -438,6 +441,8 @@ int Main(int argc, char** argv) {
   int64_t submit_gap_us = 0;
   bool operands_apart = false;
   int timed_job_every = 1;
+  // --coalesce K: the raw pipeline again with K jobs per launch.
+  int coalesce = 0;
   double seconds = 2;
   std::string json_path;
   for (int i = 1; i < argc; ++i) {
@@ -537,6 +542,12 @@ int Main(int argc, char** argv) {
       }
     } else if (arg.rfind("--seconds", 0) == 0) {
       seconds = std::atof(value().c_str());
+    } else if (arg.rfind("--coalesce", 0) == 0) {
+      if (!absl::SimpleAtoi(value(), &coalesce) || coalesce < 2 ||
+          coalesce > 64) {
+        std::fprintf(stderr, "--coalesce takes 2 to 64\n");
+        return 2;
+      }
     } else if (arg.rfind("--json", 0) == 0) {
       json_path = value();
     } else {
@@ -549,7 +560,7 @@ int Main(int argc, char** argv) {
                    "memory,two-copies,host-function] "
                    "[--graphs N] [--submit-threads 0] [--submit-gap-us 0] "
                    "[--batched] "
-                   "[--operands-apart] [--timed-job-every 1] "
+                   "[--operands-apart] [--timed-job-every 1] [--coalesce K] "
                    "[--seconds 2] [--json FILE]\n");
       return 2;
     }
@@ -619,6 +630,25 @@ int Main(int argc, char** argv) {
         return 1;
       }
       const double pipe = 1.0 / pipelined->seconds_per_job;
+      // --coalesce: K jobs' operands in one copy up, one strided-batched
+      // GEMM, one copy down (as a gathered batch runs), 8 launches a
+      // stream; jobs/s counts the K jobs of each.
+      double coalesced = 0;
+      if (coalesce > 1) {
+        MatmulSpec batch_spec = spec;
+        batch_spec.batch = batch_spec.a_batch = batch_spec.b_batch = coalesce;
+        auto fill_batch = [&batch_spec](std::byte* operands) {
+          FillRandom(operands, batch_spec.dtype,
+                     batch_spec.a_elements() + batch_spec.b_elements());
+        };
+        absl::StatusOr<Pipelined> launches =
+            MeasurePipelined(batch_spec, 0, streams, 8, pipe_work, fill_batch);
+        if (!launches.ok()) {
+          report(launches.status());
+          return 1;
+        }
+        coalesced = coalesce / launches->seconds_per_job;
+      }
       const double enqueue_us = pipelined->enqueue_seconds_per_job * 1e6;
       const absl::Duration window = absl::Seconds(seconds);
       RunOptions run_options;
@@ -669,6 +699,14 @@ int Main(int argc, char** argv) {
           "%6s engine enqueue (host) mean: one stream %.1f us, pool "
           "%.1f us\n",
           "", one->mean_enqueue * 1e6, pool->mean_enqueue * 1e6);
+      if (coalesce > 1) {
+        const double per_job = std::max({c->h2d, c->gemm, c->d2h});
+        std::printf(
+            "%6s raw pipeline, %d jobs a launch: %.1f jobs/s, %.1f%% of "
+            "ceil/s, %.2fx pipe/s\n",
+            "", coalesce, coalesced, 100 * coalesced * per_job,
+            coalesced / pipe);
+      }
       std::fflush(stdout);
       rows.push_back(absl::StrCat(
           "{\"n\":", n, ",\"mode\":\"", mode_name, "\",\"t_h2d_s\":", c->h2d,
@@ -692,6 +730,9 @@ int Main(int argc, char** argv) {
               ? absl::StrCat(",\"batched_per_s\":", batch->rate,
                              ",\"batched_device_busy\":", batch->device_busy)
               : "",
+          coalesce > 1 ? absl::StrCat(",\"coalesce\":", coalesce,
+                                      ",\"raw_coalesced_per_s\":", coalesced)
+                       : "",
           "}"));
     }
   }
@@ -712,7 +753,9 @@ int Main(int argc, char** argv) {
       "jobs only, with --timed-job-every); ovlp = "
       "copy time overlapped with GEMMs; batch/s (--batched) = the pool "
       "through the server's path: operands copied into staging, adaptive "
-      "batching into strided-batched GEMMs\n");
+      "batching into strided-batched GEMMs; --coalesce K: the raw pipeline "
+      "with K jobs a launch (one copy up, one strided-batched GEMM, one copy "
+      "down), in jobs/s\n");
   return 0;
 }
 
