@@ -45,13 +45,6 @@ int64_t MultiplyStreamReactor::HeldBytes(const Multiply& m) {
 }
 
 void MultiplyStreamReactor::Start() {
-  // The response headers go first, on their own: otherwise the first write
-  // and a Finish that races it (OnCancel on gRPC's thread, say, while
-  // another answers a multiply) could each see them unsent and both carry
-  // them, which gRPC takes as API misuse and aborts the process for.
-  // Called before the reactor is returned, this runs before any other
-  // operation of the call.
-  StartSendInitialMetadata();
   Actions actions;
   {
     absl::MutexLock lock(&mu_);
@@ -130,9 +123,7 @@ void MultiplyStreamReactor::Handle(std::vector<grpc::Slice> slices,
     std::vector<std::shared_ptr<Multiply>> all;
     for (const auto& [id, m] : open_) all.push_back(m);
     for (const auto& m : all) Close(m, grpc::StatusCode::INVALID_ARGUMENT);
-    finished_ = true;
-    actions.finish = true;
-    actions.finish_status = ToGrpcStatus(request.status());
+    EndCall(ToGrpcStatus(request.status()), actions);
     state_.admission.RecordRejection(RequestFault(request.status()));
     return;
   }
@@ -290,16 +281,23 @@ void MultiplyStreamReactor::Settle(Actions& actions) {
     writes_.pop_front();
     actions.write = true;
   } else if (!writing_ && read_done_ && open_.empty() && !join_waiting_) {
-    finished_ = true;
-    actions.finish = true;
-    actions.finish_status = grpc::Status::OK;
+    EndCall(grpc::Status::OK, actions);
   } else if (!writing_ && draining_ && open_.empty() && !join_waiting_) {
     // Every answer is out; the client may still have meant to send more.
-    finished_ = true;
-    actions.finish = true;
-    actions.finish_status = ToGrpcStatus(absl::UnavailableError(
-        "the server is shutting down; open a new stream to go on"));
+    EndCall(ToGrpcStatus(absl::UnavailableError(
+                "the server is shutting down; open a new stream to go on")),
+            actions);
   }
+}
+
+void MultiplyStreamReactor::EndCall(grpc::Status status, Actions& actions) {
+  finished_ = true;
+  if (writing_) {
+    finish_after_write_ = std::move(status);
+    return;
+  }
+  actions.finish = true;
+  actions.finish_status = std::move(status);
 }
 
 void MultiplyStreamReactor::Draining() {
@@ -324,11 +322,10 @@ void MultiplyStreamReactor::CutForDrain() {
       state_.admission.RecordRejection(RejectReason::kDraining);
     }
     if (!finished_) {
-      finished_ = true;
-      actions.finish = true;
-      actions.finish_status = ToGrpcStatus(absl::UnavailableError(
-          "the server is shutting down and its drain ended before this "
-          "stream's multiplies finished; retry them"));
+      EndCall(ToGrpcStatus(absl::UnavailableError(
+                  "the server is shutting down and its drain ended before "
+                  "this stream's multiplies finished; retry them")),
+              actions);
     }
     Settle(actions);  // the calls to other calls
   }
@@ -354,6 +351,10 @@ void MultiplyStreamReactor::OnWriteDone(bool ok) {
     absl::MutexLock lock(&mu_);
     writing_ = false;
     write_buffer_.Clear();
+    if (finish_after_write_.has_value()) {
+      actions.finish = true;
+      actions.finish_status = *std::exchange(finish_after_write_, std::nullopt);
+    }
     if (writing_striped_ != nullptr) {
       ResultChunkGone(writing_striped_);
       writing_striped_.reset();
@@ -379,10 +380,9 @@ void MultiplyStreamReactor::OnWriteDone(bool ok) {
       for (const auto& [id, m] : open_) all.push_back(m);
       for (const auto& m : all) Close(m, grpc::StatusCode::CANCELLED);
       if (!finished_) {
-        finished_ = true;
-        actions.finish = true;
-        actions.finish_status =
-            grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
+        EndCall(
+            grpc::Status(grpc::StatusCode::CANCELLED, "the client went away"),
+            actions);
       }
       Settle(actions);  // the calls to other calls
     } else {
@@ -405,10 +405,9 @@ void MultiplyStreamReactor::OnCancel() {
       state_.metrics->RecordRejection(RejectReason::kCancelled);
     }
     if (!finished_) {
-      finished_ = true;
-      actions.finish = true;
-      actions.finish_status =
-          grpc::Status(grpc::StatusCode::CANCELLED, "the stream was cancelled");
+      EndCall(
+          grpc::Status(grpc::StatusCode::CANCELLED, "the stream was cancelled"),
+          actions);
     }
     Settle(actions);  // the calls to other calls
   }

@@ -65,6 +65,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -288,6 +289,12 @@ class MultiplyStreamReactor final
 
   static grpc::ByteBuffer Serialize(const v1::MultiplyStreamResponse& response);
 
+  // Ends the call with `status` (finished_): Finish now, or, while a write
+  // is in progress, from its OnWriteDone. gRPC's Write and Finish may each
+  // carry the response headers when none went yet, and it aborts the
+  // process when both do, so the two never overlap.
+  void EndCall(grpc::Status status, Actions& actions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Handle(std::vector<grpc::Slice> slices, Actions& actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HandleStart(const WireStreamRequest& request, Actions& actions)
@@ -384,6 +391,9 @@ class MultiplyStreamReactor final
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;  // the server is going away
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  // The call's end, decided while a write was in progress: Finished then
+  // once OnWriteDone has come (EndCall).
+  std::optional<grpc::Status> finish_after_write_ ABSL_GUARDED_BY(mu_);
   grpc::ByteBuffer write_buffer_;  // the message being written
   // Messages waiting to be written, each marked if it is a result chunk
   // (counted in result_chunks_in_flight_ until written).
