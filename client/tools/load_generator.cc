@@ -67,8 +67,6 @@ struct RunState {
   MultiplyOptions options;
   bool open_loop = false;
   bool count_mode = false;
-  // LoadPoint::blocking_calls: each caller thread issues its own successor.
-  bool blocking = false;
   // LoadGenerator::set_exclusive_requests: indices of the requests that no
   // call is using now.
   bool exclusive = false;
@@ -151,7 +149,7 @@ bool Issue(const std::shared_ptr<RunState>& s, Clock::time_point start) {
     absl::MutexLock lock(&s->mu);
     // A blocking caller's request may still hold its slot after its call
     // (a kept product being verified): the next waits for one.
-    while (s->blocking && s->in_flight >= s->point.concurrency &&
+    while (s->point.blocking_calls && s->in_flight >= s->point.concurrency &&
            !s->stop_issuing.load(std::memory_order_relaxed)) {
       ++s->callers_wait_for_slot;
       s->cv.Wait(&s->mu);
@@ -172,7 +170,7 @@ bool Issue(const std::shared_ptr<RunState>& s, Clock::time_point start) {
         s->requests->size());
   }
   if (!s->open_loop) start = Clock::now();
-  if (s->blocking) {
+  if (s->point.blocking_calls) {
     // gRPC's blocking call: this thread polls for its own reply.
     absl::StatusOr<v1::MultiplyResponse> response =
         !s->encoded->empty()
@@ -257,7 +255,7 @@ void Complete(const std::shared_ptr<RunState>& s, bool ok, bool measured,
     }
   }
   // Blocking calls: the caller's thread issues the successor.
-  if (s->open_loop || s->blocking) return;
+  if (s->open_loop || s->point.blocking_calls) return;
   // Closed loop: the successor.
   if (inline_depth < kMaxInlineDepth) {
     ++inline_depth;
@@ -429,7 +427,6 @@ absl::StatusOr<LoadResult> LoadGenerator::Run(
   s->point = point;
   s->options.timeout = point.timeout;
   s->open_loop = point.rate > 0;
-  s->blocking = point.blocking_calls;
   s->count_mode = point.requests > 0;
   s->exclusive = exclusive_;
   if (exclusive_) {
@@ -462,7 +459,7 @@ absl::StatusOr<LoadResult> LoadGenerator::Run(
   // Blocking calls: a thread per request in flight, each issuing its next
   // as soon as its call returns, until the point stops issuing.
   std::vector<std::thread> callers;
-  if (s->blocking) {
+  if (s->point.blocking_calls) {
     callers.reserve(point.concurrency);
     for (int i = 0; i < point.concurrency; ++i) {
       callers.emplace_back([s] {
