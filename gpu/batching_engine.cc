@@ -74,8 +74,9 @@ class BatchJob final : public MatmulJob {
   }
 
  private:
-  // A plain multiply (staged operands, result returned) of every member's
-  // operands back to back.
+  // A plain multiply (result returned) of every member's operands back to
+  // back: staged, or, for members whose operands are prestaged, gathered
+  // by the engine from where each member keeps them.
   static JobDescription Describe(
       const std::vector<std::unique_ptr<MatmulJob>>& members) {
     JobDescription d;
@@ -83,7 +84,12 @@ class BatchJob final : public MatmulJob {
     const int64_t n = static_cast<int64_t>(members.size());
     d.spec.batch = d.spec.a_batch = d.spec.b_batch = n;
     d.spec.c_is_3d = true;
-    d.op = MultiplyOp{};
+    MultiplyOp multiply;
+    for (const auto& member : members) {
+      const auto& prestaged = std::get<MultiplyOp>(member->op()).prestaged;
+      if (prestaged.has_value()) multiply.gathered.push_back(*prestaged);
+    }
+    d.op = std::move(multiply);
     d.shape_recurs = false;
     return d;
   }
@@ -135,9 +141,11 @@ BatchingEngine::BatchingEngine(std::unique_ptr<Engine> inner,
 
 BatchingEngine::~BatchingEngine() { Shutdown(); }
 
-BatchingEngine::Key BatchingEngine::KeyOf(const MatmulSpec& s) {
+BatchingEngine::Key BatchingEngine::KeyOf(const MatmulJob& job) {
+  const MatmulSpec& s = job.spec();
   return Key(static_cast<int>(s.dtype), static_cast<int>(s.compute), s.m, s.n,
-             s.k, s.transpose_a, s.transpose_b);
+             s.k, s.transpose_a, s.transpose_b,
+             std::get<MultiplyOp>(job.op()).prestaged.has_value());
 }
 
 bool BatchingEngine::Eligible(const MatmulJob& job) const {
@@ -145,7 +153,7 @@ bool BatchingEngine::Eligible(const MatmulJob& job) const {
   const auto* mul = std::get_if<MultiplyOp>(&job.op());
   return mul != nullptr && mul->resident_a == nullptr &&
          mul->resident_b == nullptr && !mul->keep_result &&
-         !mul->prestaged.has_value() && job.description().device < 0 &&
+         mul->gathered.empty() && job.description().device < 0 &&
          s.batch == 1 && s.a_batch == 1 && s.b_batch == 1 &&
          s.flops() <= options_.max_flops && mul->c_destination == nullptr;
 }
@@ -159,7 +167,7 @@ void BatchingEngine::Submit(std::unique_ptr<MatmulJob> job) {
   {
     absl::MutexLock lock(&mu_);
     if (!stopping_) {
-      Group& group = groups_[KeyOf(job->spec())];
+      Group& group = groups_[KeyOf(*job)];
       if (options_.adaptive && group.jobs.empty() && in_flight_ < slots_) {
         // A free slot and nobody of its kind waiting: at once, alone.
         StartLaunch(1);
@@ -212,7 +220,7 @@ std::vector<std::unique_ptr<MatmulJob>> BatchingEngine::TakeOldestGroup() {
     }
   }
   if (oldest == nullptr) return jobs;
-  return TakeWithCompanions(KeyOf(oldest->jobs.front()->spec()));
+  return TakeWithCompanions(KeyOf(*oldest->jobs.front()));
 }
 
 std::vector<std::unique_ptr<MatmulJob>> BatchingEngine::TakeWithCompanions(
@@ -235,11 +243,13 @@ std::vector<std::unique_ptr<MatmulJob>> BatchingEngine::TakeWithCompanions(
   };
   take(groups_[key], std::numeric_limits<int64_t>::max());
   size_t kinds = 1;
-  if (options_.grouped && jobs.size() < most) {
+  // Prestaged requests are gathered by a strided batch, never grouped.
+  if (options_.grouped && jobs.size() < most && !std::get<7>(key)) {
     // Kinds that differ only in shape and transposes, oldest first.
+    // (Staged ones: a grouped job stages every member's operands.)
     std::vector<std::pair<absl::Time, Group*>> others;
     for (auto& [other, group] : groups_) {
-      if (other != key && !group.jobs.empty() &&
+      if (other != key && !group.jobs.empty() && !std::get<7>(other) &&
           std::get<0>(other) == std::get<0>(key) &&
           std::get<1>(other) == std::get<1>(key)) {
         others.emplace_back(group.deadline, &group);
@@ -279,9 +289,9 @@ void BatchingEngine::Launch(std::vector<std::unique_ptr<MatmulJob>> jobs) {
     inner_->Submit(std::make_unique<SoloJob>(this, std::move(jobs.front())));
     return;
   }
-  const Key key = KeyOf(jobs.front()->spec());
+  const Key key = KeyOf(*jobs.front());
   for (const auto& job : jobs) {
-    if (KeyOf(job->spec()) != key) {
+    if (KeyOf(*job) != key) {
       // Several kinds: one grouped job.
       inner_->Submit(std::make_unique<GroupedJob>(std::move(jobs),
                                                   [this]() { JobFinished(); }));

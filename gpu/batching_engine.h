@@ -25,9 +25,14 @@
 // GEMM launch) instead of one job per shape. A launch of one kind stays a
 // strided batch.
 //
-// Eligible: plain 2-D multiplies with staged operands (no stored operands,
-// no kept result, no prestaged memory) of at most `max_flops` each. Others
-// go straight through and do not count against the slots. Thread-safe.
+// Eligible: plain 2-D multiplies with staged or prestaged operands (no
+// stored operands, no kept result, no product destination) of at most
+// `max_flops` each. Prestaged requests batch only with prestaged ones of
+// their kind: the batch is a gathered multiply (MultiplyOp::gathered), whose
+// engine copies each member's operands up from where that member keeps them,
+// so the batch makes no host copies; staged ones are copied into the
+// batch's staging one after another. Others go straight through and do not
+// count against the slots. Thread-safe.
 #ifndef MATMUL_GPU_BATCHING_ENGINE_H_
 #define MATMUL_GPU_BATCHING_ENGINE_H_
 
@@ -104,8 +109,9 @@ class BatchingEngine final : public Engine {
   void JobFinished();
 
  private:
-  // Requests that can share a batch.
-  using Key = std::tuple<int, int, int64_t, int64_t, int64_t, bool, bool>;
+  // Requests that can share a batch: dtype, compute mode, m, n, k, the
+  // transposes, and whether the operands are prestaged.
+  using Key = std::tuple<int, int, int64_t, int64_t, int64_t, bool, bool, bool>;
   struct Group {
     std::vector<std::unique_ptr<MatmulJob>> jobs;
     absl::Time deadline;
@@ -113,7 +119,7 @@ class BatchingEngine final : public Engine {
   // A request that goes out alone, counted against the slots.
   class SoloJob;
 
-  static Key KeyOf(const MatmulSpec& spec);
+  static Key KeyOf(const MatmulJob& job);  // of an eligible job
   bool Eligible(const MatmulJob& job) const;
   // Hands a group to the wrapped engine (as one job if it has several),
   // counted against the slots.

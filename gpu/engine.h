@@ -297,6 +297,16 @@ struct MultiplyOp {
   // If set, the operands are already in engine-allocated host memory and
   // WriteOperands is not called.
   std::optional<PrestagedOperands> prestaged;
+  // A batch of prestaged multiplies run as one strided-batched job (the
+  // batching engine makes these): member i's operands, one m x k A and one
+  // k x n B, where that member keeps them, as `prestaged` holds one job's.
+  // The engine copies each member's A and B up to the i-th place of the
+  // batch's device operands, with no staging copy, and returns C (every
+  // member's, back to back) in staging. Needs spec.batch == a_batch ==
+  // b_batch == its size; excludes `prestaged`, resident operands,
+  // keep_result and c_destination (INVALID_ARGUMENT otherwise). Each
+  // member's memory must stay untouched until the job is Done.
+  std::vector<PrestagedOperands> gathered = {};
   // If set (and keep_result is not), C is copied from the device straight
   // into this host memory (spec.c_bytes() long: from AllocateHostBuffer or
   // RegisterHostMemory on the CUDA engine) instead of into staging, and

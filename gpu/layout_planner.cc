@@ -118,6 +118,28 @@ absl::StatusOr<LayoutPlan> PlanLayout(const JobDescription& job) {
   if (absl::Status bounds = CheckTransferBounds(job); !bounds.ok()) {
     return bounds;
   }
+  if (mul != nullptr && !mul->gathered.empty()) {
+    const auto members = static_cast<int64_t>(mul->gathered.size());
+    if (spec.batch != members || spec.a_batch != members ||
+        spec.b_batch != members || mul->prestaged.has_value() ||
+        r.a != nullptr || r.b != nullptr || mul->keep_result ||
+        mul->c_destination != nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a gathered multiply of ", members,
+          " members needs batch, a_batch and b_batch of that many, and no "
+          "prestaged, resident or kept operands and no product destination "
+          "(got batch ",
+          spec.batch, ", a_batch ", spec.a_batch, ", b_batch ", spec.b_batch,
+          ")"));
+    }
+    for (const PrestagedOperands& member : mul->gathered) {
+      if (member.a == nullptr || member.b == nullptr) {
+        return absl::InvalidArgumentError(
+            "a gathered multiply's member has no operand memory");
+      }
+    }
+    p.gathered = members;
+  }
   p.required_device = job.device;
   for (const auto& t : {r.a, r.b, r.target}) {
     if (t == nullptr) continue;
@@ -131,7 +153,7 @@ absl::StatusOr<LayoutPlan> PlanLayout(const JobDescription& job) {
 
   p.stage_a = (p.gemm && r.a == nullptr) || p.upload;
   p.stage_b = p.gemm && r.b == nullptr;
-  p.prestaged = PrestagedOf(job).has_value();
+  p.prestaged = PrestagedOf(job).has_value() || p.gathered > 0;
   p.keeps_a = (p.upload && r.target == nullptr) || p.allocate;
   p.keep = p.keeps_a || (p.gemm && mul->keep_result);
   if (p.keeps_a) {

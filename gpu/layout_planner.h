@@ -73,6 +73,9 @@ struct LayoutPlan {
   // The staged operands are in the caller's prestaged host memory:
   // WriteOperands is not called and staging holds no operands.
   bool prestaged = false;
+  // A gathered multiply (MultiplyOp::gathered): its members, each with its
+  // operands in memory of its own (prestaged is then set too); 0 otherwise.
+  int64_t gathered = 0;
   // The job makes a new resident tensor: A itself (upload of a new tensor,
   // allocate: keeps_a) or the product C (multiply with keep_result).
   bool keep = false;

@@ -43,10 +43,13 @@ struct Pending {
 
 // `gate`: when set, staging the job's operands waits for it (the job holds
 // its lane meanwhile).
+// `prestaged`: the job's operands are the Pending's own strings
+// (MultiplyOp::prestaged), never written into staging.
 std::unique_ptr<Pending> Submit(Engine& engine, const MatmulSpec& spec,
                                 absl::BitGen& gen,
                                 absl::Status abandoned = absl::OkStatus(),
-                                absl::Notification* gate = nullptr) {
+                                absl::Notification* gate = nullptr,
+                                bool prestaged = false) {
   auto p = std::make_unique<Pending>();
   p->spec = spec;
   p->a = testing::RandomBytes(spec.dtype, spec.a_elements(), gen);
@@ -56,6 +59,13 @@ std::unique_ptr<Pending> Submit(Engine& engine, const MatmulSpec& spec,
   EngineJob::Options options;
   options.a = p->a;
   options.b = p->b;
+  if (prestaged) {
+    MultiplyOp multiply;
+    multiply.prestaged = PrestagedOperands{
+        reinterpret_cast<const std::byte*>(p->a.data()),
+        reinterpret_cast<const std::byte*>(p->b.data()), false};
+    options.op = multiply;
+  }
   class Job final : public MatmulJob {
    public:
     Job(std::unique_ptr<EngineJob> inner, absl::Status abandoned,
@@ -130,6 +140,50 @@ TEST(BatchingEngineTest, SameShapeRequestsShareBatchesAndStayCorrect) {
   // The wrapped engine ran three jobs, not 48.
   const EngineStats stats = engine->stats();
   EXPECT_EQ(testing::JobsOnStreams(stats.devices[0]), 3);
+}
+
+// Prestaged requests batch as a gathered multiply: the engine reads each
+// member's operands where the member keeps them (no staging copies).
+TEST(BatchingEngineTest, PrestagedRequestsGatherIntoBatchesAndStayCorrect) {
+  auto engine = NewEngine(absl::Milliseconds(20), 16);
+  absl::BitGen gen;
+  std::vector<std::unique_ptr<Pending>> pending;
+  const MatmulSpec spec =
+      MakeSpec(DType::kFloat32, 1, 1, 16, 24, 20, false, true, false);
+  for (int i = 0; i < 32; ++i) {
+    pending.push_back(Submit(*engine, spec, gen, absl::OkStatus(), nullptr,
+                             /*prestaged=*/true));
+  }
+  for (auto& p : pending) ExpectCorrect(*p);
+  EXPECT_EQ(engine->batched_requests(), 32);
+  EXPECT_EQ(engine->batches(), 2);
+  for (auto& p : pending) EXPECT_DOUBLE_EQ(p->outcome.timings.share, 1.0 / 16);
+  EXPECT_EQ(testing::JobsOnStreams(engine->stats().devices[0]), 2);
+}
+
+// Staged and prestaged requests of one shape never share a batch (a batch
+// either stages its members' operands or gathers them), and prestaged ones
+// never join a grouped job of other shapes, which stages every member.
+TEST(BatchingEngineGroupedTest, PrestagedRequestsBatchApartFromStagedOnes) {
+  auto engine = NewEngine(absl::Milliseconds(20), 64, /*adaptive=*/false,
+                          /*lanes=*/2, /*grouped=*/true);
+  absl::BitGen gen;
+  std::vector<std::unique_ptr<Pending>> pending;
+  const MatmulSpec spec =
+      MakeSpec(DType::kFloat32, 1, 1, 12, 10, 8, false, false, false);
+  const MatmulSpec other =
+      MakeSpec(DType::kFloat32, 1, 1, 6, 14, 9, true, false, false);
+  for (int i = 0; i < 24; ++i) {
+    pending.push_back(Submit(*engine, i % 3 == 2 ? other : spec, gen,
+                             absl::OkStatus(), nullptr,
+                             /*prestaged=*/i % 2 == 0));
+  }
+  for (auto& p : pending) ExpectCorrect(*p);
+  EXPECT_EQ(engine->batched_requests(), 24);
+  // Staged: both shapes in one grouped job. Prestaged: one gathered batch
+  // per shape.
+  EXPECT_EQ(engine->batches(), 3);
+  EXPECT_EQ(engine->stats().batch_sizes.grouped_launches, 1);
 }
 
 TEST(BatchingEngineTest, DifferentShapesAndDtypesBatchApart) {

@@ -5,6 +5,7 @@
 #define MATMUL_TESTS_FAKE_ENGINE_H_
 
 #include <atomic>
+#include <cstring>
 #include <deque>
 #include <memory>
 #include <variant>
@@ -137,9 +138,19 @@ class FakeEngine final : public Engine {
     std::byte* c = staging->data() + plan->a_bytes + plan->b_bytes;
     const auto* mul = std::get_if<MultiplyOp>(&job->op());
     if (mul != nullptr && mul->prestaged.has_value()) {
-      // Operands in the caller's host memory (only these two kinds).
+      // Operands in the caller's host memory.
       a = mul->prestaged->a;
       b = mul->prestaged->b;
+    } else if (mul != nullptr && !mul->gathered.empty()) {
+      // A gathered batch: each member's operands into their place.
+      const size_t members = mul->gathered.size();
+      const size_t a_one = static_cast<size_t>(plan->a_bytes) / members;
+      const size_t b_one = static_cast<size_t>(plan->b_bytes) / members;
+      for (size_t i = 0; i < members; ++i) {
+        std::memcpy(staging->data() + i * a_one, mul->gathered[i].a, a_one);
+        std::memcpy(staging->data() + plan->a_bytes + i * b_one,
+                    mul->gathered[i].b, b_one);
+      }
     } else {
       absl::Status written = job->WriteOperands(
           absl::MakeSpan(staging->data(), plan->a_bytes),

@@ -168,6 +168,59 @@ TEST(LayoutPlannerTest, PrestagedOperandsAreMovedButNotStaged) {
   EXPECT_EQ(p->moved_bytes, 24 + 48 + 32);
 }
 
+// A gathered batch (MultiplyOp::gathered) stages no operands, as a
+// prestaged job, and returns every member's C in staging.
+TEST(LayoutPlannerTest, GatheredMembersAreMovedButNotStaged) {
+  const std::byte bytes[2] = {};
+  MatmulSpec spec = Product(2, 3, 4);
+  spec.batch = spec.a_batch = spec.b_batch = 3;
+  spec.c_is_3d = true;
+  JobDescription o;
+  MultiplyOp gathered;
+  gathered.gathered.assign(3, PrestagedOperands{&bytes[0], &bytes[1]});
+  o.op = gathered;
+  absl::StatusOr<LayoutPlan> p = Plan(spec, o);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_TRUE(p->prestaged);
+  EXPECT_EQ(p->gathered, 3);
+  EXPECT_EQ(p->staged_a_bytes + p->staged_b_bytes, 0);
+  EXPECT_EQ(p->staging_bytes, 3 * 32);
+  EXPECT_EQ(p->moved_bytes, 3 * (24 + 48 + 32));
+}
+
+TEST(LayoutPlannerTest, AGatheredBatchOfTheWrongSizeOrKindIsInvalid) {
+  const std::byte bytes[2] = {};
+  MatmulSpec spec = Product(2, 3, 4);
+  spec.batch = spec.a_batch = spec.b_batch = 3;
+  spec.c_is_3d = true;
+  auto plan = [&](MatmulSpec s, MultiplyOp op) {
+    JobDescription o;
+    o.op = std::move(op);
+    return Plan(s, o).status();
+  };
+  MultiplyOp two;
+  two.gathered.assign(2, PrestagedOperands{&bytes[0], &bytes[1]});
+  EXPECT_EQ(plan(spec, two).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(plan(spec, two).message()),
+              HasSubstr("gathered multiply of 2 members"));
+  MultiplyOp three;
+  three.gathered.assign(3, PrestagedOperands{&bytes[0], &bytes[1]});
+  MatmulSpec broadcast = spec;
+  broadcast.b_batch = 1;
+  EXPECT_EQ(plan(broadcast, three).code(), absl::StatusCode::kInvalidArgument);
+  MultiplyOp kept = three;
+  kept.keep_result = true;
+  EXPECT_EQ(plan(spec, kept).code(), absl::StatusCode::kInvalidArgument);
+  MultiplyOp also_prestaged = three;
+  also_prestaged.prestaged = PrestagedOperands{&bytes[0], &bytes[1]};
+  EXPECT_EQ(plan(spec, also_prestaged).code(),
+            absl::StatusCode::kInvalidArgument);
+  MultiplyOp missing = three;
+  missing.gathered[1].b = nullptr;
+  EXPECT_EQ(plan(spec, missing).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(plan(spec, three).code(), absl::StatusCode::kOk);
+}
+
 TEST(LayoutPlannerTest, ProductIntoADestinationIsMovedButNotStaged) {
   JobDescription o;
   MultiplyOp op;

@@ -33,7 +33,8 @@ GemmTypes TypesFor(const MatmulSpec& spec) {
 }  // namespace
 
 absl::Status EnqueueGemm(cublasHandle_t handle, const MatmulSpec& spec,
-                         const void* a, const void* b, void* c, CudaSite site) {
+                         const void* a, const void* b, void* c, CudaSite site,
+                         const GemmStrides* batch_strides) {
   const GemmTypes types = TypesFor(spec);
   // alpha and beta take the compute type's scalar type.
   const double alpha64 = 1.0;
@@ -50,7 +51,8 @@ absl::Status EnqueueGemm(cublasHandle_t handle, const MatmulSpec& spec,
   // Column-major view: Cᵀ (n×m) = op(B)ᵀ (n×k) · op(A)ᵀ (k×m).
   const cublasOperation_t op_b = spec.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_a = spec.transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const GemmStrides strides = StridesOf(spec);
+  const GemmStrides strides =
+      batch_strides != nullptr ? *batch_strides : StridesOf(spec);
   const int ldb = static_cast<int>(strides.ldb);
   const int lda = static_cast<int>(strides.lda);
   const int ldc = static_cast<int>(strides.ldc);

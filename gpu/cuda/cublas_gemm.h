@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "gpu/cuda/cuda_status.h"
 #include "gpu/grouped_layout.h"
+#include "gpu/layout_planner.h"
 #include "gpu/matmul_spec.h"
 
 namespace matmul {
@@ -20,11 +21,14 @@ namespace matmul {
 // Types: float32 (COMPUTE_32F, or COMPUTE_32F_FAST_TF32 in tf32 mode),
 // float64 (COMPUTE_64F), float16 and bfloat16 (inputs and output in the
 // dtype, COMPUTE_32F accumulation). Batches use strided-batched GEMM with
-// stride 0 for a broadcast operand. Dimensions must fit in int. A failure
-// names `site` (the handle's device and stream).
+// stride 0 for a broadcast operand; `batch_strides`, if given, replaces the
+// spec's batch strides (in elements; a gathered batch whose members' A and
+// B alternate on the device). Dimensions must fit in int. A failure names
+// `site` (the handle's device and stream).
 absl::Status EnqueueGemm(cublasHandle_t handle, const MatmulSpec& spec,
                          const void* a, const void* b, void* c,
-                         CudaSite site = {});
+                         CudaSite site = {},
+                         const GemmStrides* batch_strides = nullptr);
 
 // Whether cublasGemmGroupedBatchedEx takes this dtype and compute mode.
 // cuBLAS 12.5+ documents COMPUTE_32F over float32, float16 and bfloat16

@@ -10,7 +10,9 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <optional>
 #include <utility>
+#include <variant>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -99,8 +101,51 @@ void CudaEngine::Enqueue(InFlight* flight, const std::byte* host_a,
       // allocation (the job's staging, or prestaged operands that say so):
       // a prestaged A and B that merely adjoin may be two allocations,
       // which one copy must not span.
-      if (l.stage_a && l.stage_b && flight->operands_one_allocation &&
-          OperandsContiguous(host_a, host_b, device_a, device_b, l.a_bytes)) {
+      // A gathered multiply whose every member keeps B right after A in one
+      // allocation (as a job's staging does): member i's A and B go up in
+      // one copy to the i-th place of [A_0 B_0][A_1 B_1]..., and the GEMM
+      // steps over them with that stride.
+      std::optional<GemmStrides> interleaved;
+      if (l.gathered > 0) {
+        // Each member's A and B, from where the member keeps them, to its
+        // place among the batch's operands.
+        const auto& members = std::get<MultiplyOp>(flight->job->op()).gathered;
+        const int64_t a_one = l.a_bytes / l.gathered;
+        const int64_t b_one = l.b_bytes / l.gathered;
+        bool adjoining = true;
+        for (const PrestagedOperands& member : members) {
+          adjoining &= member.one_allocation && member.b == member.a + a_one;
+        }
+        auto* device_ops = const_cast<std::byte*>(device_a);
+        for (int64_t i = 0; i < l.gathered; ++i) {
+          const PrestagedOperands& member = members[static_cast<size_t>(i)];
+          if (adjoining) {
+            CUDA_RETURN_IF_ERROR_AT(
+                site,
+                cudaMemcpyAsync(device_ops + i * (a_one + b_one), member.a,
+                                a_one + b_one, cudaMemcpyHostToDevice, stream));
+            continue;
+          }
+          CUDA_RETURN_IF_ERROR_AT(
+              site, cudaMemcpyAsync(device_ops + i * a_one, member.a, a_one,
+                                    cudaMemcpyHostToDevice, stream));
+          CUDA_RETURN_IF_ERROR_AT(
+              site,
+              cudaMemcpyAsync(const_cast<std::byte*>(device_b) + i * b_one,
+                              member.b, b_one, cudaMemcpyHostToDevice, stream));
+        }
+        if (adjoining) {
+          // The pair fits where A's and B's blocks were carved: B's block
+          // starts at or after A's end.
+          device_b = device_a + a_one;
+          interleaved = l.strides;
+          const int64_t pair = (a_one + b_one) / DTypeSize(spec.dtype);
+          interleaved->stride_a = pair;
+          interleaved->stride_b = pair;
+        }
+      } else if (l.stage_a && l.stage_b && flight->operands_one_allocation &&
+                 OperandsContiguous(host_a, host_b, device_a, device_b,
+                                    l.a_bytes)) {
         CUDA_RETURN_IF_ERROR_AT(
             site, cudaMemcpyAsync(const_cast<std::byte*>(device_a), host_a,
                                   l.a_bytes + l.b_bytes, cudaMemcpyHostToDevice,
@@ -144,8 +189,9 @@ void CudaEngine::Enqueue(InFlight* flight, const std::byte* host_a,
               flight->lane->stream->cublas.get(), stream, *l.group, device_a,
               device_b, c, host_table, table, site));
         } else {
-          RETURN_IF_ERROR(EnqueueGemm(flight->lane->stream->cublas.get(), spec,
-                                      device_a, device_b, c, site));
+          RETURN_IF_ERROR(EnqueueGemm(
+              flight->lane->stream->cublas.get(), spec, device_a, device_b, c,
+              site, interleaved.has_value() ? &*interleaved : nullptr));
         }
       }
       if (ev.timed) {

@@ -267,9 +267,38 @@ void HostEngine::Run(int lane_index, Queued queued) {
       operand = copy.get();
       return s;
     };
-    if (!resident_a) written = take(a, spec.a_bytes(), private_a, "operand a");
-    if (!resident_b && written.ok()) {
-      written = take(b, spec.b_bytes(), private_b, "operand b");
+    if (plan.gathered > 0) {
+      // A gathered multiply: each member's operands, from where it keeps
+      // them, into their place in one A and one B of this job's own.
+      const auto& members = std::get<MultiplyOp>(job.op()).gathered;
+      const int64_t a_one = spec.a_bytes() / plan.gathered;
+      const int64_t b_one = spec.b_bytes() / plan.gathered;
+      private_a.reset(new (std::nothrow)
+                          std::byte[static_cast<size_t>(spec.a_bytes())]);
+      private_b.reset(new (std::nothrow)
+                          std::byte[static_cast<size_t>(spec.b_bytes())]);
+      if (private_a == nullptr || private_b == nullptr) {
+        written = absl::ResourceExhaustedError(
+            "host engine: cannot allocate memory for the batch's operands");
+      }
+      for (int64_t i = 0; i < plan.gathered && written.ok(); ++i) {
+        const PrestagedOperands& member = members[static_cast<size_t>(i)];
+        written = CopyMappedMemory(private_a.get() + i * a_one, member.a,
+                                   static_cast<size_t>(a_one), "operand a");
+        if (written.ok()) {
+          written = CopyMappedMemory(private_b.get() + i * b_one, member.b,
+                                     static_cast<size_t>(b_one), "operand b");
+        }
+      }
+      a = private_a.get();
+      b = private_b.get();
+    } else {
+      if (!resident_a) {
+        written = take(a, spec.a_bytes(), private_a, "operand a");
+      }
+      if (!resident_b && written.ok()) {
+        written = take(b, spec.b_bytes(), private_b, "operand b");
+      }
     }
   }
   std::byte* const destination = plan.c_to_destination ? c : nullptr;

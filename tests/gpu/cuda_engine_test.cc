@@ -20,6 +20,8 @@
 
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
+#include "common/float16.h"
+#include "gpu/batching_engine.h"
 #include "gpu/cuda/cuda_resources.h"
 #include "gpu/cuda/device_registry.h"
 #include "gpu/cuda/job_layout.h"
@@ -790,6 +792,139 @@ TEST(CudaEngineTest, BrokenContextFailsTheDeviceAndStatsSayUnhealthy) {
 // its memory after the engine started, so the job's device allocation
 // fails. That job fails alone (RESOURCE_EXHAUSTED, naming the CUDA call);
 // once the memory is back, the same job succeeds.
+// A prestaged multiply whose product comes back in staging (as the
+// pipeline bench's jobs): it reports the product's bytes.
+class PrestagedProductJob final : public MatmulJob {
+ public:
+  PrestagedProductJob(const MatmulSpec& spec, const std::byte* a,
+                      const std::byte* b, bool one_allocation,
+                      std::promise<absl::StatusOr<std::string>> done)
+      : MatmulJob(JobDescription{spec, Op(a, b, one_allocation)}),
+        done_(std::move(done)) {}
+  void Done(absl::StatusOr<JobResult> result) override {
+    if (!result.ok()) {
+      done_.set_value(result.status());
+      return;
+    }
+    done_.set_value(std::string(
+        reinterpret_cast<const char*>(result->c().data()), result->c().size()));
+  }
+
+ private:
+  static MultiplyOp Op(const std::byte* a, const std::byte* b,
+                       bool one_allocation) {
+    MultiplyOp op;
+    op.prestaged = PrestagedOperands{a, b, one_allocation};
+    return op;
+  }
+  std::promise<absl::StatusOr<std::string>> done_;
+};
+
+// `count` integers in [-2, 2] as `dtype`: products of k <= 64 of them sum
+// exactly in every dtype, bfloat16's 8-bit significand included.
+std::string SmallIntegerBytes(DType dtype, int64_t count, absl::BitGen& gen) {
+  std::string bytes(static_cast<size_t>(count * DTypeSize(dtype)), '\0');
+  for (int64_t i = 0; i < count; ++i) {
+    const float v = static_cast<float>(absl::Uniform(gen, -2, 3));
+    char* at = bytes.data() + i * DTypeSize(dtype);
+    switch (dtype) {
+      case DType::kFloat32:
+        std::memcpy(at, &v, 4);
+        break;
+      case DType::kFloat64: {
+        const double d = v;
+        std::memcpy(at, &d, 8);
+        break;
+      }
+      case DType::kFloat16: {
+        const uint16_t h = FloatToHalf(v);
+        std::memcpy(at, &h, 2);
+        break;
+      }
+      case DType::kBFloat16: {
+        const uint16_t h = FloatToBFloat16(v);
+        std::memcpy(at, &h, 2);
+        break;
+      }
+    }
+  }
+  return bytes;
+}
+
+// Prestaged requests that wait together go out as one gathered multiply
+// (MultiplyOp::gathered): the engine copies each member's operands up from
+// the member's own pinned buffers, runs one strided-batched GEMM, and each
+// member gets its own product, exact (small integers), in every dtype.
+TEST(CudaEngineTest, GatheredPrestagedRequestsAreEachExact) {
+  SKIP_WITHOUT_GPU();
+  std::unique_ptr<CudaEngine> cuda = NewEngine(2);
+  ASSERT_NE(cuda, nullptr);
+  CudaEngine* inner = cuda.get();
+  BatchingOptions batching;
+  batching.adaptive = false;  // everything waits the window for company
+  batching.window = absl::Milliseconds(50);
+  batching.max_batch = 8;
+  BatchingEngine engine(std::move(cuda), batching);
+  absl::BitGen gen;
+  // Each member's A and B in two buffers (two copies a member), or back to
+  // back in one (one copy a member, the pairs alternating on the device).
+  for (const bool one_buffer : {false, true}) {
+    for (const DType dtype : {DType::kFloat32, DType::kFloat64, DType::kFloat16,
+                              DType::kBFloat16}) {
+      SCOPED_TRACE(absl::StrCat(DTypeName(dtype),
+                                one_buffer ? ", one buffer" : ", two"));
+      const MatmulSpec spec = MakeSpec(dtype, 1, 1, 40, 24, 56, false, true,
+                                       false, ComputeMode::kStrict);
+      constexpr int kJobs = 20;
+      std::vector<HostBuffer> a(kJobs), b(kJobs);
+      std::vector<std::byte*> b_at(kJobs);
+      std::vector<std::future<absl::StatusOr<std::string>>> results;
+      for (int i = 0; i < kJobs; ++i) {
+        absl::StatusOr<HostBuffer> ai = inner->AllocateHostBuffer(
+            spec.a_bytes() + (one_buffer ? spec.b_bytes() : 0));
+        ASSERT_TRUE(ai.ok()) << ai.status();
+        a[i] = std::move(*ai);
+        if (one_buffer) {
+          b_at[i] = a[i].data() + spec.a_bytes();
+        } else {
+          absl::StatusOr<HostBuffer> bi =
+              inner->AllocateHostBuffer(spec.b_bytes());
+          ASSERT_TRUE(bi.ok()) << bi.status();
+          b[i] = std::move(*bi);
+          b_at[i] = b[i].data();
+        }
+        const std::string av = SmallIntegerBytes(dtype, spec.a_elements(), gen);
+        const std::string bv = SmallIntegerBytes(dtype, spec.b_elements(), gen);
+        std::memcpy(a[i].data(), av.data(), av.size());
+        std::memcpy(b_at[i], bv.data(), bv.size());
+        std::promise<absl::StatusOr<std::string>> done;
+        results.push_back(done.get_future());
+        engine.Submit(std::make_unique<PrestagedProductJob>(
+            spec, a[i].data(), b_at[i], one_buffer, std::move(done)));
+      }
+      for (int i = 0; i < kJobs; ++i) {
+        absl::StatusOr<std::string> c = results[i].get();
+        ASSERT_TRUE(c.ok()) << "job " << i << ": " << c.status();
+        ASSERT_EQ(static_cast<int64_t>(c->size()), spec.c_bytes());
+        const std::vector<double> ref = ReferenceGemm(
+            spec, ToDoubles(dtype, a[i].data(), spec.a_elements()),
+            ToDoubles(dtype, b_at[i], spec.b_elements()));
+        const std::vector<double> got =
+            ToDoubles(dtype, c->data(), spec.c_elements());
+        ASSERT_EQ(got.size(), ref.size());
+        for (size_t e = 0; e < ref.size(); ++e) {
+          ASSERT_EQ(got[e], ref[e]) << "job " << i << " element " << e;
+        }
+      }
+    }
+  }
+  // 20 requests a round, at most 8 a batch: at least 3 batches in each of
+  // the 8 rounds, and far fewer jobs on the device than requests.
+  EXPECT_GE(engine.batches(), 24);
+  EXPECT_LT(testing::JobsOnStreams(engine.stats().devices[0]), 8 * 20);
+  engine.Shutdown();
+}
+
 TEST(CudaEngineTest, RealDeviceOutOfMemoryFailsOnlyThatJob) {
   SKIP_WITHOUT_GPU();
   std::unique_ptr<CudaEngine> engine = NewEngine(2);

@@ -19,6 +19,13 @@
 //     its operands from ordinary memory into staging and goes through a
 //     BatchingEngine with the server's default batching, so that jobs
 //     waiting while every stream is busy share one strided-batched GEMM.
+//   - with --gathered, the pool through a BatchingEngine with the server's
+//     default batching, operands still prestaged: jobs that wait while
+//     every stream is busy go out as one gathered multiply
+//     (MultiplyOp::gathered: each member's operands copied up from where it
+//     keeps them, one strided-batched GEMM, one copy down), with no host
+//     copy of any operand. --batch-slots N: the batching engine's slots
+//     (jobs of its own in flight; default one a stream) for both.
 //   - with --graphs N (CUDA graphs per stream, gpu/cuda/job_graph.h), every
 //     run's jobs copy their operands into staging instead (prestaged jobs
 //     are never replayed) and are replayed from graph instances; --graphs 0
@@ -307,6 +314,7 @@ struct EngineRun {
   double mean_enqueue = 0;  // seconds, StageTimings::enqueue
   double device_busy = 0;   // fraction of the window
   double overlap = 0;       // copy-compute overlap / copy busy
+  double mean_batch = 0;    // requests a launch (batching engine only)
 };
 
 struct RunOptions {
@@ -329,6 +337,10 @@ struct RunOptions {
   // strided-batched GEMM. Otherwise the jobs go to the CUDA engine itself
   // with operands prestaged in pinned memory, one GEMM each.
   bool batched = false;
+  // The same batching over prestaged operands: gathered multiplies.
+  bool gathered = false;
+  // BatchingOptions::slots for both (0: one a stream, the server's).
+  int batch_slots = 0;
   // Threads that submit finished jobs' successors (ClosedLoop); 0: Done.
   int submit_threads = 0;
   // With submit_threads: each successor submitted this long after its
@@ -380,11 +392,12 @@ absl::StatusOr<EngineRun> RunEngine(const MatmulSpec& spec,
     plain_b.assign(host_b, host_b + spec.b_bytes());
     ops = PrestagedOperands{plain_a.data(), plain_b.data()};
   }
-  if (run_options.batched) {
+  if (run_options.batched || run_options.gathered) {
     BatchingOptions batching;
     batching.adaptive = true;
     batching.window = absl::Milliseconds(1);
     batching.max_batch = 64;
+    batching.slots = run_options.batch_slots;
     engine = std::make_unique<BatchingEngine>(std::move(engine), batching);
   }
   ClosedLoop loop(*engine, spec, ops, copy_operands, run_options.submit_threads,
@@ -403,6 +416,14 @@ absl::StatusOr<EngineRun> RunEngine(const MatmulSpec& spec,
   const absl::Time t1 = absl::Now();
   const EngineStats s1 = engine->stats();
   EngineRun run;
+  if (s1.batching) {
+    const int64_t launches = s1.batch_sizes.launches - s0.batch_sizes.launches;
+    run.mean_batch = launches > 0
+                         ? static_cast<double>(s1.batch_sizes.requests -
+                                               s0.batch_sizes.requests) /
+                               launches
+                         : 0;
+  }
   run.mean_compute = loop.MeanCompute();
   run.mean_enqueue = loop.MeanEnqueue();
   loop.Stop();
@@ -437,6 +458,8 @@ int Main(int argc, char** argv) {
   std::string pipe_with = "nothing more";
   int graphs = -1;  // not given: prestaged operands, no graphs
   bool batched = false;
+  bool gathered = false;
+  int batch_slots = 0;
   int submit_threads = 0;
   int64_t submit_gap_us = 0;
   bool operands_apart = false;
@@ -533,6 +556,14 @@ int Main(int argc, char** argv) {
       }
     } else if (arg == "--batched") {
       batched = true;
+    } else if (arg == "--gathered") {
+      gathered = true;
+    } else if (arg.rfind("--batch-slots", 0) == 0) {
+      if (!absl::SimpleAtoi(value(), &batch_slots) || batch_slots < 0 ||
+          batch_slots > 256) {
+        std::fprintf(stderr, "--batch-slots takes 0..256\n");
+        return 2;
+      }
     } else if (arg == "--operands-apart") {
       operands_apart = true;
     } else if (arg.rfind("--timed-job-every", 0) == 0) {
@@ -559,7 +590,7 @@ int Main(int argc, char** argv) {
                    "[--pipe-with events|start-end-events|end-event,untimed,"
                    "memory,two-copies,host-function] "
                    "[--graphs N] [--submit-threads 0] [--submit-gap-us 0] "
-                   "[--batched] "
+                   "[--batched] [--gathered] [--batch-slots 0] "
                    "[--operands-apart] [--timed-job-every 1] [--coalesce K] "
                    "[--seconds 2] [--json FILE]\n");
       return 2;
@@ -662,6 +693,7 @@ int Main(int argc, char** argv) {
       run_options.poll_pause = absl::Microseconds(poll_pause_us);
       run_options.pollers = pollers;
       run_options.timed_job_every = timed_job_every;
+      run_options.batch_slots = batch_slots;
       absl::StatusOr<EngineRun> one = RunEngine(spec, run_options, window);
       run_options.streams = streams;
       absl::StatusOr<EngineRun> pool = RunEngine(spec, run_options, window);
@@ -669,8 +701,16 @@ int Main(int argc, char** argv) {
       if (batched) {
         run_options.batched = true;
         batch = RunEngine(spec, run_options, window);
+        run_options.batched = false;
       }
-      for (const absl::StatusOr<EngineRun>* run : {&one, &pool, &batch}) {
+      absl::StatusOr<EngineRun> gather = EngineRun{};
+      if (gathered) {
+        run_options.gathered = true;
+        gather = RunEngine(spec, run_options, window);
+        run_options.gathered = false;
+      }
+      for (const absl::StatusOr<EngineRun>* run :
+           {&one, &pool, &batch, &gather}) {
         if (!run->ok()) {
           std::fprintf(stderr, "engine run failed: %s\n",
                        run->status().ToString().c_str());
@@ -699,6 +739,15 @@ int Main(int argc, char** argv) {
           "%6s engine enqueue (host) mean: one stream %.1f us, pool "
           "%.1f us\n",
           "", one->mean_enqueue * 1e6, pool->mean_enqueue * 1e6);
+      if (gathered) {
+        std::printf(
+            "%6s gathered (prestaged, batched): %.1f jobs/s, %.1f%% of "
+            "ceil/s, %.2fx pipe/s, %.2fx pool/s; %.1f jobs a launch; busy "
+            "%.0f%%\n",
+            "", gather->rate, 100 * gather->rate / ceiling, gather->rate / pipe,
+            gather->rate / pool->rate, gather->mean_batch,
+            100 * gather->device_busy);
+      }
       if (coalesce > 1) {
         const double per_job = std::max({c->h2d, c->gemm, c->d2h});
         std::printf(
@@ -730,6 +779,11 @@ int Main(int argc, char** argv) {
               ? absl::StrCat(",\"batched_per_s\":", batch->rate,
                              ",\"batched_device_busy\":", batch->device_busy)
               : "",
+          gathered
+              ? absl::StrCat(",\"gathered_per_s\":", gather->rate,
+                             ",\"gathered_mean_batch\":", gather->mean_batch,
+                             ",\"gathered_device_busy\":", gather->device_busy)
+              : "",
           coalesce > 1 ? absl::StrCat(",\"coalesce\":", coalesce,
                                       ",\"raw_coalesced_per_s\":", coalesced)
                        : "",
@@ -753,7 +807,10 @@ int Main(int argc, char** argv) {
       "jobs only, with --timed-job-every); ovlp = "
       "copy time overlapped with GEMMs; batch/s (--batched) = the pool "
       "through the server's path: operands copied into staging, adaptive "
-      "batching into strided-batched GEMMs; --coalesce K: the raw pipeline "
+      "batching into strided-batched GEMMs; --gathered: the pool through the "
+      "same batching "
+      "with operands prestaged (gathered multiplies); --coalesce K: the raw "
+      "pipeline "
       "with K jobs a launch (one copy up, one strided-batched GEMM, one copy "
       "down), in jobs/s\n");
   return 0;
