@@ -87,7 +87,9 @@ class BatchJob final : public MatmulJob {
     MultiplyOp multiply;
     for (const auto& member : members) {
       const auto& prestaged = std::get<MultiplyOp>(member->op()).prestaged;
-      if (prestaged.has_value()) multiply.gathered.push_back(*prestaged);
+      if (prestaged.has_value()) {
+        multiply.gathered.push_back(GatheredMember{*prestaged});
+      }
     }
     d.op = std::move(multiply);
     d.shape_recurs = false;

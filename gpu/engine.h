@@ -281,6 +281,16 @@ struct PrestagedOperands {
   bool one_allocation = false;
 };
 
+// One member of a gathered multiply (MultiplyOp::gathered): its operands
+// where it keeps them, and where its product goes.
+struct GatheredMember {
+  PrestagedOperands operands;
+  // Host memory the engine copies this member's C into directly (as
+  // MultiplyOp::c_destination), or null: C comes back in the batch's
+  // staging. Every member of a batch has one, or none does.
+  std::byte* c_destination = nullptr;
+};
+
 // Typed operations: what a job asks the engine to do. A job carries one of
 // them in its JobDescription; each holds only what its operation needs.
 //
@@ -301,12 +311,14 @@ struct MultiplyOp {
   // batching engine makes these): member i's operands, one m x k A and one
   // k x n B, where that member keeps them, as `prestaged` holds one job's.
   // The engine copies each member's A and B up to the i-th place of the
-  // batch's device operands, with no staging copy, and returns C (every
-  // member's, back to back) in staging. Needs spec.batch == a_batch ==
-  // b_batch == its size; excludes `prestaged`, resident operands,
-  // keep_result and c_destination (INVALID_ARGUMENT otherwise). Each
-  // member's memory must stay untouched until the job is Done.
-  std::vector<PrestagedOperands> gathered = {};
+  // batch's device operands, with no staging copy, and each member's C
+  // down into its c_destination, or, where the members have none, every
+  // C back to back into staging. Needs spec.batch == a_batch == b_batch ==
+  // its size, and every member with a destination or none; excludes
+  // `prestaged`, resident operands, keep_result and c_destination
+  // (INVALID_ARGUMENT otherwise). Each member's memory must stay
+  // untouched until the job is Done.
+  std::vector<GatheredMember> gathered = {};
   // If set (and keep_result is not), C is copied from the device straight
   // into this host memory (spec.c_bytes() long: from AllocateHostBuffer or
   // RegisterHostMemory on the CUDA engine) instead of into staging, and

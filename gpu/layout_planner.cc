@@ -132,10 +132,16 @@ absl::StatusOr<LayoutPlan> PlanLayout(const JobDescription& job) {
           spec.batch, ", a_batch ", spec.a_batch, ", b_batch ", spec.b_batch,
           ")"));
     }
-    for (const PrestagedOperands& member : mul->gathered) {
-      if (member.a == nullptr || member.b == nullptr) {
+    const bool to_destinations = mul->gathered.front().c_destination != nullptr;
+    for (const GatheredMember& member : mul->gathered) {
+      if (member.operands.a == nullptr || member.operands.b == nullptr) {
         return absl::InvalidArgumentError(
             "a gathered multiply's member has no operand memory");
+      }
+      if ((member.c_destination != nullptr) != to_destinations) {
+        return absl::InvalidArgumentError(
+            "a gathered multiply's members must all have a product "
+            "destination, or none");
       }
     }
     p.gathered = members;
@@ -174,7 +180,10 @@ absl::StatusOr<LayoutPlan> PlanLayout(const JobDescription& job) {
     p.staged_a_bytes = p.stage_a ? spec.a_bytes() : 0;
     p.staged_b_bytes = p.stage_b ? spec.b_bytes() : 0;
   }
-  p.c_to_destination = p.return_c && p.gemm && mul->c_destination != nullptr;
+  p.c_to_destination =
+      p.return_c && p.gemm &&
+      (mul->c_destination != nullptr ||
+       (p.gathered > 0 && mul->gathered.front().c_destination != nullptr));
   p.c_out_bytes = p.return_c ? spec.c_bytes() : 0;
   p.returned_c_bytes = p.c_to_destination ? 0 : p.c_out_bytes;
   p.staging_bytes = p.staged_a_bytes + p.staged_b_bytes + p.returned_c_bytes;

@@ -147,9 +147,10 @@ class FakeEngine final : public Engine {
       const size_t a_one = static_cast<size_t>(plan->a_bytes) / members;
       const size_t b_one = static_cast<size_t>(plan->b_bytes) / members;
       for (size_t i = 0; i < members; ++i) {
-        std::memcpy(staging->data() + i * a_one, mul->gathered[i].a, a_one);
+        std::memcpy(staging->data() + i * a_one, mul->gathered[i].operands.a,
+                    a_one);
         std::memcpy(staging->data() + plan->a_bytes + i * b_one,
-                    mul->gathered[i].b, b_one);
+                    mul->gathered[i].operands.b, b_one);
       }
     } else {
       absl::Status written = job->WriteOperands(
@@ -169,6 +170,14 @@ class FakeEngine final : public Engine {
       HostGemmGrouped(*plan->group, a, b, c);
     } else {
       HostGemm(job->spec(), a, b, c);
+    }
+    if (mul != nullptr && plan->c_to_destination && plan->gathered > 0) {
+      // A gathered batch's products, each into its member's memory.
+      const size_t c_one = static_cast<size_t>(plan->c_bytes / plan->gathered);
+      for (size_t i = 0; i < mul->gathered.size(); ++i) {
+        std::memcpy(mul->gathered[i].c_destination, c + i * c_one, c_one);
+      }
+      c_returned = 0;
     }
     job->Done(JobResult(absl::MakeConstSpan(c, c_returned), Placement{0, 0},
                         StageTimings{},

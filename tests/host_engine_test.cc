@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "tests/gathered_checks.h"
 #include "tests/reference_gemm.h"
 #include "tests/resident_checks.h"
 
@@ -159,6 +160,26 @@ std::vector<Case> AllCases() {
 
 INSTANTIATE_TEST_SUITE_P(AllShapes, HostEngineGemmTest,
                          ::testing::ValuesIn(AllCases()), CaseName);
+
+// A gathered multiply (MultiplyOp::gathered) reads each member's operands
+// from the member's own memory and writes each product into the member's
+// destination, or back to back into staging: every dtype, operands in one
+// buffer or two.
+TEST(HostEngineTest, GatheredMultiplyUsesEachMembersMemory) {
+  auto engine = NewEngine();
+  for (const DType dtype :
+       {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16}) {
+    for (const bool one_buffer : {false, true}) {
+      for (const bool to_destinations : {false, true}) {
+        testing::ExpectGatheredMultiplyExact(
+            *engine,
+            testing::MakeSpec(dtype, 1, 1, 12, 10, 9, false, true, false), 5,
+            one_buffer, to_destinations);
+      }
+    }
+  }
+  engine->Shutdown();
+}
 
 TEST(HostEngineTest, AbandonedJobIsDroppedBeforeStaging) {
   std::unique_ptr<HostEngine> engine = NewEngine(1);

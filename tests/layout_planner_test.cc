@@ -177,7 +177,8 @@ TEST(LayoutPlannerTest, GatheredMembersAreMovedButNotStaged) {
   spec.c_is_3d = true;
   JobDescription o;
   MultiplyOp gathered;
-  gathered.gathered.assign(3, PrestagedOperands{&bytes[0], &bytes[1]});
+  gathered.gathered.assign(
+      3, GatheredMember{PrestagedOperands{&bytes[0], &bytes[1]}});
   o.op = gathered;
   absl::StatusOr<LayoutPlan> p = Plan(spec, o);
   ASSERT_TRUE(p.ok()) << p.status();
@@ -186,6 +187,17 @@ TEST(LayoutPlannerTest, GatheredMembersAreMovedButNotStaged) {
   EXPECT_EQ(p->staged_a_bytes + p->staged_b_bytes, 0);
   EXPECT_EQ(p->staging_bytes, 3 * 32);
   EXPECT_EQ(p->moved_bytes, 3 * (24 + 48 + 32));
+  EXPECT_FALSE(p->c_to_destination);
+  // Every member's product into its own memory: staging holds nothing.
+  std::byte c[32];
+  for (GatheredMember& member : gathered.gathered) member.c_destination = c;
+  o.op = gathered;
+  p = Plan(spec, o);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_TRUE(p->c_to_destination);
+  EXPECT_EQ(p->staging_bytes, 0);
+  EXPECT_EQ(p->returned_c_bytes, 0);
+  EXPECT_EQ(p->c_out_bytes, 3 * 32);
 }
 
 TEST(LayoutPlannerTest, AGatheredBatchOfTheWrongSizeOrKindIsInvalid) {
@@ -199,12 +211,14 @@ TEST(LayoutPlannerTest, AGatheredBatchOfTheWrongSizeOrKindIsInvalid) {
     return Plan(s, o).status();
   };
   MultiplyOp two;
-  two.gathered.assign(2, PrestagedOperands{&bytes[0], &bytes[1]});
+  two.gathered.assign(2,
+                      GatheredMember{PrestagedOperands{&bytes[0], &bytes[1]}});
   EXPECT_EQ(plan(spec, two).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(plan(spec, two).message()),
               HasSubstr("gathered multiply of 2 members"));
   MultiplyOp three;
-  three.gathered.assign(3, PrestagedOperands{&bytes[0], &bytes[1]});
+  three.gathered.assign(
+      3, GatheredMember{PrestagedOperands{&bytes[0], &bytes[1]}});
   MatmulSpec broadcast = spec;
   broadcast.b_batch = 1;
   EXPECT_EQ(plan(broadcast, three).code(), absl::StatusCode::kInvalidArgument);
@@ -216,8 +230,13 @@ TEST(LayoutPlannerTest, AGatheredBatchOfTheWrongSizeOrKindIsInvalid) {
   EXPECT_EQ(plan(spec, also_prestaged).code(),
             absl::StatusCode::kInvalidArgument);
   MultiplyOp missing = three;
-  missing.gathered[1].b = nullptr;
+  missing.gathered[1].operands.b = nullptr;
   EXPECT_EQ(plan(spec, missing).code(), absl::StatusCode::kInvalidArgument);
+  // Some members with a product destination and some without.
+  std::byte c[32];
+  MultiplyOp mixed = three;
+  mixed.gathered[2].c_destination = c;
+  EXPECT_EQ(plan(spec, mixed).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(plan(spec, three).code(), absl::StatusCode::kOk);
 }
 

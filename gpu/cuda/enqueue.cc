@@ -113,12 +113,14 @@ void CudaEngine::Enqueue(InFlight* flight, const std::byte* host_a,
         const int64_t a_one = l.a_bytes / l.gathered;
         const int64_t b_one = l.b_bytes / l.gathered;
         bool adjoining = true;
-        for (const PrestagedOperands& member : members) {
-          adjoining &= member.one_allocation && member.b == member.a + a_one;
+        for (const GatheredMember& member : members) {
+          adjoining &= member.operands.one_allocation &&
+                       member.operands.b == member.operands.a + a_one;
         }
         auto* device_ops = const_cast<std::byte*>(device_a);
         for (int64_t i = 0; i < l.gathered; ++i) {
-          const PrestagedOperands& member = members[static_cast<size_t>(i)];
+          const PrestagedOperands& member =
+              members[static_cast<size_t>(i)].operands;
           if (adjoining) {
             CUDA_RETURN_IF_ERROR_AT(
                 site,
@@ -198,7 +200,18 @@ void CudaEngine::Enqueue(InFlight* flight, const std::byte* host_a,
         CUDA_RETURN_IF_ERROR_AT(site,
                                 cudaEventRecord(ev.gemm_done.get(), stream));
       }
-      if (l.return_c) {
+      if (l.return_c && l.gathered > 0 && l.c_to_destination) {
+        // A gathered multiply's products, each into its member's memory.
+        const auto& members = std::get<MultiplyOp>(flight->job->op()).gathered;
+        const int64_t c_one = l.c_bytes / l.gathered;
+        for (int64_t i = 0; i < l.gathered; ++i) {
+          CUDA_RETURN_IF_ERROR_AT(
+              site,
+              cudaMemcpyAsync(members[static_cast<size_t>(i)].c_destination,
+                              device_c + i * c_one, c_one,
+                              cudaMemcpyDeviceToHost, stream));
+        }
+      } else if (l.return_c) {
         CUDA_RETURN_IF_ERROR_AT(
             site, cudaMemcpyAsync(flight->host_c, device_c, l.c_bytes,
                                   cudaMemcpyDeviceToHost, stream));

@@ -282,7 +282,8 @@ void HostEngine::Run(int lane_index, Queued queued) {
             "host engine: cannot allocate memory for the batch's operands");
       }
       for (int64_t i = 0; i < plan.gathered && written.ok(); ++i) {
-        const PrestagedOperands& member = members[static_cast<size_t>(i)];
+        const PrestagedOperands& member =
+            members[static_cast<size_t>(i)].operands;
         written = CopyMappedMemory(private_a.get() + i * a_one, member.a,
                                    static_cast<size_t>(a_one), "operand a");
         if (written.ok()) {
@@ -301,8 +302,12 @@ void HostEngine::Run(int lane_index, Queued queued) {
       }
     }
   }
-  std::byte* const destination = plan.c_to_destination ? c : nullptr;
-  if (destination != nullptr && written.ok()) {
+  // A gathered multiply's members each have a destination of their own:
+  // the products are made here and copied out one by one.
+  const bool gathered_out = plan.c_to_destination && plan.gathered > 0;
+  std::byte* const destination =
+      plan.c_to_destination && !gathered_out ? c : nullptr;
+  if ((destination != nullptr || gathered_out) && written.ok()) {
     private_c.reset(new (std::nothrow)
                         std::byte[static_cast<size_t>(spec.c_bytes())]);
     if (private_c == nullptr) {
@@ -335,6 +340,21 @@ void HostEngine::Run(int lane_index, Queued queued) {
       return;
     }
     c = destination;
+  } else if (gathered_out) {
+    // A gathered multiply's products, each into its member's memory.
+    const auto& members = std::get<MultiplyOp>(job.op()).gathered;
+    const int64_t c_one = spec.c_bytes() / plan.gathered;
+    absl::Status out;
+    for (int64_t i = 0; i < plan.gathered && out.ok(); ++i) {
+      out = CopyMappedMemory(members[static_cast<size_t>(i)].c_destination,
+                             c + i * c_one, static_cast<size_t>(c_one),
+                             "product c");
+    }
+    if (!out.ok()) {
+      staging_used_.fetch_sub(bytes, std::memory_order_relaxed);
+      job.Done(out);
+      return;
+    }
   }
   const absl::Time computed = absl::Now();
   const absl::Duration busy = computed - staged;

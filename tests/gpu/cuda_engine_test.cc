@@ -20,12 +20,12 @@
 
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
-#include "common/float16.h"
 #include "gpu/batching_engine.h"
 #include "gpu/cuda/cuda_resources.h"
 #include "gpu/cuda/device_registry.h"
 #include "gpu/cuda/job_layout.h"
 #include "gtest/gtest.h"
+#include "tests/gathered_checks.h"
 #include "tests/gpu/cuda_test_job.h"
 #include "tests/reference_gemm.h"
 #include "tests/resident_checks.h"
@@ -820,37 +820,6 @@ class PrestagedProductJob final : public MatmulJob {
   std::promise<absl::StatusOr<std::string>> done_;
 };
 
-// `count` integers in [-2, 2] as `dtype`: products of k <= 64 of them sum
-// exactly in every dtype, bfloat16's 8-bit significand included.
-std::string SmallIntegerBytes(DType dtype, int64_t count, absl::BitGen& gen) {
-  std::string bytes(static_cast<size_t>(count * DTypeSize(dtype)), '\0');
-  for (int64_t i = 0; i < count; ++i) {
-    const float v = static_cast<float>(absl::Uniform(gen, -2, 3));
-    char* at = bytes.data() + i * DTypeSize(dtype);
-    switch (dtype) {
-      case DType::kFloat32:
-        std::memcpy(at, &v, 4);
-        break;
-      case DType::kFloat64: {
-        const double d = v;
-        std::memcpy(at, &d, 8);
-        break;
-      }
-      case DType::kFloat16: {
-        const uint16_t h = FloatToHalf(v);
-        std::memcpy(at, &h, 2);
-        break;
-      }
-      case DType::kBFloat16: {
-        const uint16_t h = FloatToBFloat16(v);
-        std::memcpy(at, &h, 2);
-        break;
-      }
-    }
-  }
-  return bytes;
-}
-
 // Prestaged requests that wait together go out as one gathered multiply
 // (MultiplyOp::gathered): the engine copies each member's operands up from
 // the member's own pinned buffers, runs one strided-batched GEMM, and each
@@ -893,8 +862,10 @@ TEST(CudaEngineTest, GatheredPrestagedRequestsAreEachExact) {
           b[i] = std::move(*bi);
           b_at[i] = b[i].data();
         }
-        const std::string av = SmallIntegerBytes(dtype, spec.a_elements(), gen);
-        const std::string bv = SmallIntegerBytes(dtype, spec.b_elements(), gen);
+        const std::string av =
+            testing::SmallIntegerBytes(dtype, spec.a_elements(), gen);
+        const std::string bv =
+            testing::SmallIntegerBytes(dtype, spec.b_elements(), gen);
         std::memcpy(a[i].data(), av.data(), av.size());
         std::memcpy(b_at[i], bv.data(), bv.size());
         std::promise<absl::StatusOr<std::string>> done;
@@ -923,6 +894,27 @@ TEST(CudaEngineTest, GatheredPrestagedRequestsAreEachExact) {
   EXPECT_GE(engine.batches(), 24);
   EXPECT_LT(testing::JobsOnStreams(engine.stats().devices[0]), 8 * 20);
   engine.Shutdown();
+}
+
+// The CUDA engine's gathered multiply on its own (the batching engine
+// above makes none with product destinations): each member's operands
+// from its own pinned buffer(s), each product into its own, or back to
+// back into staging; exact in every dtype.
+TEST(CudaEngineTest, GatheredMultiplyUsesEachMembersMemory) {
+  SKIP_WITHOUT_GPU();
+  std::unique_ptr<CudaEngine> engine = NewEngine(2);
+  ASSERT_NE(engine, nullptr);
+  for (const DType dtype :
+       {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16}) {
+    for (const bool one_buffer : {false, true}) {
+      for (const bool to_destinations : {false, true}) {
+        testing::ExpectGatheredMultiplyExact(
+            *engine, MakeSpec(dtype, 1, 1, 40, 24, 56, false, true, false), 7,
+            one_buffer, to_destinations);
+      }
+    }
+  }
+  engine->Shutdown();
 }
 
 TEST(CudaEngineTest, RealDeviceOutOfMemoryFailsOnlyThatJob) {
