@@ -157,7 +157,11 @@ bool BatchingEngine::Eligible(const MatmulJob& job) const {
          mul->resident_b == nullptr && !mul->keep_result &&
          mul->gathered.empty() && job.description().device < 0 &&
          s.batch == 1 && s.a_batch == 1 && s.b_batch == 1 &&
-         s.flops() <= options_.max_flops && mul->c_destination == nullptr;
+         s.flops() <= options_.max_flops && mul->c_destination == nullptr &&
+         // A prestaged request missing an operand fails alone, never a
+         // gathered batch.
+         (!mul->prestaged.has_value() ||
+          (mul->prestaged->a != nullptr && mul->prestaged->b != nullptr));
 }
 
 void BatchingEngine::Submit(std::unique_ptr<MatmulJob> job) {
