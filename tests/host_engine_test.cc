@@ -1,7 +1,9 @@
 #include "gpu/host/host_engine.h"
 
+#include <cmath>
 #include <cstring>
 #include <future>
+#include <limits>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -165,6 +167,24 @@ INSTANTIATE_TEST_SUITE_P(AllShapes, HostEngineGemmTest,
 // from the member's own memory and writes each product into the member's
 // destination, or back to back into staging: every dtype, operands in one
 // buffer or two.
+// The tests' error measures: a product whose terms cancel has no relative
+// error to speak of, but its error against the terms' size is small.
+TEST(ReferenceGemmTest, ProductErrorMeasuresAgainstTheTermsNotTheirSum) {
+  const MatmulSpec spec =
+      MakeSpec(DType::kFloat64, 1, 1, 1, 1, 2, false, false, false);
+  const std::vector<double> a = {1.0, 1.0};
+  const std::vector<double> b = {1.0, -1.0};  // A·B = 0, |A|·|B| = 2
+  const std::vector<double> out = {1e-7};
+  EXPECT_EQ(RelativeError(out, ReferenceGemm(spec, a, b)),
+            std::numeric_limits<double>::infinity());
+  EXPECT_DOUBLE_EQ(testing::ProductError(spec, a, b, out), 5e-8);
+  EXPECT_EQ(testing::ProductError(spec, a, b, {0.0}), 0.0);
+  EXPECT_EQ(testing::ProductError(spec, a, b, {std::nan("")}),
+            std::numeric_limits<double>::infinity());
+  EXPECT_EQ(testing::ProductError(spec, a, b, {0.0, 0.0}),
+            std::numeric_limits<double>::infinity());
+}
+
 TEST(HostEngineTest, GatheredMultiplyUsesEachMembersMemory) {
   auto engine = NewEngine();
   for (const DType dtype :

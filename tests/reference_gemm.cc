@@ -62,6 +62,27 @@ double RelativeError(const std::vector<double>& out,
   return std::sqrt(diff / norm);
 }
 
+double ProductError(const MatmulSpec& spec, const std::vector<double>& a,
+                    const std::vector<double>& b,
+                    const std::vector<double>& out) {
+  const std::vector<double> ref = ReferenceGemm(spec, a, b);
+  std::vector<double> abs_a(a.size());
+  std::vector<double> abs_b(b.size());
+  for (size_t i = 0; i < a.size(); ++i) abs_a[i] = std::fabs(a[i]);
+  for (size_t i = 0; i < b.size(); ++i) abs_b[i] = std::fabs(b[i]);
+  const std::vector<double> scale = ReferenceGemm(spec, abs_a, abs_b);
+  if (out.size() != ref.size()) return std::numeric_limits<double>::infinity();
+  double diff = 0;
+  double norm = 0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (!std::isfinite(out[i])) return std::numeric_limits<double>::infinity();
+    diff += (out[i] - ref[i]) * (out[i] - ref[i]);
+    norm += scale[i] * scale[i];
+  }
+  if (norm == 0) return diff == 0 ? 0 : std::numeric_limits<double>::infinity();
+  return std::sqrt(diff / norm);
+}
+
 double Tolerance(DType dtype, ComputeMode compute) {
   switch (dtype) {
     case DType::kFloat32:

@@ -30,9 +30,19 @@ std::vector<double> ReferenceGemm(const MatmulSpec& spec,
 double RelativeError(const std::vector<double>& out,
                      const std::vector<double>& ref);
 
-// Bound on RelativeError for a dtype and compute mode, as the engine tests
-// require: float32 strict 1e-5, tf32 1e-3, float16/bfloat16 1e-2, float64
-// 1e-12.
+// ||out - A·B||_F / || |A|·|B| ||_F: the error of a product measured
+// against the size of the terms it sums, the scale rounding works at. Unlike
+// RelativeError it stays meaningful when the terms cancel: a product with one
+// or a few elements whose dot products come out near zero reads as
+// inaccurate under RelativeError however well it was computed. Infinity if
+// `out` has a NaN or Inf, or the sizes differ. Bounded by Tolerance too.
+double ProductError(const MatmulSpec& spec, const std::vector<double>& a,
+                    const std::vector<double>& b,
+                    const std::vector<double>& out);
+
+// Bound on RelativeError (and ProductError) for a dtype and compute mode, as
+// the engine tests require: float32 strict 1e-5, tf32 1e-3, float16/bfloat16
+// 1e-2, float64 1e-12.
 double Tolerance(DType dtype, ComputeMode compute);
 
 // A spec for shapes given the way the API takes them.
