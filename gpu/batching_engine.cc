@@ -20,7 +20,10 @@ class BatchJob final : public MatmulJob {
       : MatmulJob(Describe(members)),
         engine_(engine),
         members_(std::move(members)),
-        failed_(members_.size()) {}
+        failed_(members_.size()),
+        to_destinations_(
+            std::get<MultiplyOp>(members_.front()->op()).c_destination !=
+            nullptr) {}
 
   absl::Status WriteOperands(absl::Span<std::byte> a,
                              absl::Span<std::byte> b) override {
@@ -50,6 +53,8 @@ class BatchJob final : public MatmulJob {
     StageTimings timings = result->timings();
     timings.share /= static_cast<double>(members_.size());
     const absl::Span<const std::byte> c = result->c();
+    // Products written into the members' own memory come back empty.
+    const size_t c_one = to_destinations_ ? 0 : one.c_bytes();
     // Members share the batch's staging; it goes when the last lets go.
     auto shared = std::make_shared<JobResult>(std::move(*result));
     for (size_t i = 0; i < members_.size(); ++i) {
@@ -57,8 +62,8 @@ class BatchJob final : public MatmulJob {
         members_[i]->Done(failed_[i]);
         continue;
       }
-      members_[i]->Done(JobResult(c.subspan(i * one.c_bytes(), one.c_bytes()),
-                                  placement, timings,
+      members_[i]->Done(JobResult(c.subspan(i * c_one, c_one), placement,
+                                  timings,
                                   [shared]() mutable { shared.reset(); }));
     }
   }
@@ -74,9 +79,11 @@ class BatchJob final : public MatmulJob {
   }
 
  private:
-  // A plain multiply (result returned) of every member's operands back to
-  // back: staged, or, for members whose operands are prestaged, gathered
-  // by the engine from where each member keeps them.
+  // A plain multiply of every member's operands back to back, its product
+  // returned: staged, or, for members whose operands are prestaged,
+  // gathered by the engine from where each member keeps them, and each
+  // member's product written into its own memory where it names some
+  // (members of one batch all do or all do not: the batch key says so).
   static JobDescription Describe(
       const std::vector<std::unique_ptr<MatmulJob>>& members) {
     JobDescription d;
@@ -86,9 +93,10 @@ class BatchJob final : public MatmulJob {
     d.spec.c_is_3d = true;
     MultiplyOp multiply;
     for (const auto& member : members) {
-      const auto& prestaged = std::get<MultiplyOp>(member->op()).prestaged;
-      if (prestaged.has_value()) {
-        multiply.gathered.push_back(GatheredMember{*prestaged});
+      const MultiplyOp& op = std::get<MultiplyOp>(member->op());
+      if (op.prestaged.has_value()) {
+        multiply.gathered.push_back(
+            GatheredMember{*op.prestaged, op.c_destination});
       }
     }
     d.op = std::move(multiply);
@@ -99,6 +107,7 @@ class BatchJob final : public MatmulJob {
   BatchingEngine* const engine_;
   std::vector<std::unique_ptr<MatmulJob>> members_;
   std::vector<absl::Status> failed_;
+  const bool to_destinations_;
 };
 
 int SlotsOf(const Engine& engine, int slots) {
@@ -145,9 +154,13 @@ BatchingEngine::~BatchingEngine() { Shutdown(); }
 
 BatchingEngine::Key BatchingEngine::KeyOf(const MatmulJob& job) {
   const MatmulSpec& s = job.spec();
+  const MultiplyOp& op = std::get<MultiplyOp>(job.op());
+  const OperandKind kind = !op.prestaged.has_value() ? OperandKind::kStaged
+                           : op.c_destination == nullptr
+                               ? OperandKind::kPrestaged
+                               : OperandKind::kPrestagedToDestination;
   return Key(static_cast<int>(s.dtype), static_cast<int>(s.compute), s.m, s.n,
-             s.k, s.transpose_a, s.transpose_b,
-             std::get<MultiplyOp>(job.op()).prestaged.has_value());
+             s.k, s.transpose_a, s.transpose_b, kind);
 }
 
 bool BatchingEngine::Eligible(const MatmulJob& job) const {
@@ -157,7 +170,10 @@ bool BatchingEngine::Eligible(const MatmulJob& job) const {
          mul->resident_b == nullptr && !mul->keep_result &&
          mul->gathered.empty() && job.description().device < 0 &&
          s.batch == 1 && s.a_batch == 1 && s.b_batch == 1 &&
-         s.flops() <= options_.max_flops && mul->c_destination == nullptr &&
+         s.flops() <= options_.max_flops &&
+         // A product destination only where the batch is gathered (a staged
+         // batch returns its products from its staging).
+         (mul->c_destination == nullptr || mul->prestaged.has_value()) &&
          // A prestaged request missing an operand fails alone, never a
          // gathered batch.
          (!mul->prestaged.has_value() ||
@@ -250,12 +266,14 @@ std::vector<std::unique_ptr<MatmulJob>> BatchingEngine::TakeWithCompanions(
   take(groups_[key], std::numeric_limits<int64_t>::max());
   size_t kinds = 1;
   // Prestaged requests are gathered by a strided batch, never grouped.
-  if (options_.grouped && jobs.size() < most && !std::get<7>(key)) {
+  if (options_.grouped && jobs.size() < most &&
+      std::get<7>(key) == OperandKind::kStaged) {
     // Kinds that differ only in shape and transposes, oldest first.
     // (Staged ones: a grouped job stages every member's operands.)
     std::vector<std::pair<absl::Time, Group*>> others;
     for (auto& [other, group] : groups_) {
-      if (other != key && !group.jobs.empty() && !std::get<7>(other) &&
+      if (other != key && !group.jobs.empty() &&
+          std::get<7>(other) == OperandKind::kStaged &&
           std::get<0>(other) == std::get<0>(key) &&
           std::get<1>(other) == std::get<1>(key)) {
         others.emplace_back(group.deadline, &group);

@@ -26,11 +26,14 @@
 // strided batch.
 //
 // Eligible: plain 2-D multiplies with staged or prestaged operands (no
-// stored operands, no kept result, no product destination) of at most
-// `max_flops` each. Prestaged requests batch only with prestaged ones of
-// their kind: the batch is a gathered multiply (MultiplyOp::gathered), whose
-// engine copies each member's operands up from where that member keeps them,
-// so the batch makes no host copies; staged ones are copied into the
+// stored operands, no kept result) of at most `max_flops` each, with a
+// product destination only where the operands are prestaged. Prestaged
+// requests batch only with prestaged ones of their kind: the batch is a
+// gathered multiply (MultiplyOp::gathered), whose engine copies each
+// member's operands up from where that member keeps them, so the batch
+// makes no host copies; those that name a product destination (a
+// shared-memory client's c_shared) batch only with one another, and the
+// engine writes each product there. Staged ones are copied into the
 // batch's staging one after another. Others go straight through and do not
 // count against the slots. Thread-safe.
 #ifndef MATMUL_GPU_BATCHING_ENGINE_H_
@@ -109,9 +112,16 @@ class BatchingEngine final : public Engine {
   void JobFinished();
 
  private:
+  // Where a request's operands and product are: a batch is all of one kind.
+  enum class OperandKind {
+    kStaged,                  // copied into the batch's staging
+    kPrestaged,               // gathered; the product returned
+    kPrestagedToDestination,  // gathered; the product into the member's own
+  };
   // Requests that can share a batch: dtype, compute mode, m, n, k, the
-  // transposes, and whether the operands are prestaged.
-  using Key = std::tuple<int, int, int64_t, int64_t, int64_t, bool, bool, bool>;
+  // transposes, and where operands and product are.
+  using Key =
+      std::tuple<int, int, int64_t, int64_t, int64_t, bool, bool, OperandKind>;
   struct Group {
     std::vector<std::unique_ptr<MatmulJob>> jobs;
     absl::Time deadline;

@@ -37,6 +37,7 @@ std::unique_ptr<BatchingEngine> NewEngine(absl::Duration window, int max_batch,
 struct Pending {
   MatmulSpec spec;
   std::string a, b;
+  std::string c;  // the product's destination, where the job names one
   std::future<JobOutcome> future;
   JobOutcome outcome;  // set by ExpectCorrect
 };
@@ -45,11 +46,14 @@ struct Pending {
 // its lane meanwhile).
 // `prestaged`: the job's operands are the Pending's own strings
 // (MultiplyOp::prestaged), never written into staging.
+// `to_destination`: the product goes into the Pending's `c`
+// (MultiplyOp::c_destination).
 std::unique_ptr<Pending> Submit(Engine& engine, const MatmulSpec& spec,
                                 absl::BitGen& gen,
                                 absl::Status abandoned = absl::OkStatus(),
                                 absl::Notification* gate = nullptr,
-                                bool prestaged = false) {
+                                bool prestaged = false,
+                                bool to_destination = false) {
   auto p = std::make_unique<Pending>();
   p->spec = spec;
   p->a = testing::RandomBytes(spec.dtype, spec.a_elements(), gen);
@@ -59,11 +63,17 @@ std::unique_ptr<Pending> Submit(Engine& engine, const MatmulSpec& spec,
   EngineJob::Options options;
   options.a = p->a;
   options.b = p->b;
-  if (prestaged) {
+  if (prestaged || to_destination) {
     MultiplyOp multiply;
-    multiply.prestaged = PrestagedOperands{
-        reinterpret_cast<const std::byte*>(p->a.data()),
-        reinterpret_cast<const std::byte*>(p->b.data()), false};
+    if (prestaged) {
+      multiply.prestaged = PrestagedOperands{
+          reinterpret_cast<const std::byte*>(p->a.data()),
+          reinterpret_cast<const std::byte*>(p->b.data()), false};
+    }
+    if (to_destination) {
+      p->c.assign(static_cast<size_t>(spec.c_bytes()), '\xff');
+      multiply.c_destination = reinterpret_cast<std::byte*>(p->c.data());
+    }
     options.op = multiply;
   }
   class Job final : public MatmulJob {
@@ -102,10 +112,14 @@ void ExpectCorrect(Pending& p) {
   const std::vector<double> ref = testing::ReferenceGemm(
       p.spec, testing::ToDoubles(p.spec.dtype, p.a.data(), p.spec.a_elements()),
       testing::ToDoubles(p.spec.dtype, p.b.data(), p.spec.b_elements()));
+  // A product written into the job's destination comes back empty.
+  if (!p.c.empty()) {
+    EXPECT_TRUE(out.c.empty());
+  }
+  const std::string& c = p.c.empty() ? out.c : p.c;
   EXPECT_LT(
       testing::RelativeError(
-          testing::ToDoubles(p.spec.dtype, out.c.data(), p.spec.c_elements()),
-          ref),
+          testing::ToDoubles(p.spec.dtype, c.data(), p.spec.c_elements()), ref),
       testing::Tolerance(p.spec.dtype, p.spec.compute));
 }
 
@@ -159,6 +173,31 @@ TEST(BatchingEngineTest, PrestagedRequestsGatherIntoBatchesAndStayCorrect) {
   EXPECT_EQ(engine->batches(), 2);
   for (auto& p : pending) EXPECT_DOUBLE_EQ(p->outcome.timings.share, 1.0 / 16);
   EXPECT_EQ(testing::JobsOnStreams(engine->stats().devices[0]), 2);
+}
+
+// Prestaged requests that name a product destination (a shared-memory
+// client's c_shared) gather too, and each product lands in its own
+// destination; they batch apart from prestaged ones whose product comes
+// back, and a staged request with a destination goes alone.
+TEST(BatchingEngineTest, PrestagedRequestsWithDestinationsGatherApart) {
+  auto engine = NewEngine(absl::Milliseconds(20), 64);
+  absl::BitGen gen;
+  std::vector<std::unique_ptr<Pending>> pending;
+  const MatmulSpec spec =
+      MakeSpec(DType::kFloat32, 1, 1, 16, 24, 20, false, true, false);
+  for (int i = 0; i < 24; ++i) {
+    pending.push_back(Submit(*engine, spec, gen, absl::OkStatus(), nullptr,
+                             /*prestaged=*/true,
+                             /*to_destination=*/i % 2 == 0));
+  }
+  pending.push_back(Submit(*engine, spec, gen, absl::OkStatus(), nullptr,
+                           /*prestaged=*/false, /*to_destination=*/true));
+  for (auto& p : pending) ExpectCorrect(*p);
+  // Twelve of each prestaged kind, one batch each; the staged one alone,
+  // past the batching engine.
+  EXPECT_EQ(engine->batched_requests(), 24);
+  EXPECT_EQ(engine->batches(), 2);
+  EXPECT_EQ(testing::JobsOnStreams(engine->stats().devices[0]), 3);
 }
 
 // Staged and prestaged requests of one shape never share a batch (a batch

@@ -22,6 +22,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/random/random.h"
@@ -561,6 +562,66 @@ TEST(SharedMemoryTest, BatchedTransposedOperandsInTheRegion) {
           testing::ToDoubles(DType::kFloat64, shm.data() + c_at, batch * m * n),
           ref),
       testing::Tolerance(DType::kFloat64, ComputeMode::kStrict));
+}
+
+// Many clients' multiplies from and into one region, waiting together,
+// go out as gathered batches (the batching engine, here with a fixed
+// window so that they wait for one another): each product lands at its own
+// offset, exact, and nothing is copied in user space.
+TEST(SharedMemoryTest, MultipliesIntoARegionBatchAndEachProductIsExact) {
+  MatmulServer::EngineProvider batching =
+      []() -> absl::StatusOr<std::unique_ptr<Engine>> {
+    absl::StatusOr<EngineKind> kind =
+        ParseEngineKind(testing::EngineUnderTest());
+    if (!kind.ok()) return kind.status();
+    EngineOptions options;
+    options.kind = *kind;
+    options.streams_per_device = 2;
+    options.staging_bytes_per_device = int64_t{256} << 20;
+    options.batch_window = absl::Milliseconds(500);
+    options.adaptive_batching = false;
+    return CreateEngine(options);
+  };
+  SharedMemoryServer s(std::move(batching));
+  auto stub = s.UnixStub();
+  absl::BitGen gen;
+  constexpr int kClients = 8;
+  std::vector<Problem> problems;
+  int64_t end = 0;
+  for (int i = 0; i < kClients; ++i) {
+    Problem p = MakeProblem(24, 20, 16, gen);
+    p.a_offset += end;
+    p.b_offset += end;
+    p.c_offset += end;
+    end = (p.c_offset + p.c_bytes() + 63) / 64 * 64;
+    problems.push_back(std::move(p));
+  }
+  ShmObject shm(end);
+  ASSERT_TRUE(shm.ok());
+  for (const Problem& p : problems) Fill(shm, p);
+  auto reg = Register(*stub, shm.name(), shm.bytes());
+  ASSERT_TRUE(reg->open) << reg->status.error_message();
+
+  std::vector<std::future<grpc::Status>> calls;
+  for (const Problem& p : problems) {
+    calls.push_back(std::async(std::launch::async, [&stub, &p, &reg] {
+      v1::MultiplyResponse response;
+      grpc::Status status = Multiply(*stub, AllShared(p, reg->id()), &response);
+      EXPECT_EQ(response.c().shared().offset(), p.c_offset);
+      EXPECT_TRUE(response.c().data().empty());
+      return status;
+    }));
+  }
+  for (auto& call : calls) {
+    const grpc::Status status = call.get();
+    EXPECT_TRUE(status.ok()) << status.error_message();
+  }
+  for (const Problem& p : problems) ExpectProduct(p, shm.data() + p.c_offset);
+  EXPECT_EQ(s.server().service().copied_operand_bytes(), 0);
+  // Fewer launches than requests: some went out together.
+  const std::map<std::string, double> metrics = s.Scrape();
+  EXPECT_EQ(testing::Sum(metrics, "matmul_batch_size_sum"), kClients);
+  EXPECT_LT(testing::Sum(metrics, "matmul_batch_size_count"), kClients);
 }
 
 // Operands in regions are the client's memory, not server memory in
