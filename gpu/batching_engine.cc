@@ -173,7 +173,8 @@ bool BatchingEngine::Eligible(const MatmulJob& job) const {
          s.flops() <= options_.max_flops &&
          // A product destination only where the batch is gathered (a staged
          // batch returns its products from its staging).
-         (mul->c_destination == nullptr || mul->prestaged.has_value()) &&
+         (mul->c_destination == nullptr ||
+          (options_.gather_destinations && mul->prestaged.has_value())) &&
          // A prestaged request missing an operand fails alone, never a
          // gathered batch.
          (!mul->prestaged.has_value() ||

@@ -27,7 +27,8 @@
 //
 // Eligible: plain 2-D multiplies with staged or prestaged operands (no
 // stored operands, no kept result) of at most `max_flops` each, with a
-// product destination only where the operands are prestaged. Prestaged
+// product destination only where the operands are prestaged (and
+// `gather_destinations` is set). Prestaged
 // requests batch only with prestaged ones of their kind: the batch is a
 // gathered multiply (MultiplyOp::gathered), whose engine copies each
 // member's operands up from where that member keeps them, so the batch
@@ -74,6 +75,11 @@ struct BatchingOptions {
   // products stay within this many bytes (they must fit one staging slot
   // and the device at once; a request of the first group always goes).
   int64_t max_group_bytes = int64_t{256} << 20;
+  // Prestaged requests that name a product destination (shared memory's
+  // c_shared) batch too, with one another: each product is written into
+  // its member's destination. False (the default until it is measured on a
+  // GPU): they go straight through, alone.
+  bool gather_destinations = false;
 };
 
 class BatchingEngine final : public Engine {

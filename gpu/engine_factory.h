@@ -31,6 +31,9 @@ struct EngineOptions {
   // Several shapes waiting at once go out as one grouped job (off by
   // default: on an H100 it saved no device time, PERFORMANCE.md section 10).
   bool grouped_batching = false;
+  // Requests with both operands and the product in shared-memory regions
+  // batch too (BatchingOptions::gather_destinations; off by default).
+  bool batch_c_shared = false;
   // CUDA engine: small jobs dispatched by the submitting thread when their
   // stream is idle, and how long the completion poller polls
   // (CudaEngineOptions).

@@ -91,6 +91,11 @@ ABSL_FLAG(bool, grouped_batching, false,
           "waiting together go out as one grouped GEMM launch (off by "
           "default: no gain measured yet, docs/PERFORMANCE.md section 10); "
           "false: one batch per shape");
+ABSL_FLAG(bool, batch_c_shared, false,
+          "Requests whose operands and product are all in shared-memory "
+          "regions (c_shared) batch with one another too, each product "
+          "written into its own region (off by default: not yet measured on "
+          "a GPU, docs/PERFORMANCE.md section 33)");
 ABSL_FLAG(int64_t, inline_dispatch_max_bytes, int64_t{1} << 20,
           "CUDA engine: a request with at most this many bytes of staging "
           "(operands and product) is put on an idle stream by the thread "
@@ -201,7 +206,7 @@ const std::vector<matmul::FlagGroup>& ServerFlags() {
       {"Engine",
        {"engine=auto|cuda|host", "streams_per_device", "pinned_pool_bytes",
         "batch_window_us", "adaptive_batching", "max_batch", "grouped_batching",
-        "inline_dispatch_max_bytes", "staging_copy_threads",
+        "batch_c_shared", "inline_dispatch_max_bytes", "staging_copy_threads",
         "staging_copy_split_bytes", "staging_copy_expect_spin_us",
         "staging_copy_streaming_stores", "completion_poll_us", "lane_spin_us",
         "poll_only_max_bytes", "cuda_graphs_per_stream",
@@ -373,6 +378,7 @@ int main(int argc, char** argv) {
   engine_options.max_batch = absl::GetFlag(FLAGS_max_batch);
   engine_options.adaptive_batching = absl::GetFlag(FLAGS_adaptive_batching);
   engine_options.grouped_batching = absl::GetFlag(FLAGS_grouped_batching);
+  engine_options.batch_c_shared = absl::GetFlag(FLAGS_batch_c_shared);
   engine_options.inline_dispatch_max_bytes =
       std::max<int64_t>(0, absl::GetFlag(FLAGS_inline_dispatch_max_bytes));
   engine_options.completion_poll = absl::Microseconds(

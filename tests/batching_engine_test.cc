@@ -23,7 +23,8 @@ using testing::MakeSpec;
 // Fixed window unless `adaptive`.
 std::unique_ptr<BatchingEngine> NewEngine(absl::Duration window, int max_batch,
                                           bool adaptive = false, int lanes = 2,
-                                          bool grouped = true) {
+                                          bool grouped = true,
+                                          bool gather_destinations = false) {
   HostEngineOptions host;
   host.lanes = lanes;
   BatchingOptions options;
@@ -31,6 +32,7 @@ std::unique_ptr<BatchingEngine> NewEngine(absl::Duration window, int max_batch,
   options.window = window;
   options.max_batch = max_batch;
   options.grouped = grouped;
+  options.gather_destinations = gather_destinations;
   return std::make_unique<BatchingEngine>(*HostEngine::Create(host), options);
 }
 
@@ -175,12 +177,15 @@ TEST(BatchingEngineTest, PrestagedRequestsGatherIntoBatchesAndStayCorrect) {
   EXPECT_EQ(testing::JobsOnStreams(engine->stats().devices[0]), 2);
 }
 
-// Prestaged requests that name a product destination (a shared-memory
-// client's c_shared) gather too, and each product lands in its own
-// destination; they batch apart from prestaged ones whose product comes
-// back, and a staged request with a destination goes alone.
+// With gather_destinations, prestaged requests that name a product
+// destination (a shared-memory client's c_shared) gather too, and each
+// product lands in its own destination; they batch apart from prestaged
+// ones whose product comes back, and a staged request with a destination
+// goes alone. Without it, they all go alone.
 TEST(BatchingEngineTest, PrestagedRequestsWithDestinationsGatherApart) {
-  auto engine = NewEngine(absl::Milliseconds(20), 64);
+  auto engine = NewEngine(absl::Milliseconds(20), 64, /*adaptive=*/false,
+                          /*lanes=*/2, /*grouped=*/true,
+                          /*gather_destinations=*/true);
   absl::BitGen gen;
   std::vector<std::unique_ptr<Pending>> pending;
   const MatmulSpec spec =
@@ -198,6 +203,24 @@ TEST(BatchingEngineTest, PrestagedRequestsWithDestinationsGatherApart) {
   EXPECT_EQ(engine->batched_requests(), 24);
   EXPECT_EQ(engine->batches(), 2);
   EXPECT_EQ(testing::JobsOnStreams(engine->stats().devices[0]), 3);
+}
+
+TEST(BatchingEngineTest, WithoutTheOptionRequestsWithDestinationsGoAlone) {
+  auto engine = NewEngine(absl::Milliseconds(20), 64);
+  absl::BitGen gen;
+  std::vector<std::unique_ptr<Pending>> pending;
+  const MatmulSpec spec =
+      MakeSpec(DType::kFloat32, 1, 1, 16, 24, 20, false, true, false);
+  for (int i = 0; i < 24; ++i) {
+    pending.push_back(Submit(*engine, spec, gen, absl::OkStatus(), nullptr,
+                             /*prestaged=*/true,
+                             /*to_destination=*/i % 2 == 0));
+  }
+  for (auto& p : pending) ExpectCorrect(*p);
+  // The twelve whose product comes back, one batch; the other twelve alone.
+  EXPECT_EQ(engine->batched_requests(), 12);
+  EXPECT_EQ(engine->batches(), 1);
+  EXPECT_EQ(testing::JobsOnStreams(engine->stats().devices[0]), 13);
 }
 
 // Staged and prestaged requests of one shape never share a batch (a batch

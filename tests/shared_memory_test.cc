@@ -564,10 +564,10 @@ TEST(SharedMemoryTest, BatchedTransposedOperandsInTheRegion) {
       testing::Tolerance(DType::kFloat64, ComputeMode::kStrict));
 }
 
-// Many clients' multiplies from and into one region, waiting together,
-// go out as gathered batches (the batching engine, here with a fixed
-// window so that they wait for one another): each product lands at its own
-// offset, exact, and nothing is copied in user space.
+// With --batch-c-shared, many clients' multiplies from and into one
+// region, waiting together, go out as gathered batches (the batching
+// engine, here with a fixed window so that they wait for one another): each
+// product lands at its own offset, exact, and nothing is copied in user space.
 TEST(SharedMemoryTest, MultipliesIntoARegionBatchAndEachProductIsExact) {
   MatmulServer::EngineProvider batching =
       []() -> absl::StatusOr<std::unique_ptr<Engine>> {
@@ -580,6 +580,7 @@ TEST(SharedMemoryTest, MultipliesIntoARegionBatchAndEachProductIsExact) {
     options.staging_bytes_per_device = int64_t{256} << 20;
     options.batch_window = absl::Milliseconds(500);
     options.adaptive_batching = false;
+    options.batch_c_shared = true;
     return CreateEngine(options);
   };
   SharedMemoryServer s(std::move(batching));
