@@ -9,7 +9,7 @@ for round in 1 2 3; do
     sock=/tmp/shmab_$which.sock; rm -f $sock
     ${BIN[$which]} --engine=host --host=127.0.0.1 --port=0 --unix-socket=$sock --metrics-port=19997 > $OUT/server_${which}_$round.log 2>&1 &
     pid=$!
-    for i in $(seq 50); do [ -S $sock ] && break; sleep 0.1; done
+    for _ in $(seq 50); do [ -S "$sock" ] && break; sleep 0.1; done
     for shape in 64 256; do
       timeout 60 $BENCH --target unix:$sock --shared-memory --shape $shape --concurrency 64 --duration 3 --warmup 1 --verify --json $OUT/${which}_${shape}_$round.json > $OUT/bench_${which}_${shape}_$round.txt 2>&1
       echo "$which round $round shape $shape: $(grep -E 'req/s' $OUT/bench_${which}_${shape}_$round.txt | tail -1)"
