@@ -141,7 +141,8 @@ struct OverFake {
 };
 
 TEST(BatchingEngineTest, SameShapeRequestsShareBatchesAndStayCorrect) {
-  auto engine = NewEngine(absl::Milliseconds(20), 16);
+  // No timer: each batch goes when it is full.
+  auto engine = NewEngine(absl::Seconds(60), 16);
   absl::BitGen gen;
   std::vector<std::unique_ptr<Pending>> pending;
   const MatmulSpec spec =
@@ -161,7 +162,7 @@ TEST(BatchingEngineTest, SameShapeRequestsShareBatchesAndStayCorrect) {
 // Prestaged requests batch as a gathered multiply: the engine reads each
 // member's operands where the member keeps them (no staging copies).
 TEST(BatchingEngineTest, PrestagedRequestsGatherIntoBatchesAndStayCorrect) {
-  auto engine = NewEngine(absl::Milliseconds(20), 16);
+  auto engine = NewEngine(absl::Seconds(60), 16);  // batches go when full
   absl::BitGen gen;
   std::vector<std::unique_ptr<Pending>> pending;
   const MatmulSpec spec =
@@ -183,7 +184,7 @@ TEST(BatchingEngineTest, PrestagedRequestsGatherIntoBatchesAndStayCorrect) {
 // ones whose product comes back, and a staged request with a destination
 // goes alone. Without it, they all go alone.
 TEST(BatchingEngineTest, PrestagedRequestsWithDestinationsGatherApart) {
-  auto engine = NewEngine(absl::Milliseconds(20), 64, /*adaptive=*/false,
+  auto engine = NewEngine(absl::Seconds(60), 64, /*adaptive=*/false,
                           /*lanes=*/2, /*grouped=*/true,
                           /*gather_destinations=*/true);
   absl::BitGen gen;
@@ -197,6 +198,7 @@ TEST(BatchingEngineTest, PrestagedRequestsWithDestinationsGatherApart) {
   }
   pending.push_back(Submit(*engine, spec, gen, absl::OkStatus(), nullptr,
                            /*prestaged=*/false, /*to_destination=*/true));
+  engine->Shutdown();  // what waits goes out, a batch a group (no timer)
   for (auto& p : pending) ExpectCorrect(*p);
   // Twelve of each prestaged kind, one batch each; the staged one alone,
   // past the batching engine.
@@ -206,7 +208,7 @@ TEST(BatchingEngineTest, PrestagedRequestsWithDestinationsGatherApart) {
 }
 
 TEST(BatchingEngineTest, WithoutTheOptionRequestsWithDestinationsGoAlone) {
-  auto engine = NewEngine(absl::Milliseconds(20), 64);
+  auto engine = NewEngine(absl::Seconds(60), 64);
   absl::BitGen gen;
   std::vector<std::unique_ptr<Pending>> pending;
   const MatmulSpec spec =
@@ -216,6 +218,7 @@ TEST(BatchingEngineTest, WithoutTheOptionRequestsWithDestinationsGoAlone) {
                              /*prestaged=*/true,
                              /*to_destination=*/i % 2 == 0));
   }
+  engine->Shutdown();
   for (auto& p : pending) ExpectCorrect(*p);
   // The twelve whose product comes back, one batch; the other twelve alone.
   EXPECT_EQ(engine->batched_requests(), 12);
@@ -227,7 +230,7 @@ TEST(BatchingEngineTest, WithoutTheOptionRequestsWithDestinationsGoAlone) {
 // either stages its members' operands or gathers them), and prestaged ones
 // never join a grouped job of other shapes, which stages every member.
 TEST(BatchingEngineGroupedTest, PrestagedRequestsBatchApartFromStagedOnes) {
-  auto engine = NewEngine(absl::Milliseconds(20), 64, /*adaptive=*/false,
+  auto engine = NewEngine(absl::Seconds(60), 64, /*adaptive=*/false,
                           /*lanes=*/2, /*grouped=*/true);
   absl::BitGen gen;
   std::vector<std::unique_ptr<Pending>> pending;
@@ -240,6 +243,7 @@ TEST(BatchingEngineGroupedTest, PrestagedRequestsBatchApartFromStagedOnes) {
                              absl::OkStatus(), nullptr,
                              /*prestaged=*/i % 2 == 0));
   }
+  engine->Shutdown();  // what waits goes out, a batch a group (no timer)
   for (auto& p : pending) ExpectCorrect(*p);
   EXPECT_EQ(engine->batched_requests(), 24);
   // Staged: both shapes in one grouped job. Prestaged: one gathered batch
@@ -249,7 +253,7 @@ TEST(BatchingEngineGroupedTest, PrestagedRequestsBatchApartFromStagedOnes) {
 }
 
 TEST(BatchingEngineTest, DifferentShapesAndDtypesBatchApart) {
-  auto engine = NewEngine(absl::Milliseconds(20), 64);
+  auto engine = NewEngine(absl::Seconds(60), 64);
   absl::BitGen gen;
   std::vector<std::unique_ptr<Pending>> pending;
   for (int i = 0; i < 30; ++i) {
@@ -259,6 +263,7 @@ TEST(BatchingEngineTest, DifferentShapesAndDtypesBatchApart) {
         MakeSpec(dtype, 1, 1, 8 + i % 3, 9, 10, i % 5 == 0, false, false),
         gen));
   }
+  engine->Shutdown();  // what waits goes out, a batch a group (no timer)
   for (auto& p : pending) ExpectCorrect(*p);
   // A group of one runs alone; most requests share a batch.
   EXPECT_GE(engine->batched_requests(), 20);
@@ -361,7 +366,7 @@ TEST(BatchingEngineTest, AdaptiveBatchesWhatArrivesWhileEverySlotIsBusy) {
 
 // Adaptive: the window still bounds the wait when no slot frees up.
 TEST(BatchingEngineTest, AdaptiveWaitsNoLongerThanTheWindow) {
-  auto engine = NewEngine(absl::Milliseconds(20), 64, /*adaptive=*/true,
+  auto engine = NewEngine(absl::Milliseconds(200), 64, /*adaptive=*/true,
                           /*lanes=*/2);
   absl::BitGen gen;
   const MatmulSpec spec =
@@ -370,7 +375,7 @@ TEST(BatchingEngineTest, AdaptiveWaitsNoLongerThanTheWindow) {
       MakeSpec(DType::kFloat64, 1, 1, 8, 8, 8, false, false, false);
   absl::Notification gate;
   // Two slots, both held by gated jobs: the lanes are blocked, so the
-  // group's 20 ms pass with no slot free; it goes to the wrapped engine
+  // group's 200 ms pass with no slot free; it goes to the wrapped engine
   // then, and runs when the gate opens.
   auto held1 = Submit(*engine, other, gen, absl::OkStatus(), &gate);
   auto held2 = Submit(*engine, other, gen, absl::OkStatus(), &gate);
