@@ -46,21 +46,33 @@ class Server:
     def __init__(self):
         self.folder = tempfile.mkdtemp(prefix="matmul-shm-e2e-", dir="/tmp")
         self.socket = os.path.join(self.folder, "matmul.sock")
-        self.metrics_port = free_port()
-        self.proc = subprocess.Popen(
-            [str(SERVER), "--host", "127.0.0.1", "--port", "0",
-             "--metrics-port", str(self.metrics_port), "--engine", "host",
-             "--unix_socket", self.socket],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE, text=True)
-        self.log = []
-        self.port = None
-        self._ready = threading.Event()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-        if not self._ready.wait(timeout=60) or self.port is None:
+        # The metrics port is picked here (--metrics-port 0 disables the
+        # endpoint) and released before the server binds it: another
+        # process may take it in between, so retry with another one.
+        for _ in range(5):
+            self.metrics_port = free_port()
+            self.proc = subprocess.Popen(
+                [str(SERVER), "--host", "127.0.0.1", "--port", "0",
+                 "--metrics-port", str(self.metrics_port), "--engine", "host",
+                 "--unix_socket", self.socket],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE, text=True)
+            self.log = []
+            self.port = None
+            self._ready = threading.Event()
+            self._reader = threading.Thread(target=self._read, daemon=True)
+            self._reader.start()
+            if self._ready.wait(timeout=60) and self.port is not None:
+                break
             self.proc.kill()
             self.proc.wait()
+            self._reader.join(timeout=5)
+            if "cannot serve metrics" not in "".join(self.log):
+                break  # not a metrics port clash: another try would not help
+            if os.path.exists(self.socket):
+                os.unlink(self.socket)
+        if self.port is None:
+            shutil.rmtree(self.folder, ignore_errors=True)
             raise RuntimeError("matmul-server did not start:\n" + "".join(self.log))
         self.tcp = "127.0.0.1:%d" % self.port
         self.unix = "unix:" + self.socket
