@@ -195,7 +195,13 @@ def engine(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture(scope="session")
 def client(server: ServerProcess, engine: str) -> Iterator[matmul_client.Client]:
-    """A client of ``server`` on each engine; every call has a 60 s deadline
-    unless it sets one."""
+    """A client of ``server`` on each engine, connected; every call has a
+    60 s deadline unless it sets one.
+
+    A fresh channel's first connect can fail on a sound loopback server (CI
+    saw ``UNKNOWN: ... No such file or directory`` under ASan;
+    docs/RELIABILITY.md), which would fail whichever test made the first
+    call. wait_for_connected rides that out by gRPC's reconnect backoff."""
     with make_client(server.target, engine, timeout=60) as c:
+        c.wait_for_connected(timeout=60)
         yield c
