@@ -61,28 +61,40 @@ _DIAGNOSTIC_METRICS = ("matmul_inflight_requests", "matmul_inflight_bytes",
 class Server:
     """A matmul-server child process on a free loopback port."""
 
-    def __init__(self, *extra, metrics_port=0):
-        self.proc = subprocess.Popen(
-            [str(SERVER), "--host", "127.0.0.1", "--port", "0",
-             "--metrics-port", str(metrics_port), "--engine", "host"]
-            + list(extra),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+    def __init__(self, *extra, metrics=False):
+        """``metrics``: serve /metrics on a free loopback port."""
         _LIVE_SERVERS.append(self)
-        self.log = []
-        self.port = None
-        self.metrics_port = None
-        self._ready = threading.Event()
-        # Drain stderr for the whole life of the process so that it never
-        # blocks on a full pipe.
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-        if not self._ready.wait(timeout=60) or self.port is None:
+        # The metrics port is picked here (--metrics-port 0 disables the
+        # endpoint) and released before the server binds it: another
+        # process may take it in between, so retry with another one.
+        for _ in range(5 if metrics else 1):
+            self.proc = subprocess.Popen(
+                [str(SERVER), "--host", "127.0.0.1", "--port", "0",
+                 "--metrics-port", str(free_port() if metrics else 0),
+                 "--engine", "host"]
+                + list(extra),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            self.log = []
+            self.port = None
+            self.metrics_port = None
+            self._ready = threading.Event()
+            # Drain stderr for the whole life of the process so that it
+            # never blocks on a full pipe.
+            self._reader = threading.Thread(target=self._read, daemon=True)
+            self._reader.start()
+            if self._ready.wait(timeout=60) and self.port is not None:
+                break
             self.proc.kill()
             self.proc.wait()
+            self._reader.join(timeout=5)
+            if "cannot serve metrics" not in "".join(self.log):
+                break  # not a metrics port clash: another try would not help
+        if self.port is None:
+            _LIVE_SERVERS.remove(self)
             raise RuntimeError("matmul-server did not report 'serving on "
                                "port N':\n" + "".join(self.log))
         self.target = "127.0.0.1:%d" % self.port
@@ -117,7 +129,7 @@ class Server:
 def server():
     assert SERVER.exists(), "%s is not built" % SERVER
     assert BENCH.exists(), "%s is not built" % BENCH
-    s = Server(metrics_port=free_port())
+    s = Server(metrics=True)
     yield s
     assert s.stop() == 0, "".join(s.log)
 
@@ -555,7 +567,7 @@ def check_resident_point(p, mode):
 
 
 def test_resident_all_with_verify(tmp_path):
-    s = Server(metrics_port=free_port())
+    s = Server(metrics=True)
     try:
         out = tmp_path / "resident.json"
         r = bench("--target", s.target, "--shape", "48x40x24",
@@ -619,7 +631,7 @@ def test_resident_open_loop(server, tmp_path):
 
 def test_resident_upload_over_quota_fails_cleanly(tmp_path):
     # Two distinct requests need four stored operands; the server allows 3.
-    s = Server("--max-handles-per-client", "3", metrics_port=free_port())
+    s = Server("--max-handles-per-client", "3", metrics=True)
     try:
         r = bench("--target", s.target, "--shape", "16", "--distinct", "2",
                   "--concurrency", "1", "--duration", "0.3", "--warmup", "0",
@@ -657,7 +669,7 @@ def test_shape_mix_with_server_metrics(tmp_path):
     # engine may send them out as grouped jobs (--grouped-batching is off
     # by default).
     s = Server("--streams-per-device", "1", "--grouped-batching=true",
-               metrics_port=free_port())
+               metrics=True)
     try:
         out = tmp_path / "mix.json"
         r = bench("--target", s.target, "--shape-mix", "16,24x8x40,32",
@@ -775,7 +787,7 @@ def test_stream_sweep_with_verify_and_server_metrics(tmp_path, stripes):
     KiB), striped over --stripes calls; the products verified, the report
     and JSON say so, and the server saw striped multiplies only with
     stripes > 1."""
-    s = Server(metrics_port=free_port())
+    s = Server(metrics=True)
     try:
         before = stripe_counters(s)
         out = tmp_path / "stream.json"
@@ -917,7 +929,7 @@ def test_stream_open_loop_by_count(tmp_path, stripes):
     test_fixed_rate's unary ones), each verified; the point says it was an
     open loop at 50/s, and with stripes > 1 the server striped every one of
     them (nothing else was sent: no warm-up, a count)."""
-    s = Server(metrics_port=free_port())
+    s = Server(metrics=True)
     try:
         before = stripe_counters(s)
         out = tmp_path / "stream_rate.json"

@@ -46,21 +46,33 @@ class Server:
     def __init__(self):
         self.folder = tempfile.mkdtemp(prefix="matmul-shm-e2e-", dir="/tmp")
         self.socket = os.path.join(self.folder, "matmul.sock")
-        self.metrics_port = free_port()
-        self.proc = subprocess.Popen(
-            [str(SERVER), "--host", "127.0.0.1", "--port", "0",
-             "--metrics-port", str(self.metrics_port), "--engine", "host",
-             "--unix_socket", self.socket],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE, text=True)
-        self.log = []
-        self.port = None
-        self._ready = threading.Event()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-        if not self._ready.wait(timeout=60) or self.port is None:
+        # The metrics port is picked here (--metrics-port 0 disables the
+        # endpoint) and released before the server binds it: another
+        # process may take it in between, so retry with another one.
+        for _ in range(5):
+            self.metrics_port = free_port()
+            self.proc = subprocess.Popen(
+                [str(SERVER), "--host", "127.0.0.1", "--port", "0",
+                 "--metrics-port", str(self.metrics_port), "--engine", "host",
+                 "--unix_socket", self.socket],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE, text=True)
+            self.log = []
+            self.port = None
+            self._ready = threading.Event()
+            self._reader = threading.Thread(target=self._read, daemon=True)
+            self._reader.start()
+            if self._ready.wait(timeout=60) and self.port is not None:
+                break
             self.proc.kill()
             self.proc.wait()
+            self._reader.join(timeout=5)
+            if "cannot serve metrics" not in "".join(self.log):
+                break  # not a metrics port clash: another try would not help
+            if os.path.exists(self.socket):
+                os.unlink(self.socket)
+        if self.port is None:
+            shutil.rmtree(self.folder, ignore_errors=True)
             raise RuntimeError("matmul-server did not start:\n" + "".join(self.log))
         self.tcp = "127.0.0.1:%d" % self.port
         self.unix = "unix:" + self.socket
@@ -114,9 +126,27 @@ def run(binary, *args, timeout=120):
                           capture_output=True, text=True, timeout=timeout)
 
 
-def our_objects():
-    """This test's shared-memory objects left in /dev/shm (none expected)."""
-    return [n for n in os.listdir("/dev/shm") if n.startswith("matmul-")]
+def run_with_pid(binary, *args, timeout=120):
+    """(CompletedProcess, pid) of a child run to its end."""
+    with subprocess.Popen([str(binary)] + [str(a) for a in args],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            raise
+        return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr), proc.pid
+
+
+def objects_of(pid):
+    """The shared-memory objects in /dev/shm that process ``pid`` made: the
+    C++ client names them "/matmul-<pid>-<n>" (client/lib/shared_memory_object.cc).
+    Other tests that ctest runs alongside make their own matmul-* objects,
+    so only the pid tells ours apart."""
+    prefix = "matmul-%d-" % pid
+    return {n for n in os.listdir("/dev/shm") if n.startswith(prefix)}
 
 
 def relative_error(got, want):
@@ -139,10 +169,11 @@ def test_cli_multiply_through_shared_memory(server, tmp_path, dtype, shape_a, sh
     np.save(tmp_path / "a.npy", a)
     np.save(tmp_path / "b.npy", b)
     out = tmp_path / "c.npy"
-    before = set(our_objects())
-    r = run(CLI, "multiply", "--target", server.unix, "--a", tmp_path / "a.npy",
-            "--b", tmp_path / "b.npy", "--out", out, "--client-id", "shm-cli",
-            "--shared-memory", *flags)
+    before = set(os.listdir("/dev/shm"))
+    r, pid = run_with_pid(CLI, "multiply", "--target", server.unix,
+                          "--a", tmp_path / "a.npy", "--b", tmp_path / "b.npy",
+                          "--out", out, "--client-id", "shm-cli",
+                          "--shared-memory", *flags)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "shared-memory region" in r.stdout, r.stdout
     c = np.load(out)
@@ -151,7 +182,9 @@ def test_cli_multiply_through_shared_memory(server, tmp_path, dtype, shape_a, sh
     want = x.astype(np.float64) @ y.astype(np.float64)
     assert c.shape == want.shape and c.dtype == np.dtype(dtype)
     assert relative_error(c, want) < TOLERANCE[dtype]
-    assert set(our_objects()) <= before  # nothing left in /dev/shm
+    # The CLI left nothing in /dev/shm (a name of its pid that was there
+    # before it started belongs to an earlier process of that pid).
+    assert not objects_of(pid) - before, objects_of(pid)
     server.wait_for_gauge(REGIONS_GAUGE, 0)
 
 

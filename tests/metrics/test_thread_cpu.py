@@ -1,6 +1,7 @@
 """scripts/thread_cpu.py against a real process: a child that keeps one
-thread busy for two seconds is reported near a full core under its own name,
-and the sampler stops by itself when the child exits."""
+thread busy for two seconds of CPU beside an idle one has that CPU reported
+under the busy thread's own name, not the idle thread's, and the sampler
+stops by itself when the child exits."""
 import pathlib
 import re
 import subprocess
@@ -9,12 +10,21 @@ import sys
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 THREAD_CPU = REPO_ROOT / "scripts" / "thread_cpu.py"
 
-# Spins for 2 s, under the thread name "spinner" (Linux's prctl), then exits.
+# Spins until its main thread, named "spinner" (Linux's prctl), has used 2 s
+# of CPU (or 20 s have passed), beside a thread named "idler" that sleeps;
+# then exits. CPU time rather than wall time: under load (ctest -j2 on two
+# cores) the spinner gets less than a core, and spins longer instead.
 CHILD = r"""
-import ctypes, time
-ctypes.CDLL(None).prctl(15, b"spinner", 0, 0, 0)  # PR_SET_NAME
-end = time.time() + 2.0
-while time.time() < end:
+import ctypes, threading, time
+prctl = ctypes.CDLL(None).prctl
+def idle():
+    prctl(15, b"idler", 0, 0, 0)  # PR_SET_NAME
+    time.sleep(60)
+threading.Thread(target=idle, daemon=True).start()
+prctl(15, b"spinner", 0, 0, 0)
+start = time.thread_time()
+give_up = time.monotonic() + 20.0
+while time.thread_time() - start < 2.0 and time.monotonic() < give_up:
     pass
 """
 
@@ -24,20 +34,28 @@ def test_a_busy_thread_is_reported_by_name_and_the_sampler_stops():
     try:
         sampled = subprocess.run(
             [sys.executable, str(THREAD_CPU), str(child.pid)],
-            capture_output=True, text=True, timeout=30)
+            capture_output=True, text=True, timeout=60)
     finally:
-        child.wait(timeout=30)
+        child.wait(timeout=60)
     assert sampled.returncode == 0, sampled.stderr
     lines = sampled.stdout.splitlines()
     assert len(lines) >= 2, sampled.stdout
-    busiest = []
+    # Each line's PERCENT is the thread's CPU ticks since the previous
+    # sample over a nominal 0.5 s, so PERCENT / 100 * 0.5 summed over the
+    # lines is the CPU time the sampler saw each thread use (whatever the
+    # load stretched the intervals to).
+    seen = {}
     for line in lines:
-        first = re.match(r"\s*[0-9.]+s (\d+)%:(\d+):(\S+)", line)
-        assert first, line
-        busiest.append((int(first.group(1)), first.group(3)))
-    # Once the name is set and the first interval is whole, the spinner
-    # leads; a 2-core CI machine may lend it less than a full core.
-    assert max(p for p, name in busiest if name == "spinner") >= 50, lines
+        assert re.match(r"\s*[0-9.]+s \d+%:\d+:\S", line), line
+        for percent, _, name in re.findall(r"(\d+)%:(\d+):(\S+)", line):
+            seen[name] = seen.get(name, 0.0) + int(percent) / 100 * 0.5
+    assert "spinner" in seen and "idler" in seen, lines
+    # The spinner used 2 s of CPU; what fell before the sampler's first
+    # sample or after its last (at most an interval of a full core each) is
+    # not seen. The idle thread used next to none.
+    assert seen["spinner"] >= 0.5, (seen, lines)
+    assert seen["idler"] <= 0.1, (seen, lines)
+    assert max(seen, key=seen.get) == "spinner", (seen, lines)
 
 
 def test_without_a_pid_it_prints_its_usage():

@@ -51,25 +51,34 @@ class ServerProcess:
         binary = Path(os.environ.get("MATMUL_BIN_DIR", _REPO_ROOT / "build" / "bin")) / "matmul-server"
         if not binary.is_file():
             raise FileNotFoundError(f"{binary} not found: build matmul-server or set MATMUL_BIN_DIR")
-        self.log: List[str] = []
-        self.port: Optional[int] = None
-        self.metrics_port: Optional[int] = None
-        self._ready = threading.Event()
-        self._process = subprocess.Popen(
-            [str(binary), "--host", "127.0.0.1", "--port", "0",
-             "--metrics-port", str(_free_port() if metrics else 0),
-             "--engine", "host", *flags],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        # Keep draining stderr so that the server never blocks on a full pipe.
-        threading.Thread(target=self._read_log, daemon=True).start()
-        if not self._ready.wait(_START_TIMEOUT_S) or self.port is None:
+        # The metrics port is picked here (--metrics-port 0 disables the
+        # endpoint) and released before the server binds it: another process
+        # may take it in between, so retry with another one.
+        for _ in range(5 if metrics else 1):
+            self.log: List[str] = []
+            self.port: Optional[int] = None
+            self.metrics_port: Optional[int] = None
+            self._ready = threading.Event()
+            self._process = subprocess.Popen(
+                [str(binary), "--host", "127.0.0.1", "--port", "0",
+                 "--metrics-port", str(_free_port() if metrics else 0),
+                 "--engine", "host", *flags],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            # Keep draining stderr so that the server never blocks on a full pipe.
+            reader = threading.Thread(target=self._read_log, daemon=True)
+            reader.start()
+            if self._ready.wait(_START_TIMEOUT_S) and self.port is not None:
+                return
             self._process.kill()
             self._process.wait()
-            raise RuntimeError(f"matmul-server did not start:\n{self.output()}")
+            reader.join(5)  # all of this try's log, before the next one starts
+            if "cannot serve metrics" not in self.output():
+                break  # not a metrics port clash: another try would not help
+        raise RuntimeError(f"matmul-server did not start:\n{self.output()}")
 
     @property
     def target(self) -> str:
@@ -186,7 +195,13 @@ def engine(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture(scope="session")
 def client(server: ServerProcess, engine: str) -> Iterator[matmul_client.Client]:
-    """A client of ``server`` on each engine; every call has a 60 s deadline
-    unless it sets one."""
+    """A client of ``server`` on each engine, connected; every call has a
+    60 s deadline unless it sets one.
+
+    A fresh channel's first connect can fail on a sound loopback server (CI
+    saw ``UNKNOWN: ... No such file or directory`` under ASan;
+    docs/RELIABILITY.md), which would fail whichever test made the first
+    call. wait_for_connected rides that out by gRPC's reconnect backoff."""
     with make_client(server.target, engine, timeout=60) as c:
+        c.wait_for_connected(timeout=60)
         yield c
