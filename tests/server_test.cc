@@ -27,6 +27,7 @@
 #include "server/request_validation.h"
 #include "server/server_metrics.h"
 #include "server/staging_copier.h"
+#include "tests/channel_ready.h"
 #include "tests/engine_under_test.h"
 #include "tests/fake_engine.h"
 #include "tests/reference_gemm.h"
@@ -79,12 +80,21 @@ std::unique_ptr<MatmulServer> StartOrDie(const ServerOptions& options,
   return server.ok() ? std::move(*server) : nullptr;
 }
 
-std::shared_ptr<grpc::Channel> Channel(int port) {
+// A plaintext channel to 127.0.0.1:`port`, not yet connected: for tests of
+// what happens when it cannot connect.
+std::shared_ptr<grpc::Channel> UnconnectedChannel(int port) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);
   args.SetMaxSendMessageSize(-1);
   return grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", port),
                                    grpc::InsecureChannelCredentials(), args);
+}
+
+// The same, connected (bounded): a fresh channel's first connect can fail
+// by chance (tests/channel_ready.h), and these tests look at the server's
+// answers.
+std::shared_ptr<grpc::Channel> Channel(int port) {
+  return testing::Connected(UnconnectedChannel(port));
 }
 
 v1::Tensor RandomTensor(DType dtype, std::vector<int64_t> shape,
@@ -1104,8 +1114,8 @@ TEST(ServerTest, MutualTlsAndAPlaintextHealthPort) {
   const v1::MultiplyRequest request =
       RandomRequest(DType::kFloat32, {16, 8}, {8, 4}, gen);
 
-  auto trusted = v1::MatmulService::NewStub(
-      TlsChannel(server->port(), *pki, pki->client_cert, pki->client_key));
+  auto trusted = v1::MatmulService::NewStub(testing::Connected(
+      TlsChannel(server->port(), *pki, pki->client_cert, pki->client_key)));
   v1::MultiplyResponse response;
   grpc::Status ok = Multiply(*trusted, request, &response);
   ASSERT_TRUE(ok.ok()) << ok.error_message();
@@ -1128,7 +1138,9 @@ TEST(ServerTest, MutualTlsAndAPlaintextHealthPort) {
                   .error_code(),
               grpc::StatusCode::UNAVAILABLE);
   }
-  auto plaintext = v1::MatmulService::NewStub(Channel(server->port()));
+  // Never connects (the server wants TLS): not waited for.
+  auto plaintext =
+      v1::MatmulService::NewStub(UnconnectedChannel(server->port()));
   EXPECT_EQ(Multiply(*plaintext, request, &response, std::chrono::seconds(5))
                 .error_code(),
             grpc::StatusCode::UNAVAILABLE);
@@ -1152,8 +1164,9 @@ TEST(ServerTest, UnixSocketServesBesideTcp) {
   ASSERT_NE(server, nullptr);
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);
-  auto stub = v1::MatmulService::NewStub(grpc::CreateCustomChannel(
-      absl::StrCat("unix:", path), grpc::InsecureChannelCredentials(), args));
+  auto stub = v1::MatmulService::NewStub(testing::Connected(
+      grpc::CreateCustomChannel(absl::StrCat("unix:", path),
+                                grpc::InsecureChannelCredentials(), args)));
   absl::BitGen gen;
   const v1::MultiplyRequest request =
       RandomRequest(DType::kFloat64, {33, 17}, {17, 9}, gen);

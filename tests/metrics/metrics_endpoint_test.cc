@@ -31,6 +31,7 @@
 #include "gtest/gtest.h"
 #include "matmul/v1/matmul.grpc.pb.h"
 #include "server/matmul_server.h"
+#include "tests/channel_ready.h"
 #include "tests/fake_engine.h"
 #include "tests/metrics/scrape_client.h"
 
@@ -76,9 +77,11 @@ ServerOptions LocalOptions() {
   return options;
 }
 
+// Connected (bounded): a fresh channel's first connect can fail by chance
+// (tests/channel_ready.h), and these tests count the server's answers.
 std::unique_ptr<v1::MatmulService::Stub> Stub(int port) {
-  return v1::MatmulService::NewStub(grpc::CreateChannel(
-      absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+  return v1::MatmulService::NewStub(testing::Connected(grpc::CreateChannel(
+      absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials())));
 }
 
 // An n x n float32 product of ones (dims may be made to mismatch).
@@ -558,7 +561,11 @@ TEST(MetricsEndpointTest, UsageIsChargedPerClientAndBoundedByOther) {
     absl::StatusOr<std::unique_ptr<MatmulClient>> c =
         MatmulClient::Create(target, o);
     EXPECT_TRUE(c.ok()) << c.status();
-    return c.ok() ? std::move(*c) : nullptr;
+    if (!c.ok()) return std::unique_ptr<MatmulClient>();
+    const absl::Status connected =
+        (*c)->WaitForConnected(absl::FromChrono(testing::kConnectTimeout));
+    EXPECT_TRUE(connected.ok()) << connected;
+    return std::move(*c);
   };
   HostTensor t;  // 64 x 64 float32 ones: 16384 bytes
   t.shape = {64, 64};
