@@ -501,13 +501,25 @@ TEST(ServerTest, DeadlineExceededWhileQueued) {
   std::unique_ptr<MatmulServer> server =
       StartOrDie(LocalOptions(), FakeProvider(&engine));
   ASSERT_NE(server, nullptr);
-  auto stub = v1::MatmulService::NewStub(Channel(server->port()));
+  auto stub = v1::MatmulService::NewStub(Channel(server->port()));  // connected
   absl::BitGen gen;
+  const v1::MultiplyRequest request =
+      RandomRequest(DType::kFloat32, {8, 8}, {8, 8}, gen);
   v1::MultiplyResponse response;
-  grpc::Status status =
-      Multiply(*stub, RandomRequest(DType::kFloat32, {8, 8}, {8, 8}, gen),
-               &response, std::chrono::milliseconds(300));
-  EXPECT_EQ(status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  // The deadline leaves the request ample time to reach the engine on a
+  // loaded machine under sanitizers (it once had 300 ms, first connect
+  // included); the engine then holds it past the deadline.
+  auto call = std::async(std::launch::async, [&] {
+    return Multiply(*stub, request, &response, std::chrono::seconds(2));
+  });
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (engine->held() == 0 && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_EQ(engine->held(), 1u) << "the request never reached the engine";
+  const grpc::Status status = call.get();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED)
+      << status.error_message();
   // The engine then finds the job abandoned and drops it unstaged.
   EXPECT_EQ(engine->held(), 1u);
   engine->ReleaseOne();

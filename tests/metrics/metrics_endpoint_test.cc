@@ -286,10 +286,20 @@ TEST(MetricsEndpointTest, RejectionsAreCountedByReason) {
   // Its bytes stay reserved until the RPC is done on the server too.
   WaitUntilIdle(**server);
 
-  // deadline: queued past the deadline.
-  EXPECT_EQ(
-      Multiply(*stub, request, std::chrono::milliseconds(200)).error_code(),
-      grpc::StatusCode::DEADLINE_EXCEEDED);
+  // deadline: queued past the deadline. The deadline leaves the request
+  // ample time to reach the engine on a loaded machine under sanitizers (a
+  // request that never got there would not be counted).
+  {
+    auto call = std::async(std::launch::async, [&] {
+      return Multiply(*stub, request, std::chrono::seconds(2));
+    });
+    const absl::Time give_up = absl::Now() + absl::Seconds(10);
+    while (engine->held() == 0 && absl::Now() < give_up) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    EXPECT_EQ(engine->held(), 1u) << "the request never reached the engine";
+    EXPECT_EQ(call.get().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  }
   // The server's deadline comes a little after the client's (it counts from
   // the request's arrival); a job released before it would simply run.
   for (int i = 0; i < 500 && metrics.rejections(RejectReason::kDeadline) == 0;
