@@ -22,6 +22,7 @@
 #include "matmul/v1/matmul.grpc.pb.h"
 #include "proto/dtype_mapping.h"
 #include "server/matmul_server.h"
+#include "tests/channel_ready.h"
 #include "tests/engine_under_test.h"
 #include "tests/fake_engine.h"
 #include "tests/reference_gemm.h"
@@ -48,18 +49,25 @@ std::unique_ptr<MatmulServer> StartServer(
   return server.ok() ? std::move(*server) : nullptr;
 }
 
+// Clients and stubs come connected (bounded): a fresh channel's first
+// connect can fail by chance (tests/channel_ready.h), and these tests look
+// at the server's answers.
 std::unique_ptr<MatmulClient> Client(int port, GrpcArgs channel_args = {}) {
   ClientOptions options;
   options.channel_args = std::move(channel_args);
   absl::StatusOr<std::unique_ptr<MatmulClient>> client =
       MatmulClient::Create(absl::StrCat("127.0.0.1:", port), options);
   EXPECT_TRUE(client.ok()) << client.status();
-  return client.ok() ? std::move(*client) : nullptr;
+  if (!client.ok()) return nullptr;
+  const absl::Status connected =
+      (*client)->WaitForConnected(absl::FromChrono(testing::kConnectTimeout));
+  EXPECT_TRUE(connected.ok()) << connected;
+  return std::move(*client);
 }
 
 std::unique_ptr<v1::MatmulService::Stub> Stub(int port) {
-  return v1::MatmulService::NewStub(grpc::CreateChannel(
-      absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+  return v1::MatmulService::NewStub(testing::Connected(grpc::CreateChannel(
+      absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials())));
 }
 
 HostTensor Random(DType dtype, std::vector<int64_t> shape, absl::BitGen& gen) {
@@ -672,9 +680,9 @@ TEST(MultiplyStreamTest, AClientThatNeverReadsIsHeldBackByFlowControl) {
   // so the answers it does not read fill it soon.
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
-  auto stub = v1::MatmulService::NewStub(
+  auto stub = v1::MatmulService::NewStub(testing::Connected(
       grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", server->port()),
-                                grpc::InsecureChannelCredentials(), args));
+                                grpc::InsecureChannelCredentials(), args)));
   constexpr int kMessages = 20000;
   grpc::ClientContext context;
   std::unique_ptr<Stream> stream = stub->MultiplyStream(&context);

@@ -27,6 +27,7 @@
 #include "server/request_validation.h"
 #include "server/server_metrics.h"
 #include "server/staging_copier.h"
+#include "tests/channel_ready.h"
 #include "tests/engine_under_test.h"
 #include "tests/fake_engine.h"
 #include "tests/reference_gemm.h"
@@ -79,12 +80,21 @@ std::unique_ptr<MatmulServer> StartOrDie(const ServerOptions& options,
   return server.ok() ? std::move(*server) : nullptr;
 }
 
-std::shared_ptr<grpc::Channel> Channel(int port) {
+// A plaintext channel to 127.0.0.1:`port`, not yet connected: for tests of
+// what happens when it cannot connect.
+std::shared_ptr<grpc::Channel> UnconnectedChannel(int port) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);
   args.SetMaxSendMessageSize(-1);
   return grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", port),
                                    grpc::InsecureChannelCredentials(), args);
+}
+
+// The same, connected (bounded): a fresh channel's first connect can fail
+// by chance (tests/channel_ready.h), and these tests look at the server's
+// answers.
+std::shared_ptr<grpc::Channel> Channel(int port) {
+  return testing::Connected(UnconnectedChannel(port));
 }
 
 v1::Tensor RandomTensor(DType dtype, std::vector<int64_t> shape,
@@ -491,13 +501,25 @@ TEST(ServerTest, DeadlineExceededWhileQueued) {
   std::unique_ptr<MatmulServer> server =
       StartOrDie(LocalOptions(), FakeProvider(&engine));
   ASSERT_NE(server, nullptr);
-  auto stub = v1::MatmulService::NewStub(Channel(server->port()));
+  auto stub = v1::MatmulService::NewStub(Channel(server->port()));  // connected
   absl::BitGen gen;
+  const v1::MultiplyRequest request =
+      RandomRequest(DType::kFloat32, {8, 8}, {8, 8}, gen);
   v1::MultiplyResponse response;
-  grpc::Status status =
-      Multiply(*stub, RandomRequest(DType::kFloat32, {8, 8}, {8, 8}, gen),
-               &response, std::chrono::milliseconds(300));
-  EXPECT_EQ(status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  // The deadline leaves the request ample time to reach the engine on a
+  // loaded machine under sanitizers (it once had 300 ms, first connect
+  // included); the engine then holds it past the deadline.
+  auto call = std::async(std::launch::async, [&] {
+    return Multiply(*stub, request, &response, std::chrono::seconds(2));
+  });
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (engine->held() == 0 && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_EQ(engine->held(), 1u) << "the request never reached the engine";
+  const grpc::Status status = call.get();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED)
+      << status.error_message();
   // The engine then finds the job abandoned and drops it unstaged.
   EXPECT_EQ(engine->held(), 1u);
   engine->ReleaseOne();
@@ -534,7 +556,10 @@ TEST(ServerTest, ClientCancellationFreesTheRequest) {
 TEST(ServerTest, ShutdownDrainsInflightAndRefusesNewRequests) {
   FakeEngine* engine = nullptr;
   ServerOptions options = LocalOptions();
-  options.drain_grace = absl::Milliseconds(500);
+  // The health checks below must all be answered inside the grace: ample
+  // on a loaded machine under sanitizers (500 ms was not always). The
+  // test waits the rest of it out before the refusal.
+  options.drain_grace = absl::Seconds(3);
   std::unique_ptr<MatmulServer> server =
       StartOrDie(options, FakeProvider(&engine));
   ASSERT_NE(server, nullptr);
@@ -1104,8 +1129,8 @@ TEST(ServerTest, MutualTlsAndAPlaintextHealthPort) {
   const v1::MultiplyRequest request =
       RandomRequest(DType::kFloat32, {16, 8}, {8, 4}, gen);
 
-  auto trusted = v1::MatmulService::NewStub(
-      TlsChannel(server->port(), *pki, pki->client_cert, pki->client_key));
+  auto trusted = v1::MatmulService::NewStub(testing::Connected(
+      TlsChannel(server->port(), *pki, pki->client_cert, pki->client_key)));
   v1::MultiplyResponse response;
   grpc::Status ok = Multiply(*trusted, request, &response);
   ASSERT_TRUE(ok.ok()) << ok.error_message();
@@ -1128,7 +1153,9 @@ TEST(ServerTest, MutualTlsAndAPlaintextHealthPort) {
                   .error_code(),
               grpc::StatusCode::UNAVAILABLE);
   }
-  auto plaintext = v1::MatmulService::NewStub(Channel(server->port()));
+  // Never connects (the server wants TLS): not waited for.
+  auto plaintext =
+      v1::MatmulService::NewStub(UnconnectedChannel(server->port()));
   EXPECT_EQ(Multiply(*plaintext, request, &response, std::chrono::seconds(5))
                 .error_code(),
             grpc::StatusCode::UNAVAILABLE);
@@ -1152,8 +1179,9 @@ TEST(ServerTest, UnixSocketServesBesideTcp) {
   ASSERT_NE(server, nullptr);
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);
-  auto stub = v1::MatmulService::NewStub(grpc::CreateCustomChannel(
-      absl::StrCat("unix:", path), grpc::InsecureChannelCredentials(), args));
+  auto stub = v1::MatmulService::NewStub(testing::Connected(
+      grpc::CreateCustomChannel(absl::StrCat("unix:", path),
+                                grpc::InsecureChannelCredentials(), args)));
   absl::BitGen gen;
   const v1::MultiplyRequest request =
       RandomRequest(DType::kFloat64, {33, 17}, {17, 9}, gen);

@@ -37,6 +37,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/matmul_server.h"
+#include "tests/channel_ready.h"
 #include "tests/client/client_test_support.h"
 
 namespace matmul {
@@ -381,11 +382,28 @@ class MatmulClientTest : public ::testing::Test {
                   : absl::StrCat("127.0.0.1:", port_);
   }
 
-  std::unique_ptr<MatmulClient> NewClient(ClientOptions options = {}) {
+  // A client whose channels are not yet connected: for the tests of
+  // connecting (and of there being no server).
+  std::unique_ptr<MatmulClient> NewUnconnectedClient(
+      ClientOptions options = {}) {
     absl::StatusOr<std::unique_ptr<MatmulClient>> client =
         MatmulClient::Create(target_, options);
     EXPECT_TRUE(client.ok()) << client.status();
     return client.ok() ? *std::move(client) : nullptr;
+  }
+
+  // The same, its channels connected (bounded): a fresh channel's first
+  // connect can fail by chance (tests/channel_ready.h), and these tests
+  // look at what the server answers. Connecting makes no call, so the
+  // fake's counts (calls, peers) are those of the test's own calls.
+  std::unique_ptr<MatmulClient> NewClient(ClientOptions options = {}) {
+    std::unique_ptr<MatmulClient> client =
+        NewUnconnectedClient(std::move(options));
+    if (client == nullptr) return nullptr;
+    const absl::Status connected =
+        client->WaitForConnected(absl::FromChrono(testing::kConnectTimeout));
+    EXPECT_TRUE(connected.ok()) << connected;
+    return client;
   }
 
   FakeService service_;
@@ -725,6 +743,10 @@ TEST_F(MatmulClientTest, RoundRobinPolicy) {
   absl::StatusOr<std::unique_ptr<MatmulClient>> client =
       MatmulClient::Create(absl::StrCat("ipv4:127.0.0.1:", port_), options);
   ASSERT_TRUE(client.ok()) << client.status();
+  // Connected first, as NewClient's are.
+  ASSERT_TRUE((*client)
+                  ->WaitForConnected(absl::FromChrono(testing::kConnectTimeout))
+                  .ok());
   EXPECT_TRUE((*client)->Multiply(a_, b_).ok());
 }
 
@@ -754,13 +776,13 @@ TEST_F(MatmulClientTest, GetServerInfo) {
 TEST_F(MatmulClientTest, NoServerIsUnavailable) {
   server_->Shutdown(absl::ToChronoTime(absl::Now()));
   server_.reset();
-  std::unique_ptr<MatmulClient> client = NewClient();
+  std::unique_ptr<MatmulClient> client = NewUnconnectedClient();
   absl::StatusOr<HostTensor> c = client->Multiply(a_, b_);
   EXPECT_EQ(c.status().code(), absl::StatusCode::kUnavailable) << c.status();
 }
 
 TEST_F(MatmulClientTest, WaitForConnectedConnectsEveryChannel) {
-  std::unique_ptr<MatmulClient> client = NewClient(Channels(3));
+  std::unique_ptr<MatmulClient> client = NewUnconnectedClient(Channels(3));
   ASSERT_NE(client, nullptr);
   EXPECT_TRUE(client->WaitForConnected(absl::Seconds(30)).ok());
   EXPECT_TRUE(client->Multiply(a_, b_).ok());
@@ -769,7 +791,7 @@ TEST_F(MatmulClientTest, WaitForConnectedConnectsEveryChannel) {
 TEST_F(MatmulClientTest, WaitForConnectedWithNoServerRunsOutItsTimeout) {
   server_->Shutdown(absl::ToChronoTime(absl::Now()));
   server_.reset();
-  std::unique_ptr<MatmulClient> client = NewClient(Channels(2));
+  std::unique_ptr<MatmulClient> client = NewUnconnectedClient(Channels(2));
   ASSERT_NE(client, nullptr);
   const absl::Time start = absl::Now();
   const absl::Status status = client->WaitForConnected(absl::Milliseconds(300));
@@ -791,6 +813,10 @@ TEST(MatmulClientUnixTest, UnixSocketTarget) {
   absl::StatusOr<std::unique_ptr<MatmulClient>> client =
       MatmulClient::Create("unix:" + path);
   ASSERT_TRUE(client.ok());
+  // Connected first, as MatmulClientTest's clients are.
+  const absl::Status connected =
+      (*client)->WaitForConnected(absl::FromChrono(testing::kConnectTimeout));
+  EXPECT_TRUE(connected.ok()) << connected;
   absl::StatusOr<v1::GetServerInfoResponse> info =
       (*client)->GetServerInfo(absl::Seconds(10));
   EXPECT_TRUE(info.ok()) << info.status();

@@ -25,6 +25,7 @@
 #include "gpu/engine_factory.h"
 #include "gtest/gtest.h"
 #include "server/matmul_server.h"
+#include "tests/channel_ready.h"
 #include "tests/client/client_test_support.h"
 
 namespace matmul {
@@ -123,13 +124,19 @@ class StoredTensorClientTest : public ::testing::Test {
     target_ = absl::StrCat("127.0.0.1:", server_->port());
   }
 
+  // Connected (bounded): a fresh channel's first connect can fail by chance
+  // (tests/channel_ready.h), and these tests look at the server's answers.
   std::unique_ptr<MatmulClient> NewClient(const std::string& client_id = "") {
     ClientOptions options;
     options.client_id = client_id;
     absl::StatusOr<std::unique_ptr<MatmulClient>> client =
         MatmulClient::Create(target_, options);
     EXPECT_TRUE(client.ok()) << client.status();
-    return client.ok() ? *std::move(client) : nullptr;
+    if (!client.ok()) return nullptr;
+    const absl::Status connected =
+        (*client)->WaitForConnected(absl::FromChrono(testing::kConnectTimeout));
+    EXPECT_TRUE(connected.ok()) << connected;
+    return *std::move(client);
   }
 
   int64_t StoredBytes() { return server_->service().handles().stored_bytes(); }

@@ -31,6 +31,7 @@
 #include "gtest/gtest.h"
 #include "matmul/v1/matmul.grpc.pb.h"
 #include "server/matmul_server.h"
+#include "tests/channel_ready.h"
 #include "tests/fake_engine.h"
 #include "tests/metrics/scrape_client.h"
 
@@ -76,9 +77,11 @@ ServerOptions LocalOptions() {
   return options;
 }
 
+// Connected (bounded): a fresh channel's first connect can fail by chance
+// (tests/channel_ready.h), and these tests count the server's answers.
 std::unique_ptr<v1::MatmulService::Stub> Stub(int port) {
-  return v1::MatmulService::NewStub(grpc::CreateChannel(
-      absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+  return v1::MatmulService::NewStub(testing::Connected(grpc::CreateChannel(
+      absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials())));
 }
 
 // An n x n float32 product of ones (dims may be made to mismatch).
@@ -283,10 +286,20 @@ TEST(MetricsEndpointTest, RejectionsAreCountedByReason) {
   // Its bytes stay reserved until the RPC is done on the server too.
   WaitUntilIdle(**server);
 
-  // deadline: queued past the deadline.
-  EXPECT_EQ(
-      Multiply(*stub, request, std::chrono::milliseconds(200)).error_code(),
-      grpc::StatusCode::DEADLINE_EXCEEDED);
+  // deadline: queued past the deadline. The deadline leaves the request
+  // ample time to reach the engine on a loaded machine under sanitizers (a
+  // request that never got there would not be counted).
+  {
+    auto call = std::async(std::launch::async, [&] {
+      return Multiply(*stub, request, std::chrono::seconds(2));
+    });
+    const absl::Time give_up = absl::Now() + absl::Seconds(10);
+    while (engine->held() == 0 && absl::Now() < give_up) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    EXPECT_EQ(engine->held(), 1u) << "the request never reached the engine";
+    EXPECT_EQ(call.get().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  }
   // The server's deadline comes a little after the client's (it counts from
   // the request's arrival); a job released before it would simply run.
   for (int i = 0; i < 500 && metrics.rejections(RejectReason::kDeadline) == 0;
@@ -558,7 +571,11 @@ TEST(MetricsEndpointTest, UsageIsChargedPerClientAndBoundedByOther) {
     absl::StatusOr<std::unique_ptr<MatmulClient>> c =
         MatmulClient::Create(target, o);
     EXPECT_TRUE(c.ok()) << c.status();
-    return c.ok() ? std::move(*c) : nullptr;
+    if (!c.ok()) return std::unique_ptr<MatmulClient>();
+    const absl::Status connected =
+        (*c)->WaitForConnected(absl::FromChrono(testing::kConnectTimeout));
+    EXPECT_TRUE(connected.ok()) << connected;
+    return std::move(*c);
   };
   HostTensor t;  // 64 x 64 float32 ones: 16384 bytes
   t.shape = {64, 64};
