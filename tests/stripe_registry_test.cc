@@ -156,7 +156,7 @@ TEST(StripeRegistryTest, AJoinBeforeItsStartWaitsAndIsMatchedByIt) {
 
 TEST(StripeRegistryTest, AJoinThatFindsNothingTimesOutNotFound) {
   // The calls outlive the registry, which lets go of what it still holds.
-  Recorder owner, other_client, unknown, forgotten;
+  Recorder owner, other_client, unknown, forgotten, forgotten_start;
   StripeRegistry registry(absl::Milliseconds(50));
   std::vector<StripeRegistry::Resolution> resolved;
   ASSERT_TRUE(
@@ -166,10 +166,24 @@ TEST(StripeRegistryTest, AJoinThatFindsNothingTimesOutNotFound) {
   // Another client's key is as good as unknown.
   ASSERT_TRUE(registry.Join("mallory", kKey, &other_client, 1).ok());
   ASSERT_TRUE(registry.Join("carol", std::string(20, 'x'), &unknown, 2).ok());
-  // A call that ends while its join waits is dropped, never told.
-  ASSERT_TRUE(registry.Join("carol", std::string(20, 'y'), &forgotten, 3).ok());
-  registry.Forget(&forgotten);
+  // A call that ends while its join waits is dropped, never told. Its join
+  // waits in a registry whose timeout no stall reaches, so that only Forget
+  // can end it (with 50 ms, a stall before Forget would time it out).
+  StripeRegistry patient(absl::Minutes(10));
+  ASSERT_TRUE(patient.Join("carol", std::string(20, 'y'), &forgotten, 3).ok());
+  EXPECT_EQ(patient.waiting(), 1);
+  EXPECT_EQ(forgotten.refs(), 1);
+  patient.Forget(&forgotten);
   EXPECT_EQ(forgotten.refs(), 0);
+  EXPECT_EQ(patient.waiting(), 0);
+  // Its start, when it comes, finds no join to answer.
+  std::vector<StripeRegistry::Resolution> none;
+  ASSERT_TRUE(patient
+                  .Open("carol", std::string(20, 'y'), 2, &forgotten_start,
+                        std::make_shared<int>(4), &none)
+                  .ok());
+  EXPECT_TRUE(none.empty());
+  StripeRegistry::Deliver(none);
   for (Recorder* r : {&other_client, &unknown}) {
     ASSERT_TRUE(r->AwaitResolved(1));
     const auto got = r->resolved();
@@ -179,6 +193,7 @@ TEST(StripeRegistryTest, AJoinThatFindsNothingTimesOutNotFound) {
     EXPECT_TRUE(r->AwaitNoRefs());
   }
   EXPECT_TRUE(forgotten.resolved().empty());
+  EXPECT_EQ(forgotten.refs(), 0);
   EXPECT_EQ(registry.waiting(), 0);
 }
 
