@@ -116,11 +116,12 @@ TEST_P(HostEngineGemmTest, MatchesFloat64Reference) {
   const TestJob::Outcome out = RunJob(*engine, spec, a, b);
   ASSERT_TRUE(out.status.ok()) << out.status;
   ASSERT_EQ(static_cast<int64_t>(out.c.size()), spec.c_bytes());
-  const std::vector<double> ref =
-      ReferenceGemm(spec, ToDoubles(dtype, a.data(), spec.a_elements()),
-                    ToDoubles(dtype, b.data(), spec.b_elements()));
+  // Against the size of the terms: the cases include products of one
+  // element, which cancel or (float16) underflow by chance.
   const double err =
-      RelativeError(ToDoubles(dtype, out.c.data(), spec.c_elements()), ref);
+      testing::ProductError(spec, ToDoubles(dtype, a.data(), spec.a_elements()),
+                            ToDoubles(dtype, b.data(), spec.b_elements()),
+                            ToDoubles(dtype, out.c.data(), spec.c_elements()));
   EXPECT_LT(err, Tolerance(dtype, compute));
   EXPECT_EQ(out.placement.device, -1);
   EXPECT_GE(out.placement.stream, 0);
@@ -183,6 +184,16 @@ TEST(ReferenceGemmTest, ProductErrorMeasuresAgainstTheTermsNotTheirSum) {
             std::numeric_limits<double>::infinity());
   EXPECT_EQ(testing::ProductError(spec, a, b, {0.0, 0.0}),
             std::numeric_limits<double>::infinity());
+  // float16: a product that underflows is rounded to the nearest subnormal
+  // step, 2^-24; half a step off is rounding, not error.
+  const MatmulSpec half =
+      MakeSpec(DType::kFloat16, 1, 1, 1, 1, 1, false, false, false);
+  const std::vector<double> x = {std::ldexp(1.0, -13)};      // x·x = 2^-26
+  EXPECT_EQ(testing::ProductError(half, x, x, {0.0}), 0.0);  // rounded down
+  // Off by 3·2^-26, half a step (2^-25) more than rounding allows: the
+  // excess, 2^-26, is the error, as large as the product.
+  EXPECT_DOUBLE_EQ(testing::ProductError(half, x, x, {std::ldexp(1.0, -24)}),
+                   1.0);
 }
 
 TEST(HostEngineTest, GatheredMultiplyUsesEachMembersMemory) {

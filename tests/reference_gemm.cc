@@ -1,5 +1,6 @@
 #include "tests/reference_gemm.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -62,6 +63,26 @@ double RelativeError(const std::vector<double>& out,
   return std::sqrt(diff / norm);
 }
 
+namespace {
+
+// Half the smallest step of `dtype` (its smallest subnormal): the most
+// that rounding a result to it can move one near zero.
+double SubnormalRounding(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat16:
+      return std::ldexp(1.0, -25);
+    case DType::kBFloat16:
+      return std::ldexp(1.0, -134);
+    case DType::kFloat32:
+      return std::ldexp(1.0, -150);
+    case DType::kFloat64:
+      return 0;
+  }
+  return 0;
+}
+
+}  // namespace
+
 double ProductError(const MatmulSpec& spec, const std::vector<double>& a,
                     const std::vector<double>& b,
                     const std::vector<double>& out) {
@@ -72,11 +93,13 @@ double ProductError(const MatmulSpec& spec, const std::vector<double>& a,
   for (size_t i = 0; i < b.size(); ++i) abs_b[i] = std::fabs(b[i]);
   const std::vector<double> scale = ReferenceGemm(spec, abs_a, abs_b);
   if (out.size() != ref.size()) return std::numeric_limits<double>::infinity();
+  const double floor = SubnormalRounding(spec.dtype);
   double diff = 0;
   double norm = 0;
   for (size_t i = 0; i < out.size(); ++i) {
     if (!std::isfinite(out[i])) return std::numeric_limits<double>::infinity();
-    diff += (out[i] - ref[i]) * (out[i] - ref[i]);
+    const double error = std::max(0.0, std::fabs(out[i] - ref[i]) - floor);
+    diff += error * error;
     norm += scale[i] * scale[i];
   }
   if (norm == 0) return diff == 0 ? 0 : std::numeric_limits<double>::infinity();

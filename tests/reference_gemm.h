@@ -34,8 +34,11 @@ double RelativeError(const std::vector<double>& out,
 // against the size of the terms it sums, the scale rounding works at. Unlike
 // RelativeError it stays meaningful when the terms cancel: a product with one
 // or a few elements whose dot products come out near zero reads as
-// inaccurate under RelativeError however well it was computed. Infinity if
-// `out` has a NaN or Inf, or the sizes differ. Bounded by Tolerance too.
+// inaccurate under RelativeError however well it was computed. An element
+// off by no more than half the output dtype's smallest subnormal counts as
+// exact (a float16 product below about 6e-5 is rounded on that absolute
+// scale, not relative to itself). Infinity if `out` has a NaN or Inf, or
+// the sizes differ. Bounded by Tolerance too.
 double ProductError(const MatmulSpec& spec, const std::vector<double>& a,
                     const std::vector<double>& b,
                     const std::vector<double>& out);
