@@ -190,7 +190,9 @@ TEST(HandleRegistryTest, ExpiredEntriesAreFreedBySweeper) {
   // machine, a sanitizer) may have let it expire already: checked only
   // when none came.
   const bool early = registry.Get(id).ok();
-  if (absl::Now() - added < absl::Milliseconds(50)) EXPECT_TRUE(early);
+  if (absl::Now() - added < absl::Milliseconds(50)) {
+    EXPECT_TRUE(early);
+  }
   for (int i = 0; i < 1000 && alive > 0; ++i) {
     absl::SleepFor(absl::Milliseconds(10));
   }
