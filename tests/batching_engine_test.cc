@@ -178,6 +178,21 @@ TEST(BatchingEngineTest, PrestagedRequestsGatherIntoBatchesAndStayCorrect) {
   EXPECT_EQ(testing::JobsOnStreams(engine->stats().devices[0]), 2);
 }
 
+// 24 prestaged requests of one shape, alternately with a product
+// destination and without.
+std::vector<std::unique_ptr<Pending>> SubmitPrestagedHalfToDestinations(
+    Engine& engine, absl::BitGen& gen) {
+  const MatmulSpec spec =
+      MakeSpec(DType::kFloat32, 1, 1, 16, 24, 20, false, true, false);
+  std::vector<std::unique_ptr<Pending>> pending;
+  for (int i = 0; i < 24; ++i) {
+    pending.push_back(Submit(engine, spec, gen, absl::OkStatus(), nullptr,
+                             /*prestaged=*/true,
+                             /*to_destination=*/i % 2 == 0));
+  }
+  return pending;
+}
+
 // With gather_destinations, prestaged requests that name a product
 // destination (a shared-memory client's c_shared) gather too, and each
 // product lands in its own destination; they batch apart from prestaged
@@ -188,15 +203,10 @@ TEST(BatchingEngineTest, PrestagedRequestsWithDestinationsGatherApart) {
                           /*lanes=*/2, /*grouped=*/true,
                           /*gather_destinations=*/true);
   absl::BitGen gen;
-  std::vector<std::unique_ptr<Pending>> pending;
-  const MatmulSpec spec =
-      MakeSpec(DType::kFloat32, 1, 1, 16, 24, 20, false, true, false);
-  for (int i = 0; i < 24; ++i) {
-    pending.push_back(Submit(*engine, spec, gen, absl::OkStatus(), nullptr,
-                             /*prestaged=*/true,
-                             /*to_destination=*/i % 2 == 0));
-  }
-  pending.push_back(Submit(*engine, spec, gen, absl::OkStatus(), nullptr,
+  std::vector<std::unique_ptr<Pending>> pending =
+      SubmitPrestagedHalfToDestinations(*engine, gen);
+  pending.push_back(Submit(*engine, pending.front()->spec, gen,
+                           absl::OkStatus(), nullptr,
                            /*prestaged=*/false, /*to_destination=*/true));
   engine->Shutdown();  // what waits goes out, a batch a group (no timer)
   for (auto& p : pending) ExpectCorrect(*p);
@@ -210,14 +220,8 @@ TEST(BatchingEngineTest, PrestagedRequestsWithDestinationsGatherApart) {
 TEST(BatchingEngineTest, WithoutTheOptionRequestsWithDestinationsGoAlone) {
   auto engine = NewEngine(absl::Seconds(60), 64);
   absl::BitGen gen;
-  std::vector<std::unique_ptr<Pending>> pending;
-  const MatmulSpec spec =
-      MakeSpec(DType::kFloat32, 1, 1, 16, 24, 20, false, true, false);
-  for (int i = 0; i < 24; ++i) {
-    pending.push_back(Submit(*engine, spec, gen, absl::OkStatus(), nullptr,
-                             /*prestaged=*/true,
-                             /*to_destination=*/i % 2 == 0));
-  }
+  std::vector<std::unique_ptr<Pending>> pending =
+      SubmitPrestagedHalfToDestinations(*engine, gen);
   engine->Shutdown();
   for (auto& p : pending) ExpectCorrect(*p);
   // The twelve whose product comes back, one batch; the other twelve alone.
