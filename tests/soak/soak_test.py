@@ -20,6 +20,17 @@ SILENT_STREAM_SECONDS each, then cancels: the server must stop reading it
 (flow control stalls its writes well before SILENT_STREAM_MESSAGES) and
 forget it when cancelled. The server is stopped with three SIGTERMs.
 
+The silent client's connections keep HTTP/2's initial receive window (no
+BDP probing): a client that never reads then holds a fixed number of bytes
+of answers, and what the server takes before its writes stall is a matter of
+bytes (its kMaxUnsentReplies answers, the windows), not of how fast either
+side runs. With BDP probing the client's own transport grows its window and
+takes every answer, as fast as the server writes them: the count then only
+measured the machine's speed (over 10,000 in 2 s on a loaded 2-core machine,
+fewer on an idle one). test_silent_streams_beside_busy_cores checks the bound
+with two CPU-bound processes beside the server, and that a client which does
+take every answer into its transport costs the server no memory either.
+
 A warm-up of the same mix comes first; its end is the baseline (RSS, metric
 counters). Afterwards the test asserts:
   - no wrong answer (cancelled or deadline calls that still finished OK are
@@ -43,6 +54,8 @@ import json
 import os
 import random
 import re
+import subprocess
+import sys
 import threading
 import time
 import traceback
@@ -77,6 +90,11 @@ MAX_CALLS_PER_WORKER = 1_000_000
 SILENT_STREAM_SECONDS = 2.0
 SILENT_STREAM_MESSAGES = 20_000
 SILENT_STREAM_MAX_TAKEN = 10_000
+# How much the server's RSS may grow while a silent stream is open: its
+# bounded answers and the HTTP/2 window of chunks its transport holds (a
+# few MiB) are far under it; the 80 MiB of chunks that a server reading and
+# holding everything would keep are over it.
+SILENT_STREAM_RSS_SLACK_BYTES = 32 << 20
 
 F32 = matmul_pb2.DTYPE_FLOAT32
 
@@ -413,30 +431,45 @@ class SilentStreams:
             self.failures.append(f"silent client crashed:\n{traceback.format_exc()}")
 
     def _one_stream(self) -> None:
-        # A channel of its own: what it holds back is only its own.
-        with grpc.insecure_channel(self.target,
-                                   options=[("grpc.use_local_subchannel_pool", 1)]) as channel:
-            stub = matmul_pb2_grpc.MatmulServiceStub(channel)
-            offered = [0]
+        taken = silent_stream(self.target, self._stop.wait)
+        self.taken.append(taken)
+        if taken >= SILENT_STREAM_MAX_TAKEN:
+            self.failures.append(
+                f"a MultiplyStream that was never read took {taken} messages of 4 KiB "
+                f"in {SILENT_STREAM_SECONDS} s (at most {SILENT_STREAM_MAX_TAKEN})")
 
-            def requests():
-                for i in range(SILENT_STREAM_MESSAGES):
-                    offered[0] = i + 1
-                    yield matmul_pb2.MultiplyStreamRequest(
-                        request_id=1_000_000 + i,
-                        chunk=matmul_pb2.OperandChunk(operand=matmul_pb2.OPERAND_A, offset=0,
-                                                      data=b"\1" * 4096))
 
-            call = stub.MultiplyStream(requests(), timeout=GENEROUS_TIMEOUT_S)
-            self._stop.wait(SILENT_STREAM_SECONDS)
-            call.cancel()
-            # gRPC pulls one message ahead of what the transport took.
-            taken = max(0, offered[0] - 1)
-            self.taken.append(taken)
-            if taken >= SILENT_STREAM_MAX_TAKEN:
-                self.failures.append(
-                    f"a MultiplyStream that was never read took {taken} messages of 4 KiB "
-                    f"in {SILENT_STREAM_SECONDS} s (at most {SILENT_STREAM_MAX_TAKEN})")
+def silent_stream(target: str, wait: Callable[[float], object], bdp_probe: bool = False,
+                  while_open: Optional[Callable[[], None]] = None) -> int:
+    """Opens a MultiplyStream on a connection of its own, offers it chunks
+    for ids never started without reading anything, waits
+    SILENT_STREAM_SECONDS (``wait``, which may return early), calls
+    ``while_open``, cancels, and returns how many messages the server took.
+
+    Without ``bdp_probe`` the connection keeps HTTP/2's initial receive
+    window (see the module's docstring)."""
+    options = [("grpc.use_local_subchannel_pool", 1)]
+    if not bdp_probe:
+        options.append(("grpc.http2.bdp_probe", 0))
+    with grpc.insecure_channel(target, options=options) as channel:
+        stub = matmul_pb2_grpc.MatmulServiceStub(channel)
+        offered = [0]
+
+        def requests():
+            for i in range(SILENT_STREAM_MESSAGES):
+                offered[0] = i + 1
+                yield matmul_pb2.MultiplyStreamRequest(
+                    request_id=1_000_000 + i,
+                    chunk=matmul_pb2.OperandChunk(operand=matmul_pb2.OPERAND_A, offset=0,
+                                                  data=b"\1" * 4096))
+
+        call = stub.MultiplyStream(requests(), timeout=GENEROUS_TIMEOUT_S)
+        wait(SILENT_STREAM_SECONDS)
+        if while_open is not None:
+            while_open()
+        call.cancel()
+        # gRPC pulls one message ahead of what the transport took.
+        return max(0, offered[0] - 1)
 
 
 def run_phase(connections: List[Connection], seconds: float, seed: int,
@@ -702,3 +735,51 @@ def test_soak(soak_server, soak_seconds: float) -> None:
     if sanitizer:
         problems.append(f"sanitizer report in the server's log: {sanitizer.group(0)}")
     assert not problems, "soak failed:\n" + "\n".join(problems)
+
+
+# CPU-bound processes beside the server in the test below, and how long each
+# may run at most (they are stopped when the test ends).
+CPU_HOGS = 2
+CPU_HOG_SECONDS = 120
+SILENT_STREAM_RUNS = 4
+
+
+def test_silent_streams_beside_busy_cores(soak_server) -> None:
+    """The silent-stream bound on a machine whose cores are taken: with two
+    CPU-bound processes beside the server, a stream that is never read is
+    held back by flow control every time, and the server's memory does not
+    grow with it; nor with a client whose transport takes every answer
+    (BDP probing on), which the server can only answer as fast as it runs."""
+    server = soak_server
+    hog = f"import time\nend = time.monotonic() + {CPU_HOG_SECONDS}\nwhile time.monotonic() < end: pass"
+    hogs = [subprocess.Popen([sys.executable, "-c", hog]) for _ in range(CPU_HOGS)]
+    results: List[Dict[str, object]] = []
+    try:
+        for run in range(SILENT_STREAM_RUNS):
+            for bdp_probe in (False, True):
+                before = server.rss_bytes()
+                during = [0]
+
+                def sample() -> None:
+                    during[0] = server.rss_bytes()
+
+                taken = silent_stream(server.target, time.sleep, bdp_probe=bdp_probe,
+                                      while_open=sample)
+                results.append({"run": run, "bdp_probe": bdp_probe, "taken": taken,
+                                "rss_growth_mib": round((during[0] - before) / 2**20, 1)})
+                assert server.alive(), f"matmul-server died:\n{server.output()}"
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+    print("\nsilent streams beside busy cores:\n" + json.dumps(results, indent=1))
+    problems = []
+    for r in results:
+        if not r["bdp_probe"] and r["taken"] >= SILENT_STREAM_MAX_TAKEN:
+            problems.append(f"run {r['run']}: a MultiplyStream that was never read took "
+                            f"{r['taken']} messages of 4 KiB (at most {SILENT_STREAM_MAX_TAKEN})")
+        if r["rss_growth_mib"] * 2**20 > SILENT_STREAM_RSS_SLACK_BYTES:
+            problems.append(f"run {r['run']} (BDP probing {'on' if r['bdp_probe'] else 'off'}): "
+                            f"the server's RSS grew {r['rss_growth_mib']} MiB while the stream "
+                            f"was open (at most {SILENT_STREAM_RSS_SLACK_BYTES >> 20} MiB)")
+    assert not problems, "\n".join(problems)
