@@ -68,8 +68,9 @@ struct BatchingOptions {
   // Largest request (2·m·n·k) worth merging.
   double max_flops = 2.0 * 512 * 512 * 512;
   // Requests of several shapes (one dtype and compute mode) waiting at
-  // once go out as one grouped job; false (the default: no device time
-  // saved on an H100, docs/PERFORMANCE.md section 10): one job per shape.
+  // once go out as one grouped job; false (the default: adaptive batching
+  // forms few groups, and on an H100 they saved no device time): one job
+  // per shape.
   bool grouped = false;
   // Grouped: other shapes' requests join only while the job's operands and
   // products stay within this many bytes (they must fit one staging slot

@@ -29,7 +29,8 @@ struct EngineOptions {
   bool adaptive_batching = true;
   int max_batch = 64;
   // Several shapes waiting at once go out as one grouped job (off by
-  // default: on an H100 it saved no device time, PERFORMANCE.md section 10).
+  // default: with adaptive batching few groups form, and on an H100 it saved
+  // no device time; held for company it does, at milliseconds of latency).
   bool grouped_batching = false;
   // Requests with both operands and the product in shared-memory regions
   // batch too (BatchingOptions::gather_destinations; off by default).

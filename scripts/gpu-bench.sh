@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The H200 benchmark run behind docs/PERFORMANCE.md, in one call of the
+# The H200 benchmark run behind bench/LOG.md section 2, in one call of the
 # device tool, server and bench in the same run as their ceilings:
 #   1. gRPC transport ceilings (../shared/bench/transport-ceiling: a generic
 #      callback server answering from a static buffer), TCP and unix socket;

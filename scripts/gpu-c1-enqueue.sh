@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call on where a c=1 request's engine time goes
-# (docs/PERFORMANCE.md sections 23-25): in the server, the engine's thread
+# (bench/LOG.md sections 23-25): in the server, the engine's thread
 # made a job's device calls in 97-194 µs at n=256 (the `enqueue` stage),
 # where raw CUDA makes the same calls in 22-40 µs. This call asks whether
 # the engine does so in process too, once the job comes after an idle

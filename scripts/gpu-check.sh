@@ -70,7 +70,7 @@ done
 log "== 3. compute-sanitizer"
 # Less the real out-of-memory case: the cudaMallocFromPoolAsync error it
 # provokes on purpose counts as one of the sanitizer's errors (two, with the
-# error's read-back; docs/PERFORMANCE.md section 18).
+# error's read-back; bench/LOG.md section 18).
 filter=${CHECK_SANITIZE_FILTER:-*:-CudaEngineTest.RealDeviceOutOfMemoryFailsOnlyThatJob}
 for tool in "memcheck --leak-check full" "initcheck"; do
   name=${tool%% *}

@@ -12,7 +12,7 @@
 #      every job and then poll-only up to POLL_ONLY_BYTES (default 4 MiB);
 #      the same with 1 stream (PIPELINE=0 skips it). On a slow H100 graphs
 #      gave 2.4x with poll-only where with host functions they had cost 18%
-#      (docs/PERFORMANCE.md section 16);
+#      (bench/LOG.md section 16);
 #   3. scripts/gpu-targets.sh with the server call by call
 #      (--cuda-graphs-per-stream=0), with --cuda-graphs-per-stream=GRAPHS, and with that and
 #      --poll-only-max-bytes=POLL_ONLY_BYTES (the pair that led in step 2 on

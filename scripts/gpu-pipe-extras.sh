@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call that looks for what keeps the engine's four streams below
-# the raw pipeline (docs/PERFORMANCE.md section 18: at n=256 float32 the
+# the raw pipeline (bench/LOG.md section 18: at n=256 float32 the
 # engine's pool made 68% of MeasurePipelined's jobs/s): matmul-pipeline-bench
 # --pipe-with each part of the engine's per-job stream work alone (its four
 # timed events; only start and end, or only end, timed or not;

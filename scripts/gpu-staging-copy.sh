@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call on the staging copy (server/staging_copier.h,
-# docs/PERFORMANCE.md section 20): staging_copy_bench by helper count (512
+# bench/LOG.md section 20): staging_copy_bench by helper count (512
 # KiB one every 400 us and back to back, 8 MiB one every 2 ms), with and
 # without announcing each copy 10 us ahead (ExpectCopy), then the service
 # targets (scripts/gpu-targets.sh, ROUNDS and PAIRS passed through, default

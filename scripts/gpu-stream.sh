@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The H200 run behind docs/PERFORMANCE.md section 3 (MultiplyStream), in one
+# The H200 run behind bench/LOG.md section 3 (MultiplyStream), in one
 # call of the device tool:
 #   1. one 16384 x 16384 float32 multiply (2 GiB of operands, 1 GiB product)
 #      through matmul-cli --stream at three chunk sizes, each product checked

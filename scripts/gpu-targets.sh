@@ -26,7 +26,7 @@
 # C1_BENCH_FLAGS (default --blocking-calls) to its c=1 runs besides: the
 # client the echo's rawclient is there (the caller polls for its own
 # reply; gRPC's callbacks cost the echo itself 0.09-0.14 ms of p50 on an
-# H100, docs/PERFORMANCE.md section 31). C1_BENCH_FLAGS= gives callbacks.
+# H100, bench/LOG.md section 31). C1_BENCH_FLAGS= gives callbacks.
 # Writes OUT/targets.txt and the raw outputs.
 #
 #   [SERVERS="a b"] [ROUNDS=2] [PAIRS=3] [C1_ONLY=1] [BENCH_FLAGS=...] \

@@ -4,7 +4,7 @@
 Prints, per interval, the busiest threads as PERCENT:TID:NAME (percent of
 one core). The CUDA engine names its threads (mm-lane<d>.<l>, mm-done<d>.<i>,
 mm-poll<d>.<p>; common/thread_name.h), so this tells which of them a run
-keeps busy; docs/PERFORMANCE.md section 18 used it on matmul-pipeline-bench.
+keeps busy; bench/LOG.md section 18 used it on matmul-pipeline-bench.
 
     scripts/thread_cpu.py PID [TOP]
 """

@@ -2,8 +2,8 @@
 // into engine staging, with idle helper threads taking part in a large
 // copy. A single thread copies about 10 GB/s (512 KiB, an n=256 float32
 // request's A and B: 0.055 ms, the largest host stage of such a request at
-// concurrency 1 on the H100; docs/PERFORMANCE.md section 17), while at low
-// concurrency the other cores sit idle.
+// concurrency 1 on an H100), while at low concurrency the other cores sit
+// idle.
 //
 // A copy of at least `split_bytes` is cut into chunks of `chunk_bytes`; the
 // caller starts on them at once and helpers that wake in time take chunks

@@ -115,8 +115,8 @@ struct CudaEngineOptions {
   // One job in this many on each stream records timed events; the others
   // record only their end event, untimed (cudaEventDisableTiming), which
   // the device records for nothing: on an H100 four timestamps cost 4.5 us
-  // of device time a job at n=256 float32 (docs/PERFORMANCE.md section 19),
-  // and the three events left out are three calls fewer on the host.
+  // of device time a job at n=256 float32, and the three events left out
+  // are three calls fewer on the host.
   // An untimed job reports no device stage times (h2d, compute and d2h are
   // 0 in its StageTimings) and adds nothing to its stream's busy seconds,
   // the device's busy, copy and compute seconds, or the timeline: those

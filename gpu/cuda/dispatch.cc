@@ -77,8 +77,9 @@ void CudaEngine::Submit(std::unique_ptr<MatmulJob> job) {
       absl::MutexLock lock(&lane->mu);
       // 0 turns this off even for jobs that stage nothing.
       // A lane thread awake for work (lane_spin) takes the job at once and
-      // makes its calls faster than a thread that has just received a
-      // request (docs/PERFORMANCE.md section 26): it gets the job.
+      // makes its calls faster than the thread that has just received and
+      // copied the request (on an H100, 0.059 against 0.147 ms at n=256
+      // float32): it gets the job.
       if (options_.inline_dispatch_max_bytes > 0 && lane->queue.empty() &&
           !lane->busy && !lane->spinning.load(std::memory_order_acquire) &&
           layout->staging_bytes <= options_.inline_dispatch_max_bytes) {
@@ -128,7 +129,8 @@ namespace {
 // No other lane of `lane`'s device has work queued or running: requests
 // come one at a time (c=1), and a lane awake for the next one pays. With
 // work on other lanes (concurrency) a spinning lane would only take a core
-// from the threads that receive requests (docs/PERFORMANCE.md section 27).
+// from the threads that receive requests: with every lane spinning, n=256
+// float32 at 64 in flight lost 0.025-0.079 of the echo's rate on an H100.
 bool AloneOnItsDevice(const CudaEngine::Lane* lane) {
   for (const std::unique_ptr<CudaEngine::Lane>& other : lane->device->lanes) {
     // outstanding is a sum of estimates added and taken away again: below

@@ -3,8 +3,7 @@
 // D2H copy of C) recorded per lane and shape as a CUDA graph, then replayed
 // for later jobs of that shape with one cudaGraphLaunch and one
 // cudaEventRecord (the end event). A probe measured a graph launch at about
-// 13.5 µs of host time against 29-35 µs for an n=256 job's calls one by one
-// (docs/PERFORMANCE.md section 13).
+// 13.5 µs of host time against 29-35 µs for an n=256 job's calls one by one.
 //
 // A recorded graph (an instance) owns everything its work touches: device
 // memory for A, B and C, a pinned staging range laid out like a job's
@@ -13,16 +12,13 @@
 // those, so a replay changes nothing on the executable graph: the job
 // writes its operands straight into the instance's staging, the launch
 // copies them in, multiplies and copies C back into the staging, and the
-// job's result is sent from there. (The engine measured in section 14 set
-// each job's staging and events on the graph before every launch, up to six
-// driver calls; that is gone. Section 16 measured the replay without it:
-// 0.06 ms off the n=256 c=1 p50; in process, 18% fewer jobs/s on 4 streams
-// with host functions, 2.4x with poll-only on a slow machine.)
+// job's result is sent from there. (Setting each job's staging and events
+// on the graph before its launch instead cost up to six driver calls a job.)
 //
 // Only jobs whose shape recurs are recorded (JobDescription::shape_recurs):
 // a batch that BatchingEngine gathered carries its count in its shape, and
 // one graph per count was evicted and recorded again for about every six
-// jobs at n=64 c=64 (docs/PERFORMANCE.md section 17).
+// jobs at n=64 c=64 on an H100.
 //
 // An instance serves one job at a time: it is taken (JobGraphCache::Take)
 // by the dispatch that picks it and stays busy until that job's JobResult

@@ -39,7 +39,7 @@
 // device waits for them), and in splitK, the later pieces' copies. The warm-up
 // runs serial jobs first: a first job behind a closed gate can wait forever, if
 // a call made while it waits blocks until the stream is done
-// (docs/PERFORMANCE.md section 22).
+// (bench/LOG.md section 22).
 //
 // With --sleep the host sleeps through each gap instead of spinning, as a
 // server's threads do between one client's requests; "enq us" is the
