@@ -21,6 +21,7 @@
 #include "client/tools/bench_stability.h"
 #include "client/tools/load_generator.h"
 #include "common/command_line.h"
+#include "common/dtype.h"
 
 // The values are checked by MakeConfig; the help texts are kBenchUsage's.
 ABSL_FLAG(std::string, target, "", "");
@@ -155,14 +156,17 @@ p50/p90/p99/p99.9 of the successful requests, and errors by gRPC status code.
                   the batching engine's launches, grouped ones included
   --stream        each multiply over a MultiplyStream call instead of a
                   unary Multiply: the operands go out in chunks of
-                  --stream-chunk-bytes (default 4 MiB) from memory and the
+                  --stream-chunk-bytes from memory and the
                   product comes back in chunks (MatmulClient's
                   MultiplyStreamedView), blocking calls on a thread per
                   request in flight: a closed loop, or with --rate an open
                   one (a start due while every thread is busy starts late,
                   its latency from its scheduled start). --stripes K (1 to
-                  16, default 1) stripes each multiply over K calls on as
-                  many connections. Payload as inline; the message sizes
+                  16) stripes each multiply over K calls on as many
+                  connections. Both default to what the client library
+                  picks for the shape (one call and 4 MiB chunks up to
+                  96 MiB on the wire, up to 8 calls and 16 MiB chunks
+                  above). Payload as inline; the message sizes
                   in the JSON are the payloads (chunk framing aside).
                   Concurrency at most 256; not with --resident,
                   --shared-memory or --protobuf-requests
@@ -383,15 +387,26 @@ absl::Status StreamOptionsFrom(const Flags& flags, BenchConfig& c) {
         "most ",
         kMaxStreamConcurrency, " with it, got ", most));
   }
+  // What the client library chooses for this size where a flag is not
+  // given (StreamOptionsFor), resolved here so that the report names it.
+  const int64_t elem = static_cast<int64_t>(DTypeSize(c.dtype));
+  int64_t wire_bytes = 0;
+  for (const BenchShape& s :
+       c.shape_mix.empty() ? std::vector<BenchShape>{c.shape} : c.shape_mix) {
+    wire_bytes = std::max(
+        wire_bytes, s.matrices() * elem * (s.m * s.k + s.k * s.n + s.m * s.n));
+  }
+  const StreamOptions plan = StreamOptionsFor(wire_bytes);
   absl::StatusOr<int64_t> chunk =
-      ParsePositive(flags, "stream-chunk-bytes", c.stream_chunk_bytes);
+      ParsePositive(flags, "stream-chunk-bytes", plan.chunk_bytes);
   if (!chunk.ok()) return chunk.status();
   if (*chunk > (int64_t{1} << 30)) {
     return absl::InvalidArgumentError(
         "--stream-chunk-bytes is at most 1073741824 (1 GiB)");
   }
   c.stream_chunk_bytes = *chunk;
-  absl::StatusOr<int64_t> stripes = ParsePositive(flags, "stripes", 1);
+  absl::StatusOr<int64_t> stripes =
+      ParsePositive(flags, "stripes", plan.stripes);
   if (!stripes.ok()) return stripes.status();
   if (*stripes > kMaxStreamStripes) {
     return absl::InvalidArgumentError(absl::StrCat(

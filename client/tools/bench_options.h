@@ -56,7 +56,7 @@ struct BenchConfig {
   GrpcArgs grpc_args;
   // --stream: each multiply over MultiplyStream (MatmulClient's
   // MultiplyStreamedView) in chunks of stream_chunk_bytes, striped over
-  // `stripes` calls.
+  // `stripes` calls (by default StreamOptionsFor the largest shape).
   bool stream = false;
   int64_t stream_chunk_bytes = int64_t{4} << 20;
   int stripes = 1;

@@ -82,11 +82,11 @@ ABSL_FLAG(std::string, bf16_out, "float32",
 ABSL_FLAG(bool, stream, false,
           "Send the multiply over MultiplyStream, in chunks: no message size "
           "bounds the operands or the product");
-ABSL_FLAG(std::string, chunk_mib, "4",
-          "--stream's chunk size, MiB (1 to 1024)");
-ABSL_FLAG(std::string, stripes, "1",
+ABSL_FLAG(std::string, chunk_mib, "",
+          "--stream's chunk size, MiB (1 to 1024; default: from the size)");
+ABSL_FLAG(std::string, stripes, "",
           "--stream over this many MultiplyStream calls, each on its own "
-          "connection (1 to 16)");
+          "connection (1 to 16; default: from the size)");
 ABSL_FLAG(bool, shared_memory, false,
           "Hand A, B and C to the server through a shared-memory region "
           "(a unix: target on the server's host)");
@@ -158,13 +158,14 @@ bfloat16 bits, and a bfloat16 result (or download) is written as float32
 (exact) or, with --bf16-out bits, as raw bits in a '<u2' .npy.
 
 --stream sends the multiply over MultiplyStream: operands and product travel
-in chunks of --chunk-mib MiB (default 4), so no message size bounds them
-(a 16384 x 16384 float32 product needs it), and the server copies each
-chunk to the GPU while the next one is on the wire. --stripes K (2 to 16)
-stripes the multiply over K MultiplyStream calls, each on its own
-connection: the chunks go out round-robin over them and the product comes
-back over all of them, so one connection's rate does not bound it (the
-server must support striping).
+in chunks of --chunk-mib MiB, so no message size bounds them (a 16384 x
+16384 float32 product needs it), and the server copies each chunk to the
+GPU while the next one is on the wire. --stripes K (1 to 16) stripes the
+multiply over K MultiplyStream calls, each on its own connection: the
+chunks go out round-robin over them and the product comes back over all of
+them, so one connection's rate does not bound it. By default both come from
+the multiply's size: one call and 4 MiB chunks up to 96 MiB on the wire,
+one more call per 96 MiB above (at most 8), 16 MiB chunks from 512 MiB.
 
 --shared-memory (a unix:PATH target, on the server's host, same user)
 registers a POSIX shared-memory region with the server, puts A and B in it,

@@ -1,6 +1,7 @@
 // matmul-cli multiply: two .npy files or stored tensors, inline, streamed
 // (--stream, --stripes) or through shared memory; the product to a .npy
 // file or kept on the server.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -105,9 +106,11 @@ int RunMultiply(const std::vector<std::string>& args) {
   if (!stream && has("chunk-mib")) {
     return Usage("--chunk-mib applies only with --stream");
   }
+  // 0 (not given): the client library picks from the multiply's size.
   int64_t chunk_mib = 0;
-  if (!absl::SimpleAtoi(flags->Get("chunk-mib"), &chunk_mib) || chunk_mib < 1 ||
-      chunk_mib > 1024) {
+  if (has("chunk-mib") &&
+      (!absl::SimpleAtoi(flags->Get("chunk-mib"), &chunk_mib) ||
+       chunk_mib < 1 || chunk_mib > 1024)) {
     return Usage(absl::StrCat("--chunk-mib takes 1 to 1024, got \"",
                               flags->Get("chunk-mib"), "\""));
   }
@@ -115,8 +118,8 @@ int RunMultiply(const std::vector<std::string>& args) {
     return Usage("--stripes applies only with --stream");
   }
   int stripes = 0;
-  if (!absl::SimpleAtoi(flags->Get("stripes"), &stripes) || stripes < 1 ||
-      stripes > kMaxStreamStripes) {
+  if (has("stripes") && (!absl::SimpleAtoi(flags->Get("stripes"), &stripes) ||
+                         stripes < 1 || stripes > kMaxStreamStripes)) {
     return Usage(absl::StrCat("--stripes takes 1 to ", kMaxStreamStripes,
                               ", got \"", flags->Get("stripes"), "\""));
   }
@@ -206,9 +209,10 @@ int RunMultiply(const std::vector<std::string>& args) {
     request.set_result_ttl_seconds(*seconds);
   }
 
-  // One connection per stripe.
+  // One connection per stripe given (the library opens those a striped
+  // call it plans itself needs).
   absl::StatusOr<std::unique_ptr<MatmulClient>> client =
-      ClientFor(*flags, stripes);
+      ClientFor(*flags, std::max(stripes, 1));
   if (!client.ok()) return Fail(client.status().message());
   if (shared) {
     absl::StatusOr<SharedMultiplyResult> result = MultiplyThroughSharedMemory(
@@ -241,14 +245,23 @@ int RunMultiply(const std::vector<std::string>& args) {
     if (!c.ok()) return FailRpc(c.status());
     const std::string out_path = flags->values.at("out");
     const std::vector<int64_t> c_shape = c->shape;
+    // What the library chose: the same function of the bytes it moved.
+    int64_t wire_bytes = static_cast<int64_t>(c->data.size());
+    for (int i = 0; i < 2; ++i) {
+      if (streamed_handle[i].empty()) {
+        wire_bytes += static_cast<int64_t>(streamed[i].data.size());
+      }
+    }
+    const StreamOptions used = StreamOptionsFor(wire_bytes, stream_options);
     absl::StatusOr<std::string> written_as =
         WriteResult(out_path, *std::move(c), *bf16_bits);
     if (!written_as.ok()) return Fail(written_as.status().message());
-    absl::PrintF(
-        "%s: shape %s, %s, %.3f ms, streamed in %d MiB chunks%s\n", out_path,
-        ShapeString(c_shape), *written_as, absl::ToDoubleMilliseconds(elapsed),
-        chunk_mib,
-        stripes > 1 ? absl::StrCat(" over ", stripes, " striped streams") : "");
+    absl::PrintF("%s: shape %s, %s, %.3f ms, streamed in %d MiB chunks%s\n",
+                 out_path, ShapeString(c_shape), *written_as,
+                 absl::ToDoubleMilliseconds(elapsed), used.chunk_bytes >> 20,
+                 used.stripes > 1
+                     ? absl::StrCat(" over ", used.stripes, " striped streams")
+                     : "");
     return 0;
   }
   const int64_t request_bytes = static_cast<int64_t>(request.ByteSizeLong());

@@ -1347,13 +1347,45 @@ TEST(DTypeConversionTest, RejectsInconsistentTensor) {
 // MatmulService that only records them (and fails the joins, as a server
 // without striping does); products against a real MatmulServer.
 
-TEST(MultiplyStreamedArgumentsTest, StripesOutsideOneToSixteenAreRefused) {
+TEST(MultiplyStreamedArgumentsTest, StripesAndChunksComeFromTheSize) {
+  constexpr int64_t kMiB = int64_t{1} << 20;
+  struct Case {
+    int64_t wire_bytes;
+    int stripes;
+    int64_t chunk_bytes;
+  };
+  for (const Case& c : {
+           Case{0, 1, 4 * kMiB},
+           Case{3 * 64 * 64 * 4, 1, 4 * kMiB},  // n=64 float32
+           Case{191 * kMiB, 1, 4 * kMiB},
+           Case{192 * kMiB, 2, 4 * kMiB},  // n=4096 float32
+           Case{511 * kMiB, 5, 4 * kMiB},
+           Case{768 * kMiB, 8, 16 * kMiB},   // n=8192 float32
+           Case{3072 * kMiB, 8, 16 * kMiB},  // n=16384 float32
+       }) {
+    SCOPED_TRACE(c.wire_bytes);
+    const StreamOptions plan = StreamOptionsFor(c.wire_bytes);
+    EXPECT_EQ(plan.stripes, c.stripes);
+    EXPECT_EQ(plan.chunk_bytes, c.chunk_bytes);
+  }
+  // What the caller set is kept.
+  StreamOptions given;
+  given.stripes = 3;
+  EXPECT_EQ(StreamOptionsFor(3072 * kMiB, given).stripes, 3);
+  EXPECT_EQ(StreamOptionsFor(3072 * kMiB, given).chunk_bytes, 16 * kMiB);
+  given = {};
+  given.chunk_bytes = kMiB;
+  EXPECT_EQ(StreamOptionsFor(3072 * kMiB, given).chunk_bytes, kMiB);
+  EXPECT_EQ(StreamOptionsFor(3072 * kMiB, given).stripes, 8);
+}
+
+TEST(MultiplyStreamedArgumentsTest, StripesOutsideZeroToSixteenAreRefused) {
   // Nothing listens there: these never reach the wire.
   absl::StatusOr<std::unique_ptr<MatmulClient>> client =
       MatmulClient::Create("127.0.0.1:1");
   ASSERT_TRUE(client.ok()) << client.status();
   const HostTensor a = Float32({2, 2}, {1, 2, 3, 4});
-  for (int stripes : {0, -1, 17, 1000}) {
+  for (int stripes : {-1, 17, 1000}) {
     StreamOptions stream;
     stream.stripes = stripes;
     absl::StatusOr<HostTensor> c =
@@ -1361,14 +1393,16 @@ TEST(MultiplyStreamedArgumentsTest, StripesOutsideOneToSixteenAreRefused) {
     EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(c.status().message(),
                 HasSubstr(absl::StrCat("StreamOptions.stripes: expected 1 to "
-                                       "16 MultiplyStream calls, got ",
+                                       "16 MultiplyStream calls (or 0: from "
+                                       "the multiply's size), got ",
                                        stripes)));
   }
   StreamOptions stream;
   stream.stripes = 2;
-  stream.chunk_bytes = 0;
+  stream.chunk_bytes = -1;
   EXPECT_THAT((*client)->MultiplyStreamed(a, a, {}, stream).status().message(),
-              HasSubstr("chunk_bytes: expected a positive size, got 0"));
+              HasSubstr("chunk_bytes: expected a positive size (or 0: from "
+                        "the multiply's size), got -1"));
   stream.chunk_bytes = 64;
   MultiplyOptions keep;
   keep.keep_result = true;
