@@ -70,8 +70,6 @@ absl::StatusOr<std::unique_ptr<Engine>> CreateBareEngine(
     cuda.pinned_bytes_per_device = options.staging_bytes_per_device;
     cuda.inline_dispatch_max_bytes = options.inline_dispatch_max_bytes;
     cuda.completion_poll = options.completion_poll;
-    cuda.lane_spin = options.lane_spin;
-    cuda.poll_only_max_bytes = options.poll_only_max_bytes;
     cuda.job_graphs_per_stream = options.cuda_graphs_per_stream;
     cuda.job_graph_max_device_bytes = options.cuda_graph_max_bytes;
     ASSIGN_OR_RETURN(std::unique_ptr<CudaEngine> engine,

@@ -72,86 +72,22 @@ ABSL_FLAG(absl::Duration, unhealthy_restart_after, absl::Seconds(60),
           "NOT_SERVING at once; after this long liveness does too, so that "
           "the pod is restarted; 0 never fails liveness for it");
 ABSL_FLAG(int32_t, metrics_top_clients, 20,
-          "Clients with their own label in matmul_client_* metrics (the "
-          "first to use the server); the rest count as client=\"other\"");
+          "Clients with their own label in matmul_client_* metrics; the "
+          "rest count as client=\"other\"");
 ABSL_FLAG(absl::Duration, max_connection_age, absl::Minutes(5),
           "Close client connections (with GOAWAY) after this long, so that "
           "long-lived clients rebalance across replicas; 0 disables");
 ABSL_FLAG(int64_t, batch_window_us, 1000,
-          "Merge small multiplies of the same shape, dtype and options into "
-          "one batched GEMM: they gather while every stream is busy, for at "
-          "most this many microseconds (0: no batching)");
-ABSL_FLAG(bool, adaptive_batching, true,
-          "Batch only while every stream is busy, and send a request at once "
-          "when one is free; false: every group waits --batch-window-us for "
-          "company");
-ABSL_FLAG(int32_t, max_batch, 64, "Most requests merged into one batch");
+          "While every stream is busy, small multiplies of one shape and "
+          "dtype wait at most this long to go out as one batched GEMM; 0 "
+          "when each request must run on its own, whatever the throughput");
 ABSL_FLAG(bool, grouped_batching, false,
-          "Requests of several small shapes (one dtype and compute mode) "
-          "waiting together go out as one grouped GEMM launch (off by "
-          "default: no gain measured yet, docs/PERFORMANCE.md section 10); "
-          "false: one batch per shape");
-ABSL_FLAG(bool, batch_c_shared, false,
-          "Requests whose operands and product are all in shared-memory "
-          "regions (c_shared) batch with one another too, each product "
-          "written into its own region (off by default: not yet measured on "
-          "a GPU, docs/PERFORMANCE.md section 33)");
-ABSL_FLAG(int64_t, inline_dispatch_max_bytes, int64_t{1} << 20,
-          "CUDA engine: a request with at most this many bytes of staging "
-          "(operands and product) is put on an idle stream by the thread "
-          "that received it, without a hand-off (0: never)");
+          "Requests of several small shapes waiting together go out as one "
+          "grouped GEMM launch");
 ABSL_FLAG(int64_t, completion_poll_us, 1000,
-          "CUDA engine: how long a poller queries the GPU for finished "
-          "requests after each submit or completion, so that small requests "
-          "are answered without waiting for a CUDA host function; it keeps "
-          "one core busy while it polls (0: no poller)");
-ABSL_FLAG(int64_t, lane_spin_us, 0,
-          "CUDA engine: how long each stream's dispatching thread stays "
-          "awake after a dispatch, watching for the next request, before "
-          "it sleeps; meanwhile a request for its stream is handed to it "
-          "(not dispatched by the thread that received it) and put on the "
-          "GPU by a thread that has not slept. It spins only while no other "
-          "stream of its GPU has work (requests one at a time). Keeps one "
-          "core busy per stream while it spins (0: sleep at once)");
-ABSL_FLAG(int64_t, poll_only_max_bytes, 0,
-          "CUDA engine: a request (or batch) moving at most this many bytes "
-          "to and from the GPU is answered by the poller alone: no CUDA host "
-          "function follows its work, so its stream goes straight on to the "
-          "next request; the poller keeps polling while one is in flight "
-          "(0: every request ends with a host function)");
-ABSL_FLAG(int32_t, staging_copy_threads, -1,
-          "Helper threads that take part in copying one large request's "
-          "operands from gRPC's buffers into engine staging, one such copy "
-          "at a time, so that a request at low concurrency is staged by "
-          "several cores (-1: a quarter of the cores this process may use, "
-          "at most 3; 0: every copy by the thread that dispatches the "
-          "request)");
-ABSL_FLAG(int64_t, staging_copy_split_bytes, int64_t{256} << 10,
-          "A request's inline operands of at least this many bytes are "
-          "copied into staging with the staging-copy-threads helpers");
-ABSL_FLAG(int64_t, staging_copy_expect_spin_us, 0,
-          "When a request that large arrives, sleeping staging-copy helpers "
-          "wake and wait awake this long for its copy, so that they are "
-          "already up when it starts (0: they wake when the copy starts; "
-          "off by default, docs/PERFORMANCE.md sections 20 and 21)");
-ABSL_FLAG(bool, staging_copy_streaming_stores, true,
-          "CUDA engine: copy request operands into staging with "
-          "non-temporal (streaming) stores, which leave no dirty lines in "
-          "the CPU's caches for the GPU's upload to read (x86-64; elsewhere "
-          "a plain copy). The host engine's copies are always plain: its "
-          "CPU reads the operands next, from the caches (docs/PERFORMANCE.md "
-          "section 30)");
-ABSL_FLAG(int32_t, cuda_graphs_per_stream, 8,
-          "CUDA engine: a small multiply (A, B and C within the "
-          "cuda-graph-max-bytes limit; not a batch the server gathered) is "
-          "recorded per stream and shape as a CUDA graph (the second time "
-          "its shape comes) and replayed with one launch; at most this many "
-          "graphs per stream, the least recently used evicted (0: every job "
-          "call by call)");
-ABSL_FLAG(int64_t, cuda_graph_max_bytes, int64_t{4} << 20,
-          "CUDA engine, with CUDA graphs on: the most device memory (A, B "
-          "and C) of a multiply replayed from a graph; larger ones run call "
-          "by call");
+          "CUDA engine: how long a thread polls the GPU for finished work "
+          "after each submit, keeping a core busy meanwhile; 0 on a node "
+          "short of CPU (small requests then wait for CUDA's callbacks)");
 ABSL_FLAG(std::string, unix_socket, "",
           "Also listen on this unix socket path (plaintext, same host)");
 ABSL_FLAG(std::string, tls_cert, "",
@@ -165,8 +101,8 @@ ABSL_FLAG(int32_t, health_port, 0,
 ABSL_FLAG(int32_t, max_concurrent_streams, 1024,
           "Most concurrent RPCs one client connection may have open");
 ABSL_FLAG(std::string, grpc_arg, "",
-          "Extra gRPC server arguments for transport tuning, "
-          "NAME=INTEGER[,NAME=INTEGER...] (docs/PERFORMANCE.md)");
+          "Extra gRPC server arguments, NAME=INTEGER[,NAME=INTEGER...], for "
+          "transport settings no other flag covers");
 ABSL_FLAG(int64_t, max_stored_bytes_per_client, int64_t{64} << 30,
           "Engine memory one client may hold in stored tensors, bytes");
 ABSL_FLAG(int64_t, max_stored_bytes, 0,
@@ -204,30 +140,37 @@ const std::vector<matmul::FlagGroup>& ServerFlags() {
         "health_port"}},
       {"TLS", {"tls_cert=FILE", "tls_key=FILE", "tls_client_ca=FILE"}},
       {"Engine",
-       {"engine=auto|cuda|host", "streams_per_device", "pinned_pool_bytes",
-        "batch_window_us", "adaptive_batching", "max_batch", "grouped_batching",
-        "batch_c_shared", "inline_dispatch_max_bytes", "staging_copy_threads",
-        "staging_copy_split_bytes", "staging_copy_expect_spin_us",
-        "staging_copy_streaming_stores", "completion_poll_us", "lane_spin_us",
-        "poll_only_max_bytes", "cuda_graphs_per_stream",
-        "cuda_graph_max_bytes"}},
-      {"Request limits",
-       {"max_message_bytes", "max_inflight_bytes", "max_elements_per_operand",
-        "stripe_join_timeout=DURATION"}},
-      {"Stored tensors",
+       {"engine=auto|cuda|host", "streams_per_device", "pinned_pool_bytes"}},
+      {"Request limits", {"max_message_bytes", "max_inflight_bytes"}},
+      {"Stored tensors and shared memory",
        {"max_stored_bytes", "max_stored_bytes_per_client",
         "max_handles_per_client", "default_handle_ttl", "max_handle_ttl",
         "max_shared_memory_regions_per_client"}},
-      {"Connections",
-       {"max_concurrent_streams", "max_connection_age",
-        "max_connection_age_grace", "keepalive_time", "keepalive_timeout",
-        "grpc_arg=NAME=INT,..."}},
+      {"Connections", {"max_connection_age", "keepalive_time"}},
       {"Draining (SIGTERM)", {"drain_grace", "drain_timeout"}},
-      {"Memory", {"trim_memory_after"}},
-      {"Health and metrics",
-       {"unhealthy_restart_after", "metrics_top_clients"}},
+      {"Health", {"unhealthy_restart_after"}},
   };
   return *groups;
+}
+
+// Flags an operator rarely sets, listed by --helpfull only.
+const std::vector<matmul::FlagGroup>& TuningFlags() {
+  static const auto* groups = new std::vector<matmul::FlagGroup>{
+      {"Tuning",
+       {"batch_window_us", "grouped_batching", "completion_poll_us",
+        "max_elements_per_operand", "stripe_join_timeout=DURATION",
+        "max_concurrent_streams", "max_connection_age_grace",
+        "keepalive_timeout", "grpc_arg=NAME=INT,...", "trim_memory_after",
+        "metrics_top_clients"}},
+  };
+  return *groups;
+}
+
+// Every flag: --help's groups, then the tuning ones.
+std::vector<matmul::FlagGroup> AllFlags() {
+  std::vector<matmul::FlagGroup> all = ServerFlags();
+  for (const matmul::FlagGroup& g : TuningFlags()) all.push_back(g);
+  return all;
 }
 
 constexpr char kUsage[] =
@@ -239,7 +182,8 @@ constexpr char kUsage[] =
     "Flags are spelled with dashes (or underscores: --max_message_bytes).\n"
     "Each can also come from the environment as MATMUL_<NAME>, e.g.\n"
     "MATMUL_ENGINE=cuda or MATMUL_MAX_MESSAGE_BYTES=65536; the command line\n"
-    "wins. --version prints the version, commit and CUDA versions.\n"
+    "wins. --version prints the version, commit and CUDA versions;\n"
+    "--helpfull adds the tuning flags, which most deployments leave alone.\n"
     "\n";
 
 // The contents of a file named by a flag.
@@ -291,7 +235,7 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> TlsCredentials() {
 // line's (argv[1..]), so that the command line wins.
 std::vector<std::string> ArgsWithEnvironment(int argc, char** argv) {
   std::vector<std::string> args;
-  for (const std::string& name : matmul::FlagsOf(ServerFlags())) {
+  for (const std::string& name : matmul::FlagsOf(AllFlags())) {
     std::string env = absl::StrCat("MATMUL_", name);
     for (char& c : env) c = static_cast<char>(std::toupper(c));
     if (const char* value = std::getenv(env.c_str()); value != nullptr) {
@@ -332,8 +276,11 @@ int main(int argc, char** argv) {
   const std::vector<std::string> command_line(argv + std::min(argc, 1),
                                               argv + argc);
   for (const std::string& arg : command_line) {
-    // Abseil's own listing of every flag linked in, underscores and all.
-    if (arg == "--helpfull") absl::ParseCommandLine(argc, argv);
+    if (arg == "--helpfull") {
+      std::fputs(absl::StrCat(kUsage, matmul::FlagsHelp(AllFlags())).c_str(),
+                 stdout);
+      return 0;
+    }
   }
   switch (matmul::FindInfoRequest(command_line)) {
     case matmul::InfoRequest::kHelp:
@@ -347,7 +294,7 @@ int main(int argc, char** argv) {
       break;
   }
   matmul::FlagParseOptions parse;
-  parse.allowed = matmul::FlagsOf(ServerFlags());
+  parse.allowed = matmul::FlagsOf(AllFlags());
   parse.allow_repeats = true;  // the environment's, then the command line's
   if (absl::StatusOr<matmul::ParsedFlags> parsed =
           matmul::ParseFlags(ArgsWithEnvironment(argc, argv), parse);
@@ -375,22 +322,9 @@ int main(int argc, char** argv) {
   engine_options.streams_per_device = absl::GetFlag(FLAGS_streams_per_device);
   engine_options.batch_window =
       absl::Microseconds(absl::GetFlag(FLAGS_batch_window_us));
-  engine_options.max_batch = absl::GetFlag(FLAGS_max_batch);
-  engine_options.adaptive_batching = absl::GetFlag(FLAGS_adaptive_batching);
   engine_options.grouped_batching = absl::GetFlag(FLAGS_grouped_batching);
-  engine_options.batch_c_shared = absl::GetFlag(FLAGS_batch_c_shared);
-  engine_options.inline_dispatch_max_bytes =
-      std::max<int64_t>(0, absl::GetFlag(FLAGS_inline_dispatch_max_bytes));
   engine_options.completion_poll = absl::Microseconds(
       std::max<int64_t>(0, absl::GetFlag(FLAGS_completion_poll_us)));
-  engine_options.lane_spin = absl::Microseconds(
-      std::max<int64_t>(0, absl::GetFlag(FLAGS_lane_spin_us)));
-  engine_options.poll_only_max_bytes =
-      std::max<int64_t>(0, absl::GetFlag(FLAGS_poll_only_max_bytes));
-  engine_options.cuda_graphs_per_stream =
-      std::max(0, absl::GetFlag(FLAGS_cuda_graphs_per_stream));
-  engine_options.cuda_graph_max_bytes =
-      std::max<int64_t>(0, absl::GetFlag(FLAGS_cuda_graph_max_bytes));
   engine_options.staging_bytes_per_device =
       absl::GetFlag(FLAGS_pinned_pool_bytes);
 
@@ -408,17 +342,11 @@ int main(int argc, char** argv) {
     options.metrics_address =
         absl::StrCat(ipv6 ? "[" : "", host, ipv6 ? "]" : "", ":", metrics_port);
   }
-  const int staging_copy_threads = absl::GetFlag(FLAGS_staging_copy_threads);
-  options.staging_copy.helpers = staging_copy_threads < 0
-                                     ? matmul::DefaultStagingCopyHelpers()
-                                     : std::min(staging_copy_threads, 64);
-  options.staging_copy.split_bytes =
-      std::max<int64_t>(1, absl::GetFlag(FLAGS_staging_copy_split_bytes));
-  options.staging_copy.expect_spin_us = std::clamp<int64_t>(
-      absl::GetFlag(FLAGS_staging_copy_expect_spin_us), 0, 1'000'000);
-  options.staging_copy.streaming_stores =
-      absl::GetFlag(FLAGS_staging_copy_streaming_stores) &&
-      matmul::ChoosesCudaEngine(*kind);
+  options.staging_copy.helpers = matmul::DefaultStagingCopyHelpers();
+  // Streaming stores leave staging out of the caches for the GPU's upload
+  // to read from memory; the host engine's CPU reads the operands next,
+  // from the caches.
+  options.staging_copy.streaming_stores = matmul::ChoosesCudaEngine(*kind);
   options.limits.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.limits.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes);
   options.limits.max_elements_per_operand =

@@ -75,31 +75,13 @@ size_t StagingCopier::TakeChunks(Task& task) const {
 }
 
 void StagingCopier::HelperLoop() {
-  uint64_t seen = 0;         // the last task this helper took part in
-  uint64_t seen_expect = 0;  // the last ExpectCopy it woke for
-  const auto spin = std::chrono::microseconds(options_.expect_spin_us);
+  uint64_t seen = 0;  // the last task this helper took part in
   absl::MutexLock lock(&mu_);
   for (;;) {
-    while (!stopping_ && (task_ == nullptr || task_number_ == seen) &&
-           expect_number_ == seen_expect) {
-      asleep_.fetch_add(1, std::memory_order_relaxed);
+    while (!stopping_ && (task_ == nullptr || task_number_ == seen)) {
       work_.Wait(&mu_);
-      asleep_.fetch_sub(1, std::memory_order_relaxed);
     }
     if (stopping_) return;
-    seen_expect = expect_number_;
-    if (task_ == nullptr || task_number_ == seen) {
-      // Woken ahead of a copy: wait for it awake, for a while.
-      const uint64_t posted = task_number_;
-      mu_.Unlock();
-      const auto until = std::chrono::steady_clock::now() + spin;
-      while (posted_.load(std::memory_order_acquire) == posted &&
-             std::chrono::steady_clock::now() < until) {
-        std::this_thread::yield();
-      }
-      mu_.Lock();
-      continue;
-    }
     Task* task = task_;
     seen = task_number_;
     task->joined.fetch_add(1, std::memory_order_relaxed);
@@ -113,18 +95,6 @@ void StagingCopier::HelperLoop() {
     task->joined.fetch_sub(1, std::memory_order_release);
     mu_.Lock();
   }
-}
-
-void StagingCopier::ExpectCopy(int64_t bytes) {
-  if (threads_.empty() || options_.expect_spin_us <= 0 ||
-      bytes < std::max<int64_t>(1, options_.split_bytes) ||
-      asleep_.load(std::memory_order_relaxed) == 0) {
-    return;
-  }
-  absl::MutexLock lock(&mu_);
-  if (task_ != nullptr) return;  // the helpers are awake
-  ++expect_number_;
-  work_.SignalAll();
 }
 
 void StagingCopier::Copy(absl::Span<const Part> parts) {
@@ -174,7 +144,6 @@ void StagingCopier::Copy(absl::Span<const Part> parts) {
     if (task_ == nullptr) {  // else another copy has them: this one is ours
       task_ = &task;
       ++task_number_;
-      posted_.store(task_number_, std::memory_order_release);
       work_.SignalAll();
       posted = true;
     }

@@ -33,13 +33,10 @@ struct StagingCopyOptions {
   int64_t split_bytes = int64_t{256} << 10;
   // The unit a helper or the caller takes at a time.
   int64_t chunk_bytes = int64_t{64} << 10;
-  // How long helpers woken by ExpectCopy stay awake (spinning) for the
-  // copy (0: ExpectCopy does nothing).
-  int64_t expect_spin_us = 0;
   // Copy with streaming stores (common/streaming_copy.h), so that staging
   // is not left dirty in the caches for the GPU's upload to read from
   // there. Every copy, shared or not. matmul-server sets it with the CUDA
-  // engine (--staging-copy-streaming-stores, on by default), never with
+  // engine, never with
   // the host engine, whose CPU reads the operands next.
   bool streaming_stores = false;
 };
@@ -71,12 +68,6 @@ class StagingCopier {
     absl::Span<const Piece> pieces;
     std::byte* out;
   };
-  // A copy of `bytes` comes soon (a request just arrived): helpers asleep
-  // wake now and wait for it awake, up to expect_spin_us, since waking
-  // takes about as long as a copy's first chunks. Nothing if the copy
-  // would not be shared or the helpers are at work.
-  void ExpectCopy(int64_t bytes);
-
   // Copies every part (e.g. a request's A and B, as one copy). Returns
   // when every byte is there.
   void Copy(absl::Span<const Part> parts);
@@ -121,12 +112,6 @@ class StagingCopier {
   absl::CondVar work_;                         // a task was posted, or stopping
   Task* task_ ABSL_GUARDED_BY(mu_) = nullptr;  // the shared copy, if on
   uint64_t task_number_ ABSL_GUARDED_BY(mu_) = 0;  // counts tasks posted
-  // The same count, read without mu_ by helpers awake for a copy to come.
-  std::atomic<uint64_t> posted_{0};
-  // Helpers asleep (waiting on work_); ExpectCopy takes no lock while none
-  // is, as under load.
-  std::atomic<int> asleep_{0};
-  uint64_t expect_number_ ABSL_GUARDED_BY(mu_) = 0;  // counts ExpectCopy wakes
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_;
   std::atomic<int64_t> shared_copies_{0};

@@ -1,6 +1,6 @@
 // ParseEngineKind and ChoosesCudaEngine (gpu/engine_factory.h): the engine
 // kind the server's --engine names, and whether it makes the CUDA engine
-// (matmul-server turns --staging-copy-streaming-stores on only then).
+// (matmul-server copies into staging with streaming stores only then).
 // Runs with or without a GPU, in builds with or without CUDA.
 #include "gpu/engine_factory.h"
 

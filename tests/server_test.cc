@@ -710,14 +710,13 @@ TEST(ServerTest, MultiplyCopiesOperandsOnceAndResultsNever) {
             static_cast<int64_t>(stored.a().data().size()));
 }
 
-// With staging-copy helpers (woken as each request arrives) and a split low
+// With staging-copy helpers and a split low
 // enough for every request here, operands copied partly by helpers still
 // give exact products, from many clients at once (one copy has the helpers
 // at a time; the rest copy alone), and the copier's counters move.
 TEST(ServerTest, StagingCopyHelpersKeepEveryProductExact) {
   ServerOptions options = LocalOptions();
   options.staging_copy = StagingCopyOptions{2, 4096, 4096};
-  options.staging_copy.expect_spin_us = 1000;  // woken as requests arrive
   std::unique_ptr<MatmulServer> server = StartOrDie(options, HostProvider());
   ASSERT_NE(server, nullptr);
   EXPECT_EQ(server->service().staging_copier().helpers(), 2);
@@ -741,8 +740,8 @@ TEST(ServerTest, StagingCopyHelpersKeepEveryProductExact) {
 }
 
 TEST(ServerTest, StreamingStoresKeepEveryProductExact) {
-  // --staging-copy-streaming-stores: operands of every size (a few bytes
-  // off 16-byte edges), staged alone and with the helpers.
+  // Streaming stores (the CUDA engine's staging copies): operands of every size
+  // (a few bytes off 16-byte edges), staged alone and with the helpers.
   ServerOptions options = LocalOptions();
   options.staging_copy = StagingCopyOptions{2, 4096, 4096};
   options.staging_copy.streaming_stores = true;

@@ -564,8 +564,8 @@ TEST(SharedMemoryTest, BatchedTransposedOperandsInTheRegion) {
       testing::Tolerance(DType::kFloat64, ComputeMode::kStrict));
 }
 
-// With --batch-c-shared, many clients' multiplies from and into one
-// region, waiting together, go out as gathered batches (the batching
+// By default (EngineOptions::batch_c_shared), many clients' multiplies from and
+// into one region, waiting together, go out as gathered batches (the batching
 // engine, here with a fixed window so that they wait for one another): each
 // product lands at its own offset, exact, and nothing is copied in user space.
 TEST(SharedMemoryTest, MultipliesIntoARegionBatchAndEachProductIsExact) {
@@ -580,7 +580,6 @@ TEST(SharedMemoryTest, MultipliesIntoARegionBatchAndEachProductIsExact) {
     options.staging_bytes_per_device = int64_t{256} << 20;
     options.batch_window = absl::Milliseconds(500);
     options.adaptive_batching = false;
-    options.batch_c_shared = true;
     return CreateEngine(options);
   };
   SharedMemoryServer s(std::move(batching));

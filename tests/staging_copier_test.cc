@@ -154,38 +154,6 @@ TEST(StagingCopierTest, WhenTheHelpersWakeTheyTakeChunks) {
   EXPECT_LE(copier.helper_bytes(), static_cast<int64_t>(20 * m.joined.size()));
 }
 
-TEST(StagingCopierTest, HelpersWokenAheadTakePartInTheCopy) {
-  // Awake for up to 10 s after ExpectCopy: the copy 50 ms later finds them
-  // spinning, whatever this machine's wake-up time.
-  StagingCopyOptions options{2, 4096, 4096};
-  options.expect_spin_us = 10'000'000;
-  StagingCopier copier(options);
-  const Message m = MakeMessage({16 << 20}, 11);
-  // Bounded: on a loaded machine a spinning helper may still not be
-  // scheduled during one copy.
-  for (int i = 0; i < 20 && copier.helper_bytes() == 0; ++i) {
-    copier.ExpectCopy(static_cast<int64_t>(m.joined.size()));
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    CopyAndCheck(copier, m);
-  }
-  EXPECT_GT(copier.helper_bytes(), 0);
-  // Below the split, or with no helpers, it does nothing.
-  copier.ExpectCopy(100);
-  StagingCopier alone(StagingCopyOptions{0, 4096, 4096});
-  alone.ExpectCopy(1 << 20);
-  CopyAndCheck(alone, m);
-  EXPECT_EQ(alone.helper_bytes(), 0);
-}
-
-TEST(StagingCopierTest, DestroyedWhileHelpersWaitAwake) {
-  StagingCopyOptions options{3, 4096, 4096};
-  options.expect_spin_us = 200'000;
-  StagingCopier copier(options);
-  copier.ExpectCopy(1 << 20);
-  // The destructor joins helpers that are spinning for a copy that never
-  // comes: they stop within their spin.
-}
-
 TEST(StagingCopierTest, ManyCallersAtOnceEachGetTheirOwnBytes) {
   StagingCopier copier(StagingCopyOptions{3, 4096, 4096});
   std::vector<std::thread> callers;

@@ -8,10 +8,8 @@
 //
 //   staging_copy_bench [--bytes 524288] [--piece-bytes 16384]
 //                      [--helpers 0,1,2,3] [--copies 2000] [--gap-us 400]
-//                      [--buffers 128] [--expect-lead-us -1] [--streaming]
-// With --expect-lead-us L >= 0 each copy is announced (ExpectCopy) L µs
-// before it starts, as the server does when the request arrives. With
-// --streaming the copies use streaming stores (StagingCopyOptions::
+//                      [--buffers 128] [--streaming]
+// With --streaming the copies use streaming stores (StagingCopyOptions::
 // streaming_stores).
 //
 // Prints, per helper count: copy time p50, p90 and mean in µs, GB/s at the
@@ -52,7 +50,6 @@ int main(int argc, char** argv) {
   int copies = 2000;
   int gap_us = 400;
   int buffers = 128;
-  int expect_lead_us = -1;
   bool streaming = false;
   // --streaming takes no value; the others come in pairs.
   std::vector<char*> args(argv, argv + argc);
@@ -77,8 +74,6 @@ int main(int argc, char** argv) {
       }
     } else if (arg == "--copies") {
       copies = std::atoi(argv[i + 1]);
-    } else if (arg == "--expect-lead-us") {
-      expect_lead_us = std::atoi(argv[i + 1]);
     } else if (arg == "--buffers") {
       buffers = std::atoi(argv[i + 1]);
     } else if (arg == "--gap-us") {
@@ -111,27 +106,19 @@ int main(int argc, char** argv) {
       std::vector<std::byte>(static_cast<size_t>(bytes), std::byte{1}));
   std::printf(
       "%lld bytes in %zu pieces, %d copies, %d us apart, %d buffers, "
-      "announced %d us ahead (-1: not), %s stores\n",
+      "%s stores\n",
       static_cast<long long>(bytes), messages[0].size(), copies, gap_us,
-      buffers, expect_lead_us, streaming ? "streaming" : "plain");
+      buffers, streaming ? "streaming" : "plain");
   std::printf("%8s %10s %10s %10s %8s %8s\n", "helpers", "p50 us", "p90 us",
               "mean us", "GB/s", "helped");
   for (int helpers : helper_counts) {
     matmul::StagingCopyOptions options{helpers, 1, 65536};
-    options.expect_spin_us = 100;  // what ExpectCopy's helpers wait awake
     options.streaming_stores = streaming;
     matmul::StagingCopier copier(options);
     std::vector<double> us;
     us.reserve(static_cast<size_t>(copies));
     for (int i = 0; i < copies; ++i) {
       const size_t b = static_cast<size_t>(i % buffers);
-      if (expect_lead_us >= 0) {
-        copier.ExpectCopy(bytes);
-        const auto until = std::chrono::steady_clock::now() +
-                           std::chrono::microseconds(expect_lead_us);
-        while (std::chrono::steady_clock::now() < until) {
-        }
-      }
       const auto t0 = std::chrono::steady_clock::now();
       copier.Copy(messages[b], staging[b].data());
       const auto t1 = std::chrono::steady_clock::now();

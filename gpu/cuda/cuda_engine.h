@@ -89,13 +89,6 @@ struct CudaEngineOptions {
   // submitting thread when their stream is idle and their memory and
   // staging are free at once (0: always by the lane thread).
   int64_t inline_dispatch_max_bytes = int64_t{1} << 20;
-  // How long a lane's thread stays awake after its last dispatch, checking
-  // its queue, before it sleeps until the next job is queued: a job queued
-  // meanwhile is dispatched by a thread that has not slept (no wake-up,
-  // its caches warm), at the cost of one CPU core per lane kept busy
-  // while it spins. While it is awake, submitters queue small jobs to it
-  // rather than dispatching them inline. Zero: the thread sleeps at once.
-  absl::Duration lane_spin = absl::ZeroDuration();
   // How long the poller keeps querying the end events of jobs in flight
   // after the last enqueue or completion before it sleeps until the next
   // enqueue; zero runs no poller (completion through host functions only).

@@ -76,19 +76,14 @@ void CudaEngine::Submit(std::unique_ptr<MatmulJob> job) {
       submitted = absl::Now();
       absl::MutexLock lock(&lane->mu);
       // 0 turns this off even for jobs that stage nothing.
-      // A lane thread awake for work (lane_spin) takes the job at once and
-      // makes its calls faster than the thread that has just received and
-      // copied the request (on an H100, 0.059 against 0.147 ms at n=256
-      // float32): it gets the job.
       if (options_.inline_dispatch_max_bytes > 0 && lane->queue.empty() &&
-          !lane->busy && !lane->spinning.load(std::memory_order_acquire) &&
+          !lane->busy &&
           layout->staging_bytes <= options_.inline_dispatch_max_bytes) {
         lane->busy = true;
         inline_lane = lane;
         inline_layout = *layout;
       } else {
         lane->queue.push_back({std::move(job), *layout, submitted, estimate});
-        lane->CountQueued();
         lane->cv.Signal();
         return;
       }
@@ -119,31 +114,9 @@ void CudaEngine::Submit(std::unique_ptr<MatmulJob> job) {
     // Memory or staging was not free at once: the lane thread waits for it.
     inline_lane->queue.push_front(
         {std::move(left), inline_layout, submitted, estimate});
-    inline_lane->CountQueued();
   }
   inline_lane->cv.Signal();
 }
-
-namespace {
-
-// No other lane of `lane`'s device has work queued or running: requests
-// come one at a time (c=1), and a lane awake for the next one pays. With
-// work on other lanes (concurrency) a spinning lane would only take a core
-// from the threads that receive requests: with every lane spinning, n=256
-// float32 at 64 in flight lost 0.025-0.079 of the echo's rate on an H100.
-bool AloneOnItsDevice(const CudaEngine::Lane* lane) {
-  for (const std::unique_ptr<CudaEngine::Lane>& other : lane->device->lanes) {
-    // outstanding is a sum of estimates added and taken away again: below
-    // a nanosecond it is rounding, not work.
-    if (other.get() != lane &&
-        other->outstanding.load(std::memory_order_relaxed) > 1e-9) {
-      return false;
-    }
-  }
-  return true;
-}
-
-}  // namespace
 
 void CudaEngine::LaneLoop(Lane* lane) {
   const int index = lane->device->index;
@@ -154,40 +127,16 @@ void CudaEngine::LaneLoop(Lane* lane) {
     // lane's jobs with the cause instead of running them elsewhere.
     FailDevice(lane->device, set);
   }
-  const bool spins = options_.lane_spin > absl::ZeroDuration();
   while (true) {
-    if (spins && AloneOnItsDevice(lane)) {
-      // Awake a while for the next job (CudaEngineOptions::lane_spin),
-      // while requests come one at a time; the wait below then finds it
-      // without sleeping.
-      const absl::Time until = absl::Now() + options_.lane_spin;
-      lane->spinning.store(true, std::memory_order_release);
-      while (lane->queued.load(std::memory_order_acquire) == 0 &&
-             absl::Now() < until && AloneOnItsDevice(lane)) {
-        std::this_thread::yield();
-      }
-      // A job queued from here on is found by the wait below (it is
-      // queued and signalled under mu).
-      lane->spinning.store(false, std::memory_order_release);
-    }
     Lane::Queued next;
     {
       absl::MutexLock lock(&lane->mu);
-      bool woken_idle = false;
       while (lane->busy || (lane->queue.empty() && !lane->stopping)) {
         lane->cv.Wait(&lane->mu);
-        // Woken with nothing to do (a submitter's inline dispatch has
-        // ended): a spinning lane goes back to spinning, so that the next
-        // job comes to it rather than to another inline dispatch.
-        woken_idle =
-            spins && !lane->busy && lane->queue.empty() && !lane->stopping;
-        if (woken_idle) break;
       }
-      if (woken_idle) continue;
       if (lane->queue.empty()) return;  // stopping, and nothing is left
       next = std::move(lane->queue.front());
       lane->queue.pop_front();
-      lane->CountQueued();
       lane->busy = true;
     }
     Dispatch(lane, std::move(next.job), next.layout, next.submitted,

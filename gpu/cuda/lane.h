@@ -39,16 +39,6 @@ struct CudaEngine::Lane {
     double estimate = 0;
   };
   std::deque<Queued> queue ABSL_GUARDED_BY(mu);
-  // queue.size(), written under mu (CountQueued, after each change to the
-  // queue), read without it by the lane's thread while it spins
-  // (CudaEngineOptions::lane_spin).
-  std::atomic<int64_t> queued{0};
-  void CountQueued() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    queued.store(static_cast<int64_t>(queue.size()), std::memory_order_release);
-  }
-  // The lane's thread is awake for its next job (lane_spin): a submitter
-  // then queues a small job to it instead of dispatching it itself.
-  std::atomic<bool> spinning{false};
   // A thread (the lane's own or a submitter) is dispatching onto the stream.
   bool busy ABSL_GUARDED_BY(mu) = false;
   bool stopping ABSL_GUARDED_BY(mu) = false;

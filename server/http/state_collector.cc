@@ -128,8 +128,7 @@ std::vector<MetricFamily> EngineFamilies(const EngineStats& stats) {
   MetricFamily graph_jobs =
       Family("matmul_device_graph_jobs_total",
              "Jobs launched by replaying a CUDA graph recorded for their "
-             "stream and shape (--cuda-graphs-per-stream; 0 when off and on "
-             "the host engine).",
+             "stream and shape (0 on the host engine).",
              MetricType::Counter);
   MetricFamily graphs_recorded =
       Family("matmul_device_graphs_recorded_total",
@@ -284,15 +283,14 @@ std::vector<MetricFamily> StateCollector::Collect() const {
   MetricFamily copy_helpers =
       Family("matmul_staging_copy_helpers",
              "Threads that take part in large copies of inline operands into "
-             "staging (--staging-copy-threads).",
+             "staging (0 below 4 usable cores).",
              MetricType::Gauge);
   AddGauge(copy_helpers, {}, copier.helpers());
   out.push_back(std::move(copy_helpers));
   MetricFamily shared_copies = Family(
       "matmul_staging_copies_shared_total",
       "Copies of a request's inline operands into staging that the helpers "
-      "were offered (at least --staging-copy-split-bytes, while no other "
-      "copy had them).",
+      "were offered (at least 256 KiB, while no other copy had them).",
       MetricType::Counter);
   AddCounter(shared_copies, {}, static_cast<double>(copier.shared_copies()));
   out.push_back(std::move(shared_copies));

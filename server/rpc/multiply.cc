@@ -221,9 +221,6 @@ void MultiplyReactor::Start() {
     return;
   }
   wire_ = std::move(*wire);
-  // The operands' copy into staging comes in a few microseconds: helpers
-  // that take part in a large one wake now, not when it starts.
-  state_.staging_copier.ExpectCopy(wire_.a.data_bytes + wire_.b.data_bytes);
 
   JobDescription job;
   MultiplyOp multiply;

@@ -346,8 +346,6 @@ struct CompletionMode {
   int pollers = 1;
   // CudaEngineOptions::timed_job_every.
   int timed_job_every = 1;
-  // CudaEngineOptions::lane_spin.
-  absl::Duration lane_spin = absl::ZeroDuration();
 };
 
 // A job's size: 1-256 (or 16-256) at random, or, in a mode with graphs,
@@ -391,7 +389,6 @@ class CudaEngineCompletionTest
     options.job_graphs_per_stream = GetParam().job_graphs_per_stream;
     options.pollers_per_device = GetParam().pollers;
     options.timed_job_every = GetParam().timed_job_every;
-    options.lane_spin = GetParam().lane_spin;
     absl::StatusOr<std::unique_ptr<CudaEngine>> engine =
         CudaEngine::Create(options);
     EXPECT_TRUE(engine.ok()) << engine.status();
@@ -533,15 +530,7 @@ INSTANTIATE_TEST_SUITE_P(
         CompletionMode{"InlinePollOnlyOneInThreeTimed", int64_t{1} << 20,
                        absl::Milliseconds(1), int64_t{1} << 20, 0, 1, 3},
         CompletionMode{"LaneAndHostFunctionOneInThreeTimed", 0,
-                       absl::ZeroDuration(), 0, 0, 1, 3},
-        // Lane threads awake 2 ms after each dispatch: jobs queued
-        // meanwhile are taken without a wake-up, and Shutdown still ends
-        // the lanes; with submitters dispatching as well.
-        CompletionMode{"SpinningLaneAndPoller", 0, absl::Milliseconds(1), 0, 0,
-                       1, 1, absl::Milliseconds(2)},
-        CompletionMode{"InlineAndSpinningLane", int64_t{1} << 20,
-                       absl::Milliseconds(1), 0, 0, 1, 1,
-                       absl::Milliseconds(2)}),
+                       absl::ZeroDuration(), 0, 0, 1, 3}),
     [](const ::testing::TestParamInfo<CompletionMode>& info) {
       return std::string(info.param.name);
     });
