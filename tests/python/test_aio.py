@@ -163,6 +163,31 @@ def test_errors_carry_the_grpc_code(server, small_server, engine: str) -> None:
 
 
 @pytest.mark.parametrize("engine", ENGINES)
+def test_errors_are_grpc_rpc_errors(server, engine: str) -> None:
+    """Code written for grpc.aio (``except grpc.RpcError``, then grpc's
+    ``code()`` and ``details()``) handles AsyncClient's errors."""
+    mismatched = (np.ones((3, 4)), np.ones((5, 6)))
+
+    async def main() -> None:
+        async with make_async_client(server.target, engine, timeout=60) as c:
+            for call, code, details in (
+                (lambda: c.multiply(*mismatched), grpc.StatusCode.INVALID_ARGUMENT, "inner dimensions differ"),
+                (lambda: c.multiply_streamed(*mismatched, chunk_bytes=64),
+                 grpc.StatusCode.INVALID_ARGUMENT, "inner dimensions differ"),
+                (lambda: c.download("h-no-such-handle"), grpc.StatusCode.NOT_FOUND, "h-no-such-handle"),
+            ):
+                try:
+                    await call()
+                except grpc.RpcError as error:
+                    assert error.code() is code, error
+                    assert type(error.details()) is str and details in error.details(), error
+                else:
+                    pytest.fail(f"no error; expected {code.name}")
+
+    run(main())
+
+
+@pytest.mark.parametrize("engine", ENGINES)
 def test_wait_for_connected(server, engine: str) -> None:
     async def main() -> None:
         async with make_async_client(server.target, engine) as c:

@@ -255,6 +255,67 @@ def test_inner_dimension_mismatch(client: Client) -> None:
     assert str(error) == f"INVALID_ARGUMENT: {error.details()}"
 
 
+_MISMATCHED = (np.ones((3, 4)), np.ones((5, 6)))
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda c: c.multiply(*_MISMATCHED),
+        lambda c: c.multiply_streamed(*_MISMATCHED, chunk_bytes=64),
+        lambda c: c.multiply_streamed(*_MISMATCHED, chunk_bytes=64, stripes=2),
+        lambda c: c.multiply_async(*_MISMATCHED).result(timeout=60),
+    ],
+    ids=["multiply", "multiply_streamed", "striped", "multiply_async"],
+)
+def test_errors_are_grpc_rpc_errors(client: Client, call) -> None:
+    """Code written for grpcio handles the client's errors as grpc's own:
+    ``except grpc.RpcError``, then grpc's ``code()`` and ``details()``."""
+    try:
+        call(client)
+    except grpc.RpcError as error:
+        assert error.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert type(error.details()) is str
+        assert "inner dimensions differ" in error.details()
+        assert isinstance(error, MatmulError)
+    else:
+        pytest.fail("the server multiplied operands whose inner dimensions differ")
+
+
+def test_error_attributes_of_before_still_read(client: Client) -> None:
+    """``.details`` is still the message and ``.code`` still compares equal
+    to the code (with a DeprecationWarning) as when they were attributes."""
+    with pytest.raises(MatmulError) as raised:
+        client.multiply(*_MISMATCHED)
+    error = raised.value
+    assert "inner dimensions differ" in error.details
+    assert error.details == error.details() and error.args == (error.code(), error.details())
+    with pytest.warns(DeprecationWarning, match=r"use error\.code\(\)"):
+        assert error.code == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.warns(DeprecationWarning):
+        assert error.code != grpc.StatusCode.NOT_FOUND
+    with pytest.warns(DeprecationWarning):
+        assert error.code.name == "INVALID_ARGUMENT"
+    with pytest.warns(DeprecationWarning):
+        assert error.code in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT)
+    with pytest.warns(DeprecationWarning):
+        assert {grpc.StatusCode.INVALID_ARGUMENT: "shape"}[error.code] == "shape"
+
+
+def test_error_metadata_is_the_grpc_calls(client: Client) -> None:
+    """The rest of grpc.RpcError's methods: the pure-Python engine's errors
+    keep the failed gRPC call's; the native core has none to give."""
+    with pytest.raises(MatmulError) as raised:
+        client.multiply(*_MISMATCHED)
+    error = raised.value
+    if client.native:
+        assert error.initial_metadata() is None and error.trailing_metadata() is None
+        assert error.debug_error_string() is None
+    else:
+        assert isinstance(error.trailing_metadata(), tuple)
+        assert "inner dimensions differ" in error.debug_error_string()
+
+
 def test_transpose_makes_inner_dimensions_mismatch(client: Client) -> None:
     with pytest.raises(MatmulError) as raised:
         client.multiply(np.ones((3, 4)), np.ones((4, 6)), transpose_a=True)

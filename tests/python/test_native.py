@@ -129,6 +129,28 @@ def test_errors_carry_the_grpc_code(client: Client, small_server) -> None:
         assert big.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
+def test_native_core_errors_are_grpc_rpc_errors(server) -> None:
+    """The native core's failures (StatusError inside) reach the caller as
+    grpc.RpcErrors with grpc's code() and details()."""
+    with make_client(server.target, "native", timeout=60) as c:
+        for call, code, details in (
+            (lambda: c.multiply(np.ones((2, 3)), np.ones((4, 2))),
+             grpc.StatusCode.INVALID_ARGUMENT, "inner dimensions"),
+            (lambda: c.multiply_streamed(np.ones((2, 3)), np.ones((4, 2)), stripes=2),
+             grpc.StatusCode.INVALID_ARGUMENT, "inner dimensions"),
+            (lambda: c.multiply_async(np.ones((2, 3)), np.ones((4, 2))).result(timeout=_WAIT_S),
+             grpc.StatusCode.INVALID_ARGUMENT, "inner dimensions"),
+            (lambda: c.download("h-no-such-handle"), grpc.StatusCode.NOT_FOUND, "h-no-such-handle"),
+        ):
+            try:
+                call()
+            except grpc.RpcError as error:
+                assert error.code() is code, error
+                assert details in error.details(), error
+            else:
+                pytest.fail(f"no error; expected {code.name}")
+
+
 @pytest.mark.parametrize("engine", ENGINES)
 def test_unreachable_is_unavailable(engine: str) -> None:
     with socket.socket() as s:
