@@ -119,10 +119,10 @@ def test_stored_tensors(server, engine: str) -> None:
             for gone in (ha, hab):
                 with pytest.raises(MatmulError) as raised:
                     await c.download(gone)
-                assert raised.value.code is grpc.StatusCode.NOT_FOUND
+                assert raised.value.code() is grpc.StatusCode.NOT_FOUND
             with pytest.raises(MatmulError) as raised:
                 await c.delete(ha)
-            assert raised.value.code is grpc.StatusCode.NOT_FOUND
+            assert raised.value.code() is grpc.StatusCode.NOT_FOUND
 
     run(main())
 
@@ -133,16 +133,16 @@ def test_errors_carry_the_grpc_code(server, small_server, engine: str) -> None:
         async with make_async_client(server.target, engine, timeout=60) as c:
             with pytest.raises(MatmulError) as raised:
                 await c.multiply(np.ones((3, 4)), np.ones((5, 6)))
-            assert raised.value.code is grpc.StatusCode.INVALID_ARGUMENT
+            assert raised.value.code() is grpc.StatusCode.INVALID_ARGUMENT
             with pytest.raises(MatmulError) as raised:
                 await c.multiply(np.ones((2, 2)), np.ones((2, 3)), transpose_b=True)
-            assert raised.value.code is grpc.StatusCode.INVALID_ARGUMENT
+            assert raised.value.code() is grpc.StatusCode.INVALID_ARGUMENT
             with pytest.raises(MatmulError) as raised:
                 await c.multiply_streamed(np.ones((3, 4)), np.ones((5, 6)))
-            assert raised.value.code is grpc.StatusCode.INVALID_ARGUMENT
+            assert raised.value.code() is grpc.StatusCode.INVALID_ARGUMENT
             with pytest.raises(MatmulError) as raised:
                 await c.download("h-no-such-handle")
-            assert raised.value.code is grpc.StatusCode.NOT_FOUND
+            assert raised.value.code() is grpc.StatusCode.NOT_FOUND
             # Arguments that could never be sent raise before any await.
             with pytest.raises(ValueError):
                 await c.multiply(np.ones(3), np.ones((3, 3)))
@@ -153,11 +153,36 @@ def test_errors_carry_the_grpc_code(server, small_server, engine: str) -> None:
         async with make_async_client(small_server.target, engine, timeout=60) as small:
             with pytest.raises(MatmulError) as raised:
                 await small.multiply(np.ones((200, 1)), np.ones((1, 200)))
-            assert raised.value.code is grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert raised.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
         async with make_async_client(f"127.0.0.1:{_free_port()}", engine, timeout=30) as nowhere:
             with pytest.raises(MatmulError) as raised:
                 await nowhere.multiply(np.ones((2, 2)), np.ones((2, 2)))
-            assert raised.value.code is grpc.StatusCode.UNAVAILABLE
+            assert raised.value.code() is grpc.StatusCode.UNAVAILABLE
+
+    run(main())
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_errors_are_grpc_rpc_errors(server, engine: str) -> None:
+    """Code written for grpc.aio (``except grpc.RpcError``, then grpc's
+    ``code()`` and ``details()``) handles AsyncClient's errors."""
+    mismatched = (np.ones((3, 4)), np.ones((5, 6)))
+
+    async def main() -> None:
+        async with make_async_client(server.target, engine, timeout=60) as c:
+            for call, code, details in (
+                (lambda: c.multiply(*mismatched), grpc.StatusCode.INVALID_ARGUMENT, "inner dimensions differ"),
+                (lambda: c.multiply_streamed(*mismatched, chunk_bytes=64),
+                 grpc.StatusCode.INVALID_ARGUMENT, "inner dimensions differ"),
+                (lambda: c.download("h-no-such-handle"), grpc.StatusCode.NOT_FOUND, "h-no-such-handle"),
+            ):
+                try:
+                    await call()
+                except grpc.RpcError as error:
+                    assert error.code() is code, error
+                    assert type(error.details()) is str and details in error.details(), error
+                else:
+                    pytest.fail(f"no error; expected {code.name}")
 
     run(main())
 
@@ -174,7 +199,7 @@ def test_wait_for_connected(server, engine: str) -> None:
             with pytest.raises(MatmulError) as raised:
                 await nowhere.wait_for_connected(timeout=0.3)
             waited = asyncio.get_running_loop().time() - started
-            assert raised.value.code is grpc.StatusCode.DEADLINE_EXCEEDED, raised.value
+            assert raised.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED, raised.value
             assert 0.25 <= waited < 10, waited
 
     run(main())
@@ -269,11 +294,11 @@ def test_deadline_exceeded(holding, engine: str) -> None:
         async with make_async_client(target, engine) as c:
             with pytest.raises(MatmulError) as raised:
                 await c.multiply(_A, _B, timeout=0.2)
-            assert raised.value.code is grpc.StatusCode.DEADLINE_EXCEEDED
+            assert raised.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
         async with make_async_client(target, engine, timeout=0.2) as hasty:
             with pytest.raises(MatmulError) as raised:
                 await hasty.multiply(_A, _B)  # the client's default timeout
-            assert raised.value.code is grpc.StatusCode.DEADLINE_EXCEEDED
+            assert raised.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
 
     run(main())
     assert servicer.entered.acquire(timeout=_WAIT_S)
@@ -358,7 +383,7 @@ def test_cancelling_any_call_cancels_its_rpc(holding, engine: str, method: str) 
             else:
                 with pytest.raises(MatmulError) as raised:
                     await c.multiply_streamed(_A, _B)
-                assert raised.value.code is grpc.StatusCode.UNIMPLEMENTED
+                assert raised.value.code() is grpc.StatusCode.UNIMPLEMENTED
             np.testing.assert_array_equal(await c.multiply(_A, _B), _A @ _B)
 
     run(main())

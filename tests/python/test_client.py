@@ -235,7 +235,7 @@ def test_health_serving(client: Client, service: str) -> None:
 def test_health_unknown_service(client: Client) -> None:
     with pytest.raises(MatmulError) as raised:
         client.health("no.such.Service")
-    assert raised.value.code is grpc.StatusCode.NOT_FOUND
+    assert raised.value.code() is grpc.StatusCode.NOT_FOUND
 
 
 def test_dns_target_with_round_robin(server) -> None:
@@ -250,28 +250,89 @@ def test_inner_dimension_mismatch(client: Client) -> None:
     with pytest.raises(MatmulError) as raised:
         client.multiply(np.ones((3, 4)), np.ones((5, 6)))
     error = raised.value
-    assert error.code is grpc.StatusCode.INVALID_ARGUMENT
+    assert error.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "inner dimensions differ" in error.details()
+    assert str(error) == f"INVALID_ARGUMENT: {error.details()}"
+
+
+_MISMATCHED = (np.ones((3, 4)), np.ones((5, 6)))
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda c: c.multiply(*_MISMATCHED),
+        lambda c: c.multiply_streamed(*_MISMATCHED, chunk_bytes=64),
+        lambda c: c.multiply_streamed(*_MISMATCHED, chunk_bytes=64, stripes=2),
+        lambda c: c.multiply_async(*_MISMATCHED).result(timeout=60),
+    ],
+    ids=["multiply", "multiply_streamed", "striped", "multiply_async"],
+)
+def test_errors_are_grpc_rpc_errors(client: Client, call) -> None:
+    """Code written for grpcio handles the client's errors as grpc's own:
+    ``except grpc.RpcError``, then grpc's ``code()`` and ``details()``."""
+    try:
+        call(client)
+    except grpc.RpcError as error:
+        assert error.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert type(error.details()) is str
+        assert "inner dimensions differ" in error.details()
+        assert isinstance(error, MatmulError)
+    else:
+        pytest.fail("the server multiplied operands whose inner dimensions differ")
+
+
+def test_error_attributes_of_before_still_read(client: Client) -> None:
+    """``.details`` is still the message and ``.code`` still compares equal
+    to the code (with a DeprecationWarning) as when they were attributes."""
+    with pytest.raises(MatmulError) as raised:
+        client.multiply(*_MISMATCHED)
+    error = raised.value
     assert "inner dimensions differ" in error.details
-    assert str(error) == f"INVALID_ARGUMENT: {error.details}"
+    assert error.details == error.details() and error.args == (error.code(), error.details())
+    with pytest.warns(DeprecationWarning, match=r"use error\.code\(\)"):
+        assert error.code == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.warns(DeprecationWarning):
+        assert error.code != grpc.StatusCode.NOT_FOUND
+    with pytest.warns(DeprecationWarning):
+        assert error.code.name == "INVALID_ARGUMENT"
+    with pytest.warns(DeprecationWarning):
+        assert error.code in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT)
+    with pytest.warns(DeprecationWarning):
+        assert {grpc.StatusCode.INVALID_ARGUMENT: "shape"}[error.code] == "shape"
+
+
+def test_error_metadata_is_the_grpc_calls(client: Client) -> None:
+    """The rest of grpc.RpcError's methods: the pure-Python engine's errors
+    keep the failed gRPC call's; the native core has none to give."""
+    with pytest.raises(MatmulError) as raised:
+        client.multiply(*_MISMATCHED)
+    error = raised.value
+    if client.native:
+        assert error.initial_metadata() is None and error.trailing_metadata() is None
+        assert error.debug_error_string() is None
+    else:
+        assert isinstance(error.trailing_metadata(), tuple)
+        assert "inner dimensions differ" in error.debug_error_string()
 
 
 def test_transpose_makes_inner_dimensions_mismatch(client: Client) -> None:
     with pytest.raises(MatmulError) as raised:
         client.multiply(np.ones((3, 4)), np.ones((4, 6)), transpose_a=True)
-    assert raised.value.code is grpc.StatusCode.INVALID_ARGUMENT
+    assert raised.value.code() is grpc.StatusCode.INVALID_ARGUMENT
 
 
 def test_batch_mismatch(client: Client) -> None:
     with pytest.raises(MatmulError) as raised:
         client.multiply(np.ones((2, 3, 4)), np.ones((3, 4, 5)))
-    assert raised.value.code is grpc.StatusCode.INVALID_ARGUMENT
-    assert "batch dimensions differ" in raised.value.details
+    assert raised.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "batch dimensions differ" in raised.value.details()
 
 
 def test_zero_sized_dimension(client: Client) -> None:
     with pytest.raises(MatmulError) as raised:
         client.multiply(np.ones((0, 3)), np.ones((3, 2)))
-    assert raised.value.code is grpc.StatusCode.INVALID_ARGUMENT
+    assert raised.value.code() is grpc.StatusCode.INVALID_ARGUMENT
 
 
 def test_mixed_dtypes_refused_by_client(client: Client) -> None:
@@ -326,8 +387,8 @@ def test_operand_over_element_limit(small_server) -> None:
         assert small.server_info().limits.max_elements_per_operand == 10_000
         with pytest.raises(MatmulError) as raised:
             small.multiply(np.ones((101, 100), np.float16), np.ones((100, 2), np.float16))
-    assert raised.value.code is grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert "elements per operand" in raised.value.details
+    assert raised.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "elements per operand" in raised.value.details()
 
 
 def test_request_over_message_limit(small_server) -> None:
@@ -335,15 +396,15 @@ def test_request_over_message_limit(small_server) -> None:
         assert small.server_info().limits.max_message_bytes == 65_536
         with pytest.raises(MatmulError) as raised:
             small.multiply(np.ones((90, 100)), np.ones((100, 1)))  # 72 KB, 9,000 elements.
-    assert raised.value.code is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert raised.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
 def test_result_over_message_limit(small_server) -> None:
     with Client(small_server.target, timeout=30) as small:
         with pytest.raises(MatmulError) as raised:
             small.multiply(np.ones((100, 1)), np.ones((1, 100)))  # C: 80 KB.
-    assert raised.value.code is grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert "max message size" in raised.value.details
+    assert raised.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "max message size" in raised.value.details()
 
 
 def test_client_option_overrides_default(server) -> None:
@@ -352,7 +413,7 @@ def test_client_option_overrides_default(server) -> None:
         limited.multiply(np.ones((4, 4)), np.ones((4, 4)))
         with pytest.raises(MatmulError) as raised:
             limited.multiply(np.ones((40, 4)), np.ones((4, 40)))  # C: 12.8 KB.
-    assert raised.value.code is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert raised.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
 @pytest.fixture(scope="module")
@@ -365,14 +426,14 @@ def big_operands() -> Tuple[np.ndarray, np.ndarray]:
 def test_deadline_exceeded(client: Client, big_operands) -> None:
     with pytest.raises(MatmulError) as raised:
         client.multiply(*big_operands, timeout=0.001)
-    assert raised.value.code is grpc.StatusCode.DEADLINE_EXCEEDED
+    assert raised.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
 
 
 def test_client_default_timeout(server, big_operands) -> None:
     with Client(server.target, timeout=0.001) as hasty:
         with pytest.raises(MatmulError) as raised:
             hasty.multiply(*big_operands)
-    assert raised.value.code is grpc.StatusCode.DEADLINE_EXCEEDED
+    assert raised.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -393,8 +454,8 @@ def test_wait_for_connected_with_no_server_runs_out_its_timeout(engine: str) -> 
         with pytest.raises(MatmulError) as raised:
             nowhere.wait_for_connected(timeout=0.3)
         waited = time.monotonic() - started
-    assert raised.value.code is grpc.StatusCode.DEADLINE_EXCEEDED, raised.value
-    assert "not connected after" in raised.value.details
+    assert raised.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED, raised.value
+    assert "not connected after" in raised.value.details()
     assert 0.25 <= waited < 10, waited
 
 
@@ -402,10 +463,10 @@ def test_unreachable_server() -> None:
     with Client(f"127.0.0.1:{free_port()}", timeout=30) as nowhere:
         with pytest.raises(MatmulError) as raised:
             nowhere.multiply(np.ones((2, 2)), np.ones((2, 2)))
-        assert raised.value.code is grpc.StatusCode.UNAVAILABLE
+        assert raised.value.code() is grpc.StatusCode.UNAVAILABLE
         future = nowhere.multiply_async(np.ones((2, 2)), np.ones((2, 2)))
         assert isinstance(future.exception(timeout=30), MatmulError)
-        assert future.exception().code is grpc.StatusCode.UNAVAILABLE
+        assert future.exception().code() is grpc.StatusCode.UNAVAILABLE
 
 
 # --- concurrency ----------------------------------------------------------------
@@ -437,7 +498,7 @@ def test_many_async_multiplies(client: Client) -> None:
 def test_async_error_is_set_on_the_future(client: Client) -> None:
     future = client.multiply_async(np.ones((3, 4)), np.ones((5, 6)))
     error = future.exception(timeout=30)
-    assert isinstance(error, MatmulError) and error.code is grpc.StatusCode.INVALID_ARGUMENT
+    assert isinstance(error, MatmulError) and error.code() is grpc.StatusCode.INVALID_ARGUMENT
     with pytest.raises(MatmulError):
         future.result()
 
@@ -506,15 +567,15 @@ def test_multiply_streamed_striped_matches_numpy(client: Client, stripes: int) -
     # The server's error, with its code.
     with pytest.raises(MatmulError) as mismatch:
         client.multiply_streamed(a, a, stripes=stripes)
-    assert mismatch.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert mismatch.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
 def test_multiply_streamed_errors(client: Client) -> None:
     a = np.ones((4, 5), np.float32)
     with pytest.raises(MatmulError) as mismatch:
         client.multiply_streamed(a, a)
-    assert mismatch.value.code == grpc.StatusCode.INVALID_ARGUMENT
-    assert "5" in mismatch.value.details
+    assert mismatch.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "5" in mismatch.value.details()
     with pytest.raises(ValueError):
         client.multiply_streamed(a, a.T, chunk_bytes=0)
     # Striping takes 1 to 16 calls; refused before anything is sent.

@@ -62,8 +62,8 @@ def test_sigterm_drains_in_flight_work_and_refuses_new_work():
     small = rng.standard_normal((8, 8)).astype(np.float32)
     with pytest.raises(matmul_client.MatmulError) as refused:
         client.multiply(small, small, timeout=5)
-    assert refused.value.code.name == "UNAVAILABLE"
-    assert "shutting down" in refused.value.details
+    assert refused.value.code().name == "UNAVAILABLE"
+    assert "shutting down" in refused.value.details()
 
     expected = a @ b
     for call in long_calls:

@@ -117,16 +117,38 @@ def test_bfloat16_on_both_engines(server) -> None:
 def test_errors_carry_the_grpc_code(client: Client, small_server) -> None:
     with pytest.raises(MatmulError) as mismatch:
         client.multiply(np.ones((2, 3), np.float32), np.ones((4, 2), np.float32))
-    assert mismatch.value.code is grpc.StatusCode.INVALID_ARGUMENT
-    assert "inner dimensions" in mismatch.value.details
+    assert mismatch.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "inner dimensions" in mismatch.value.details()
     with pytest.raises(MatmulError) as batch:
         client.multiply_streamed(np.ones((2, 3, 3), np.float32), np.ones((4, 3, 3), np.float32))
-    assert batch.value.code is grpc.StatusCode.INVALID_ARGUMENT
+    assert batch.value.code() is grpc.StatusCode.INVALID_ARGUMENT
     engine = "native" if client.native else "pure"
     with make_client(small_server.target, engine, timeout=30) as small:
         with pytest.raises(MatmulError) as big:
             small.multiply(np.ones((200, 200), np.float32), np.ones((200, 200), np.float32))
-        assert big.value.code is grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert big.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def test_native_core_errors_are_grpc_rpc_errors(server) -> None:
+    """The native core's failures (StatusError inside) reach the caller as
+    grpc.RpcErrors with grpc's code() and details()."""
+    with make_client(server.target, "native", timeout=60) as c:
+        for call, code, details in (
+            (lambda: c.multiply(np.ones((2, 3)), np.ones((4, 2))),
+             grpc.StatusCode.INVALID_ARGUMENT, "inner dimensions"),
+            (lambda: c.multiply_streamed(np.ones((2, 3)), np.ones((4, 2)), stripes=2),
+             grpc.StatusCode.INVALID_ARGUMENT, "inner dimensions"),
+            (lambda: c.multiply_async(np.ones((2, 3)), np.ones((4, 2))).result(timeout=_WAIT_S),
+             grpc.StatusCode.INVALID_ARGUMENT, "inner dimensions"),
+            (lambda: c.download("h-no-such-handle"), grpc.StatusCode.NOT_FOUND, "h-no-such-handle"),
+        ):
+            try:
+                call()
+            except grpc.RpcError as error:
+                assert error.code() is code, error
+                assert details in error.details(), error
+            else:
+                pytest.fail(f"no error; expected {code.name}")
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -138,7 +160,7 @@ def test_unreachable_is_unavailable(engine: str) -> None:
         for call in (nowhere.multiply, nowhere.multiply_streamed):
             with pytest.raises(MatmulError) as raised:
                 call(np.ones((2, 2)), np.ones((2, 2)))
-            assert raised.value.code is grpc.StatusCode.UNAVAILABLE
+            assert raised.value.code() is grpc.StatusCode.UNAVAILABLE
 
 
 def test_native_choice(server) -> None:

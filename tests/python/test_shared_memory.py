@@ -154,10 +154,10 @@ def test_unregister(shm_server: ServerProcess) -> None:
             assert list_regions(client) == []
             with pytest.raises(MatmulError) as error:
                 shm.multiply(a, a)
-            assert error.value.code == grpc.StatusCode.NOT_FOUND
+            assert error.value.code() == grpc.StatusCode.NOT_FOUND
             with pytest.raises(MatmulError) as error:
                 shm.unregister()
-            assert error.value.code == grpc.StatusCode.NOT_FOUND
+            assert error.value.code() == grpc.StatusCode.NOT_FOUND
 
 
 def test_another_client_cannot_use_or_unregister_the_region(shm_server: ServerProcess) -> None:
@@ -166,7 +166,7 @@ def test_another_client_cannot_use_or_unregister_the_region(shm_server: ServerPr
             assert list_regions(other) == []
             with pytest.raises(MatmulError) as error:
                 unregister(other, shm.region_id)
-            assert error.value.code == grpc.StatusCode.NOT_FOUND
+            assert error.value.code() == grpc.StatusCode.NOT_FOUND
             a = shm.array(np.ones((4, 4), np.float32))
             ref = matmul_pb2.SharedMemoryRef(region_id=shm.region_id, offset=shm.offset_of(a))
             request = matmul_pb2.MultiplyRequest(
@@ -255,7 +255,7 @@ def test_registration_errors(shm_server: ServerProcess) -> None:
         # Over the quota of stored bytes.
         with pytest.raises(MatmulError) as error:
             client.shared_memory(QUOTA_BYTES + 4096)
-        assert error.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         # A name that does not exist, or one that is not a shm_open name.
         for name in ("/matmul-no-such-object", "no-slash", "/a/b"):
             request = matmul_pb2.RegisterSharedMemoryRequest(name=name, bytes=4096)
@@ -270,10 +270,10 @@ def test_tcp_client_is_refused(shm_server: ServerProcess) -> None:
     with matmul_client.Client(shm_server.target, timeout=60, client_id="shm-tcp") as client:
         with pytest.raises(MatmulError) as error:
             client.shared_memory(4096)
-        assert error.value.code == grpc.StatusCode.PERMISSION_DENIED
+        assert error.value.code() == grpc.StatusCode.PERMISSION_DENIED
         with pytest.raises(MatmulError) as error:
             list_regions(client)
-        assert error.value.code == grpc.StatusCode.PERMISSION_DENIED
+        assert error.value.code() == grpc.StatusCode.PERMISSION_DENIED
     # The refused session removed its object.
     assert not {n for n in set(os.listdir("/dev/shm")) - before if n.startswith(f"matmul-{os.getpid()}-")}
 

@@ -119,14 +119,14 @@ def test_tls_failures_are_unavailable(pki, mtls_target: str, case: str) -> None:
     with Client(mtls_target, timeout=30, tls=tls) as client:
         with pytest.raises(MatmulError) as raised:
             client.health()
-    assert raised.value.code is grpc.StatusCode.UNAVAILABLE
+    assert raised.value.code() is grpc.StatusCode.UNAVAILABLE
 
 
 def test_tls_to_plaintext_server_is_unavailable(server) -> None:
     with Client(server.target, timeout=30, tls=True) as client:
         with pytest.raises(MatmulError) as raised:
             client.health()
-    assert raised.value.code is grpc.StatusCode.UNAVAILABLE
+    assert raised.value.code() is grpc.StatusCode.UNAVAILABLE
 
 
 _A = np.arange(6, dtype=np.float32).reshape(2, 3)
@@ -156,4 +156,4 @@ def test_multiply_tls_failures_are_unavailable(pki, mtls_target: str, engine: st
     with make_client(mtls_target, engine, timeout=30, tls=tls) as client:
         with pytest.raises(MatmulError) as raised:
             client.multiply(_A, _B)
-    assert raised.value.code is grpc.StatusCode.UNAVAILABLE
+    assert raised.value.code() is grpc.StatusCode.UNAVAILABLE

@@ -102,7 +102,7 @@ class Handle:
         try:
             self.delete()
         except MatmulError as error:
-            if error.code is grpc.StatusCode.NOT_FOUND or exc_type is not None:
+            if error.code() is grpc.StatusCode.NOT_FOUND or exc_type is not None:
                 return
             raise
         except Exception:

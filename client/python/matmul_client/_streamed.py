@@ -188,6 +188,8 @@ def _multiply_stream(
     try:
         for response in stub.MultiplyStream(messages, timeout=timeout, metadata=metadata):
             product.add(response)
+    except MatmulError:
+        raise  # The stream's own error, or a malformed product (an RpcError too).
     except grpc.RpcError as error:
         raise MatmulError.from_call(error) from error
     return product.result(wire)
@@ -226,10 +228,10 @@ def _multiply_striped(
             for response in call:
                 product.add(response)
             return
+        except MatmulError as error:  # Before RpcError, which it is.
+            failure = error
         except grpc.RpcError as error:
             failure = MatmulError.from_call(error)
-        except MatmulError as error:
-            failure = error
         with lock:
             errors.append(failure)
         for other in calls:

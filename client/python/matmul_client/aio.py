@@ -217,6 +217,8 @@ class AsyncClient:
                 requests(), timeout=deadline, metadata=self._metadata
             ):
                 product.add(response)
+        except MatmulError:
+            raise  # The stream's own error, or a malformed product (an RpcError too).
         except grpc.RpcError as error:
             raise MatmulError.from_call(error) from error
         return product.result(wire)
@@ -364,7 +366,7 @@ class AsyncClient:
                 return
             except _native.StatusError as error:
                 failure = _native_error(error)
-                if failure.code != grpc.StatusCode.DEADLINE_EXCEEDED:
+                if failure.code() is not grpc.StatusCode.DEADLINE_EXCEEDED:
                     raise failure from None
             if left is not None and left <= step:
                 raise timed_out()

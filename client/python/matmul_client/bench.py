@@ -88,7 +88,7 @@ def run_point(
                 ok = True
             except MatmulError as error:
                 ok = False
-                code = error.code.name
+                code = error.code().name
             t1 = time.perf_counter()
             if t0 >= record_from and t1 <= stop_at:
                 if ok:
@@ -157,7 +157,7 @@ def run_point_aio(
                         await client.multiply(a, b, timeout=timeout)
                         code = None
                     except MatmulError as error:
-                        code = error.code.name
+                        code = error.code().name
                     t1 = time.perf_counter()
                     if t0 >= record_from and t1 <= stop_at:
                         if code is None:
