@@ -10,21 +10,12 @@
 #include <cstring>
 #include <utility>
 
-#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "common/bounded_text.h"
+#include "common/capability_id.h"
 
 namespace matmul {
 namespace {
-
-std::string NewRegionId() {
-  static absl::Mutex mu(absl::kConstInit);
-  static absl::BitGen* gen = new absl::BitGen;
-  absl::MutexLock lock(&mu);
-  return absl::StrFormat("shm-%016x%016x", absl::Uniform<uint64_t>(*gen),
-                         absl::Uniform<uint64_t>(*gen));
-}
 
 absl::Status CheckName(const std::string& name) {
   if (name.size() < 2 || name[0] != '/' ||
@@ -185,7 +176,9 @@ SharedMemoryRegistry::Register(const std::string& owner,
                        registration.status().message()));
     }
     region->registration_ = std::move(*registration);
-    region->id_ = NewRegionId();
+    absl::StatusOr<std::string> id = NewCapabilityId("shm-");
+    if (!id.ok()) return id.status();
+    region->id_ = std::move(*id);
     return absl::OkStatus();
   }();
   if (!status.ok()) {

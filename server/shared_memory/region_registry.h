@@ -14,7 +14,8 @@
 // ended) while a multiply uses it leaves the registry at once but is
 // unpinned, unmapped and uncharged only when that multiply is done.
 //
-// Region ids are 128 random bits, and only the client that registered a
+// Region ids are "shm-" and 128 bits from the kernel's cryptographic
+// generator (common/capability_id.h), and only the client that registered a
 // region (ClientKey) may use, list or unregister it: another client's id is
 // NOT_FOUND, as an unknown one.
 //
