@@ -73,7 +73,7 @@ ABSL_FLAG(absl::Duration, unhealthy_restart_after, absl::Seconds(60),
           "the pod is restarted; 0 never fails liveness for it");
 ABSL_FLAG(int32_t, metrics_top_clients, 20,
           "Clients with their own label in matmul_client_* metrics (the "
-          "first to use the server); the rest count as client=\"other\"");
+          "heaviest by GPU seconds); the rest count as client=\"other\"");
 ABSL_FLAG(absl::Duration, max_connection_age, absl::Minutes(5),
           "Close client connections (with GOAWAY) after this long, so that "
           "long-lived clients rebalance across replicas; 0 disables");

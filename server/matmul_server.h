@@ -74,8 +74,9 @@ struct ServerOptions {
   // server/device_health_monitor.h.
   absl::Duration health_check_interval = absl::Seconds(1);
   absl::Duration unhealthy_restart_after = absl::Seconds(60);
-  // Clients with a label of their own in the per-client usage metrics
-  // (server/client_usage.h); the rest count as client="other".
+  // Clients with a label of their own in the per-client usage metrics (the
+  // heaviest by GPU seconds: server/client_usage.h); the rest count as
+  // client="other".
   int metrics_top_clients = 20;
   // Called once the port is bound, before the engine is built (health is
   // NOT_SERVING until then). Optional.
