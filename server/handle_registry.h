@@ -23,6 +23,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "gpu/engine.h"
+#include "server/peer_credentials.h"
 
 namespace matmul {
 
@@ -38,6 +39,9 @@ struct HandleLimits {
   // (server/shared_memory/region_registry.h); their bytes count against the
   // byte quotas above, and each as one stored tensor.
   int64_t max_shared_memory_regions_per_client = 64;
+  // Who may use shared memory besides the server's own user
+  // (--shared-memory-peers; see server/peer_credentials.h).
+  PeerAllowList shared_memory_peers;
   absl::Duration default_ttl = absl::Minutes(10);
   absl::Duration max_ttl = absl::Hours(24);
 };

@@ -35,6 +35,7 @@
 #include "common/mutex_mode.h"
 #include "gpu/engine_factory.h"
 #include "server/matmul_server.h"
+#include "server/peer_credentials.h"
 #include "server/shutdown_signals.h"
 
 ABSL_FLAG(std::string, host, "0.0.0.0",
@@ -179,6 +180,10 @@ ABSL_FLAG(int64_t, max_shared_memory_regions_per_client, 64,
           "Shared-memory regions one client may hold registered "
           "(RegisterSharedMemory, Unix socket only); their bytes count "
           "against the stored-bytes limits");
+ABSL_FLAG(std::string, shared_memory_peers, "",
+          "Users and groups besides the server's own user that may register "
+          "shared memory over the Unix socket: user:NAME, user:UID, "
+          "group:NAME or group:GID, comma-separated (a bare NAME is a user)");
 ABSL_FLAG(absl::Duration, default_handle_ttl, absl::Minutes(10),
           "Lifetime of a stored tensor when the request gives none");
 ABSL_FLAG(absl::Duration, max_handle_ttl, absl::Hours(24),
@@ -217,7 +222,8 @@ const std::vector<matmul::FlagGroup>& ServerFlags() {
       {"Stored tensors",
        {"max_stored_bytes", "max_stored_bytes_per_client",
         "max_handles_per_client", "default_handle_ttl", "max_handle_ttl",
-        "max_shared_memory_regions_per_client"}},
+        "max_shared_memory_regions_per_client",
+        "shared_memory_peers=USER|group:GROUP,..."}},
       {"Connections",
        {"max_concurrent_streams", "max_connection_age",
         "max_connection_age_grace", "keepalive_time", "keepalive_timeout",
@@ -477,6 +483,14 @@ int main(int argc, char** argv) {
         "allowed) or more; see --help");
     return 2;
   }
+  absl::StatusOr<matmul::PeerAllowList> shared_memory_peers =
+      matmul::PeerAllowList::Parse(absl::GetFlag(FLAGS_shared_memory_peers));
+  if (!shared_memory_peers.ok()) {
+    matmul::LogLine(absl::StrCat("error: --shared-memory-peers: ",
+                                 shared_memory_peers.status().message()));
+    return 2;
+  }
+  options.handle_limits.shared_memory_peers = *shared_memory_peers;
   options.handle_limits.default_ttl = absl::GetFlag(FLAGS_default_handle_ttl);
   options.handle_limits.max_ttl = absl::GetFlag(FLAGS_max_handle_ttl);
   options.max_connection_age_grace =

@@ -129,7 +129,9 @@ TEST(CapabilityIdTest, SharedMemoryRegionIdsComeFromGetrandom) {
   absl::StatusOr<std::shared_ptr<SharedMemoryRegion>> region;
   {
     ChosenRandom chosen(0xc3);
-    region = regions.Register("alice", name, 4096, engine, nullptr);
+    PeerCredentials peer;
+    peer.uid = geteuid();
+    region = regions.Register("alice", peer, name, 4096, engine, nullptr);
   }
   shm_unlink(name.c_str());
   ASSERT_TRUE(region.ok()) << region.status();
