@@ -83,7 +83,8 @@ absl::StatusOr<std::unique_ptr<UnixSocketListener>> UnixSocketListener::Create(
   if (lstat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) {
     unlink(path.c_str());
   }
-  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  // Non-blocking: accept never waits, so Stop is never held up by it.
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return Errno("socket for", path);
   if (bind(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0 ||
       listen(fd, SOMAXCONN) != 0) {
@@ -123,10 +124,14 @@ void UnixSocketListener::Stop() {
 
 void UnixSocketListener::AcceptLoop(grpc::Server* server) {
   pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+  // Out of descriptors or memory, the connection stays in the backlog and
+  // the socket stays readable: then wait for Stop alone, a little, rather
+  // than spin on it.
+  bool starved = false;
   while (true) {
-    // Out of descriptors (EMFILE) leaves the connection in the backlog:
-    // wait a little rather than spin on it.
-    const int ready = poll(fds, 2, /*timeout_ms=*/100);
+    const int ready = poll(starved ? fds + 1 : fds, starved ? 1 : 2,
+                           starved ? /*timeout_ms=*/100 : -1);
+    starved = false;
     if (ready < 0 && errno != EINTR) {
       LogLine(absl::StrCat("unix socket ", path_,
                            ": poll failed: ", std::strerror(errno)));
@@ -134,9 +139,14 @@ void UnixSocketListener::AcceptLoop(grpc::Server* server) {
     }
     if (fds[1].revents != 0) return;
     if (ready <= 0 || fds[0].revents == 0) continue;
+    fds[0].revents = 0;
     const int fd =
         accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) continue;  // EAGAIN, ECONNABORTED, EMFILE: poll again
+    if (fd < 0) {
+      starved = errno == EMFILE || errno == ENFILE || errno == ENOBUFS ||
+                errno == ENOMEM;
+      continue;  // EAGAIN, ECONNABORTED, EINTR: poll again at once
+    }
     // gRPC owns the descriptor from here and closes it with the connection.
     grpc::AddInsecureChannelFromFd(server, fd);
   }

@@ -12,7 +12,9 @@
 #include <spawn.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -1015,6 +1017,52 @@ TEST(SharedMemoryTest, AnObjectOfAnotherUidOrALinkIsPermissionDenied) {
   reg = Register(*stub, mine.name(), 4096);
   EXPECT_TRUE(reg->open) << reg->status.error_message();
   EXPECT_TRUE(List(*stub).size() == 1);
+}
+
+// The server accepts its Unix socket itself (server/unix_socket_listener.h):
+// like gRPC's own listener it replaces a socket file a dead server left,
+// never another file, and removes its own when it stops.
+TEST(SharedMemoryTest, TheUnixSocketReplacesAStaleSocketNeverAFile) {
+  char dir[] = "/tmp/matmul-sock-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string path = std::string(dir) + "/server.sock";
+  ServerOptions options;
+  options.listen_address = "127.0.0.1:0";
+  options.metrics_address.clear();
+  options.unix_socket = path;
+
+  const int file = open(path.c_str(), O_CREAT | O_WRONLY, 0600);
+  ASSERT_GE(file, 0);
+  close(file);
+  absl::StatusOr<std::unique_ptr<MatmulServer>> server =
+      MatmulServer::Start(options, HostProvider());
+  EXPECT_EQ(server.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(server.status().message(),
+              HasSubstr("cannot listen on unix:" + path));
+  struct stat st;
+  ASSERT_EQ(lstat(path.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISREG(st.st_mode));  // still the file
+  ASSERT_EQ(unlink(path.c_str()), 0);
+
+  // A socket bound and closed: what a killed server leaves.
+  const int stale = socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size());
+  ASSERT_EQ(bind(stale, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  close(stale);
+  server = MatmulServer::Start(options, HostProvider());
+  ASSERT_TRUE(server.ok()) << server.status();
+  {
+    auto stub = v1::MatmulService::NewStub(grpc::CreateChannel(
+        "unix:" + path, grpc::InsecureChannelCredentials()));
+    grpc::Status listed;
+    EXPECT_TRUE(List(*stub, "", &listed).empty());
+    EXPECT_TRUE(listed.ok()) << listed.error_message();
+  }
+  server->reset();
+  EXPECT_NE(lstat(path.c_str(), &st), 0);  // removed
+  rmdir(dir);
 }
 
 TEST(PeerAllowListTest, UsersAndGroupsByNameOrNumber) {
