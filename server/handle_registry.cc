@@ -3,30 +3,19 @@
 #include <algorithm>
 #include <utility>
 
-#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/bounded_text.h"
+#include "common/capability_id.h"
 
 namespace matmul {
-namespace {
-
-std::string NewId() {
-  static absl::Mutex mu(absl::kConstInit);
-  static absl::BitGen* gen = new absl::BitGen;
-  absl::MutexLock lock(&mu);
-  return absl::StrFormat("h-%016x%016x", absl::Uniform<uint64_t>(*gen),
-                         absl::Uniform<uint64_t>(*gen));
-}
-
-}  // namespace
 
 HandleRegistry::Reservation& HandleRegistry::Reservation::operator=(
     Reservation&& other) noexcept {
   if (this != &other) {
     if (registry_ != nullptr) registry_->Unreserve(owner_, bytes_);
     registry_ = std::exchange(other.registry_, nullptr);
+    id_ = std::move(other.id_);
     owner_ = std::move(other.owner_);
     bytes_ = other.bytes_;
   }
@@ -71,6 +60,10 @@ void HandleRegistry::SetDefaultTotalBytes(int64_t bytes) {
 
 absl::StatusOr<HandleRegistry::Reservation> HandleRegistry::Reserve(
     const std::string& owner, int64_t bytes) {
+  // Drawn before the quota is charged, outside the lock: a failure here
+  // charges nothing.
+  absl::StatusOr<std::string> id = NewCapabilityId("h-");
+  if (!id.ok()) return id.status();
   absl::MutexLock lock(&mu_);
   const auto existing = usage_.find(owner);
   const Usage usage = existing == usage_.end() ? Usage{} : existing->second;
@@ -102,6 +95,7 @@ absl::StatusOr<HandleRegistry::Reservation> HandleRegistry::Reserve(
   charged_bytes_ += bytes;
   Reservation r;
   r.registry_ = this;
+  r.id_ = std::move(*id);
   r.owner_ = owner;
   r.bytes_ = bytes;
   return r;
@@ -138,7 +132,7 @@ HandleRegistry::Entry HandleRegistry::Add(
     Reservation reservation, std::shared_ptr<ResidentTensor> tensor,
     std::vector<int64_t> shape, absl::Duration ttl) {
   Entry entry;
-  entry.id = NewId();
+  entry.id = std::move(reservation.id_);
   entry.owner = reservation.owner_;
   entry.tensor = std::move(tensor);
   entry.shape = std::move(shape);

@@ -2,7 +2,8 @@
 // products kept with keep_result), by handle id. Each entry holds a
 // ResidentTensor, the client it is charged to, and an expiry; a sweeper
 // thread frees expired entries. Quotas per client bound the bytes and the
-// number of entries. Handle ids are 128 random bits: whoever holds an id may
+// number of entries. Handle ids are "h-" and 128 bits from the kernel's
+// cryptographic generator (common/capability_id.h): whoever holds an id may
 // use or delete it (capability semantics); quota is charged to the creator.
 //
 // Thread-safe. Clear() (or destruction) must happen before the engine that
@@ -22,6 +23,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "gpu/engine.h"
+#include "server/peer_credentials.h"
 
 namespace matmul {
 
@@ -37,6 +39,9 @@ struct HandleLimits {
   // (server/shared_memory/region_registry.h); their bytes count against the
   // byte quotas above, and each as one stored tensor.
   int64_t max_shared_memory_regions_per_client = 64;
+  // Who may use shared memory besides the server's own user
+  // (--shared-memory-peers; see server/peer_credentials.h).
+  PeerAllowList shared_memory_peers;
   absl::Duration default_ttl = absl::Minutes(10);
   absl::Duration max_ttl = absl::Hours(24);
 };
@@ -63,6 +68,7 @@ class HandleRegistry {
    private:
     friend class HandleRegistry;
     HandleRegistry* registry_ = nullptr;
+    std::string id_;  // the entry's id, drawn by Reserve
     std::string owner_;
     int64_t bytes_ = 0;
   };
@@ -83,14 +89,15 @@ class HandleRegistry {
 
   // Charges `bytes` and one handle to `owner`; RESOURCE_EXHAUSTED, with the
   // numbers and the limit's flag, when that would exceed the client's
-  // quota or the server's total.
+  // quota or the server's total; UNAVAILABLE if the kernel gives no random
+  // bits for the id.
   absl::StatusOr<Reservation> Reserve(const std::string& owner, int64_t bytes);
 
   // The lifetime a request asked for (0: the default); INVALID_ARGUMENT if
   // negative or over the maximum.
   absl::StatusOr<absl::Duration> Ttl(int64_t requested_seconds) const;
 
-  // Stores `tensor` under a new id, consuming the reservation.
+  // Stores `tensor` under the reservation's id, consuming the reservation.
   Entry Add(Reservation reservation, std::shared_ptr<ResidentTensor> tensor,
             std::vector<int64_t> shape, absl::Duration ttl);
 

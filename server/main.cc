@@ -35,6 +35,7 @@
 #include "common/mutex_mode.h"
 #include "gpu/engine_factory.h"
 #include "server/matmul_server.h"
+#include "server/peer_credentials.h"
 #include "server/shutdown_signals.h"
 
 ABSL_FLAG(std::string, host, "0.0.0.0",
@@ -72,8 +73,8 @@ ABSL_FLAG(absl::Duration, unhealthy_restart_after, absl::Seconds(60),
           "NOT_SERVING at once; after this long liveness does too, so that "
           "the pod is restarted; 0 never fails liveness for it");
 ABSL_FLAG(int32_t, metrics_top_clients, 20,
-          "Clients with their own label in matmul_client_* metrics; the "
-          "rest count as client=\"other\"");
+          "Clients with their own label in matmul_client_* metrics (the "
+          "heaviest by GPU seconds); the rest count as client=\"other\"");
 ABSL_FLAG(absl::Duration, max_connection_age, absl::Minutes(5),
           "Close client connections (with GOAWAY) after this long, so that "
           "long-lived clients rebalance across replicas; 0 disables");
@@ -115,6 +116,10 @@ ABSL_FLAG(int64_t, max_shared_memory_regions_per_client, 64,
           "Shared-memory regions one client may hold registered "
           "(RegisterSharedMemory, Unix socket only); their bytes count "
           "against the stored-bytes limits");
+ABSL_FLAG(std::string, shared_memory_peers, "",
+          "Users and groups besides the server's own user that may register "
+          "shared memory over the Unix socket: user:NAME, user:UID, "
+          "group:NAME or group:GID, comma-separated (a bare NAME is a user)");
 ABSL_FLAG(absl::Duration, default_handle_ttl, absl::Minutes(10),
           "Lifetime of a stored tensor when the request gives none");
 ABSL_FLAG(absl::Duration, max_handle_ttl, absl::Hours(24),
@@ -145,7 +150,8 @@ const std::vector<matmul::FlagGroup>& ServerFlags() {
       {"Stored tensors and shared memory",
        {"max_stored_bytes", "max_stored_bytes_per_client",
         "max_handles_per_client", "default_handle_ttl", "max_handle_ttl",
-        "max_shared_memory_regions_per_client"}},
+        "max_shared_memory_regions_per_client",
+        "shared_memory_peers=USER|group:GROUP,..."}},
       {"Connections", {"max_connection_age", "keepalive_time"}},
       {"Draining (SIGTERM)", {"drain_grace", "drain_timeout"}},
       {"Health", {"unhealthy_restart_after"}},
@@ -405,6 +411,14 @@ int main(int argc, char** argv) {
         "allowed) or more; see --help");
     return 2;
   }
+  absl::StatusOr<matmul::PeerAllowList> shared_memory_peers =
+      matmul::PeerAllowList::Parse(absl::GetFlag(FLAGS_shared_memory_peers));
+  if (!shared_memory_peers.ok()) {
+    matmul::LogLine(absl::StrCat("error: --shared-memory-peers: ",
+                                 shared_memory_peers.status().message()));
+    return 2;
+  }
+  options.handle_limits.shared_memory_peers = *shared_memory_peers;
   options.handle_limits.default_ttl = absl::GetFlag(FLAGS_default_handle_ttl);
   options.handle_limits.max_ttl = absl::GetFlag(FLAGS_max_handle_ttl);
   options.max_connection_age_grace =

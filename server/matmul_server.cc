@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/build_info.h"
 #include "common/log.h"
+#include "server/unix_socket_listener.h"
 
 namespace matmul {
 namespace {
@@ -84,10 +85,18 @@ absl::StatusOr<std::unique_ptr<MatmulServer>> MatmulServer::Start(
                                ? options.credentials
                                : grpc::InsecureServerCredentials(),
                            &self->port_);
-  int unix_bound = 0;
+  // The Unix socket is accepted by the server itself, so that shared-memory
+  // calls can read their peer's credentials (server/unix_socket_listener.h);
+  // bound now, so that a busy path fails the start as a port would.
   if (!options.unix_socket.empty()) {
-    builder.AddListeningPort(absl::StrCat("unix:", options.unix_socket),
-                             grpc::InsecureServerCredentials(), &unix_bound);
+    absl::StatusOr<std::unique_ptr<UnixSocketListener>> unix_listener =
+        UnixSocketListener::Create(options.unix_socket);
+    if (!unix_listener.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot listen on unix:", options.unix_socket, ": ",
+                       unix_listener.status().message()));
+    }
+    self->unix_listener_ = std::move(*unix_listener);
   }
   if (options.max_concurrent_streams > 0) {
     builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
@@ -123,13 +132,15 @@ absl::StatusOr<std::unique_ptr<MatmulServer>> MatmulServer::Start(
   }
   builder.RegisterService(self->service_.get());
   self->server_ = builder.BuildAndStart();
-  if (self->server_ == nullptr || self->port_ == 0 ||
-      (!options.unix_socket.empty() && unix_bound == 0)) {
+  if (self->server_ == nullptr || self->port_ == 0) {
+    self->unix_listener_.reset();
     if (self->server_ != nullptr) self->server_->Shutdown();
     self->server_.reset();
-    return absl::UnavailableError(absl::StrCat(
-        "cannot listen on ", options.listen_address,
-        options.unix_socket.empty() ? "" : " and unix:", options.unix_socket));
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", options.listen_address));
+  }
+  if (self->unix_listener_ != nullptr) {
+    self->unix_listener_->Start(self->server_.get());
   }
   if (!options.health_address.empty()) {
     grpc::ServerBuilder health_builder;
@@ -200,6 +211,7 @@ void MatmulServer::Shutdown() {
     // Start failed (no engine): nothing was served, nothing to drain.
     SetHealthEverywhere(/*ready=*/false);
     service_->StartDraining();
+    unix_listener_.reset();
     server_->Shutdown(absl::ToChronoTime(absl::Now()));
   } else if (server_ != nullptr) {
     SetHealthEverywhere(/*ready=*/false);
@@ -226,6 +238,8 @@ void MatmulServer::Shutdown() {
     // Calls the service has finished may still have bytes queued in the
     // transport: gRPC's Shutdown flushes them until its deadline, and only
     // cancels (losing them) after it. A second, at least, for the cut ones.
+    // No new connection on the Unix socket from here, as on gRPC's ports.
+    unix_listener_.reset();
     server_->Shutdown(
         absl::ToChronoTime(std::max(deadline, absl::Now() + absl::Seconds(1))));
   }

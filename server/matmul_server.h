@@ -24,6 +24,7 @@
 #include "server/request_limits.h"
 #include "server/rpc/matmul_service.h"
 #include "server/staging_copier.h"
+#include "server/unix_socket_listener.h"
 
 namespace matmul {
 
@@ -33,7 +34,8 @@ struct ServerOptions {
   // Credentials for listen_address: TLS or mutual TLS; null for plaintext.
   std::shared_ptr<grpc::ServerCredentials> credentials;
   // Also listen on this unix socket path (plaintext; same-host clients,
-  // protected by the file's permissions); empty: none.
+  // protected by the file's permissions; server/unix_socket_listener.h);
+  // empty: none.
   std::string unix_socket;
   // A plaintext listener that serves only grpc.health.v1, for probes that
   // cannot speak TLS (e.g. "0.0.0.0:8081"); empty: none.
@@ -74,8 +76,9 @@ struct ServerOptions {
   // server/device_health_monitor.h.
   absl::Duration health_check_interval = absl::Seconds(1);
   absl::Duration unhealthy_restart_after = absl::Seconds(60);
-  // Clients with a label of their own in the per-client usage metrics
-  // (server/client_usage.h); the rest count as client="other".
+  // Clients with a label of their own in the per-client usage metrics (the
+  // heaviest by GPU seconds: server/client_usage.h); the rest count as
+  // client="other".
   int metrics_top_clients = 20;
   // Called once the port is bound, before the engine is built (health is
   // NOT_SERVING until then). Optional.
@@ -134,6 +137,8 @@ class MatmulServer {
   std::unique_ptr<MatmulServiceImpl> service_;
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<grpc::Server> server_;
+  // Feeds server_ (so destroyed before it): the Unix socket's connections.
+  std::unique_ptr<UnixSocketListener> unix_listener_;
   std::unique_ptr<grpc::Server> health_server_;
   int port_ = 0;
   int health_port_ = 0;

@@ -1,7 +1,9 @@
 // shared_memory_child: a client process for SharedMemoryTest.AKilledClients-
-// RegionGoes, which kills it. Registers the shared-memory object NAME
-// (BYTES long) over the Unix socket SOCKET as client CLIENT, keeps the call
-// open, and waits to be killed (at most 60 s).
+// RegionGoes, which kills it, and for the tests that run it as another
+// user. Registers the shared-memory object NAME (BYTES long) over the Unix
+// socket SOCKET as client CLIENT, keeps the call open, and waits to be
+// killed (at most 60 s); if the registration fails it prints
+// "register: code N: MESSAGE" (N the gRPC status code) and exits 1.
 //
 //   shared_memory_child SOCKET NAME BYTES CLIENT
 #include <grpcpp/grpcpp.h>
@@ -30,7 +32,9 @@ int main(int argc, char** argv) {
   matmul::v1::RegisterSharedMemoryResponse response;
   if (!reader->Read(&response)) {
     const grpc::Status status = reader->Finish();
-    std::fprintf(stderr, "register: %s\n", status.error_message().c_str());
+    std::fprintf(stderr, "register: code %d: %s\n",
+                 static_cast<int>(status.error_code()),
+                 status.error_message().c_str());
     return 1;
   }
   std::printf("registered %s\n", response.region().id().c_str());

@@ -4,13 +4,17 @@
 // v1::MatmulService::Stub over it, and POSIX shared-memory objects the test
 // creates with shm_open and unlinks at the end.
 #include <fcntl.h>
+#include <grp.h>
 #include <grpcpp/create_channel.h>
 #include <grpcpp/grpcpp.h>
+#include <pwd.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -21,6 +25,7 @@
 #include <future>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -34,6 +39,7 @@
 #include "gtest/gtest.h"
 #include "matmul/v1/matmul.grpc.pb.h"
 #include "server/matmul_server.h"
+#include "server/peer_credentials.h"
 #include "tests/engine_under_test.h"
 #include "tests/fake_engine.h"
 #include "tests/metrics/scrape_client.h"
@@ -856,6 +862,232 @@ TEST(SharedMemoryTest, TcpClientsArePermissionDenied) {
   auto unix_stub = s.UnixStub();
   auto ok = Register(*unix_stub, shm.name(), shm.bytes());
   EXPECT_TRUE(ok->open) << ok->status.error_message();
+}
+
+// The uid and gid of "nobody", for the tests that run a client as another
+// user; nullopt when the system has no such user.
+std::optional<std::pair<uid_t, gid_t>> Nobody() {
+  const passwd* entry = getpwnam("nobody");
+  if (entry == nullptr) return std::nullopt;
+  return std::make_pair(entry->pw_uid, entry->pw_gid);
+}
+
+// Gives the shared-memory object `name` to `uid`:`gid` (mode 0600).
+void GiveObject(const std::string& name, uid_t uid, gid_t gid) {
+  const std::string path = "/dev/shm" + name;
+  ASSERT_EQ(chown(path.c_str(), uid, gid), 0) << std::strerror(errno);
+  ASSERT_EQ(chmod(path.c_str(), 0600), 0) << std::strerror(errno);
+}
+
+// Lets any user reach the server's socket (its directory is 0700).
+void OpenSocketToAll(const std::string& socket) {
+  const std::string dir = socket.substr(0, socket.rfind('/'));
+  ASSERT_EQ(chmod(dir.c_str(), 0755), 0) << std::strerror(errno);
+  ASSERT_EQ(chmod(socket.c_str(), 0666), 0) << std::strerror(errno);
+}
+
+// tests/shared_memory_child.cc run as `uid`:`gid` (no supplementary
+// groups), registering `name`: "registered ..." once it holds the region,
+// or "register: code N: ..." and its exit. The child is killed and reaped
+// before this returns.
+std::string RegisterAsUser(const std::string& socket, const std::string& name,
+                           uid_t uid, gid_t gid) {
+  std::string child_path = MATMUL_SHM_CHILD;
+  std::string socket_path = socket;
+  std::string object = name;
+  std::string bytes = "4096";
+  std::string client = "other-user";
+  char* argv[] = {child_path.data(), socket_path.data(), object.data(),
+                  bytes.data(),      client.data(),      nullptr};
+  int out[2];
+  if (pipe2(out, O_CLOEXEC) != 0) return "pipe failed";
+  const pid_t child = fork();
+  if (child == 0) {
+    // Only async-signal-safe calls until exec.
+    dup2(out[1], STDOUT_FILENO);
+    dup2(out[1], STDERR_FILENO);
+    if (setgroups(0, nullptr) != 0 || setresgid(gid, gid, gid) != 0 ||
+        setresuid(uid, uid, uid) != 0) {
+      _exit(126);
+    }
+    execv(child_path.c_str(), argv);
+    _exit(127);
+  }
+  close(out[1]);
+  std::string output;
+  char buffer[512];
+  // Until the child says what happened (a line), or closes its end.
+  while (output.find('\n') == std::string::npos) {
+    const ssize_t n = read(out[0], buffer, sizeof(buffer));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    output.append(buffer, static_cast<size_t>(n));
+  }
+  close(out[0]);
+  if (child > 0) {
+    kill(child, SIGKILL);
+    int status = 0;
+    waitpid(child, &status, 0);
+    if (WIFEXITED(status) && WEXITSTATUS(status) >= 126) {
+      output +=
+          absl::StrCat("could not become the user: exit ", WEXITSTATUS(status));
+    }
+  }
+  return output;
+}
+
+// A client of another user than the server's, on the Unix socket, is
+// refused by default; --shared-memory-peers admits it by user or by group.
+TEST(SharedMemoryTest, AnotherUsersRegistrationIsPermissionDenied) {
+  const auto nobody = Nobody();
+  if (geteuid() != 0 || !nobody.has_value() || nobody->first == 0) {
+    GTEST_SKIP() << "needs root and a user \"nobody\"";
+  }
+  ShmObject shm(4096);
+  ASSERT_TRUE(shm.ok());
+  // The object is the other user's own: only who the caller is is wrong.
+  GiveObject(shm.name(), nobody->first, nobody->second);
+  {
+    FakeEngine* fake = nullptr;
+    SharedMemoryServer s(FakeProvider(&fake));
+    OpenSocketToAll(s.socket());
+    const std::string said =
+        RegisterAsUser(s.socket(), shm.name(), nobody->first, nobody->second);
+    EXPECT_THAT(said,
+                HasSubstr(absl::StrCat(
+                    "register: code ",
+                    static_cast<int>(grpc::StatusCode::PERMISSION_DENIED))));
+    EXPECT_THAT(said, HasSubstr(absl::StrCat("the caller (uid ", nobody->first,
+                                             ", gid ")));
+    EXPECT_THAT(said, HasSubstr("is not allowed; only uid 0"));
+    EXPECT_EQ(fake->registered(), 0);
+  }
+  for (const std::string& allowed :
+       {std::string("nobody"), absl::StrCat("user:", nobody->first),
+        absl::StrCat("group:", nobody->second)}) {
+    SCOPED_TRACE(allowed);
+    ServerOptions options;
+    absl::StatusOr<PeerAllowList> peers = PeerAllowList::Parse(allowed);
+    ASSERT_TRUE(peers.ok()) << peers.status();
+    options.handle_limits.shared_memory_peers = *peers;
+    FakeEngine* fake = nullptr;
+    SharedMemoryServer s(FakeProvider(&fake), options);
+    OpenSocketToAll(s.socket());
+    EXPECT_THAT(
+        RegisterAsUser(s.socket(), shm.name(), nobody->first, nobody->second),
+        HasSubstr("registered shm-"));
+  }
+}
+
+// The server may open objects the caller does not own (it runs as root
+// here): an object of another uid, or a symbolic link, is refused all the
+// same, checked on the descriptor the server opened.
+TEST(SharedMemoryTest, AnObjectOfAnotherUidOrALinkIsPermissionDenied) {
+  const auto nobody = Nobody();
+  if (geteuid() != 0 || !nobody.has_value() || nobody->first == 0) {
+    GTEST_SKIP() << "needs root and a user \"nobody\"";
+  }
+  SharedMemoryServer s(HostProvider());
+  auto stub = s.UnixStub();
+  ShmObject theirs(4096);
+  ASSERT_TRUE(theirs.ok());
+  GiveObject(theirs.name(), nobody->first, nobody->second);
+  auto reg = Register(*stub, theirs.name(), 4096);
+  EXPECT_FALSE(reg->open);
+  EXPECT_EQ(reg->status.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(reg->status.error_message(),
+              HasSubstr(absl::StrCat("is owned by uid ", nobody->first,
+                                     ", not by the caller's uid 0")));
+
+  ShmObject mine(4096);
+  ASSERT_TRUE(mine.ok());
+  const std::string link = mine.name() + "-link";
+  ASSERT_EQ(
+      symlink(("/dev/shm" + mine.name()).c_str(), ("/dev/shm" + link).c_str()),
+      0)
+      << std::strerror(errno);
+  reg = Register(*stub, link, 4096);
+  unlink(("/dev/shm" + link).c_str());
+  EXPECT_FALSE(reg->open);
+  EXPECT_EQ(reg->status.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(reg->status.error_message(), HasSubstr("symbolic link"));
+
+  // The caller's own object, by its own name, still registers.
+  reg = Register(*stub, mine.name(), 4096);
+  EXPECT_TRUE(reg->open) << reg->status.error_message();
+  EXPECT_TRUE(List(*stub).size() == 1);
+}
+
+// The server accepts its Unix socket itself (server/unix_socket_listener.h):
+// like gRPC's own listener it replaces a socket file a dead server left,
+// never another file, and removes its own when it stops.
+TEST(SharedMemoryTest, TheUnixSocketReplacesAStaleSocketNeverAFile) {
+  char dir[] = "/tmp/matmul-sock-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string path = std::string(dir) + "/server.sock";
+  ServerOptions options;
+  options.listen_address = "127.0.0.1:0";
+  options.metrics_address.clear();
+  options.unix_socket = path;
+
+  const int file = open(path.c_str(), O_CREAT | O_WRONLY, 0600);
+  ASSERT_GE(file, 0);
+  close(file);
+  absl::StatusOr<std::unique_ptr<MatmulServer>> server =
+      MatmulServer::Start(options, HostProvider());
+  EXPECT_EQ(server.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(server.status().message(),
+              HasSubstr("cannot listen on unix:" + path));
+  struct stat st;
+  ASSERT_EQ(lstat(path.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISREG(st.st_mode));  // still the file
+  ASSERT_EQ(unlink(path.c_str()), 0);
+
+  // A socket bound and closed: what a killed server leaves.
+  const int stale = socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size());
+  ASSERT_EQ(bind(stale, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  close(stale);
+  server = MatmulServer::Start(options, HostProvider());
+  ASSERT_TRUE(server.ok()) << server.status();
+  {
+    auto stub = v1::MatmulService::NewStub(grpc::CreateChannel(
+        "unix:" + path, grpc::InsecureChannelCredentials()));
+    grpc::Status listed;
+    EXPECT_TRUE(List(*stub, "", &listed).empty());
+    EXPECT_TRUE(listed.ok()) << listed.error_message();
+  }
+  server->reset();
+  EXPECT_NE(lstat(path.c_str(), &st), 0);  // removed
+  rmdir(dir);
+}
+
+TEST(PeerAllowListTest, UsersAndGroupsByNameOrNumber) {
+  absl::StatusOr<PeerAllowList> list =
+      PeerAllowList::Parse("root, user:1234,group:root,group:77,99");
+  ASSERT_TRUE(list.ok()) << list.status();
+  EXPECT_EQ(list->uids, (std::vector<uid_t>{0, 1234, 99}));
+  EXPECT_EQ(list->gids, (std::vector<gid_t>{0, 77}));
+  PeerCredentials peer;
+  peer.uid = 4321;
+  peer.gid = 4321;
+  EXPECT_EQ(list->Allows(peer), geteuid() == 4321);
+  peer.groups = {5, 77};
+  EXPECT_TRUE(list->Allows(peer));
+  peer.groups.clear();
+  peer.uid = 1234;
+  EXPECT_TRUE(list->Allows(peer));
+  peer.uid = geteuid();  // the server's own user, always
+  EXPECT_TRUE(PeerAllowList().Allows(peer));
+  EXPECT_TRUE(PeerAllowList::Parse("").ok());
+  for (const char* bad :
+       {"no-such-user-here", "group:no-such-group-here", "user:", "group:"}) {
+    EXPECT_EQ(PeerAllowList::Parse(bad).status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << bad;
+  }
 }
 
 TEST(SharedMemoryTest, LimitsAreResourceExhausted) {

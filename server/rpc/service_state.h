@@ -32,7 +32,8 @@ struct ServiceState {
         handles(handle_limits),
         regions(&handles,
                 SharedMemoryLimits{
-                    handle_limits.max_shared_memory_regions_per_client},
+                    handle_limits.max_shared_memory_regions_per_client,
+                    handle_limits.shared_memory_peers},
                 metrics->shared_memory_gauges()),
         admission(request_limits.max_inflight_bytes, &handles, metrics.get()),
         stripes(absl::Milliseconds(request_limits.stripe_join_timeout_ms)),

@@ -8,7 +8,6 @@
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/bounded_text.h"
@@ -19,6 +18,7 @@
 #include "server/rpc/raw_messages.h"
 #include "server/rpc/stored_tensors.h"
 #include "server/shared_memory/region_registry.h"
+#include "server/unix_socket_listener.h"
 
 namespace matmul {
 namespace {
@@ -107,7 +107,9 @@ class RegisterReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
 };
 
 void RegisterReactor::Start(const grpc::ByteBuffer* request) {
-  absl::Status status = CheckSameHostPeer(*context_);
+  absl::StatusOr<PeerCredentials> peer =
+      SharedMemoryPeer(*context_, state_.regions);
+  absl::Status status = peer.status();
   if (status.ok()) status = ParseRequest(*context_, request, request_);
   // Draining, or the engine still starting: the admission core's check.
   if (status.ok()) status = state_.admission.CheckOpen();
@@ -125,7 +127,7 @@ void RegisterReactor::Start(const grpc::ByteBuffer* request) {
   Ref();  // the registry's, given back by on_removed
   absl::StatusOr<std::shared_ptr<SharedMemoryRegion>> region =
       state_.regions.Register(
-          ClientKey(*context_), request_.name(), request_.bytes(),
+          ClientKey(*context_), *peer, request_.name(), request_.bytes(),
           *state_.admission.engine(),
           [this](bool unregistered) { OnRemoved(unregistered); });
   setup_seconds_.store(SecondsSince(started_));
@@ -231,13 +233,22 @@ grpc::ServerUnaryReactor* Answer(ServiceState& state,
 
 }  // namespace
 
-absl::Status CheckSameHostPeer(const grpc::CallbackServerContext& context) {
+absl::StatusOr<PeerCredentials> SharedMemoryPeer(
+    const grpc::CallbackServerContext& context,
+    const SharedMemoryRegistry& regions) {
   const std::string peer = context.peer();
-  if (absl::StartsWith(peer, "unix:")) return absl::OkStatus();
-  return absl::PermissionDeniedError(absl::StrCat(
-      "shared memory is only for clients on the server's host, connected "
-      "through its Unix socket (--unix_socket); this call came from ",
-      BoundedForMessage(peer)));
+  const std::optional<UnixPeer> unix_peer = PeerOfCall(peer);
+  if (!unix_peer.has_value()) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "shared memory is only for clients on the server's host, connected "
+        "through its Unix socket (--unix_socket); this call came from ",
+        BoundedForMessage(peer)));
+  }
+  if (absl::Status allowed = regions.CheckPeer(unix_peer->credentials);
+      !allowed.ok()) {
+    return allowed;
+  }
+  return unix_peer->credentials;
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* StartRegisterSharedMemory(
@@ -253,7 +264,7 @@ grpc::ServerUnaryReactor* UnregisterSharedMemory(
     const grpc::ByteBuffer* request, grpc::ByteBuffer* response) {
   const auto started = std::chrono::steady_clock::now();
   v1::UnregisterSharedMemoryRequest parsed;
-  absl::Status status = CheckSameHostPeer(*context);
+  absl::Status status = SharedMemoryPeer(*context, state.regions).status();
   if (status.ok()) status = ParseRequest(*context, request, parsed);
   if (status.ok()) {
     status = state.regions.Unregister(ClientKey(*context), parsed.region_id());
@@ -271,7 +282,7 @@ grpc::ServerUnaryReactor* ListSharedMemory(ServiceState& state,
                                            grpc::ByteBuffer* response) {
   const auto started = std::chrono::steady_clock::now();
   v1::ListSharedMemoryRequest parsed;
-  absl::Status status = CheckSameHostPeer(*context);
+  absl::Status status = SharedMemoryPeer(*context, state.regions).status();
   if (status.ok()) status = ParseRequest(*context, request, parsed);
   if (status.ok()) {
     v1::ListSharedMemoryResponse list;

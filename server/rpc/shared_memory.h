@@ -12,23 +12,30 @@
 //   UnregisterSharedMemory  unary: ends one of the caller's registrations.
 //   ListSharedMemory        unary: the caller's regions, oldest first.
 //
-// All three only for peers on the server's Unix socket (the peer address
-// starts "unix:"): PERMISSION_DENIED over TCP, since a region names memory
-// on the server's host. Raw callback methods like the others
+// All three only for peers on the server's Unix socket
+// (server/unix_socket_listener.h), PERMISSION_DENIED over TCP since a
+// region names memory on the server's host, and only for peers whose
+// credentials (SO_PEERCRED) the allow-list admits: the server's own user
+// and --shared-memory-peers. Raw callback methods like the others
 // (server/rpc/raw_messages.h parses their requests); none waits on a thread.
 #ifndef MATMUL_SERVER_RPC_SHARED_MEMORY_H_
 #define MATMUL_SERVER_RPC_SHARED_MEMORY_H_
 
 #include <grpcpp/grpcpp.h>
 
-#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "server/peer_credentials.h"
 #include "server/rpc/service_state.h"
+#include "server/shared_memory/region_registry.h"
 
 namespace matmul {
 
-// OK for a peer on the Unix socket; PERMISSION_DENIED, saying why, for any
-// other (TCP, whatever its address).
-absl::Status CheckSameHostPeer(const grpc::CallbackServerContext& context);
+// The credentials of a peer on the Unix socket that `regions` allows;
+// PERMISSION_DENIED, saying why, for any other peer (TCP, whatever its
+// address, or a user not allowed).
+absl::StatusOr<PeerCredentials> SharedMemoryPeer(
+    const grpc::CallbackServerContext& context,
+    const SharedMemoryRegistry& regions);
 
 // Each starts one call; gRPC owns the returned reactor.
 grpc::ServerWriteReactor<grpc::ByteBuffer>* StartRegisterSharedMemory(

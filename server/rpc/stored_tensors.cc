@@ -1,8 +1,12 @@
 #include "server/rpc/stored_tensors.h"
 
+#include <optional>
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "proto/dtype_mapping.h"
+#include "server/unix_socket_listener.h"
 
 namespace matmul {
 
@@ -20,8 +24,13 @@ std::string ClientKey(const grpc::CallbackServerContext& context) {
   if (auto it = metadata.find("x-matmul-client"); it != metadata.end()) {
     return std::string(it->second.data(), it->second.size());
   }
-  // "ipv4:127.0.0.1:5000" -> "ipv4:127.0.0.1"; "unix:/path" stays.
+  // "ipv4:127.0.0.1:5000" -> "ipv4:127.0.0.1"; "unix:/path" stays, and a
+  // call on the Unix socket ("fd:N", server/unix_socket_listener.h) is
+  // known by its peer's address too.
   std::string peer = context.peer();
+  if (std::optional<std::string> address = UnixAddressOfCall(peer)) {
+    return std::move(*address);
+  }
   if (peer.rfind("ipv4:", 0) == 0 || peer.rfind("ipv6:", 0) == 0) {
     const size_t colon = peer.rfind(':');
     if (colon != std::string::npos && colon > 4) peer.resize(colon);

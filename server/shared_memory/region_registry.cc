@@ -10,21 +10,12 @@
 #include <cstring>
 #include <utility>
 
-#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "common/bounded_text.h"
+#include "common/capability_id.h"
 
 namespace matmul {
 namespace {
-
-std::string NewRegionId() {
-  static absl::Mutex mu(absl::kConstInit);
-  static absl::BitGen* gen = new absl::BitGen;
-  absl::MutexLock lock(&mu);
-  return absl::StrFormat("shm-%016x%016x", absl::Uniform<uint64_t>(*gen),
-                         absl::Uniform<uint64_t>(*gen));
-}
 
 absl::Status CheckName(const std::string& name) {
   if (name.size() < 2 || name[0] != '/' ||
@@ -48,6 +39,9 @@ absl::Status ErrnoStatus(int error, absl::string_view what,
     case ENOENT:
       return absl::NotFoundError(
           absl::StrCat(message, " (no such shared-memory object)"));
+    case ELOOP:
+      return absl::PermissionDeniedError(
+          absl::StrCat(message, " (a symbolic link; the server follows none)"));
     case EACCES:
     case EPERM:
       return absl::PermissionDeniedError(absl::StrCat(
@@ -124,8 +118,10 @@ SharedMemoryRegistry::SharedMemoryRegistry(
 
 absl::StatusOr<std::shared_ptr<SharedMemoryRegion>>
 SharedMemoryRegistry::Register(const std::string& owner,
+                               const PeerCredentials& peer,
                                const std::string& name, int64_t bytes,
                                Engine& engine, OnRemoved on_removed) {
+  if (absl::Status ok = CheckPeer(peer); !ok.ok()) return ok;
   if (absl::Status ok = CheckName(name); !ok.ok()) return ok;
   if (bytes <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -146,7 +142,12 @@ SharedMemoryRegistry::Register(const std::string& owner,
   absl::Status status = [&]() -> absl::Status {
     region->name_ = name;
     region->owner_ = owner;
-    region->fd_ = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
+    // The server's user may open more than the peer may (root, or a
+    // shared user): the owner check below, on the descriptor itself (no
+    // window for a swap between a check and the open), is what confines a
+    // peer to its own objects. O_NOFOLLOW: a link to another's object or
+    // to a file elsewhere is refused (ELOOP), never followed.
+    region->fd_ = shm_open(name.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC, 0);
     if (region->fd_ < 0) return ErrnoStatus(errno, "shm_open", name);
     struct stat st;
     if (fstat(region->fd_, &st) != 0) {
@@ -156,6 +157,12 @@ SharedMemoryRegistry::Register(const std::string& owner,
       return absl::InvalidArgumentError(
           absl::StrCat("name: \"", BoundedForMessage(name),
                        "\" is not a shared-memory object"));
+    }
+    if (st.st_uid != peer.uid) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "the shared-memory object \"", BoundedForMessage(name),
+          "\" is owned by uid ", st.st_uid, ", not by the caller's uid ",
+          peer.uid, "; a client may register only objects it owns"));
     }
     if (st.st_size < bytes) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -185,7 +192,9 @@ SharedMemoryRegistry::Register(const std::string& owner,
                        registration.status().message()));
     }
     region->registration_ = std::move(*registration);
-    region->id_ = NewRegionId();
+    absl::StatusOr<std::string> id = NewCapabilityId("shm-");
+    if (!id.ok()) return id.status();
+    region->id_ = std::move(*id);
     return absl::OkStatus();
   }();
   if (!status.ok()) {
@@ -198,6 +207,15 @@ SharedMemoryRegistry::Register(const std::string& owner,
   region->sequence_ = next_sequence_++;
   entries_[region->id_] = Entry{region, std::move(on_removed)};
   return region;
+}
+
+absl::Status SharedMemoryRegistry::CheckPeer(
+    const PeerCredentials& peer) const {
+  if (limits_.peers.Allows(peer)) return absl::OkStatus();
+  return absl::PermissionDeniedError(absl::StrCat(
+      "shared memory: the caller (uid ", peer.uid, ", gid ", peer.gid, ", pid ",
+      peer.pid, ") is not allowed; only ", limits_.peers.Describe(),
+      " may use it (--shared-memory-peers)"));
 }
 
 absl::StatusOr<std::shared_ptr<SharedMemoryRegion>> SharedMemoryRegistry::Find(

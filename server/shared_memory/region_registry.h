@@ -1,7 +1,10 @@
 // SharedMemoryRegistry: the POSIX shared-memory regions same-host clients
-// registered (RegisterSharedMemory), by region id. Registering opens the
-// object by name (shm_open, read-write, with the server's own uid's
-// permissions), maps it MAP_SHARED and registers the mapping with the engine
+// registered (RegisterSharedMemory), by region id. Only peers the
+// allow-list admits may register (the server's own user and
+// --shared-memory-peers: CheckPeer), and only objects their own uid owns.
+// Registering opens the object by name (shm_open, read-write, no symbolic
+// link followed), checks its owner on the opened descriptor, maps it
+// MAP_SHARED and registers the mapping with the engine
 // (pinned with cudaHostRegister on the CUDA engine), so that multiplies read
 // their operands from it and write their products into it with no copy on
 // the wire and, where both operands are in regions, none into staging.
@@ -14,7 +17,8 @@
 // ended) while a multiply uses it leaves the registry at once but is
 // unpinned, unmapped and uncharged only when that multiply is done.
 //
-// Region ids are 128 random bits, and only the client that registered a
+// Region ids are "shm-" and 128 bits from the kernel's cryptographic
+// generator (common/capability_id.h), and only the client that registered a
 // region (ClientKey) may use, list or unregister it: another client's id is
 // NOT_FOUND, as an unknown one.
 //
@@ -38,6 +42,7 @@
 #include "absl/synchronization/mutex.h"
 #include "gpu/engine.h"
 #include "server/handle_registry.h"
+#include "server/peer_credentials.h"
 #include "server/server_metrics.h"
 
 namespace matmul {
@@ -45,6 +50,8 @@ namespace matmul {
 struct SharedMemoryLimits {
   // Regions one client may hold at once (RESOURCE_EXHAUSTED past it).
   int64_t max_regions_per_client = 64;
+  // Peers allowed besides the server's own user.
+  PeerAllowList peers;
 };
 
 // The longest name accepted, leading slash included (NAME_MAX).
@@ -125,18 +132,25 @@ class SharedMemoryRegistry {
   SharedMemoryRegistry(const SharedMemoryRegistry&) = delete;
   SharedMemoryRegistry& operator=(const SharedMemoryRegistry&) = delete;
 
+  // OK for a peer the allow-list admits (limits.peers and the server's own
+  // user); PERMISSION_DENIED naming its uid and who is allowed otherwise.
+  absl::Status CheckPeer(const PeerCredentials& peer) const;
+
   // Opens `name`, maps its first `bytes` and registers them with `engine`,
-  // for `owner`. INVALID_ARGUMENT for a bad name (not one leading slash and
-  // no other, empty, or longer than kMaxSharedMemoryNameBytes), bytes <= 0
-  // or an object smaller than `bytes`; NOT_FOUND when no such object
-  // exists; PERMISSION_DENIED when the server may not open it;
+  // for `owner`, whose connection has `peer`'s credentials. INVALID_ARGUMENT
+  // for a bad name (not one leading slash and no other, empty, or longer
+  // than kMaxSharedMemoryNameBytes), bytes <= 0 or an object smaller than
+  // `bytes`; NOT_FOUND when no such object exists; PERMISSION_DENIED for a
+  // peer CheckPeer refuses, an object that is a symbolic link, one another
+  // uid than the peer's owns, or one the server may not open;
   // RESOURCE_EXHAUSTED past the client's region count or the stored-bytes
   // quotas; the engine's error if it cannot register the memory.
   // `on_removed` is called once, outside the registry's lock, when the
   // region leaves the registry (never if this fails).
   absl::StatusOr<std::shared_ptr<SharedMemoryRegion>> Register(
-      const std::string& owner, const std::string& name, int64_t bytes,
-      Engine& engine, OnRemoved on_removed);
+      const std::string& owner, const PeerCredentials& peer,
+      const std::string& name, int64_t bytes, Engine& engine,
+      OnRemoved on_removed);
 
   // `owner`'s region `id`; NOT_FOUND for an unknown id or another client's.
   absl::StatusOr<std::shared_ptr<SharedMemoryRegion>> Find(

@@ -292,50 +292,130 @@ StageTimings DeviceSeconds(double h2d, double compute, double d2h) {
   return t;
 }
 
-// The first max_clients clients get a label of their own and keep it; the
-// rest are summed under "other"; no series ever goes down, and the number
-// of clients in a scrape stays at most max_clients + 1.
-TEST(ClientUsageTest, FirstClientsKeepTheirLabelTheRestAreOther) {
+// The series of `family` by client label, and their sum.
+std::map<std::string, double> ClientSeries(
+    const std::map<std::string, double>& samples, const std::string& family,
+    const std::string& suffix = "") {
+  std::map<std::string, double> out;
+  const std::string prefix = family + R"({client=")";
+  for (const auto& [key, value] : samples) {
+    if (key.rfind(prefix, 0) != 0) continue;
+    const size_t end = key.find('"', prefix.size());
+    if (key.substr(end + 1) != suffix + "}") continue;
+    out[key.substr(prefix.size(), end - prefix.size())] = value;
+  }
+  return out;
+}
+
+double Sum(const std::map<std::string, double>& series) {
+  double sum = 0;
+  for (const auto& [client, value] : series) sum += value;
+  return sum;
+}
+
+// 1,000 client ids, the five heaviest last: the labels are those five and
+// "other", whoever came first, and the series sum to all the use.
+TEST(ClientUsageTest, TheHeaviestClientsHaveLabelsEvenWhenTheyCameLast) {
+  ClientUsage usage(5);
+  double seconds = 0;
+  double h2d = 0;
+  double d2h = 0;
+  for (int i = 0; i < 1000; ++i) {
+    const bool heavy = i >= 995;
+    const double s = heavy ? 100 + i : 1;
+    const BusBytes bytes = heavy ? BusBytes{1000, 100} : BusBytes{10, 1};
+    usage.Record(absl::StrCat("c", i), DeviceSeconds(0, s, 0), bytes);
+    seconds += s;
+    h2d += static_cast<double>(bytes.h2d);
+    d2h += static_cast<double>(bytes.d2h);
+  }
+  const auto s = Samples(usage.Collect());
+  const auto gpu = ClientSeries(s, "matmul_client_gpu_seconds_total");
+  std::vector<std::string> labels;
+  for (const auto& [client, value] : gpu) labels.push_back(client);
+  EXPECT_EQ(labels, (std::vector<std::string>{"c995", "c996", "c997", "c998",
+                                              "c999", "other"}));
+  for (int i = 995; i < 1000; ++i) {
+    EXPECT_DOUBLE_EQ(gpu.at(absl::StrCat("c", i)), 100 + i) << i;
+  }
+  EXPECT_DOUBLE_EQ(gpu.at("other"), 995);
+  EXPECT_DOUBLE_EQ(Sum(gpu), seconds);
+  const auto h2d_series =
+      ClientSeries(s, "matmul_client_bytes_total", R"(,direction="h2d")");
+  const auto d2h_series =
+      ClientSeries(s, "matmul_client_bytes_total", R"(,direction="d2h")");
+  EXPECT_EQ(h2d_series.size(), 6u);
+  EXPECT_EQ(d2h_series.size(), 6u);
+  EXPECT_EQ(Sum(h2d_series), h2d);
+  EXPECT_EQ(Sum(d2h_series), d2h);
+  EXPECT_EQ(h2d_series.at("c999"), 1000);
+  EXPECT_EQ(d2h_series.at("other"), 995);
+}
+
+// More ids than are tracked for ranking (one each, as a tool run per
+// process makes): the heavy clients still get the labels, and the series
+// still sum to all the use.
+TEST(ClientUsageTest, ManyMoreIdsThanTrackedStillFindTheHeaviest) {
+  ClientUsage usage(2);
+  const int ids = static_cast<int>(usage.TrackedClients()) * 5;
+  double seconds = 0;
+  for (int i = 0; i < ids; ++i) {
+    if (i == ids / 2) {
+      usage.Record("second", DeviceSeconds(40, 0, 0), {});
+      seconds += 40;
+    }
+    usage.Record(absl::StrCat("tool-", i), DeviceSeconds(1, 0, 0), {1, 0});
+    seconds += 1;
+  }
+  usage.Record("heaviest", DeviceSeconds(50, 0, 0), {});
+  seconds += 50;
+  const auto gpu =
+      ClientSeries(Samples(usage.Collect()), "matmul_client_gpu_seconds_total");
+  ASSERT_EQ(gpu.size(), 3u);
+  EXPECT_DOUBLE_EQ(gpu.at("heaviest"), 50);
+  EXPECT_DOUBLE_EQ(gpu.at("second"), 40);
+  EXPECT_DOUBLE_EQ(gpu.at("other"), ids);
+  EXPECT_DOUBLE_EQ(Sum(gpu), seconds);
+}
+
+// A client that gives its label up to a heavier one adds its series to
+// "other": no series ever goes down, and fewer labels (SetMaxClients)
+// move the lightest into "other" the same way.
+TEST(ClientUsageTest, AClientThatLosesItsLabelMovesIntoOther) {
   ClientUsage usage(2);
   usage.Record("alice", DeviceSeconds(1, 2, 3), {100, 10});
   usage.Record("bob", DeviceSeconds(0.5, 0, 0), {1, 2});
-  usage.Record("carol", DeviceSeconds(4, 0, 0), {1000, 0});
-  usage.Record("dave", DeviceSeconds(0, 1, 0), {0, 7});
+  usage.Record("carol", DeviceSeconds(4, 0, 0), {1000, 0});  // bob's label
+  usage.Record("dave", DeviceSeconds(0, 1, 0), {0, 7});      // lighter
   usage.Record("alice", DeviceSeconds(0, 1, 0), {0, 5});
   auto s = Samples(usage.Collect());
-  EXPECT_DOUBLE_EQ(s.at(R"(matmul_client_gpu_seconds_total{client="alice"})"),
-                   7);
-  EXPECT_DOUBLE_EQ(s.at(R"(matmul_client_gpu_seconds_total{client="bob"})"),
-                   0.5);
-  EXPECT_DOUBLE_EQ(s.at(R"(matmul_client_gpu_seconds_total{client="other"})"),
-                   5);
-  EXPECT_EQ(
-      s.at(R"(matmul_client_bytes_total{client="alice",direction="h2d"})"),
-      100);
+  auto gpu = ClientSeries(s, "matmul_client_gpu_seconds_total");
+  EXPECT_EQ(gpu, (std::map<std::string, double>{
+                     {"alice", 7}, {"carol", 4}, {"other", 1.5}}));
   EXPECT_EQ(
       s.at(R"(matmul_client_bytes_total{client="alice",direction="d2h"})"), 15);
   EXPECT_EQ(
-      s.at(R"(matmul_client_bytes_total{client="other",direction="h2d"})"),
+      s.at(R"(matmul_client_bytes_total{client="carol",direction="h2d"})"),
       1000);
   EXPECT_EQ(
-      s.at(R"(matmul_client_bytes_total{client="other",direction="d2h"})"), 7);
-  EXPECT_EQ(s.count(R"(matmul_client_gpu_seconds_total{client="carol"})"), 0u);
-  size_t series = 0;
-  for (const auto& [key, value] : s) {
-    series += key.rfind("matmul_client_gpu_seconds_total", 0) == 0 ? 1 : 0;
-  }
-  EXPECT_EQ(series, 3u);
+      s.at(R"(matmul_client_bytes_total{client="other",direction="h2d"})"), 1);
+  EXPECT_EQ(
+      s.at(R"(matmul_client_bytes_total{client="other",direction="d2h"})"), 9);
 
-  // Raising the limit labels new clients from now on; carol's past use
-  // stays in "other" (which never goes down) and only her new use is hers.
+  usage.SetMaxClients(1);  // carol, the lighter, gives hers up
+  gpu =
+      ClientSeries(Samples(usage.Collect()), "matmul_client_gpu_seconds_total");
+  EXPECT_EQ(gpu, (std::map<std::string, double>{{"alice", 7}, {"other", 5.5}}));
+
+  // A free label goes to the next client to record; its series counts
+  // from then, and "other" keeps what it had.
   usage.SetMaxClients(3);
   usage.Record("carol", DeviceSeconds(0, 2, 0), {0, 0});
   usage.Record("erin", DeviceSeconds(0, 3, 0), {0, 0});
-  s = Samples(usage.Collect());
-  EXPECT_DOUBLE_EQ(s.at(R"(matmul_client_gpu_seconds_total{client="carol"})"),
-                   2);
-  EXPECT_DOUBLE_EQ(s.at(R"(matmul_client_gpu_seconds_total{client="other"})"),
-                   8);
+  gpu =
+      ClientSeries(Samples(usage.Collect()), "matmul_client_gpu_seconds_total");
+  EXPECT_EQ(gpu, (std::map<std::string, double>{
+                     {"alice", 7}, {"carol", 2}, {"erin", 3}, {"other", 5.5}}));
 }
 
 // A request that ran as one of n in a batch carries the batch's times with

@@ -343,11 +343,11 @@ class Worker:
                 call.a, call.b, transpose_a=call.transpose_a, transpose_b=call.transpose_b,
                 compute=call.compute, **kwargs)
         except matmul_client.MatmulError as error:
-            if error.code == RESOURCE_EXHAUSTED:
+            if error.code() == RESOURCE_EXHAUSTED:
                 self.tally.pushback += 1  # the server is busy: allowed, counted
             else:
                 self.fail(f"valid call {call.describe()} failed: {error}")
-            return error.code
+            return error.code()
         problem = call.check(got)
         if problem:
             self.fail(f"WRONG ANSWER for {call.describe()}: {problem}")
