@@ -570,6 +570,25 @@ def test_multiply_streamed_striped_matches_numpy(client: Client, stripes: int) -
     assert mismatch.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
+def test_multiply_streamed_picks_stripes_and_chunks_from_the_size() -> None:
+    from matmul_client._streamed import _stream_plan, _wire_bytes
+
+    mib = 1 << 20
+    # As the C++ library's StreamOptionsFor (matmul_client_test.cc).
+    assert _stream_plan(0, None, None) == (4 * mib, 1)
+    assert _stream_plan(191 * mib, None, None) == (4 * mib, 1)
+    assert _stream_plan(192 * mib, None, None) == (4 * mib, 2)
+    assert _stream_plan(768 * mib, None, None) == (16 * mib, 8)
+    assert _stream_plan(3072 * mib, None, None) == (16 * mib, 8)
+    assert _stream_plan(3072 * mib, None, None, can_stripe=False) == (16 * mib, 1)
+    assert _stream_plan(3072 * mib, mib, 3) == (mib, 3)
+    # What travels: both arrays and the product; a handle counts nothing.
+    a = np.zeros((2, 64, 32), np.float32)
+    b = np.zeros((16, 32), np.float32)
+    assert _wire_bytes(a, b, False, True) == a.nbytes + b.nbytes + 2 * 64 * 16 * 4
+    assert _wire_bytes(a, object(), False, False) == a.nbytes
+
+
 def test_multiply_streamed_errors(client: Client) -> None:
     a = np.ones((4, 5), np.float32)
     with pytest.raises(MatmulError) as mismatch:

@@ -47,7 +47,13 @@ from ._native_bridge import (
 from ._proto.grpc.health.v1 import health_pb2, health_pb2_grpc
 from ._proto.matmul.v1 import matmul_pb2, matmul_pb2_grpc
 from ._requests import Operand, _multiply_request
-from ._streamed import _check_stripes, _multiply_stream, _multiply_striped
+from ._streamed import (
+    _check_stripes,
+    _multiply_stream,
+    _multiply_striped,
+    _stream_plan,
+    _wire_bytes,
+)
 from ._tensors import (
     DTYPE_NAMES,
     WireType,
@@ -273,8 +279,8 @@ class Client:
         compute: str = "strict",
         dtype: Any = None,
         timeout: Optional[float] = None,
-        chunk_bytes: int = 4 << 20,
-        stripes: int = 1,
+        chunk_bytes: Optional[int] = None,
+        stripes: Optional[int] = None,
     ) -> np.ndarray:
         """:meth:`multiply` over the MultiplyStream RPC: the operands go out
         and the product comes back in chunks of about ``chunk_bytes``, so
@@ -284,6 +290,11 @@ class Client:
         :meth:`multiply` (without keep); ValueError for a chunk_bytes that
         is not positive.
 
+        ``chunk_bytes`` and ``stripes`` left at None are chosen from the
+        multiply's size, as the C++ library does: one call and 4 MiB chunks
+        up to 96 MiB of operands and product, one more call per 96 MiB
+        above (at most 8), 16 MiB chunks from 512 MiB.
+
         ``stripes`` (1 to 16): the multiply travels on that many
         MultiplyStream calls, each on its own connection (opened on first
         use and kept until :meth:`close`), so that one connection's rate
@@ -292,6 +303,9 @@ class Client:
         striping. Both paths stripe; the pure-Python one moves its chunks
         under the GIL, the native one does not.
         """
+        chunk_bytes, stripes = _stream_plan(
+            _wire_bytes(a, b, transpose_a, transpose_b), chunk_bytes, stripes, True
+        )
         if chunk_bytes <= 0:
             raise ValueError(f"chunk_bytes={chunk_bytes}: expected a positive size")
         stripes = _check_stripes(stripes)

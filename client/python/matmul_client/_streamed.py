@@ -77,6 +77,37 @@ def _stream_messages(
 MAX_STRIPES = 16
 
 
+def _stream_plan(
+    wire_bytes: int, chunk_bytes: Optional[int], stripes: Optional[int], can_stripe: bool = True
+) -> Tuple[int, int]:
+    """``(chunk_bytes, stripes)`` for a streamed multiply that moves
+    ``wire_bytes`` (operands sent and product received), where the caller
+    gave None: as the C++ library's StreamOptionsFor, one call and 4 MiB
+    chunks up to 96 MiB, one more call per 96 MiB above (at most 8; one
+    where this path cannot stripe), and 16 MiB chunks from 512 MiB."""
+    mib = 1 << 20
+    if stripes is None:
+        stripes = min(max(wire_bytes // (96 * mib), 1), 8) if can_stripe else 1
+    if chunk_bytes is None:
+        chunk_bytes = 16 * mib if wire_bytes >= 512 * mib else 4 * mib
+    return chunk_bytes, stripes
+
+
+def _wire_bytes(a: Any, b: Any, transpose_a: bool, transpose_b: bool) -> int:
+    """The bytes a streamed multiply of ``a`` and ``b`` moves, as far as the
+    client can tell: the arrays' bytes, and the product's where both are
+    arrays of 2 or 3 dimensions (a stored tensor's handle counts nothing)."""
+    arrays = [x if hasattr(x, "nbytes") and hasattr(x, "shape") else None for x in (a, b)]
+    total = sum(int(x.nbytes) for x in arrays if x is not None)
+    x, y = arrays
+    if x is not None and y is not None and x.ndim in (2, 3) and y.ndim in (2, 3):
+        m = x.shape[-1] if transpose_a else x.shape[-2]
+        n = y.shape[-2] if transpose_b else y.shape[-1]
+        batch = max(x.shape[0] if x.ndim == 3 else 1, y.shape[0] if y.ndim == 3 else 1)
+        total += int(batch) * int(m) * int(n) * int(x.itemsize)
+    return total
+
+
 def _check_stripes(stripes: Any) -> int:
     if isinstance(stripes, bool) or not isinstance(stripes, (int, np.integer)):
         raise TypeError(f"stripes: expected an int, got {type(stripes).__name__}")

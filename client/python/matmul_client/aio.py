@@ -56,7 +56,13 @@ from ._native_bridge import (
 from ._proto.grpc.health.v1 import health_pb2, health_pb2_grpc
 from ._proto.matmul.v1 import matmul_pb2, matmul_pb2_grpc
 from ._requests import Operand, _multiply_request
-from ._streamed import _check_stripes, _stream_messages, _StreamProduct
+from ._streamed import (
+    _check_stripes,
+    _stream_messages,
+    _stream_plan,
+    _StreamProduct,
+    _wire_bytes,
+)
 from ._tensors import (
     DTYPE_NAMES,
     encode_tensor,
@@ -175,14 +181,18 @@ class AsyncClient:
         compute: str = "strict",
         dtype: Any = None,
         timeout: Optional[float] = None,
-        chunk_bytes: int = 4 << 20,
-        stripes: int = 1,
+        chunk_bytes: Optional[int] = None,
+        stripes: Optional[int] = None,
     ) -> np.ndarray:
         """:meth:`Client.multiply_streamed`, awaited. On the native core the
         library's (blocking, GIL-free) streamed call runs on a native thread
         of its own. Cancelling the task cancels the stream (on both cores);
         the operands must not change until the call is done. ``stripes`` > 1
-        needs the native core (ValueError on grpc.aio)."""
+        needs the native core (ValueError on grpc.aio); left at None, it is
+        chosen from the size there and is 1 on grpc.aio."""
+        chunk_bytes, stripes = _stream_plan(
+            _wire_bytes(a, b, transpose_a, transpose_b), chunk_bytes, stripes, self._native is not None
+        )
         if chunk_bytes <= 0:
             raise ValueError(f"chunk_bytes={chunk_bytes}: expected a positive size")
         stripes = _check_stripes(stripes)
