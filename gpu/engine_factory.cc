@@ -67,11 +67,11 @@ absl::StatusOr<std::unique_ptr<Engine>> CreateBareEngine(
   if (ChoosesCudaEngine(options.kind)) {
     CudaEngineOptions cuda;
     cuda.streams_per_device = options.streams_per_device;
-    cuda.pinned_bytes_per_device = options.staging_bytes_per_device;
+    cuda.pinned_pool_bytes = options.pinned_pool_bytes;
     cuda.inline_dispatch_max_bytes = options.inline_dispatch_max_bytes;
     cuda.completion_poll = options.completion_poll;
-    cuda.job_graphs_per_stream = options.cuda_graphs_per_stream;
-    cuda.job_graph_max_device_bytes = options.cuda_graph_max_bytes;
+    cuda.job_graphs_per_stream = options.job_graphs_per_stream;
+    cuda.job_graph_max_device_bytes = options.job_graph_max_device_bytes;
     ASSIGN_OR_RETURN(std::unique_ptr<CudaEngine> engine,
                      CudaEngine::Create(cuda));
     return std::unique_ptr<Engine>(std::move(engine));

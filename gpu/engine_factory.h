@@ -20,7 +20,7 @@ struct EngineOptions {
   // CUDA streams per device (host engine: worker lanes).
   int streams_per_device = 4;
   // Pinned staging memory per device, bytes (CUDA engine).
-  int64_t staging_bytes_per_device = int64_t{4} << 30;
+  int64_t pinned_pool_bytes = int64_t{4} << 30;
   // Merge small same-shape multiplies into one batched job
   // (BatchingEngine): adaptive, they gather only while every stream is
   // busy, waiting at most `batch_window`; not adaptive, each group waits
@@ -44,10 +44,10 @@ struct EngineOptions {
   absl::Duration completion_poll = absl::Milliseconds(1);
   // CUDA engine: small multiplies replayed from CUDA graphs recorded per
   // stream and shape, at most this many per stream (0: off).
-  int cuda_graphs_per_stream = 8;
+  int job_graphs_per_stream = 8;
   // CUDA engine: the most device memory (A, B and C) of a job replayed from
   // a graph (CudaEngineOptions::job_graph_max_device_bytes).
-  int64_t cuda_graph_max_bytes = int64_t{4} << 20;
+  int64_t job_graph_max_device_bytes = int64_t{4} << 20;
 };
 
 // "auto", "cuda" or "host".

@@ -331,8 +331,7 @@ int main(int argc, char** argv) {
   engine_options.grouped_batching = absl::GetFlag(FLAGS_grouped_batching);
   engine_options.completion_poll = absl::Microseconds(
       std::max<int64_t>(0, absl::GetFlag(FLAGS_completion_poll_us)));
-  engine_options.staging_bytes_per_device =
-      absl::GetFlag(FLAGS_pinned_pool_bytes);
+  engine_options.pinned_pool_bytes = absl::GetFlag(FLAGS_pinned_pool_bytes);
 
   matmul::ServerOptions options;
   const std::string host = absl::GetFlag(FLAGS_host);

@@ -31,7 +31,7 @@ inline MatmulServer::EngineProvider EngineUnderTestProvider(
     EngineOptions options;
     options.kind = *kind;
     options.streams_per_device = streams;
-    options.staging_bytes_per_device = staging_bytes;
+    options.pinned_pool_bytes = staging_bytes;
     return CreateEngine(options);
   };
 }

@@ -583,7 +583,7 @@ TEST(SharedMemoryTest, MultipliesIntoARegionBatchAndEachProductIsExact) {
     EngineOptions options;
     options.kind = *kind;
     options.streams_per_device = 2;
-    options.staging_bytes_per_device = int64_t{256} << 20;
+    options.pinned_pool_bytes = int64_t{256} << 20;
     options.batch_window = absl::Milliseconds(500);
     options.adaptive_batching = false;
     return CreateEngine(options);

@@ -73,7 +73,7 @@ class FaultInjector {
 struct CudaEngineOptions {
   int streams_per_device = 4;
   // Pinned staging memory per device.
-  int64_t pinned_bytes_per_device = int64_t{4} << 30;
+  int64_t pinned_pool_bytes = int64_t{4} << 30;
   // cuBLAS workspace per stream (NVIDIA recommends 32 MiB on Hopper).
   int64_t cublas_workspace_bytes = int64_t{32} << 20;
   // Device memory kept free for the driver, cuBLAS and fragmentation.

@@ -22,7 +22,7 @@ absl::StatusOr<std::unique_ptr<CudaEngine::Device>> CudaEngine::Device::Create(
                    StreamPool::Create(index, options.streams_per_device,
                                       options.cublas_workspace_bytes));
   ASSIGN_OR_RETURN(PinnedBuffer pinned,
-                   PinnedBuffer::Allocate(options.pinned_bytes_per_device));
+                   PinnedBuffer::Allocate(options.pinned_pool_bytes));
   // The pool owns the region through a HostBuffer that frees it.
   auto* region = new PinnedBuffer(std::move(pinned));
   device->pinned = std::make_unique<PinnedPool>(

@@ -54,7 +54,7 @@ std::unique_ptr<CudaEngine> NewEngine(
   CudaEngineOptions options;
   options.streams_per_device = streams;
   options.inline_dispatch_max_bytes = inline_dispatch_max_bytes;
-  options.pinned_bytes_per_device = int64_t{2} << 30;
+  options.pinned_pool_bytes = int64_t{2} << 30;
   options.poison_outputs = true;
   absl::StatusOr<std::unique_ptr<CudaEngine>> engine =
       CudaEngine::Create(options);
@@ -191,7 +191,7 @@ TEST(CudaEngineTest, OneJobInNIsTimedAndEveryJobIsRight) {
   SKIP_WITHOUT_GPU();
   CudaEngineOptions options;
   options.streams_per_device = 1;
-  options.pinned_bytes_per_device = int64_t{64} << 20;
+  options.pinned_pool_bytes = int64_t{64} << 20;
   options.poison_outputs = true;
   options.timed_job_every = 0;
   EXPECT_EQ(CudaEngine::Create(options).status().code(),
@@ -240,7 +240,7 @@ TEST(CudaEngineTest, OneJobInNIsTimedAndEveryJobIsRight) {
 TEST(CudaEngineTest, CreateRefusesAMissingDevice) {
   CudaEngineOptions options;
   options.devices = {VisibleCudaDevices() + 7};
-  options.pinned_bytes_per_device = int64_t{64} << 20;
+  options.pinned_pool_bytes = int64_t{64} << 20;
   absl::StatusOr<std::unique_ptr<CudaEngine>> engine =
       CudaEngine::Create(options);
   if (VisibleCudaDevices() == 0) {
@@ -381,7 +381,7 @@ class CudaEngineCompletionTest
   std::unique_ptr<CudaEngine> NewModeEngine() {
     CudaEngineOptions options;
     options.streams_per_device = 4;
-    options.pinned_bytes_per_device = int64_t{1} << 30;
+    options.pinned_pool_bytes = int64_t{1} << 30;
     options.poison_outputs = true;
     options.inline_dispatch_max_bytes = GetParam().inline_dispatch_max_bytes;
     options.completion_poll = GetParam().completion_poll;
@@ -664,7 +664,7 @@ TEST_P(CudaEngineFaultTest, OneFaultyJobFailsAloneAndTheRestFlow) {
       absl::InternalError("injected: CUBLAS_STATUS_EXECUTION_FAILED"));
   CudaEngineOptions options;
   options.streams_per_device = 4;
-  options.pinned_bytes_per_device = int64_t{1} << 30;
+  options.pinned_pool_bytes = int64_t{1} << 30;
   options.poison_outputs = true;
   options.fault_injector = &faults;
   absl::StatusOr<std::unique_ptr<CudaEngine>> engine =
@@ -725,7 +725,7 @@ TEST(CudaEngineTest, BrokenContextFailsTheDeviceAndStatsSayUnhealthy) {
   CudaEngineOptions options;
   options.devices = {0};
   options.streams_per_device = 2;
-  options.pinned_bytes_per_device = int64_t{256} << 20;
+  options.pinned_pool_bytes = int64_t{256} << 20;
   options.fault_injector = &faults;
   absl::StatusOr<std::unique_ptr<CudaEngine>> engine =
       CudaEngine::Create(options);

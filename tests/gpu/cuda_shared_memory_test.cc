@@ -110,7 +110,7 @@ class RegionJob final : public MatmulJob {
 std::unique_ptr<CudaEngine> NewEngine() {
   CudaEngineOptions options;
   options.streams_per_device = 2;
-  options.pinned_bytes_per_device = int64_t{64} << 20;
+  options.pinned_pool_bytes = int64_t{64} << 20;
   options.poison_outputs = true;
   absl::StatusOr<std::unique_ptr<CudaEngine>> engine =
       CudaEngine::Create(options);

@@ -83,7 +83,7 @@ TEST(DeviceHealthServerTest, FailedGpuTurnsHealthNotServingAndGaugeZero) {
         CudaEngineOptions cuda;
         cuda.devices = {0};  // one device: its failure leaves none
         cuda.streams_per_device = 2;
-        cuda.pinned_bytes_per_device = int64_t{256} << 20;
+        cuda.pinned_pool_bytes = int64_t{256} << 20;
         cuda.fault_injector = &fault;
         absl::StatusOr<std::unique_ptr<CudaEngine>> engine =
             CudaEngine::Create(cuda);

@@ -36,7 +36,7 @@ std::unique_ptr<CudaEngine> NewEngine(
         CudaEngineOptions().inline_dispatch_max_bytes) {
   CudaEngineOptions options;
   options.streams_per_device = 4;
-  options.pinned_bytes_per_device = int64_t{1} << 30;
+  options.pinned_pool_bytes = int64_t{1} << 30;
   options.inline_dispatch_max_bytes = inline_dispatch_max_bytes;
   options.poison_outputs = true;  // a member left unwritten reads as NaN
   absl::StatusOr<std::unique_ptr<CudaEngine>> engine =

@@ -55,7 +55,7 @@ std::unique_ptr<CudaEngine> GraphEngine(int streams, int graphs_per_stream,
                                         int min_sightings = 1) {
   CudaEngineOptions options;
   options.streams_per_device = streams;
-  options.pinned_bytes_per_device = int64_t{1} << 30;
+  options.pinned_pool_bytes = int64_t{1} << 30;
   options.poison_outputs = true;  // a C never written cannot pass
   options.job_graphs_per_stream = graphs_per_stream;
   options.job_graph_min_sightings = min_sightings;
@@ -428,7 +428,7 @@ TEST_P(JobGraphFaultTest, AFailedReplayDropsItsInstanceAndTheNextJobIsRight) {
       absl::InternalError("injected: CUBLAS_STATUS_EXECUTION_FAILED"));
   CudaEngineOptions options;
   options.streams_per_device = 1;
-  options.pinned_bytes_per_device = int64_t{256} << 20;
+  options.pinned_pool_bytes = int64_t{256} << 20;
   options.poison_outputs = true;
   options.fault_injector = &faults;
   options.job_graphs_per_stream = 2;
@@ -477,7 +477,7 @@ TEST(JobGraphTest, AJobWithoutStagingLetsTheIdleInstancesGo) {
   SKIP_WITHOUT_GPU();
   CudaEngineOptions options;
   options.streams_per_device = 1;
-  options.pinned_bytes_per_device = int64_t{32} << 20;
+  options.pinned_pool_bytes = int64_t{32} << 20;
   options.poison_outputs = true;
   options.job_graphs_per_stream = 4;
   options.job_graph_min_sightings = 1;

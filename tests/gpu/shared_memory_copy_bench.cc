@@ -97,7 +97,7 @@ int main(int argc, char** argv) {
   matmul::CudaEngineOptions options;
   options.devices = {device};
   options.streams_per_device = 1;
-  options.pinned_bytes_per_device = int64_t{16} << 20;
+  options.pinned_pool_bytes = int64_t{16} << 20;
   absl::StatusOr<std::unique_ptr<matmul::CudaEngine>> engine =
       matmul::CudaEngine::Create(options);
   if (!engine.ok()) {

@@ -361,7 +361,7 @@ absl::StatusOr<EngineRun> RunEngine(const MatmulSpec& spec,
   // Prestaged, only C is staged: 1 GiB holds 16 results of n=4096 float32,
   // more than the jobs kept in flight. Batched, A, B and C are: 1 GiB holds
   // 21 full batches of 64 at n=256 float32.
-  options.pinned_bytes_per_device = int64_t{1} << 30;
+  options.pinned_pool_bytes = int64_t{1} << 30;
   options.poll_only_max_bytes = run_options.poll_only_max_bytes;
   options.poll_pause = run_options.poll_pause;
   options.pollers_per_device = run_options.pollers;
