@@ -2,7 +2,7 @@
 // cuBLAS on one stream of one device: the H2D copy of A and B from pinned
 // memory, the GEMM, the D2H copy of C. The pipeline can at best finish
 // 1/max(h2d, gemm, d2h) jobs a second, and one stream serializes to
-// 1/(h2d + gemm + d2h). For matmul-pipeline-bench (tools/pipeline-bench/),
+// 1/(h2d + gemm + d2h). For matmul-pipeline-bench (bench/pipeline/),
 // which so needs no CUDA header of its own.
 //
 // MeasurePipelined: the three stages together, as the engine runs them:

@@ -42,9 +42,9 @@
 
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
+#include "bench/service/bench_workload.h"
+#include "bench/service/load_generator.h"
 #include "client/lib/matmul_client.h"
-#include "client/tools/bench_workload.h"
-#include "client/tools/load_generator.h"
 
 namespace matmul {
 

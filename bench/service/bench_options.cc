@@ -1,4 +1,4 @@
-#include "client/tools/bench_options.h"
+#include "bench/service/bench_options.h"
 
 #include <unistd.h>
 
@@ -17,9 +17,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "bench/service/bench_stability.h"
+#include "bench/service/load_generator.h"
 #include "client/lib/matmul_client.h"
-#include "client/tools/bench_stability.h"
-#include "client/tools/load_generator.h"
 #include "common/command_line.h"
 #include "common/dtype.h"
 

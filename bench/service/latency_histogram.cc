@@ -1,4 +1,4 @@
-#include "client/tools/latency_histogram.h"
+#include "bench/service/latency_histogram.h"
 
 #include <algorithm>
 #include <cmath>

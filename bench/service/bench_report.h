@@ -49,7 +49,7 @@
 //   compute_us_per_request, device_busy_us_per_request, jobs_per_request,
 //   launches, launched_requests, grouped_launches, grouped_requests} (only
 //   with --server-metrics: the server's counters over the point, warm-up
-//   included, client/tools/server_scrape.h),
+//   included, bench/service/server_scrape.h),
 //   server {engine, version, streams_per_device, device_names [..],
 //           devices [{index, name, uuid, memory_bytes, multiprocessors,
 //                     copy_engines, compute_capability, staging_bytes}],
@@ -71,9 +71,9 @@
 #include <string>
 #include <vector>
 
-#include "client/tools/bench_workload.h"
-#include "client/tools/load_generator.h"
-#include "client/tools/server_scrape.h"
+#include "bench/service/bench_workload.h"
+#include "bench/service/load_generator.h"
+#include "bench/service/server_scrape.h"
 #include "matmul/v1/matmul.pb.h"
 
 namespace matmul {

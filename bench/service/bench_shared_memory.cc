@@ -1,4 +1,4 @@
-#include "client/tools/bench_shared_memory.h"
+#include "bench/service/bench_shared_memory.h"
 
 #include <algorithm>
 #include <cstring>

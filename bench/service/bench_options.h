@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "client/tools/bench_workload.h"
-#include "client/tools/server_scrape.h"
+#include "bench/service/bench_workload.h"
+#include "bench/service/server_scrape.h"
 #include "common/dtype.h"
 #include "common/grpc_args.h"
 

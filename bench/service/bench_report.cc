@@ -1,4 +1,4 @@
-#include "client/tools/bench_report.h"
+#include "bench/service/bench_report.h"
 
 #include <cmath>
 #include <optional>

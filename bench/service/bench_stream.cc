@@ -1,4 +1,4 @@
-#include "client/tools/bench_stream.h"
+#include "bench/service/bench_stream.h"
 
 #include <algorithm>
 #include <chrono>
@@ -12,8 +12,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "bench/service/load_clock.h"
 #include "client/lib/tensor_proto.h"
-#include "client/tools/load_clock.h"
 
 namespace matmul {
 namespace {

@@ -1,7 +1,7 @@
 // Tests of LatencyHistogram: bucket arithmetic, exact small values, and
 // percentiles of known distributions within 1% of the exact order
 // statistics.
-#include "client/tools/latency_histogram.h"
+#include "bench/service/latency_histogram.h"
 
 #include <gtest/gtest.h>
 

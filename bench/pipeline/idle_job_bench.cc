@@ -68,8 +68,8 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "bench/pipeline/raw_bench.h"
 #include "common/streaming_copy.h"
-#include "tools/pipeline-bench/raw_bench.h"
 
 namespace {
 

@@ -41,7 +41,7 @@
 #include <thread>
 #include <vector>
 
-#include "tools/pipeline-bench/raw_bench.h"
+#include "bench/pipeline/raw_bench.h"
 
 namespace {
 

@@ -1,4 +1,4 @@
-#include "client/tools/server_scrape.h"
+#include "bench/service/server_scrape.h"
 
 #include <netdb.h>
 #include <poll.h>

@@ -12,10 +12,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "bench/service/bench_workload.h"
+#include "bench/service/load_generator.h"
 #include "client/lib/matmul_client.h"
 #include "client/lib/shared_memory_session.h"
-#include "client/tools/bench_workload.h"
-#include "client/tools/load_generator.h"
 #include "matmul/v1/matmul.pb.h"
 
 namespace matmul {

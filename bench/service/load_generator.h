@@ -53,8 +53,8 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "bench/service/latency_histogram.h"
 #include "client/lib/matmul_client.h"
-#include "client/tools/latency_histogram.h"
 #include "matmul/v1/matmul.pb.h"
 
 namespace matmul {

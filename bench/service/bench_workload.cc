@@ -1,4 +1,4 @@
-#include "client/tools/bench_workload.h"
+#include "bench/service/bench_workload.h"
 
 #include <cblas.h>
 

@@ -1,6 +1,6 @@
 // Tests of matmul-bench's workload (shape parsing, request building), its
 // response verification, and the figures of its report.
-#include "client/tools/bench_workload.h"
+#include "bench/service/bench_workload.h"
 
 #include <gtest/gtest.h>
 
@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "bench/service/bench_report.h"
+#include "bench/service/server_scrape.h"
 #include "client/lib/tensor_proto.h"
-#include "client/tools/bench_report.h"
-#include "client/tools/server_scrape.h"
 #include "common/element.h"
 #include "nlohmann/json.hpp"
 

@@ -4,7 +4,7 @@ matmul-server (host engine).
 Run with /usr/bin/python3 (it has matplotlib; the python3 first on PATH may
 not):
 
-    MATMUL_BIN_DIR=build/bin /usr/bin/python3 -m pytest -q tests/bench/bench_e2e_test.py
+    MATMUL_BIN_DIR=build/bin /usr/bin/python3 -m pytest -q bench/tests/bench_e2e_test.py
 
 MATMUL_BIN_DIR names the directory holding matmul-server and matmul-bench
 (CTest sets it); it defaults to <repo>/build/bin. MATMUL_REPO_DIR names the

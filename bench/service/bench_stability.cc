@@ -1,4 +1,4 @@
-#include "client/tools/bench_stability.h"
+#include "bench/service/bench_stability.h"
 
 #include <algorithm>
 #include <cmath>

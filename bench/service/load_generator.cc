@@ -1,4 +1,4 @@
-#include "client/tools/load_generator.h"
+#include "bench/service/load_generator.h"
 
 #include <algorithm>
 #include <chrono>
@@ -12,9 +12,9 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "bench/service/load_clock.h"
 #include "client/lib/multiply_encoding.h"
 #include "client/lib/tensor_proto.h"
-#include "client/tools/load_clock.h"
 
 namespace matmul {
 namespace {
