@@ -50,7 +50,7 @@
 //   - after each row, the engine's mean StageTimings::enqueue (the host's
 //     time making a job's device calls) with one stream and with the pool.
 // Prints a table and optionally writes JSON. The ceilings are measured by
-// gpu/cuda/stage_ceilings.h, so that this tool includes no CUDA header.
+// bench/pipeline/stage_ceilings.h, so that this tool includes no CUDA header.
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
@@ -69,13 +69,13 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "bench/pipeline/stage_ceilings.h"
 #include "common/float16.h"
 #include "common/mutex_mode.h"
 #include "common/status_macros.h"
 #include "gpu/batching_engine.h"
 #include "gpu/cuda/cuda_engine.h"
 #include "gpu/cuda/device_registry.h"
-#include "gpu/cuda/stage_ceilings.h"
 
 namespace matmul {
 namespace {

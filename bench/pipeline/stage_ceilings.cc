@@ -1,4 +1,4 @@
-#include "gpu/cuda/stage_ceilings.h"
+#include "bench/pipeline/stage_ceilings.h"
 
 #include <cuda_runtime.h>
 
