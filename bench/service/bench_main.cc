@@ -2,7 +2,7 @@
 // payload GB/s, TFLOP/s and latency percentiles for one shape and dtype,
 // over a sweep of concurrency levels (closed loop) or at fixed request rates
 // (open loop). Prints a table on stdout, optionally writes JSON (--json) for
-// scripts/plot_bench.py. With --resident the operands (and products) stay on
+// bench/plot/plot_bench.py. With --resident the operands (and products) stay on
 // the server, named by handles, so that the GPU rather than the wire is
 // measured; with --stream each multiply travels over MultiplyStream in
 // chunks (bench_stream.h). The command line is bench_options.h's.

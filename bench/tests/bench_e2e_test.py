@@ -1,5 +1,5 @@
-"""End-to-end tests of matmul-bench and scripts/plot_bench.py against a real
-matmul-server (host engine).
+"""End-to-end tests of matmul-bench and bench/plot/plot_bench.py against a
+real matmul-server (host engine).
 
 Run with /usr/bin/python3 (it has matplotlib; the python3 first on PATH may
 not):
@@ -8,7 +8,7 @@ not):
 
 MATMUL_BIN_DIR names the directory holding matmul-server and matmul-bench
 (CTest sets it); it defaults to <repo>/build/bin. MATMUL_REPO_DIR names the
-repository (for scripts/plot_bench.py); it defaults to this file's.
+repository (for bench/plot/plot_bench.py); it defaults to this file's.
 """
 
 import importlib.util
@@ -32,7 +32,7 @@ BIN_DIR = pathlib.Path(os.environ.get("MATMUL_BIN_DIR", REPO / "build" / "bin"))
 SERVER = BIN_DIR / "matmul-server"
 BENCH = BIN_DIR / "matmul-bench"
 CLI = BIN_DIR / "matmul-cli"
-PLOT = REPO / "scripts" / "plot_bench.py"
+PLOT = REPO / "bench" / "plot" / "plot_bench.py"
 
 POINT_FIELDS = [
     "label", "timestamp", "host", "target", "shape", "batch", "m", "k", "n",

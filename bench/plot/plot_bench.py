@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Turns matmul-bench JSON reports into PNG charts.
 
-    /usr/bin/python3 scripts/plot_bench.py run1.json [run2.json ...] --out DIR
+    /usr/bin/python3 bench/plot/plot_bench.py run1.json [run2.json ...] --out DIR
 
 Writes, in DIR:
   throughput.png  successful requests/s and payload GB/s (both directions)

@@ -3,7 +3,7 @@
 the GPU (uploads done) and bytes copied back (downloads done) over time, the
 GEMM, and the window in which the operand chunks arrived.
 
-    /usr/bin/python3 scripts/plot_stream.py TIMELINE.json \\
+    /usr/bin/python3 bench/plot/plot_stream.py TIMELINE.json \\
         --received 0.017 1.319 --chunk-mib 4 -o stream.png
 
 TIMELINE.json is GET /timeline?seconds=N captured after the multiply, with
