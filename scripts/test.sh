@@ -163,9 +163,9 @@ clang-format --dry-run --Werror $files || lint_failed=$((lint_failed + 1))
 # shellcheck disable=SC2086
 shellcheck -x $scripts || lint_failed=$((lint_failed + 1))
 # No include cycles: by unit (a .h with its .cc) in server/, client/,
-# common/ and tools/; by file in gpu/, whose CUDA engine defines its nested
+# common/, tools/ and bench/; by file in gpu/, whose CUDA engine defines its nested
 # types (CudaEngine::Device, ::Lane, ::InFlight) in headers of their own.
-"$py" scripts/check_include_cycles.py --units server client common tools || lint_failed=$((lint_failed + 1))
+"$py" scripts/check_include_cycles.py --units server client common tools bench || lint_failed=$((lint_failed + 1))
 "$py" scripts/check_include_cycles.py gpu || lint_failed=$((lint_failed + 1))
 # The protobuf API against its last release, and the checker's own cases.
 lint_junit=$results/ctest-lint.xml lint_since=$(date +%s)
