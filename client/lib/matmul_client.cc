@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <random>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -24,8 +25,10 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
@@ -115,6 +118,28 @@ bool IsPolicyName(const std::string& name) {
     if (!absl::ascii_isalnum(c) && c != '_') return false;
   }
   return true;
+}
+
+// `target` with the addresses of an "ipv4:A,B,..." or "ipv6:..." list in a
+// random order; any other target as it is. Under round_robin the order
+// changes nothing but which connection comes up first, and that one takes
+// the calls made before the others are up: a process that makes one call
+// (matmul-cli) would send it to the first address nearly every time. A DNS
+// name needs no help: servers such as CoreDNS shuffle their answers.
+std::string ShuffledAddressList(const std::string& target) {
+  for (absl::string_view scheme : {"ipv4:", "ipv6:"}) {
+    if (!absl::StartsWith(target, scheme)) continue;
+    const absl::string_view list =
+        absl::string_view(target).substr(scheme.size());
+    if (absl::StartsWith(list, "/") || !absl::StrContains(list, ',')) {
+      return target;
+    }
+    std::vector<std::string> addresses = absl::StrSplit(list, ',');
+    std::mt19937 shuffle_bits(std::random_device{}());
+    std::shuffle(addresses.begin(), addresses.end(), shuffle_bits);
+    return absl::StrCat(scheme, absl::StrJoin(addresses, ","));
+  }
+  return target;
 }
 
 }  // namespace
@@ -257,8 +282,8 @@ absl::StatusOr<std::unique_ptr<MatmulClient>> MatmulClient::Create(
   ChannelMaker make_channel =
       [target, credentials, channel_args = options.channel_args,
        string_args = options.channel_string_args,
-       limit = static_cast<int>(options.max_message_bytes),
-       service_config](int index) {
+       limit = static_cast<int>(options.max_message_bytes), service_config,
+       shuffle = options.load_balancing_policy == "round_robin"](int index) {
         grpc::ChannelArguments args;
         // The caller's arguments first: of two values for one key, gRPC uses
         // the first, so they override the settings below.
@@ -272,7 +297,17 @@ absl::StatusOr<std::unique_ptr<MatmulClient>> MatmulClient::Create(
         args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
         args.SetInt(kChannelIndexArg, index);
         if (!service_config.empty()) args.SetServiceConfigJSON(service_config);
-        return grpc::CreateCustomChannel(target, credentials, args);
+        if (!shuffle)
+          return grpc::CreateCustomChannel(target, credentials, args);
+        const std::string shuffled = ShuffledAddressList(target);
+        if (shuffled != target) {
+          // The authority gRPC derives from the target as given (its list),
+          // so that :authority and the TLS name check do not vary with the
+          // order. A caller's setting, first, wins.
+          args.SetString(GRPC_ARG_DEFAULT_AUTHORITY,
+                         target.substr(target.find(':') + 1));
+        }
+        return grpc::CreateCustomChannel(shuffled, credentials, args);
       };
   std::vector<std::shared_ptr<grpc::Channel>> channels;
   for (int i = 0; i < options.channels; ++i) {

@@ -78,13 +78,18 @@ struct ClientOptions {
   // Largest message sent or received (set on the channel both ways); gRPC
   // caps it at 2^31 - 1. Must be positive.
   int64_t max_message_bytes = 2147483647;
-  // gRPC load-balancing policy, set through the default service config:
-  // empty for gRPC's default (pick_first), "round_robin" to spread calls over
-  // every address a dns:/// target resolves to.
-  std::string load_balancing_policy;
+  // gRPC load-balancing policy of every channel (those striped calls open
+  // too), set through the default service config: "round_robin" spreads
+  // calls over every address the target resolves to (dns:/// names, or
+  // "ipv4:10.0.0.1:50051,10.0.0.2:50051"); "pick_first" keeps them on one,
+  // as calls naming a stored tensor's handle need while handles do not name
+  // their server. Empty: the client sets none (gRPC's default, pick_first,
+  // unless the resolver or a grpc.service_config channel argument names one).
+  std::string load_balancing_policy = "round_robin";
   // Separate channels (HTTP/2 connections) to open; calls rotate among them.
   // More than one helps throughput when large messages would otherwise queue
-  // on one connection's flow control.
+  // on one connection's flow control. Under round_robin each channel has a
+  // connection to every address and spreads its own calls over them.
   int channels = 1;
   // Extra gRPC channel arguments, for transport tuning (common/grpc_args.h).
   // They override the client's own settings of the same key (e.g.
