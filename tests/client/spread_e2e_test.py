@@ -37,9 +37,8 @@ SERVERS = 3
 # 1/3; round_robin is exact per channel, so only the calls a channel makes
 # before its last connection is ready can tilt it.
 MIN_SHARE, MAX_SHARE = 0.25, 0.42
-# The bench's multiplies: the issue names 3,000; 600 is a few seconds on a
-# busy 2-core machine.
-BENCH_REQUESTS = 600
+# The bench's multiplies per point: the issue's number.
+BENCH_REQUESTS = 3000
 # matmul-cli runs: one process, one multiply each. Each process's first
 # call goes to the connection that is up first, which the library's
 # shuffle of an ipv4: list makes a random one: with 600 runs a share
