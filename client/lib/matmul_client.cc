@@ -48,6 +48,10 @@ using client_internal::SetTimeout;
 // never merged onto one connection.
 constexpr char kChannelIndexArg[] = "matmul.channel";
 constexpr int kMaxChannels = 1024;
+// Servers whose striped-call channels a client keeps (StripeChannels).
+constexpr size_t kMaxPinnedServers = 16;
+// The longest a striped call waits to learn which server it goes to.
+constexpr absl::Duration kMaxStripeProbe = absl::Seconds(10);
 // The method an encoded request is sent to.
 const char kMultiplyMethod[] = "/matmul.v1.MatmulService/Multiply";
 // Ends an asynchronous Multiply: frees `call` (gRPC is done with it), then
@@ -140,6 +144,24 @@ std::string ShuffledAddressList(const std::string& target) {
     return absl::StrCat(scheme, absl::StrJoin(addresses, ","));
   }
   return target;
+}
+
+// The authority gRPC gives a channel to `target` (its TLS name check and
+// :authority), for the targets whose servers have IP addresses: dns: names,
+// ipv4:/ipv6: lists and scheme-less host:port. Empty for others (unix:,
+// or a scheme this client does not know).
+std::string IpTargetAuthority(const std::string& target) {
+  for (absl::string_view scheme : {"dns:", "ipv4:", "ipv6:"}) {
+    if (!absl::StartsWith(target, scheme)) continue;
+    absl::string_view rest = absl::string_view(target).substr(scheme.size());
+    if (absl::StartsWith(rest, "//")) {  // dns://DNS-SERVER/name:port
+      const size_t slash = rest.find('/', 2);
+      rest = slash == absl::string_view::npos ? "" : rest.substr(slash);
+    }
+    absl::ConsumePrefix(&rest, "/");
+    return std::string(rest);
+  }
+  return absl::StrContains(target, '/') ? "" : target;
 }
 
 }  // namespace
@@ -283,7 +305,8 @@ absl::StatusOr<std::unique_ptr<MatmulClient>> MatmulClient::Create(
       [target, credentials, channel_args = options.channel_args,
        string_args = options.channel_string_args,
        limit = static_cast<int>(options.max_message_bytes), service_config,
-       shuffle = options.load_balancing_policy == "round_robin"](int index) {
+       shuffle = options.load_balancing_policy == "round_robin"](
+          int index, const std::string& address) {
         grpc::ChannelArguments args;
         // The caller's arguments first: of two values for one key, gRPC uses
         // the first, so they override the settings below.
@@ -296,6 +319,12 @@ absl::StatusOr<std::unique_ptr<MatmulClient>> MatmulClient::Create(
         // when another client in the process talks to the same server.
         args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
         args.SetInt(kChannelIndexArg, index);
+        if (!address.empty()) {
+          // One server, as the target would reach it (a caller's
+          // authority, first, wins).
+          args.SetString(GRPC_ARG_DEFAULT_AUTHORITY, IpTargetAuthority(target));
+          return grpc::CreateCustomChannel(address, credentials, args);
+        }
         if (!service_config.empty()) args.SetServiceConfigJSON(service_config);
         if (!shuffle)
           return grpc::CreateCustomChannel(target, credentials, args);
@@ -311,17 +340,22 @@ absl::StatusOr<std::unique_ptr<MatmulClient>> MatmulClient::Create(
       };
   std::vector<std::shared_ptr<grpc::Channel>> channels;
   for (int i = 0; i < options.channels; ++i) {
-    channels.push_back(make_channel(i));
+    channels.push_back(make_channel(i, ""));
   }
-  return std::unique_ptr<MatmulClient>(new MatmulClient(
-      std::move(channels), options.client_id, std::move(make_channel)));
+  const bool pin_stripes = options.load_balancing_policy == "round_robin" &&
+                           !IpTargetAuthority(target).empty();
+  return std::unique_ptr<MatmulClient>(
+      new MatmulClient(std::move(channels), options.client_id,
+                       std::move(make_channel), pin_stripes));
 }
 
 MatmulClient::MatmulClient(std::vector<std::shared_ptr<grpc::Channel>> channels,
-                           std::string client_id, ChannelMaker make_channel)
+                           std::string client_id, ChannelMaker make_channel,
+                           bool pin_stripes)
     : channels_(std::move(channels)),
       client_id_(std::move(client_id)),
-      make_channel_(std::move(make_channel)) {
+      make_channel_(std::move(make_channel)),
+      pin_stripes_(pin_stripes) {
   for (const std::shared_ptr<grpc::Channel>& channel : channels_) {
     stubs_.push_back(v1::MatmulService::NewStub(channel));
     multiply_stubs_.push_back(std::make_unique<MultiplyStub>(channel));
@@ -358,7 +392,38 @@ absl::Status MatmulClient::WaitForConnected(absl::Duration timeout) {
 }
 
 std::vector<std::shared_ptr<grpc::Channel>> MatmulClient::StripeChannels(
-    int k) {
+    int k, absl::Duration timeout) {
+  if (pin_stripes_) {
+    // Which server the spread picks for this multiply: the peer of a call
+    // over it. A peer with no IP address, or a failed call, leaves the
+    // stripes on the client's channels (the multiply then fails, or works,
+    // on its own).
+    grpc::ClientContext context;
+    PrepareContext(context, std::min(timeout, kMaxStripeProbe), "");
+    v1::GetServerInfoResponse response;
+    const grpc::Status probed = NextStub().GetServerInfo(
+        &context, v1::GetServerInfoRequest(), &response);
+    const std::string peer = probed.ok() ? context.peer() : "";
+    if (absl::StartsWith(peer, "ipv4:") || absl::StartsWith(peer, "ipv6:")) {
+      absl::MutexLock lock(&stripe_mu_);
+      auto it = std::find_if(
+          pinned_channels_.begin(), pinned_channels_.end(),
+          [&peer](const auto& entry) { return entry.first == peer; });
+      if (it == pinned_channels_.end()) {
+        if (pinned_channels_.size() == kMaxPinnedServers) {
+          pinned_channels_.erase(pinned_channels_.begin());
+        }
+        pinned_channels_.emplace_back(
+            peer, std::vector<std::shared_ptr<grpc::Channel>>());
+        it = pinned_channels_.end() - 1;
+      }
+      std::vector<std::shared_ptr<grpc::Channel>>& pinned = it->second;
+      while (static_cast<int>(pinned.size()) < k) {
+        pinned.push_back(make_channel_(static_cast<int>(pinned.size()), peer));
+      }
+      return {pinned.begin(), pinned.begin() + k};
+    }
+  }
   const int n = static_cast<int>(channels_.size());
   std::vector<std::shared_ptr<grpc::Channel>> out;
   if (k <= n) {
@@ -370,7 +435,7 @@ std::vector<std::shared_ptr<grpc::Channel>> MatmulClient::StripeChannels(
   absl::MutexLock lock(&stripe_mu_);
   while (n + static_cast<int>(extra_channels_.size()) < k) {
     extra_channels_.push_back(
-        make_channel_(n + static_cast<int>(extra_channels_.size())));
+        make_channel_(n + static_cast<int>(extra_channels_.size()), ""));
   }
   out.insert(out.end(), extra_channels_.begin(),
              extra_channels_.begin() + (k - n));

@@ -47,9 +47,11 @@ BENCH_REQUESTS = 3000
 CLI_RUNS = 600
 CLI_PARALLEL = 4
 
-OK_MULTIPLY = re.compile(
-    r'^matmul_requests_total\{(?=[^}]*method="Multiply")(?=[^}]*code="OK")[^}]*\}\s+(\S+)',
-    re.MULTILINE)
+
+def ok_requests_pattern(method):
+    return re.compile(
+        r'^matmul_requests_total\{(?=[^}]*method="%s")(?=[^}]*code="OK")[^}]*\}\s+(\S+)'
+        % method, re.MULTILINE)
 
 
 def free_port():
@@ -97,14 +99,16 @@ class Server:
                 self._ready.set()
         self._ready.set()  # exited
 
-    def ok_multiplies(self):
-        """matmul_requests_total{method="Multiply",code="OK"} on /metrics."""
+    def ok_multiplies(self, method="Multiply"):
+        """matmul_requests_total{method="Multiply",code="OK"} on /metrics
+        (or another method's)."""
         assert self.metrics_port is not None, "".join(self.log)
         direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
         url = "http://127.0.0.1:%d/metrics" % self.metrics_port
         with direct.open(url, timeout=10) as reply:
             text = reply.read().decode()
-        return sum(int(float(v)) for v in OK_MULTIPLY.findall(text))
+        return sum(int(float(v))
+                   for v in ok_requests_pattern(method).findall(text))
 
     def stop(self):
         self.proc.send_signal(signal.SIGTERM)
@@ -141,12 +145,14 @@ def spread_target(servers):
 class Counts:
     """Each server's OK multiplies since construction."""
 
-    def __init__(self, servers):
+    def __init__(self, servers, method="Multiply"):
         self.servers = servers
-        self.before = [s.ok_multiplies() for s in servers]
+        self.method = method
+        self.before = [s.ok_multiplies(method) for s in servers]
 
     def since(self):
-        return [s.ok_multiplies() - b for s, b in zip(self.servers, self.before)]
+        return [s.ok_multiplies(self.method) - b
+                for s, b in zip(self.servers, self.before)]
 
 
 def assert_spread(counts, total):
@@ -234,3 +240,28 @@ def test_cli_pick_first_stays_on_one(servers, tmp_path):
             capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stdout + r.stderr
     assert counts.since() == [6, 0, 0]
+
+
+def test_cli_striped_multiply_stays_on_one_server(servers, tmp_path):
+    """A striped streamed multiply's calls must all reach one server (the
+    joins find their start there): under round_robin the client sends them
+    where a call over the spread went, and successive ones still spread."""
+    a = np.arange(48 * 40, dtype=np.float32).reshape(48, 40)
+    b = np.arange(40 * 24, dtype=np.float32).reshape(40, 24)
+    np.save(tmp_path / "a.npy", a)
+    np.save(tmp_path / "b.npy", b)
+    counts = Counts(servers, "MultiplyStream")
+    runs = 12
+    for _ in range(runs):
+        r = subprocess.run(
+            [str(CLI), "multiply", "--target", spread_target(servers),
+             "--a", str(tmp_path / "a.npy"), "--b", str(tmp_path / "b.npy"),
+             "--out", str(tmp_path / "c.npy"), "--stream", "--stripes", "4",
+             "--timeout", "60"],
+            capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stdout + r.stderr
+        np.testing.assert_array_equal(np.load(tmp_path / "c.npy"), a @ b)
+    got = counts.since()
+    # One multiply per run, counted once (on its start's server).
+    assert sum(got) == runs, got
+    assert sum(1 for n in got if n > 0) >= 2, got

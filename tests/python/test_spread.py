@@ -120,3 +120,15 @@ def test_caller_may_choose_pick_first(three, engine: str) -> None:
             client.multiply(_A, _B)
     got = counts.since()
     assert sum(got) == 30 and sorted(got) == [0, 0, 30], got
+
+
+def test_native_striped_multiply_reaches_one_server(three) -> None:
+    """A striped multiply's calls must all reach one server (the joins find
+    their start there); the native core sends them where a call over the
+    spread went. (The pure-Python engine does not yet: its stripes spread,
+    and their joins fail NOT_FOUND on a target with several servers.)"""
+    a = np.arange(48 * 40, dtype=np.float32).reshape(48, 40)
+    b = np.arange(40 * 24, dtype=np.float32).reshape(40, 24)
+    with make_client(_target(three), "native", timeout=60) as client:
+        for _ in range(6):
+            np.testing.assert_array_equal(client.multiply_streamed(a, b, stripes=4), a @ b)
