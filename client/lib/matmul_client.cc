@@ -161,7 +161,10 @@ std::string IpTargetAuthority(const std::string& target) {
     absl::ConsumePrefix(&rest, "/");
     return std::string(rest);
   }
-  return absl::StrContains(target, '/') ? "" : target;
+  const bool other_scheme = absl::StartsWith(target, "unix:") ||
+                            absl::StartsWith(target, "unix-abstract:") ||
+                            absl::StartsWith(target, "vsock:");
+  return other_scheme || absl::StrContains(target, '/') ? "" : target;
 }
 
 }  // namespace
