@@ -201,6 +201,7 @@ int Main(int argc, char** argv) {
   run.verify = c.verify;
   run.resident = c.resident;
   run.client_id = c.client_id;
+  run.lb_policy = c.lb_policy;
   if (c.stream) run.stream = StreamOptions{c.stream_chunk_bytes, c.stripes};
   run.blocking_calls = c.blocking_calls;
 
@@ -209,6 +210,7 @@ int Main(int argc, char** argv) {
   {
     ClientOptions info_options;
     info_options.client_id = c.client_id;
+    info_options.load_balancing_policy = c.lb_policy;
     absl::StatusOr<std::unique_ptr<MatmulClient>> info_client =
         MatmulClient::Create(c.target, info_options);
     if (!info_client.ok()) return Fail(info_client.status().message());
@@ -327,6 +329,7 @@ int Main(int argc, char** argv) {
   if (c.shared_memory) {
     ClientOptions options;
     options.client_id = c.client_id;
+    options.load_balancing_policy = c.lb_policy;
     options.channel_args = c.grpc_args;
     absl::StatusOr<std::unique_ptr<MatmulClient>> client =
         MatmulClient::Create(c.target, options);
@@ -371,6 +374,7 @@ int Main(int argc, char** argv) {
       ClientOptions options;
       options.channels = bp.channels;
       options.client_id = c.client_id;
+      options.load_balancing_policy = c.lb_policy;
       options.channel_args = c.grpc_args;
       absl::StatusOr<std::unique_ptr<MatmulClient>> client =
           MatmulClient::Create(c.target, options);

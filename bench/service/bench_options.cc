@@ -42,6 +42,7 @@ ABSL_FLAG(std::string, json, "", "");
 ABSL_FLAG(std::string, label, "", "");
 ABSL_FLAG(std::string, client_id, "", "");
 ABSL_FLAG(std::string, grpc_arg, "", "");
+ABSL_FLAG(std::string, lb_policy, "round_robin", "");
 ABSL_FLAG(std::string, resident, "none", "");
 ABSL_FLAG(bool, verify, false, "");
 ABSL_FLAG(bool, progress, false, "");
@@ -68,7 +69,7 @@ const char kBenchUsage[] = R"(usage:
                [--verify] [--verify-every N] [--distinct N] [--seed N]
                [--protobuf-requests] [--shared-memory] [--blocking-calls]
                [--resident[=operands|all|none]] [--client-id NAME]
-               [--grpc-arg NAME=INT,...]
+               [--grpc-arg NAME=INT,...] [--lb-policy round_robin|pick_first]
                [--json FILE] [--label TEXT] [--progress]
                [--stable] [--stable-windows N]
                [--shape-mix S1,S2,...] [--server-metrics HOST:PORT]
@@ -124,6 +125,8 @@ p50/p90/p99/p99.9 of the successful requests, and errors by gRPC status code.
                   matmul-bench-HOST-PID)
   --grpc-arg      extra gRPC channel arguments, NAME=INT[,NAME=INT...]
                   (transport tuning; docs/PERFORMANCE.md)
+  --lb-policy     round_robin (default: calls spread over every address the
+                  target resolves to) or pick_first (all on one)
   --protobuf-requests
                   serialize each request with protobuf on every call (a copy
                   of every operand byte), instead of sending prebuilt
@@ -233,7 +236,8 @@ absl::StatusOr<Flags> ParseFlags(const std::vector<std::string>& args) {
                                                 "shape-mix",
                                                 "server-metrics",
                                                 "stream-chunk-bytes",
-                                                "stripes"};
+                                                "stripes",
+                                                "lb-policy"};
   static const std::set<std::string> kSwitches = {
       "verify",        "progress", "protobuf-requests", "stable",
       "shared-memory", "stream",   "blocking-calls"};
@@ -552,6 +556,12 @@ absl::StatusOr<BenchConfig> MakeConfig(const Flags& flags) {
         absl::StrCat("--grpc-arg: ", grpc_args.status().message()));
   }
   c.grpc_args = *std::move(grpc_args);
+  c.lb_policy = flags.Get("lb-policy");
+  if (c.lb_policy != "round_robin" && c.lb_policy != "pick_first") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--lb-policy takes round_robin or pick_first, got \"",
+                     c.lb_policy, "\""));
+  }
   if (absl::Status s = StreamOptionsFrom(flags, c); !s.ok()) return s;
   return c;
 }

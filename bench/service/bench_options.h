@@ -54,6 +54,8 @@ struct BenchConfig {
   bool shared_memory = false;
   std::string client_id;
   GrpcArgs grpc_args;
+  // --lb-policy: ClientOptions::load_balancing_policy.
+  std::string lb_policy = "round_robin";
   // --stream: each multiply over MultiplyStream (MatmulClient's
   // MultiplyStreamedView) in chunks of stream_chunk_bytes, striped over
   // `stripes` calls (by default StreamOptionsFor the largest shape).

@@ -362,6 +362,7 @@ std::string ReportJson(const BenchRun& run,
   config["blocking_calls"] = run.blocking_calls;
   config["stream"] = StreamJson(run);
   config["client_id"] = run.client_id;
+  config["lb_policy"] = run.lb_policy;
   doc["config"] = std::move(config);
   doc["server"] = ServerJson(run.server);
   Json points_json = Json::array();

@@ -107,6 +107,8 @@ struct BenchRun {
   bool blocking_calls = false;
   // Sent as x-matmul-client on every call.
   std::string client_id;
+  // --lb-policy: the clients' load-balancing policy.
+  std::string lb_policy;
   v1::GetServerInfoResponse server;
 };
 

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <random>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -24,8 +25,10 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
@@ -45,6 +48,10 @@ using client_internal::SetTimeout;
 // never merged onto one connection.
 constexpr char kChannelIndexArg[] = "matmul.channel";
 constexpr int kMaxChannels = 1024;
+// Servers whose striped-call channels a client keeps (StripeChannels).
+constexpr size_t kMaxPinnedServers = 16;
+// The longest a striped call waits to learn which server it goes to.
+constexpr absl::Duration kMaxStripeProbe = absl::Seconds(10);
 // The method an encoded request is sent to.
 const char kMultiplyMethod[] = "/matmul.v1.MatmulService/Multiply";
 // Ends an asynchronous Multiply: frees `call` (gRPC is done with it), then
@@ -115,6 +122,49 @@ bool IsPolicyName(const std::string& name) {
     if (!absl::ascii_isalnum(c) && c != '_') return false;
   }
   return true;
+}
+
+// `target` with the addresses of an "ipv4:A,B,..." or "ipv6:..." list in a
+// random order; any other target as it is. Under round_robin the order
+// changes nothing but which connection comes up first, and that one takes
+// the calls made before the others are up: a process that makes one call
+// (matmul-cli) would send it to the first address nearly every time. A DNS
+// name needs no help: servers such as CoreDNS shuffle their answers.
+std::string ShuffledAddressList(const std::string& target) {
+  for (absl::string_view scheme : {"ipv4:", "ipv6:"}) {
+    if (!absl::StartsWith(target, scheme)) continue;
+    const absl::string_view list =
+        absl::string_view(target).substr(scheme.size());
+    if (absl::StartsWith(list, "/") || !absl::StrContains(list, ',')) {
+      return target;
+    }
+    std::vector<std::string> addresses = absl::StrSplit(list, ',');
+    std::mt19937 shuffle_bits(std::random_device{}());
+    std::shuffle(addresses.begin(), addresses.end(), shuffle_bits);
+    return absl::StrCat(scheme, absl::StrJoin(addresses, ","));
+  }
+  return target;
+}
+
+// The authority gRPC gives a channel to `target` (its TLS name check and
+// :authority), for the targets whose servers have IP addresses: dns: names,
+// ipv4:/ipv6: lists and scheme-less host:port. Empty for others (unix:,
+// or a scheme this client does not know).
+std::string IpTargetAuthority(const std::string& target) {
+  for (absl::string_view scheme : {"dns:", "ipv4:", "ipv6:"}) {
+    if (!absl::StartsWith(target, scheme)) continue;
+    absl::string_view rest = absl::string_view(target).substr(scheme.size());
+    if (absl::StartsWith(rest, "//")) {  // dns://DNS-SERVER/name:port
+      const size_t slash = rest.find('/', 2);
+      rest = slash == absl::string_view::npos ? "" : rest.substr(slash);
+    }
+    absl::ConsumePrefix(&rest, "/");
+    return std::string(rest);
+  }
+  const bool other_scheme = absl::StartsWith(target, "unix:") ||
+                            absl::StartsWith(target, "unix-abstract:") ||
+                            absl::StartsWith(target, "vsock:");
+  return other_scheme || absl::StrContains(target, '/') ? "" : target;
 }
 
 }  // namespace
@@ -257,8 +307,9 @@ absl::StatusOr<std::unique_ptr<MatmulClient>> MatmulClient::Create(
   ChannelMaker make_channel =
       [target, credentials, channel_args = options.channel_args,
        string_args = options.channel_string_args,
-       limit = static_cast<int>(options.max_message_bytes),
-       service_config](int index) {
+       limit = static_cast<int>(options.max_message_bytes), service_config,
+       shuffle = options.load_balancing_policy == "round_robin"](
+          int index, const std::string& address) {
         grpc::ChannelArguments args;
         // The caller's arguments first: of two values for one key, gRPC uses
         // the first, so they override the settings below.
@@ -271,22 +322,43 @@ absl::StatusOr<std::unique_ptr<MatmulClient>> MatmulClient::Create(
         // when another client in the process talks to the same server.
         args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
         args.SetInt(kChannelIndexArg, index);
+        if (!address.empty()) {
+          // One server, as the target would reach it (a caller's
+          // authority, first, wins).
+          args.SetString(GRPC_ARG_DEFAULT_AUTHORITY, IpTargetAuthority(target));
+          return grpc::CreateCustomChannel(address, credentials, args);
+        }
         if (!service_config.empty()) args.SetServiceConfigJSON(service_config);
-        return grpc::CreateCustomChannel(target, credentials, args);
+        if (!shuffle)
+          return grpc::CreateCustomChannel(target, credentials, args);
+        const std::string shuffled = ShuffledAddressList(target);
+        if (shuffled != target) {
+          // The authority gRPC derives from the target as given (its list),
+          // so that :authority and the TLS name check do not vary with the
+          // order. A caller's setting, first, wins.
+          args.SetString(GRPC_ARG_DEFAULT_AUTHORITY,
+                         target.substr(target.find(':') + 1));
+        }
+        return grpc::CreateCustomChannel(shuffled, credentials, args);
       };
   std::vector<std::shared_ptr<grpc::Channel>> channels;
   for (int i = 0; i < options.channels; ++i) {
-    channels.push_back(make_channel(i));
+    channels.push_back(make_channel(i, ""));
   }
-  return std::unique_ptr<MatmulClient>(new MatmulClient(
-      std::move(channels), options.client_id, std::move(make_channel)));
+  const bool pin_stripes = options.load_balancing_policy == "round_robin" &&
+                           !IpTargetAuthority(target).empty();
+  return std::unique_ptr<MatmulClient>(
+      new MatmulClient(std::move(channels), options.client_id,
+                       std::move(make_channel), pin_stripes));
 }
 
 MatmulClient::MatmulClient(std::vector<std::shared_ptr<grpc::Channel>> channels,
-                           std::string client_id, ChannelMaker make_channel)
+                           std::string client_id, ChannelMaker make_channel,
+                           bool pin_stripes)
     : channels_(std::move(channels)),
       client_id_(std::move(client_id)),
-      make_channel_(std::move(make_channel)) {
+      make_channel_(std::move(make_channel)),
+      pin_stripes_(pin_stripes) {
   for (const std::shared_ptr<grpc::Channel>& channel : channels_) {
     stubs_.push_back(v1::MatmulService::NewStub(channel));
     multiply_stubs_.push_back(std::make_unique<MultiplyStub>(channel));
@@ -323,7 +395,38 @@ absl::Status MatmulClient::WaitForConnected(absl::Duration timeout) {
 }
 
 std::vector<std::shared_ptr<grpc::Channel>> MatmulClient::StripeChannels(
-    int k) {
+    int k, absl::Duration timeout) {
+  if (pin_stripes_) {
+    // Which server the spread picks for this multiply: the peer of a call
+    // over it. A peer with no IP address, or a failed call, leaves the
+    // stripes on the client's channels (the multiply then fails, or works,
+    // on its own).
+    grpc::ClientContext context;
+    PrepareContext(context, std::min(timeout, kMaxStripeProbe), "");
+    v1::GetServerInfoResponse response;
+    const grpc::Status probed = NextStub().GetServerInfo(
+        &context, v1::GetServerInfoRequest(), &response);
+    const std::string peer = probed.ok() ? context.peer() : "";
+    if (absl::StartsWith(peer, "ipv4:") || absl::StartsWith(peer, "ipv6:")) {
+      absl::MutexLock lock(&stripe_mu_);
+      auto it = std::find_if(
+          pinned_channels_.begin(), pinned_channels_.end(),
+          [&peer](const auto& entry) { return entry.first == peer; });
+      if (it == pinned_channels_.end()) {
+        if (pinned_channels_.size() == kMaxPinnedServers) {
+          pinned_channels_.erase(pinned_channels_.begin());
+        }
+        pinned_channels_.emplace_back(
+            peer, std::vector<std::shared_ptr<grpc::Channel>>());
+        it = pinned_channels_.end() - 1;
+      }
+      std::vector<std::shared_ptr<grpc::Channel>>& pinned = it->second;
+      while (static_cast<int>(pinned.size()) < k) {
+        pinned.push_back(make_channel_(static_cast<int>(pinned.size()), peer));
+      }
+      return {pinned.begin(), pinned.begin() + k};
+    }
+  }
   const int n = static_cast<int>(channels_.size());
   std::vector<std::shared_ptr<grpc::Channel>> out;
   if (k <= n) {
@@ -335,7 +438,7 @@ std::vector<std::shared_ptr<grpc::Channel>> MatmulClient::StripeChannels(
   absl::MutexLock lock(&stripe_mu_);
   while (n + static_cast<int>(extra_channels_.size()) < k) {
     extra_channels_.push_back(
-        make_channel_(n + static_cast<int>(extra_channels_.size())));
+        make_channel_(n + static_cast<int>(extra_channels_.size()), ""));
   }
   out.insert(out.end(), extra_channels_.begin(),
              extra_channels_.begin() + (k - n));

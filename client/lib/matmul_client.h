@@ -78,13 +78,18 @@ struct ClientOptions {
   // Largest message sent or received (set on the channel both ways); gRPC
   // caps it at 2^31 - 1. Must be positive.
   int64_t max_message_bytes = 2147483647;
-  // gRPC load-balancing policy, set through the default service config:
-  // empty for gRPC's default (pick_first), "round_robin" to spread calls over
-  // every address a dns:/// target resolves to.
-  std::string load_balancing_policy;
+  // gRPC load-balancing policy of every channel (those striped calls open
+  // too), set through the default service config: "round_robin" spreads
+  // calls over every address the target resolves to (dns:/// names, or
+  // "ipv4:10.0.0.1:50051,10.0.0.2:50051"); "pick_first" keeps them on one,
+  // as calls naming a stored tensor's handle need while handles do not name
+  // their server. Empty: the client sets none (gRPC's default, pick_first,
+  // unless the resolver or a grpc.service_config channel argument names one).
+  std::string load_balancing_policy = "round_robin";
   // Separate channels (HTTP/2 connections) to open; calls rotate among them.
   // More than one helps throughput when large messages would otherwise queue
-  // on one connection's flow control.
+  // on one connection's flow control. Under round_robin each channel has a
+  // connection to every address and spreads its own calls over them.
   int channels = 1;
   // Extra gRPC channel arguments, for transport tuning (common/grpc_args.h).
   // They override the client's own settings of the same key (e.g.
@@ -167,11 +172,14 @@ struct StreamOptions {
   // kMaxStreamStripes. The client's channels (ClientOptions::channels)
   // carry them; where there are fewer, the client opens the missing
   // connections on first use (same target and settings) and keeps them for
-  // later striped calls. The server must support striping (a server
-  // without it fails the call). The calls after the first wait for their
-  // connection (gRPC's wait_for_ready, bounded by MultiplyOptions::timeout)
-  // rather than fail at once when a freshly opened one fails to connect.
-  // 0: from the size.
+  // later striped calls. Under round_robin (for dns:, ipv4:, ipv6: and
+  // host:port targets) they all go to one server instead, so that the
+  // joins find the start: the one a GetServerInfo over the spread reached
+  // just before, on connections to it opened on first use and kept. The server
+  // must support striping (a server without it fails the call). The calls after
+  // the first wait for their connection (gRPC's wait_for_ready, bounded by
+  // MultiplyOptions::timeout) rather than fail at once when a freshly opened
+  // one fails to connect. 0: from the size.
   int stripes = 0;
 };
 
@@ -410,17 +418,26 @@ class MatmulClient {
   friend class SharedMemorySession;
 
   // Makes channel `index` of the client (Create's target and settings, its
-  // own connection).
-  using ChannelMaker = std::function<std::shared_ptr<grpc::Channel>(int)>;
+  // own connection); with an `address` (a peer as gRPC names it,
+  // "ipv4:10.0.0.1:50051"), a channel to that one server instead, with the
+  // target's authority.
+  using ChannelMaker = std::function<std::shared_ptr<grpc::Channel>(
+      int index, const std::string& address)>;
 
   MatmulClient(std::vector<std::shared_ptr<grpc::Channel>> channels,
-               std::string client_id, ChannelMaker make_channel);
+               std::string client_id, ChannelMaker make_channel,
+               bool pin_stripes);
 
-  // `k` channels on distinct connections for a striped call: the client's
-  // own, starting at the round-robin position, then as many extra ones as
-  // it takes (opened on first use, kept).
-  std::vector<std::shared_ptr<grpc::Channel>> StripeChannels(int k)
-      ABSL_LOCKS_EXCLUDED(stripe_mu_);
+  // `k` channels on distinct connections for a striped call. Where the
+  // client spreads (round_robin), all to one server, so that the joins
+  // reach the server the start reached: the one a GetServerInfo over the
+  // spread answered from (bounded by `timeout`, at most 10 s), with
+  // channels to it opened on first use and kept. Otherwise, or where that
+  // call fails or names no IP address: the client's own channels, starting
+  // at the round-robin position, then as many extra ones as it takes
+  // (opened on first use, kept).
+  std::vector<std::shared_ptr<grpc::Channel>> StripeChannels(
+      int k, absl::Duration timeout) ABSL_LOCKS_EXCLUDED(stripe_mu_);
 
   // Sends an encoded request for Multiply, with a protobuf response.
   using MultiplyStub =
@@ -441,10 +458,18 @@ class MatmulClient {
   std::atomic<uint64_t> next_stub_{0};
   const std::string client_id_;
   const ChannelMaker make_channel_;
+  // Striped calls go to one server at a time (StripeChannels).
+  const bool pin_stripes_;
   absl::Mutex stripe_mu_;
   // Channels past ClientOptions::channels that striped calls opened.
   std::vector<std::shared_ptr<grpc::Channel>> extra_channels_
       ABSL_GUARDED_BY(stripe_mu_);
+  // Channels to one server each that striped calls opened (pin_stripes_),
+  // by the server's address; the servers least recently added go first
+  // past kMaxPinnedServers.
+  std::vector<
+      std::pair<std::string, std::vector<std::shared_ptr<grpc::Channel>>>>
+      pinned_channels_ ABSL_GUARDED_BY(stripe_mu_);
 };
 
 // Builds the request MatmulClient::Multiply sends: each operand's data

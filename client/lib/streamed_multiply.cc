@@ -325,7 +325,7 @@ absl::StatusOr<HostTensor> MatmulClient::MultiplyStreamedView(
     const uint64_t n = next_stub_.fetch_add(1, std::memory_order_relaxed);
     channels.push_back(channels_[n % channels_.size()]);
   } else {
-    channels = StripeChannels(stripes);
+    channels = StripeChannels(stripes, options.timeout);
   }
   std::vector<std::unique_ptr<Call>> calls;
   for (int s = 0; s < stripes; ++s) {

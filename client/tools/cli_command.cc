@@ -198,12 +198,20 @@ absl::StatusOr<absl::Duration> ParseTtl(const Args& flags) {
   return absl::Seconds(seconds);
 }
 
-// The client for --target (and --client-id), or the error to print.
+// The client for --target (and --client-id, --grpc-arg, --lb-policy), or the
+// error to print.
 absl::StatusOr<std::unique_ptr<MatmulClient>> ClientFor(const Args& flags,
                                                         int channels) {
   ClientOptions options;
   options.channels = channels;
   options.client_id = flags.Get("client-id");
+  options.load_balancing_policy = flags.Get("lb-policy");
+  if (options.load_balancing_policy != "round_robin" &&
+      options.load_balancing_policy != "pick_first") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--lb-policy takes round_robin or pick_first, got \"",
+                     options.load_balancing_policy, "\""));
+  }
   absl::StatusOr<GrpcArgs> grpc_args = ParseGrpcArgs(flags.Get("grpc-arg"));
   if (!grpc_args.ok()) {
     return absl::InvalidArgumentError(

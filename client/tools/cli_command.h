@@ -93,8 +93,8 @@ absl::StatusOr<HostTensor> LoadOperand(const std::string& flag,
 absl::StatusOr<std::string> WriteResult(const std::string& path,
                                         HostTensor tensor, bool bf16_bits);
 
-// The client for --target (and --client-id, --grpc-arg), or the error to
-// print.
+// The client for --target (and --client-id, --grpc-arg, --lb-policy), or the
+// error to print.
 absl::StatusOr<std::unique_ptr<MatmulClient>> ClientFor(const Args& flags,
                                                         int channels = 1);
 

@@ -54,6 +54,9 @@ ABSL_FLAG(std::string, client_id, "",
           "metadata (default: this machine's address)");
 ABSL_FLAG(std::string, grpc_arg, "",
           "Extra gRPC channel arguments, NAME=INT[,NAME=INT...]");
+ABSL_FLAG(std::string, lb_policy, "round_robin",
+          "round_robin: calls spread over every address the target resolves "
+          "to; pick_first: all on one");
 ABSL_FLAG(std::string, a, "", "Operand A: a .npy file");
 ABSL_FLAG(std::string, b, "", "Operand B: a .npy file");
 ABSL_FLAG(std::string, a_handle, "", "Operand A: a stored tensor's id");
@@ -99,7 +102,7 @@ const std::vector<FlagGroup>& CliFlags() {
   static const auto* groups = new std::vector<FlagGroup>{
       {"Server",
        {"target=HOST:PORT", "timeout=SECONDS", "client_id=NAME",
-        "grpc_arg=NAME=INT,..."}},
+        "grpc_arg=NAME=INT,...", "lb_policy=round_robin|pick_first"}},
       {"Operands and product",
        {"a=A.npy", "b=B.npy", "a_handle=ID", "b_handle=ID", "out=C.npy", "keep",
         "ttl=SECONDS", "handle=ID", "device=N"}},
@@ -122,6 +125,7 @@ constexpr char kUsage[] =
              [--bf16-out float32|bits]
              [--stream [--chunk-mib N] [--stripes K]]
              [--shared-memory] [--grpc-arg NAME=INT[,NAME=INT...]]
+             [--lb-policy round_robin|pick_first]
   matmul-cli upload --target HOST:PORT --a A.npy [--device N] [--ttl SECONDS]
              [--dtype auto|float32|float64|float16|bfloat16]
              [--timeout SECONDS] [--client-id NAME]
@@ -177,8 +181,8 @@ byte goes through the socket. Not with --keep, --stream or handles.
 // switches.
 int RunUpload(const std::vector<std::string>& args) {
   FlagSpec spec;
-  spec.valued = {"target", "a",       "device",   "ttl",
-                 "dtype",  "timeout", "client-id"};
+  spec.valued = {"target", "a",       "device",    "ttl",
+                 "dtype",  "timeout", "client-id", "lb-policy"};
   spec.required = {"target", "a"};
   absl::StatusOr<Args> flags = ParseArgs(args, spec);
   if (!flags.ok()) return Usage(flags.status().message());
@@ -219,7 +223,7 @@ int RunUpload(const std::vector<std::string>& args) {
 
 int RunDownload(const std::vector<std::string>& args) {
   FlagSpec spec;
-  spec.valued = {"target", "handle", "out", "bf16-out", "timeout"};
+  spec.valued = {"target", "handle", "out", "bf16-out", "timeout", "lb-policy"};
   spec.required = {"target", "handle", "out"};
   absl::StatusOr<Args> flags = ParseArgs(args, spec);
   if (!flags.ok()) return Usage(flags.status().message());
@@ -244,7 +248,7 @@ int RunDownload(const std::vector<std::string>& args) {
 
 int RunDelete(const std::vector<std::string>& args) {
   FlagSpec spec;
-  spec.valued = {"target", "handle", "timeout"};
+  spec.valued = {"target", "handle", "timeout", "lb-policy"};
   spec.required = {"target", "handle"};
   absl::StatusOr<Args> flags = ParseArgs(args, spec);
   if (!flags.ok()) return Usage(flags.status().message());
@@ -263,7 +267,7 @@ int RunDelete(const std::vector<std::string>& args) {
 
 int RunInfo(const std::vector<std::string>& args) {
   FlagSpec spec;
-  spec.valued = {"target", "timeout"};
+  spec.valued = {"target", "timeout", "lb-policy"};
   spec.required = {"target"};
   absl::StatusOr<Args> flags = ParseArgs(args, spec);
   if (!flags.ok()) return Usage(flags.status().message());
@@ -271,8 +275,7 @@ int RunInfo(const std::vector<std::string>& args) {
   if (!timeout.ok()) return Usage(timeout.status().message());
 
   const std::string target = flags->values.at("target");
-  absl::StatusOr<std::unique_ptr<MatmulClient>> client =
-      MatmulClient::Create(target);
+  absl::StatusOr<std::unique_ptr<MatmulClient>> client = ClientFor(*flags);
   if (!client.ok()) return Fail(client.status().message());
   absl::StatusOr<v1::GetServerInfoResponse> info =
       (*client)->GetServerInfo(*timeout);

@@ -70,9 +70,10 @@ absl::Status WithStreamHint(MatmulClient& client, int64_t request_bytes,
 
 int RunMultiply(const std::vector<std::string>& args) {
   FlagSpec spec;
-  spec.valued = {"target", "a",         "b",         "a-handle", "b-handle",
-                 "out",    "compute",   "timeout",   "dtype",    "bf16-out",
-                 "ttl",    "client-id", "chunk-mib", "grpc-arg", "stripes"};
+  spec.valued = {"target",    "a",        "b",       "a-handle",
+                 "b-handle",  "out",      "compute", "timeout",
+                 "dtype",     "bf16-out", "ttl",     "client-id",
+                 "chunk-mib", "grpc-arg", "stripes", "lb-policy"};
   spec.switches = {"transpose-a", "transpose-b", "keep", "stream",
                    "shared-memory"};
   spec.required = {"target"};

@@ -26,6 +26,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/blocking_counter.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
@@ -748,6 +749,75 @@ TEST_F(MatmulClientTest, RoundRobinPolicy) {
                   ->WaitForConnected(absl::FromChrono(testing::kConnectTimeout))
                   .ok());
   EXPECT_TRUE((*client)->Multiply(a_, b_).ok());
+}
+
+// Three servers behind one "ipv4:A,B,C" target (issue 58 item 1).
+class SpreadTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::vector<std::string> addresses;
+    for (int i = 0; i < 3; ++i) {
+      grpc::ServerBuilder builder;
+      int port = 0;
+      builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                               &port);
+      builder.RegisterService(&services_[i]);
+      servers_[i] = builder.BuildAndStart();
+      ASSERT_NE(servers_[i], nullptr);
+      addresses.push_back(absl::StrCat("127.0.0.1:", port));
+    }
+    target_ = absl::StrCat("ipv4:", absl::StrJoin(addresses, ","));
+  }
+  void TearDown() override {
+    for (auto& server : servers_) {
+      if (server) server->Shutdown(absl::ToChronoTime(absl::Now()));
+    }
+  }
+
+  // Each server's calls after `n` multiplies through one client.
+  std::vector<int> Calls(const ClientOptions& options, int n) {
+    absl::StatusOr<std::unique_ptr<MatmulClient>> client =
+        MatmulClient::Create(target_, options);
+    EXPECT_TRUE(client.ok()) << client.status();
+    if (!client.ok()) return {};
+    const HostTensor a = Float32({1, 1}, {2});
+    for (int i = 0; i < n; ++i) {
+      absl::StatusOr<HostTensor> c = (*client)->Multiply(a, a);
+      EXPECT_TRUE(c.ok()) << c.status();
+    }
+    std::vector<int> calls;
+    for (FakeService& service : services_) calls.push_back(service.calls());
+    return calls;
+  }
+
+  FakeService services_[3];
+  std::unique_ptr<grpc::Server> servers_[3];
+  std::string target_;
+};
+
+TEST_F(SpreadTest, DefaultOptionsSpreadOverEveryAddress) {
+  EXPECT_EQ(ClientOptions().load_balancing_policy, "round_robin");
+  for (int channels : {1, 3}) {
+    SCOPED_TRACE(absl::StrCat(channels, " channel(s)"));
+    std::vector<int> before;
+    for (FakeService& service : services_) before.push_back(service.calls());
+    ClientOptions options;
+    options.channels = channels;
+    std::vector<int> calls = Calls(options, 300);
+    ASSERT_EQ(calls.size(), 3u);
+    for (int i = 0; i < 3; ++i) {
+      // 25% to 42% each, as issue 58 asks.
+      EXPECT_GE(calls[i] - before[i], 75) << i;
+      EXPECT_LE(calls[i] - before[i], 126) << i;
+    }
+  }
+}
+
+TEST_F(SpreadTest, PickFirstStaysOnTheFirstAddress) {
+  ClientOptions options;
+  options.load_balancing_policy = "pick_first";
+  options.channels = 3;
+  EXPECT_THAT(Calls(options, 30), ::testing::ElementsAre(30, 0, 0));
 }
 
 TEST_F(MatmulClientTest, MaxMessageBytesLimitsWhatIsSent) {

@@ -1,0 +1,134 @@
+"""Spread by default (issue 58 item 1): Client and AsyncClient, on either
+engine, with one target naming three servers send each a fair share of the
+multiplies (counted on each server's /metrics), and a caller that names
+pick_first keeps them on one. matmul-cli's and matmul-bench's share is
+tests/client/spread_e2e_test.py's."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import urllib.request
+from typing import Iterator, List
+
+import numpy as np
+import pytest
+
+from conftest import ENGINES, ServerProcess, make_client
+from matmul_client.aio import AsyncClient
+
+#: Multiplies per client, the issue's number (a few seconds each).
+CALLS = 3000
+#: Each server's share, as issue 58 asks (even would be 1/3).
+MIN_SHARE, MAX_SHARE = 0.25, 0.42
+
+_OK_MULTIPLY = re.compile(
+    r'^matmul_requests_total\{(?=[^}]*method="Multiply")(?=[^}]*code="OK")[^}]*\}\s+(\S+)',
+    re.MULTILINE,
+)
+_PICK_FIRST = [("grpc.service_config", json.dumps({"loadBalancingConfig": [{"pick_first": {}}]}))]
+
+
+def _ok_multiplies(server: ServerProcess) -> int:
+    """matmul_requests_total{method="Multiply",code="OK"} on its /metrics."""
+    url = f"http://127.0.0.1:{server.metrics_port}/metrics"
+    direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with direct.open(url, timeout=10) as reply:
+        text = reply.read().decode()
+    return sum(int(float(v)) for v in _OK_MULTIPLY.findall(text))
+
+
+@pytest.fixture(scope="module")
+def three() -> Iterator[List[ServerProcess]]:
+    servers: List[ServerProcess] = []
+    try:
+        for _ in range(3):
+            servers.append(ServerProcess(metrics=True))
+        yield servers
+    finally:
+        statuses = [s.stop() for s in servers]
+    assert statuses == [0] * len(servers), "".join(s.output() for s in servers)
+
+
+def _target(servers: List[ServerProcess]) -> str:
+    return "ipv4:" + ",".join(f"127.0.0.1:{s.port}" for s in servers)
+
+
+class _Counts:
+    def __init__(self, servers: List[ServerProcess]) -> None:
+        self._servers = servers
+        self._before = [_ok_multiplies(s) for s in servers]
+
+    def since(self) -> List[int]:
+        return [_ok_multiplies(s) - b for s, b in zip(self._servers, self._before)]
+
+
+def _assert_spread(counts: List[int], total: int) -> None:
+    assert sum(counts) == total, counts
+    for count in counts:
+        assert MIN_SHARE * total <= count <= MAX_SHARE * total, (
+            f"per-server multiplies {counts} of {total}: each should take "
+            f"{MIN_SHARE:.0%} to {MAX_SHARE:.0%}"
+        )
+
+
+_A = np.arange(6, dtype=np.float32).reshape(2, 3)
+_B = np.arange(12, dtype=np.float32).reshape(3, 4)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_client_spreads_by_default(three, engine: str) -> None:
+    counts = _Counts(three)
+    with make_client(_target(three), engine, timeout=60) as client:
+        for _ in range(CALLS):
+            np.testing.assert_array_equal(client.multiply(_A, _B), _A @ _B)
+    _assert_spread(counts.since(), CALLS)
+
+
+def _async_client(target: str, engine: str, **kwargs) -> AsyncClient:
+    if engine == "native":
+        from matmul_client import _client
+
+        if _client.NATIVE_UNAVAILABLE is not None:
+            pytest.skip(f"native engine: {_client.NATIVE_UNAVAILABLE}")
+    client = AsyncClient(target, native=engine == "native", timeout=60, **kwargs)
+    assert client.native == (engine == "native")
+    return client
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_async_client_spreads_by_default(three, engine: str) -> None:
+    counts = _Counts(three)
+
+    async def run() -> None:
+        async with _async_client(_target(three), engine) as client:
+            for _ in range(CALLS // 8):
+                products = await asyncio.gather(*(client.multiply(_A, _B) for _ in range(8)))
+                for c in products:
+                    np.testing.assert_array_equal(c, _A @ _B)
+
+    asyncio.run(run())
+    _assert_spread(counts.since(), CALLS // 8 * 8)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_caller_may_choose_pick_first(three, engine: str) -> None:
+    counts = _Counts(three)
+    with make_client(_target(three), engine, timeout=60, options=_PICK_FIRST) as client:
+        for _ in range(30):
+            client.multiply(_A, _B)
+    got = counts.since()
+    assert sum(got) == 30 and sorted(got) == [0, 0, 30], got
+
+
+def test_native_striped_multiply_reaches_one_server(three) -> None:
+    """A striped multiply's calls must all reach one server (the joins find
+    their start there); the native core sends them where a call over the
+    spread went. (The pure-Python engine does not yet: its stripes spread,
+    and their joins fail NOT_FOUND on a target with several servers.)"""
+    a = np.arange(48 * 40, dtype=np.float32).reshape(48, 40)
+    b = np.arange(40 * 24, dtype=np.float32).reshape(40, 24)
+    with make_client(_target(three), "native", timeout=60) as client:
+        for _ in range(6):
+            np.testing.assert_array_equal(client.multiply_streamed(a, b, stripes=4), a @ b)
