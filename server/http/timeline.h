@@ -1,6 +1,6 @@
 // The pipeline timeline: recent stream activity (Engine::RecentSpans) as
 // Chrome trace / Perfetto JSON, served by MetricsExporter at
-// GET /timeline?seconds=N and drawn by scripts/render_timeline.py.
+// GET /timeline?seconds=N and drawn by bench/tools/render_timeline.py.
 //
 // Format (the "JSON Object Format" of the Trace Event Format):
 //   {"traceEvents": [

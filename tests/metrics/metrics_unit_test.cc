@@ -529,7 +529,7 @@ TEST(TimelineTest, SpansBecomeCompleteEventsRelativeToTheFirstStart) {
   spans.push_back(
       {1, 0, StreamSpan::Kind::kD2H, 41, t0, t0 + absl::Nanoseconds(2500)});
   const std::string json = TimelineJson(info, spans, absl::Seconds(2));
-  // The trace viewers and scripts/render_timeline.py look for this first.
+  // The trace viewers and bench/tools/render_timeline.py look for this first.
   EXPECT_THAT(json, testing::StartsWith(R"({"traceEvents":[)"));
   const nlohmann::json trace = nlohmann::json::parse(json);
 

@@ -1,4 +1,4 @@
-"""scripts/thread_cpu.py against a real process: a child that keeps one
+"""bench/tools/thread_cpu.py against a real process: a child that keeps one
 thread busy for two seconds of CPU beside an idle one has that CPU reported
 under the busy thread's own name, not the idle thread's, and the sampler
 stops by itself when the child exits."""
@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
-THREAD_CPU = REPO_ROOT / "scripts" / "thread_cpu.py"
+THREAD_CPU = REPO_ROOT / "bench" / "tools" / "thread_cpu.py"
 
 # Spins until its main thread, named "spinner" (Linux's prctl), has used 2 s
 # of CPU (or 20 s have passed), beside a thread named "idler" that sleeps;

@@ -1,5 +1,5 @@
 """GET /timeline of a host-engine matmul-server: Chrome trace JSON with one
-complete event per stream span; scripts/render_timeline.py turns it (and a
+complete event per stream span; bench/tools/render_timeline.py turns it (and a
 GPU-shaped trace) into a PNG swimlane chart."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import matmul_client
 
 from metrics_helpers import REPO_ROOT, http_get
 
-RENDER = REPO_ROOT / "scripts" / "render_timeline.py"
+RENDER = REPO_ROOT / "bench" / "tools" / "render_timeline.py"
 
 
 def png_size(path: Path):

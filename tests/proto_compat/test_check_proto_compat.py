@@ -1,4 +1,4 @@
-"""Tests of scripts/check_proto_compat.py: deliberately broken variants of a
+"""Tests of proto/check_compat.py: deliberately broken variants of a
 small API, written to a temporary folder, each of which it must report, and
 compatible ones it must pass. protoc: $PROTOC, else PATH."""
 
@@ -14,7 +14,7 @@ from typing import List
 
 import pytest
 
-_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "check_proto_compat.py"
+_SCRIPT = Path(__file__).resolve().parents[2] / "proto" / "check_compat.py"
 _spec = importlib.util.spec_from_file_location("check_proto_compat", _SCRIPT)
 assert _spec and _spec.loader
 check = importlib.util.module_from_spec(_spec)

@@ -6,7 +6,7 @@ one core). The CUDA engine names its threads (mm-lane<d>.<l>, mm-done<d>.<i>,
 mm-poll<d>.<p>; common/thread_name.h), so this tells which of them a run
 keeps busy; bench/LOG.md section 18 used it on matmul-pipeline-bench.
 
-    scripts/thread_cpu.py PID [TOP]
+    bench/tools/thread_cpu.py PID [TOP]
 """
 import os
 import sys

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Draws a matmul-server pipeline timeline as a PNG swimlane chart.
 
-    /usr/bin/python3 scripts/render_timeline.py INPUT -o timeline.png
+    /usr/bin/python3 bench/tools/render_timeline.py INPUT -o timeline.png
 
 INPUT is Chrome trace JSON as served by the metrics port,
 GET /timeline?seconds=N (default 2, at most 60): a file, "-" for stdin, or
