@@ -21,6 +21,7 @@ import signal
 import socket
 import subprocess
 import threading
+import time
 import urllib.request
 
 import numpy as np
@@ -150,9 +151,17 @@ class Counts:
         self.method = method
         self.before = [s.ok_multiplies(method) for s in servers]
 
-    def since(self):
-        return [s.ok_multiplies(self.method) - b
-                for s, b in zip(self.servers, self.before)]
+    def since(self, expected=0):
+        """Each server's count since construction, once they add up to
+        `expected`: a server counts a call when it is done with it, which
+        can be just after the client has its answer (bounded: 20 s)."""
+        deadline = time.monotonic() + 20
+        while True:
+            got = [s.ok_multiplies(self.method) - b
+                   for s, b in zip(self.servers, self.before)]
+            if sum(got) >= expected or time.monotonic() > deadline:
+                return got
+            time.sleep(0.05)
 
 
 def assert_spread(counts, total):
@@ -179,7 +188,7 @@ def test_bench_spreads_by_default(servers, tmp_path, concurrency):
     assert doc["config"]["lb_policy"] == "round_robin"
     (point,) = doc["points"]
     assert point["errors"] == 0 and point["ok"] == BENCH_REQUESTS, point
-    got = counts.since()
+    got = counts.since(BENCH_REQUESTS)
     assert sum(got) >= BENCH_REQUESTS, got
     assert_spread(got, sum(got))
 
@@ -192,7 +201,7 @@ def test_bench_pick_first_stays_on_one(servers):
          "--warmup", "0", "--lb-policy", "pick_first"],
         capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stdout + r.stderr
-    got = counts.since()
+    got = counts.since(100)
     assert sorted(got)[:2] == [0, 0] and sum(got) >= 100, got
 
 
@@ -226,7 +235,7 @@ def test_cli_spreads_by_default(servers, tmp_path):
     with concurrent.futures.ThreadPoolExecutor(CLI_PARALLEL) as pool:
         for done in pool.map(run, range(CLI_RUNS)):
             assert done is None
-    assert_spread(counts.since(), CLI_RUNS)
+    assert_spread(counts.since(CLI_RUNS), CLI_RUNS)
 
 
 def test_cli_pick_first_stays_on_one(servers, tmp_path):
@@ -239,7 +248,7 @@ def test_cli_pick_first_stays_on_one(servers, tmp_path):
              "--out", str(tmp_path / "c.npy"), "--lb-policy", "pick_first"],
             capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stdout + r.stderr
-    assert counts.since() == [6, 0, 0]
+    assert counts.since(6) == [6, 0, 0]
 
 
 def test_cli_striped_multiply_stays_on_one_server(servers, tmp_path):
@@ -261,7 +270,7 @@ def test_cli_striped_multiply_stays_on_one_server(servers, tmp_path):
             capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stdout + r.stderr
         np.testing.assert_array_equal(np.load(tmp_path / "c.npy"), a @ b)
-    got = counts.since()
+    got = counts.since(runs)
     # One multiply per run, counted once (on its start's server).
     assert sum(got) == runs, got
     assert sum(1 for n in got if n > 0) >= 2, got
