@@ -122,9 +122,9 @@ void MultiplyReactor::Start() {
   }
   wire_ = std::move(*wire);
 
-  absl::StatusOr<MultiplyPlan> plan =
-      PlanMultiply(wire_, PlanContext{state_.limits, state_.handles,
-                                      state_.regions, ClientKey(*context_)});
+  absl::StatusOr<MultiplyPlan> plan = PlanMultiply(
+      wire_,
+      PlanContext{state_.limits, state_.handles, state_.regions, Client()});
   if (!plan.ok()) {
     RejectRequest(plan.status());
     return;

@@ -92,7 +92,7 @@ void TransferReactor::StartUpload(const grpc::ByteBuffer* request) {
   op.spec = &job.spec;
   op.held_bytes = header.data_bytes;  // the request, until it is staged
   op.stored_bytes = header.data_bytes;
-  op.client = ClientKey(*context_);
+  op.client = Client();
   if (!Admit(std::move(op))) return;
   if (upload_->has_device()) {
     const std::vector<DeviceInfo>& devices = lease_.engine()->info().devices;

@@ -154,8 +154,12 @@ bool UnaryJobReactor::Admit(Operation op) {
 void UnaryJobReactor::Submit(JobDescription description) {
   refs_.fetch_add(1, std::memory_order_relaxed);  // the job's reference
   lease_.engine()->Submit(std::make_unique<UnaryJob>(
-      this, std::move(description), &state_.metrics->client_usage(),
-      ClientKey(*context_)));
+      this, std::move(description), &state_.metrics->client_usage(), Client()));
+}
+
+const std::string& UnaryJobReactor::Client() {
+  if (!client_.has_value()) client_ = ClientKey(*context_);
+  return *client_;
 }
 
 absl::Status UnaryJobReactor::Copy(absl::FunctionRef<void()> copy) {

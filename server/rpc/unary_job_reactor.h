@@ -21,6 +21,8 @@
 #include <chrono>
 #include <cstddef>
 #include <memory>
+#include <optional>
+#include <string>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/function_ref.h"
@@ -81,6 +83,11 @@ class UnaryJobReactor : public grpc::ServerUnaryReactor, public DrainableCall {
   // Submits a job of `description` to the admitted lease's engine.
   void Submit(JobDescription description);
 
+  // Whose call it is (ClientKey), worked out on first use and kept: the
+  // plan, admission and the job's usage record all need it. The RPC's
+  // start path only (not thread-safe).
+  const std::string& Client();
+
   // Runs `copy`, which reads the request, unless the RPC was cancelled.
   // Finishing lets gRPC free the request, so a cancel or a drain's cut that
   // comes during the copy does not finish the RPC: it leaves that to the
@@ -111,6 +118,7 @@ class UnaryJobReactor : public grpc::ServerUnaryReactor, public DrainableCall {
   Lease lease_;
 
  private:
+  std::optional<std::string> client_;  // Client()'s
   // Every Finish goes through here, so that OnDone knows the code. The
   // release store publishes what was recorded before it to OnDone, which
   // runs on another thread (gRPC's own ordering is invisible to TSan).
