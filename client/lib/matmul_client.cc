@@ -124,6 +124,29 @@ bool IsPolicyName(const std::string& name) {
   return true;
 }
 
+// The default service config of the client's channels: the load-balancing
+// policy (none when empty), and a retry of any MatmulService call that ends
+// UNAVAILABLE or CANCELLED before the server has answered anything, up to
+// three times with a short backoff. Under round_robin the retry goes to the
+// next server, so a server that drains sends its share to the others instead
+// of failing it: it refuses new calls with UNAVAILABLE until its transport
+// stops, and a call that reaches it as the transport stops is cancelled by
+// gRPC (RST_STREAM). The service answers CANCELLED only to a call that is
+// already cancelled, and a call the caller cancels is not retried.
+// gRPC retries only what it still holds: a request above the per-call retry
+// buffer (256 KiB) is not retried once sent, nor a stream past its first
+// answer.
+std::string ServiceConfigJson(const std::string& policy) {
+  const std::string retry =
+      R"("methodConfig": [{"name": [{"service": "matmul.v1.MatmulService"}], )"
+      R"("retryPolicy": {"maxAttempts": 4, "initialBackoff": "0.02s", )"
+      R"("maxBackoff": "0.2s", "backoffMultiplier": 2, )"
+      R"("retryableStatusCodes": ["UNAVAILABLE", "CANCELLED"]}}])";
+  if (policy.empty()) return absl::StrCat("{", retry, "}");
+  return absl::StrCat("{\"loadBalancingConfig\": [{\"", policy, "\": {}}], ",
+                      retry, "}");
+}
+
 // `target` with the addresses of an "ipv4:A,B,..." or "ipv6:..." list in a
 // random order; any other target as it is. Under round_robin the order
 // changes nothing but which connection comes up first, and that one takes
@@ -283,22 +306,20 @@ absl::StatusOr<std::unique_ptr<MatmulClient>> MatmulClient::Create(
   if (absl::Status s = CheckClientId(options.client_id); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("client: ", s.message()));
   }
-  std::string service_config;
-  if (!options.load_balancing_policy.empty()) {
-    if (!IsPolicyName(options.load_balancing_policy)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("client: \"", options.load_balancing_policy,
-                       "\" is not a load-balancing policy name"));
-    }
-    service_config = absl::StrCat("{\"loadBalancingConfig\": [{\"",
-                                  options.load_balancing_policy, "\": {}}]}");
-    const std::string error =
-        grpc::experimental::ValidateServiceConfigJSON(service_config);
-    if (!error.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("client: load-balancing policy \"",
-                       options.load_balancing_policy, "\": ", error));
-    }
+  if (!options.load_balancing_policy.empty() &&
+      !IsPolicyName(options.load_balancing_policy)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("client: \"", options.load_balancing_policy,
+                     "\" is not a load-balancing policy name"));
+  }
+  const std::string service_config =
+      ServiceConfigJson(options.load_balancing_policy);
+  if (const std::string error =
+          grpc::experimental::ValidateServiceConfigJSON(service_config);
+      !error.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("client: load-balancing policy \"",
+                     options.load_balancing_policy, "\": ", error));
   }
 
   std::shared_ptr<grpc::ChannelCredentials> credentials =
@@ -328,7 +349,7 @@ absl::StatusOr<std::unique_ptr<MatmulClient>> MatmulClient::Create(
           args.SetString(GRPC_ARG_DEFAULT_AUTHORITY, IpTargetAuthority(target));
           return grpc::CreateCustomChannel(address, credentials, args);
         }
-        if (!service_config.empty()) args.SetServiceConfigJSON(service_config);
+        args.SetServiceConfigJSON(service_config);
         if (!shuffle)
           return grpc::CreateCustomChannel(target, credentials, args);
         const std::string shuffled = ShuffledAddressList(target);

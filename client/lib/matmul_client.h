@@ -85,6 +85,9 @@ struct ClientOptions {
   // as calls naming a stored tensor's handle need while handles do not name
   // their server. Empty: the client sets none (gRPC's default, pick_first,
   // unless the resolver or a grpc.service_config channel argument names one).
+  // Whatever the policy, the default service config retries a call refused
+  // with UNAVAILABLE (a draining server's answer) up to three times: under
+  // round_robin on the next server.
   std::string load_balancing_policy = "round_robin";
   // Separate channels (HTTP/2 connections) to open; calls rotate among them.
   // More than one helps throughput when large messages would otherwise queue

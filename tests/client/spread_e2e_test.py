@@ -274,3 +274,40 @@ def test_cli_striped_multiply_stays_on_one_server(servers, tmp_path):
     # One multiply per run, counted once (on its start's server).
     assert sum(got) == runs, got
     assert sum(1 for n in got if n > 0) >= 2, got
+
+
+def test_bench_loses_no_call_to_a_draining_server(tmp_path):
+    """Issue 58 item 3: matmul-bench (the C++ library's defaults) over
+    three servers of its own; one is sent SIGTERM once it has answered 200
+    multiplies. What it refuses while it drains (UNAVAILABLE) the library
+    retries on the others: the bench counts no error, and the server exits
+    0."""
+    started = []
+    try:
+        for _ in range(SERVERS):
+            started.append(Server())
+        report = tmp_path / "bench.json"
+        bench = subprocess.Popen(
+            [str(BENCH), "--target", spread_target(started), "--shape", "8",
+             "--concurrency", "8", "--requests", str(BENCH_REQUESTS),
+             "--warmup", "0", "--json", str(report)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        deadline = time.monotonic() + 120
+        while (started[0].ok_multiplies() < 200 and bench.poll() is None
+               and time.monotonic() < deadline):
+            time.sleep(0.01)
+        assert bench.poll() is None, "the bench ended before the SIGTERM"
+        started[0].proc.send_signal(signal.SIGTERM)
+        out, _ = bench.communicate(timeout=240)
+        assert bench.returncode == 0, out
+        (point,) = json.loads(report.read_text())["points"]
+        assert point["errors"] == 0 and point["ok"] == BENCH_REQUESTS, (
+            {k: v for k, v in point.items() if "error" in k or k == "ok"}, out[-3000:])
+        assert started[0].proc.wait(timeout=60) == 0, "".join(started[0].log)
+        assert "draining" in "".join(started[0].log)
+    finally:
+        codes = [s.stop() for s in started[1:]]
+        if started and started[0].proc.poll() is None:
+            started[0].stop()
+    assert codes == [0] * (len(started) - 1), "".join(
+        "".join(s.log) for s in started)

@@ -109,6 +109,9 @@ def test_default_channel_options() -> None:
     assert options["grpc.max_receive_message_length"] == -1
     config = json.loads(options["grpc.service_config"])
     assert config["loadBalancingConfig"] == [{"round_robin": {}}]
+    (method,) = config["methodConfig"]
+    assert method["name"] == [{"service": "matmul.v1.MatmulService"}]
+    assert method["retryPolicy"]["retryableStatusCodes"] == ["UNAVAILABLE", "CANCELLED"]
     assert dict(DEFAULT_OPTIONS) == options
 
 

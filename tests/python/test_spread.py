@@ -1,7 +1,8 @@
 """Spread by default (issue 58 item 1): Client and AsyncClient, on either
 engine, with one target naming three servers send each a fair share of the
 multiplies (counted on each server's /metrics), and a caller that names
-pick_first keeps them on one. matmul-cli's and matmul-bench's share is
+pick_first keeps them on one. A server that drains fails none of the calls
+the others can take (item 3). matmul-cli's and matmul-bench's share is
 tests/client/spread_e2e_test.py's."""
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import signal
+import threading
 import time
 import urllib.request
 from typing import Iterator, List
@@ -141,3 +144,45 @@ def test_native_striped_multiply_reaches_one_server(three) -> None:
     with make_client(_target(three), "native", timeout=60) as client:
         for _ in range(6):
             np.testing.assert_array_equal(client.multiply_streamed(a, b, stripes=4), a @ b)
+
+
+#: The drain test's calls: per thread, and how many go before the SIGTERM.
+_DRAIN_THREADS, _DRAIN_CALLS, _DRAIN_AFTER = 4, 150, 120
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_draining_server_fails_no_call(engine: str) -> None:
+    """Issue 58 item 3: one of three servers is sent SIGTERM mid-run; the
+    calls it refuses while it drains (UNAVAILABLE) are retried on the
+    others, so no call fails, every product is right, and it exits 0."""
+    servers = [ServerProcess(metrics=True) for _ in range(3)]
+    try:
+        with make_client(_target(servers), engine, timeout=60) as client:
+            started = threading.Semaphore(0)
+            errors: List[BaseException] = []
+
+            def calls() -> None:
+                try:
+                    for _ in range(_DRAIN_CALLS):
+                        started.release()
+                        np.testing.assert_array_equal(client.multiply(_A, _B), _A @ _B)
+                except BaseException as e:  # noqa: BLE001 - reported below
+                    errors.append(e)
+
+            threads = [threading.Thread(target=calls) for _ in range(_DRAIN_THREADS)]
+            for t in threads:
+                t.start()
+            for _ in range(_DRAIN_AFTER):
+                started.acquire()
+            servers[0]._process.send_signal(signal.SIGTERM)
+            for t in threads:
+                t.join(120)
+            assert not any(t.is_alive() for t in threads)
+        assert not errors, f"{len(errors)} calls failed, the first: {errors[0]!r}"
+        assert servers[0]._process.wait(60) == 0, servers[0].output()
+        assert "draining" in servers[0].output()
+    finally:
+        statuses = [s.stop() for s in servers[1:]]
+        if servers[0]._process.poll() is None:
+            servers[0].stop()
+    assert statuses == [0, 0], "".join(s.output() for s in servers)

@@ -18,11 +18,26 @@ ChannelOption = Tuple[str, Any]
 #: unlimited message sizes (the server enforces its own limit and says so
 #: with RESOURCE_EXHAUSTED), and round-robin over every address a target
 #: resolves to (e.g. all pods behind a headless Kubernetes service with
-#: "dns:///matmul.ns.svc.cluster.local:50051").
+#: "dns:///matmul.ns.svc.cluster.local:50051"); a call that ends UNAVAILABLE
+#: or CANCELLED before the server answered anything (a draining server's
+#: refusal, or a call that reached it as its transport closed) is retried up
+#: to three times, on the next server under round_robin.
 DEFAULT_OPTIONS: Tuple[ChannelOption, ...] = (
     ("grpc.max_send_message_length", -1),
     ("grpc.max_receive_message_length", -1),
-    ("grpc.service_config", json.dumps({"loadBalancingConfig": [{"round_robin": {}}]})),
+    ("grpc.service_config", json.dumps({
+        "loadBalancingConfig": [{"round_robin": {}}],
+        "methodConfig": [{
+            "name": [{"service": "matmul.v1.MatmulService"}],
+            "retryPolicy": {
+                "maxAttempts": 4,
+                "initialBackoff": "0.02s",
+                "maxBackoff": "0.2s",
+                "backoffMultiplier": 2,
+                "retryableStatusCodes": ["UNAVAILABLE", "CANCELLED"],
+            },
+        }],
+    })),
 )
 
 
