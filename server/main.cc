@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -272,15 +273,10 @@ std::string DescribeEngine(const matmul::Engine& engine) {
   return text;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  matmul::SkipMutexDeadlockDetection();  // common/mutex_mode.h
-  absl::SetProgramUsageMessage(
-      "matmul-server: multiplies matrices for gRPC clients on GPUs (or the "
-      "CPU)");
-  const std::vector<std::string> command_line(argv + std::min(argc, 1),
-                                              argv + argc);
+// Answers --helpfull, --help and --version: the exit status, or nothing
+// when the command line asks for none of them.
+std::optional<int> AnswerInfoRequest(
+    const std::vector<std::string>& command_line) {
   for (const std::string& arg : command_line) {
     if (arg == "--helpfull") {
       std::fputs(absl::StrCat(kUsage, matmul::FlagsHelp(AllFlags())).c_str(),
@@ -298,6 +294,223 @@ int main(int argc, char** argv) {
       return 0;
     case matmul::InfoRequest::kNone:
       break;
+  }
+  return std::nullopt;
+}
+
+matmul::EngineOptions EngineOptionsFromFlags(matmul::EngineKind kind) {
+  matmul::EngineOptions engine_options;
+  engine_options.kind = kind;
+  engine_options.streams_per_device = absl::GetFlag(FLAGS_streams_per_device);
+  engine_options.batch_window =
+      absl::Microseconds(absl::GetFlag(FLAGS_batch_window_us));
+  engine_options.grouped_batching = absl::GetFlag(FLAGS_grouped_batching);
+  engine_options.completion_poll = absl::Microseconds(
+      std::max<int64_t>(0, absl::GetFlag(FLAGS_completion_poll_us)));
+  engine_options.pinned_pool_bytes = absl::GetFlag(FLAGS_pinned_pool_bytes);
+  return engine_options;
+}
+
+// HOST:PORT, with an IPv6 host in brackets.
+std::string HostPort(const std::string& host, int port) {
+  const bool ipv6 = host.find(':') != std::string::npos && host[0] != '[';
+  return absl::StrCat(ipv6 ? "[" : "", host, ipv6 ? "]" : "", ":", port);
+}
+
+// The addresses and socket the server listens on.
+absl::Status SetListening(matmul::ServerOptions& options) {
+  const std::string host = absl::GetFlag(FLAGS_host);
+  options.listen_address = HostPort(host, absl::GetFlag(FLAGS_port));
+  const int metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  if (metrics_port < 0 || metrics_port > 65535) {
+    return absl::InvalidArgumentError("--metrics-port must be in [0, 65535]");
+  }
+  if (metrics_port > 0) options.metrics_address = HostPort(host, metrics_port);
+  if (absl::GetFlag(FLAGS_health_port) > 0) {
+    options.health_address = HostPort(host, absl::GetFlag(FLAGS_health_port));
+  }
+  options.unix_socket = absl::GetFlag(FLAGS_unix_socket);
+  return absl::OkStatus();
+}
+
+// Stored tensors and shared-memory regions: how many, how large, how long.
+absl::Status SetHandleLimits(matmul::HandleLimits& limits) {
+  limits.max_bytes_per_client =
+      absl::GetFlag(FLAGS_max_stored_bytes_per_client);
+  limits.max_bytes_total = absl::GetFlag(FLAGS_max_stored_bytes);
+  if (limits.max_bytes_total < 0) {
+    return absl::InvalidArgumentError(
+        "--max-stored-bytes must be 0 (the default) or more; see --help");
+  }
+  limits.max_handles_per_client = absl::GetFlag(FLAGS_max_handles_per_client);
+  limits.max_shared_memory_regions_per_client =
+      absl::GetFlag(FLAGS_max_shared_memory_regions_per_client);
+  if (limits.max_shared_memory_regions_per_client < 0) {
+    return absl::InvalidArgumentError(
+        "--max-shared-memory-regions-per-client must be 0 (none allowed) or "
+        "more; see --help");
+  }
+  absl::StatusOr<matmul::PeerAllowList> shared_memory_peers =
+      matmul::PeerAllowList::Parse(absl::GetFlag(FLAGS_shared_memory_peers));
+  if (!shared_memory_peers.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--shared-memory-peers: ", shared_memory_peers.status().message()));
+  }
+  limits.shared_memory_peers = *shared_memory_peers;
+  limits.default_ttl = absl::GetFlag(FLAGS_default_handle_ttl);
+  limits.max_ttl = absl::GetFlag(FLAGS_max_handle_ttl);
+  return absl::OkStatus();
+}
+
+// The limits every request is held to.
+absl::Status SetRequestLimits(matmul::RequestLimits& limits) {
+  limits.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  limits.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes);
+  limits.max_elements_per_operand =
+      absl::GetFlag(FLAGS_max_elements_per_operand);
+  if (limits.max_message_bytes <= 0 || limits.max_message_bytes > INT32_MAX) {
+    return absl::InvalidArgumentError(
+        "--max-message-bytes must be in [1, 2147483647]");
+  }
+  const absl::Duration join_timeout = absl::GetFlag(FLAGS_stripe_join_timeout);
+  if (join_timeout < absl::Milliseconds(1) ||
+      join_timeout > absl::Minutes(10)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--stripe-join-timeout must be in [1ms, 10m], got ",
+                     absl::FormatDuration(join_timeout)));
+  }
+  limits.stripe_join_timeout_ms = absl::ToInt64Milliseconds(join_timeout);
+  return absl::OkStatus();
+}
+
+// The server's options from the flags, checked in the order the flags'
+// errors are reported; an error's message names the flag.
+absl::StatusOr<matmul::ServerOptions> ServerOptionsFromFlags(
+    matmul::EngineKind kind) {
+  matmul::ServerOptions options;
+  if (absl::Status s = SetListening(options); !s.ok()) return s;
+  options.staging_copy.helpers = matmul::DefaultStagingCopyHelpers();
+  // Streaming stores leave staging out of the caches for the GPU's upload
+  // to read from memory; the host engine's CPU reads the operands next,
+  // from the caches.
+  options.staging_copy.streaming_stores = matmul::ChoosesCudaEngine(kind);
+  options.drain_grace = absl::GetFlag(FLAGS_drain_grace);
+  options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
+  options.trim_memory_after = absl::GetFlag(FLAGS_trim_memory_after);
+  options.unhealthy_restart_after =
+      absl::GetFlag(FLAGS_unhealthy_restart_after);
+  options.metrics_top_clients = absl::GetFlag(FLAGS_metrics_top_clients);
+  if (options.metrics_top_clients < 0) {
+    return absl::InvalidArgumentError(
+        "--metrics-top-clients must be at least 0");
+  }
+  options.max_connection_age = absl::GetFlag(FLAGS_max_connection_age);
+  options.max_connection_age_grace =
+      absl::GetFlag(FLAGS_max_connection_age_grace);
+  options.keepalive_time = absl::GetFlag(FLAGS_keepalive_time);
+  options.keepalive_timeout = absl::GetFlag(FLAGS_keepalive_timeout);
+  options.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
+  absl::StatusOr<matmul::GrpcArgs> grpc_args =
+      matmul::ParseGrpcArgs(absl::GetFlag(FLAGS_grpc_arg));
+  if (!grpc_args.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--grpc-arg: ", grpc_args.status().message()));
+  }
+  options.grpc_args = *std::move(grpc_args);
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> tls =
+      TlsCredentials();
+  if (!tls.ok()) return tls.status();
+  options.credentials = *tls;
+  if (absl::Status s = SetHandleLimits(options.handle_limits); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = SetRequestLimits(options.limits); !s.ok()) return s;
+  return options;
+}
+
+// Why the server did not start, with a hint where --engine=cuda found no
+// device.
+void LogStartFailure(matmul::EngineKind kind, const absl::Status& status) {
+  if (kind == matmul::EngineKind::kCuda && matmul::CudaEngineBuilt() &&
+      status.code() == absl::StatusCode::kFailedPrecondition) {
+    matmul::LogLine(absl::StrCat(
+        "error: --engine=cuda: no CUDA device was found: ", status.message(),
+        "; --engine=host or auto runs on the CPU"));
+  } else {
+    matmul::LogLine(absl::StrCat("error: ", status.ToString()));
+  }
+}
+
+// The engine, ports and limits the server started with.
+void LogServing(const matmul::ServerOptions& options,
+                matmul::MatmulServer& server) {
+  matmul::LogLine(DescribeEngine(server.engine()));
+  if (server.metrics_port() > 0) {
+    matmul::LogLine(absl::StrCat("metrics on port ", server.metrics_port(),
+                                 " (/metrics, /timeline)"));
+  }
+  matmul::LogLine(absl::StrCat(
+      "serving on port ", server.port(),
+      options.credentials != nullptr
+          ? (absl::GetFlag(FLAGS_tls_client_ca).empty() ? " (TLS)"
+                                                        : " (mutual TLS)")
+          : " (plaintext)",
+      options.unix_socket.empty()
+          ? ""
+          : absl::StrCat(" and unix:", options.unix_socket),
+      server.health_port() > 0
+          ? absl::StrCat("; health-only port ", server.health_port())
+          : "",
+      "; max message ", options.limits.max_message_bytes,
+      " bytes, max in flight ", options.limits.max_inflight_bytes,
+      " bytes; staging copy helpers ", options.staging_copy.helpers,
+      options.staging_copy.streaming_stores ? ", streaming stores" : ""));
+}
+
+// Waits for SIGTERM or SIGINT, then drains the server: the exit status.
+int ServeUntilSignalled(matmul::MatmulServer& server,
+                        matmul::ShutdownSignals& signals) {
+  const int first = signals.Next();
+  matmul::LogLine(
+      absl::StrCat("received ", strsignal(first), "; shutting down"));
+  // The drain runs beside this thread, which keeps taking signals: a
+  // repeated SIGTERM (supervisors resend it) never cuts the drain short; a
+  // SIGINT during it (Ctrl-C pressed again) ends the process at once, on
+  // purpose and with a non-zero status.
+  std::thread drain([&server, &signals] {
+    server.Shutdown();
+    signals.Wake();
+  });
+  for (;;) {
+    const int next = signals.Next();
+    if (next == matmul::ShutdownSignals::kWoken) break;
+    if (next == SIGINT) {
+      matmul::LogLine(absl::StrCat(
+          "received ", strsignal(next),
+          " during the drain: exiting now, without waiting for the requests "
+          "in flight (exit status 130)"));
+      std::_Exit(130);
+    }
+    matmul::LogLine(absl::StrCat("received ", strsignal(next),
+                                 " again; the drain goes on (SIGINT ends it "
+                                 "at once)"));
+  }
+  drain.join();
+  matmul::LogLine("stopped");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  matmul::SkipMutexDeadlockDetection();  // common/mutex_mode.h
+  absl::SetProgramUsageMessage(
+      "matmul-server: multiplies matrices for gRPC clients on GPUs (or the "
+      "CPU)");
+  const std::vector<std::string> command_line(argv + std::min(argc, 1),
+                                              argv + argc);
+  if (std::optional<int> status = AnswerInfoRequest(command_line)) {
+    return *status;
   }
   matmul::FlagParseOptions parse;
   parse.allowed = matmul::FlagsOf(AllFlags());
@@ -323,187 +536,23 @@ int main(int argc, char** argv) {
     matmul::LogLine(absl::StrCat("error: ", kind.status().message()));
     return 2;
   }
-  matmul::EngineOptions engine_options;
-  engine_options.kind = *kind;
-  engine_options.streams_per_device = absl::GetFlag(FLAGS_streams_per_device);
-  engine_options.batch_window =
-      absl::Microseconds(absl::GetFlag(FLAGS_batch_window_us));
-  engine_options.grouped_batching = absl::GetFlag(FLAGS_grouped_batching);
-  engine_options.completion_poll = absl::Microseconds(
-      std::max<int64_t>(0, absl::GetFlag(FLAGS_completion_poll_us)));
-  engine_options.pinned_pool_bytes = absl::GetFlag(FLAGS_pinned_pool_bytes);
-
-  matmul::ServerOptions options;
-  const std::string host = absl::GetFlag(FLAGS_host);
-  const bool ipv6 = host.find(':') != std::string::npos && host[0] != '[';
-  options.listen_address = absl::StrCat(ipv6 ? "[" : "", host, ipv6 ? "]" : "",
-                                        ":", absl::GetFlag(FLAGS_port));
-  const int metrics_port = absl::GetFlag(FLAGS_metrics_port);
-  if (metrics_port < 0 || metrics_port > 65535) {
-    matmul::LogLine("error: --metrics-port must be in [0, 65535]");
+  const matmul::EngineOptions engine_options = EngineOptionsFromFlags(*kind);
+  absl::StatusOr<matmul::ServerOptions> options = ServerOptionsFromFlags(*kind);
+  if (!options.ok()) {
+    matmul::LogLine(absl::StrCat("error: ", options.status().message()));
     return 2;
   }
-  if (metrics_port > 0) {
-    options.metrics_address =
-        absl::StrCat(ipv6 ? "[" : "", host, ipv6 ? "]" : "", ":", metrics_port);
-  }
-  options.staging_copy.helpers = matmul::DefaultStagingCopyHelpers();
-  // Streaming stores leave staging out of the caches for the GPU's upload
-  // to read from memory; the host engine's CPU reads the operands next,
-  // from the caches.
-  options.staging_copy.streaming_stores = matmul::ChoosesCudaEngine(*kind);
-  options.limits.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
-  options.limits.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes);
-  options.limits.max_elements_per_operand =
-      absl::GetFlag(FLAGS_max_elements_per_operand);
-  options.drain_grace = absl::GetFlag(FLAGS_drain_grace);
-  options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
-  options.trim_memory_after = absl::GetFlag(FLAGS_trim_memory_after);
-  options.unhealthy_restart_after =
-      absl::GetFlag(FLAGS_unhealthy_restart_after);
-  options.metrics_top_clients = absl::GetFlag(FLAGS_metrics_top_clients);
-  if (options.metrics_top_clients < 0) {
-    matmul::LogLine("error: --metrics-top-clients must be at least 0");
-    return 2;
-  }
-  options.max_connection_age = absl::GetFlag(FLAGS_max_connection_age);
-  options.keepalive_time = absl::GetFlag(FLAGS_keepalive_time);
-  options.keepalive_timeout = absl::GetFlag(FLAGS_keepalive_timeout);
-  options.unix_socket = absl::GetFlag(FLAGS_unix_socket);
-  options.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
-  absl::StatusOr<matmul::GrpcArgs> grpc_args =
-      matmul::ParseGrpcArgs(absl::GetFlag(FLAGS_grpc_arg));
-  if (!grpc_args.ok()) {
-    matmul::LogLine(
-        absl::StrCat("error: --grpc-arg: ", grpc_args.status().message()));
-    return 2;
-  }
-  options.grpc_args = *std::move(grpc_args);
-  if (absl::GetFlag(FLAGS_health_port) > 0) {
-    options.health_address =
-        absl::StrCat(ipv6 ? "[" : "", host, ipv6 ? "]" : "", ":",
-                     absl::GetFlag(FLAGS_health_port));
-  }
-  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> tls =
-      TlsCredentials();
-  if (!tls.ok()) {
-    matmul::LogLine(absl::StrCat("error: ", tls.status().message()));
-    return 2;
-  }
-  options.credentials = *tls;
-  options.handle_limits.max_bytes_per_client =
-      absl::GetFlag(FLAGS_max_stored_bytes_per_client);
-  options.handle_limits.max_bytes_total = absl::GetFlag(FLAGS_max_stored_bytes);
-  if (options.handle_limits.max_bytes_total < 0) {
-    matmul::LogLine(
-        "error: --max-stored-bytes must be 0 (the default) or more; see "
-        "--help");
-    return 2;
-  }
-  options.handle_limits.max_handles_per_client =
-      absl::GetFlag(FLAGS_max_handles_per_client);
-  options.handle_limits.max_shared_memory_regions_per_client =
-      absl::GetFlag(FLAGS_max_shared_memory_regions_per_client);
-  if (options.handle_limits.max_shared_memory_regions_per_client < 0) {
-    matmul::LogLine(
-        "error: --max-shared-memory-regions-per-client must be 0 (none "
-        "allowed) or more; see --help");
-    return 2;
-  }
-  absl::StatusOr<matmul::PeerAllowList> shared_memory_peers =
-      matmul::PeerAllowList::Parse(absl::GetFlag(FLAGS_shared_memory_peers));
-  if (!shared_memory_peers.ok()) {
-    matmul::LogLine(absl::StrCat("error: --shared-memory-peers: ",
-                                 shared_memory_peers.status().message()));
-    return 2;
-  }
-  options.handle_limits.shared_memory_peers = *shared_memory_peers;
-  options.handle_limits.default_ttl = absl::GetFlag(FLAGS_default_handle_ttl);
-  options.handle_limits.max_ttl = absl::GetFlag(FLAGS_max_handle_ttl);
-  options.max_connection_age_grace =
-      absl::GetFlag(FLAGS_max_connection_age_grace);
-  if (options.limits.max_message_bytes <= 0 ||
-      options.limits.max_message_bytes > INT32_MAX) {
-    matmul::LogLine("error: --max-message-bytes must be in [1, 2147483647]");
-    return 2;
-  }
-  const absl::Duration join_timeout = absl::GetFlag(FLAGS_stripe_join_timeout);
-  if (join_timeout < absl::Milliseconds(1) ||
-      join_timeout > absl::Minutes(10)) {
-    matmul::LogLine(
-        absl::StrCat("error: --stripe-join-timeout must be in [1ms, 10m], got ",
-                     absl::FormatDuration(join_timeout)));
-    return 2;
-  }
-  options.limits.stripe_join_timeout_ms =
-      absl::ToInt64Milliseconds(join_timeout);
 
   matmul::LogLine(absl::StrCat("matmul-server ", matmul::ServerVersion(),
                                " (commit ", matmul::GitCommit(), ")",
-                               " starting on ", options.listen_address));
+                               " starting on ", options->listen_address));
   absl::StatusOr<std::unique_ptr<matmul::MatmulServer>> server =
       matmul::MatmulServer::Start(
-          options, [&engine_options] { return CreateEngine(engine_options); });
+          *options, [&engine_options] { return CreateEngine(engine_options); });
   if (!server.ok()) {
-    if (*kind == matmul::EngineKind::kCuda && matmul::CudaEngineBuilt() &&
-        server.status().code() == absl::StatusCode::kFailedPrecondition) {
-      matmul::LogLine(
-          absl::StrCat("error: --engine=cuda: no CUDA device was found: ",
-                       server.status().message(),
-                       "; --engine=host or auto runs on the CPU"));
-    } else {
-      matmul::LogLine(absl::StrCat("error: ", server.status().ToString()));
-    }
+    LogStartFailure(*kind, server.status());
     return 1;
   }
-  matmul::LogLine(DescribeEngine((*server)->engine()));
-  if ((*server)->metrics_port() > 0) {
-    matmul::LogLine(absl::StrCat("metrics on port ", (*server)->metrics_port(),
-                                 " (/metrics, /timeline)"));
-  }
-  matmul::LogLine(absl::StrCat(
-      "serving on port ", (*server)->port(),
-      options.credentials != nullptr
-          ? (absl::GetFlag(FLAGS_tls_client_ca).empty() ? " (TLS)"
-                                                        : " (mutual TLS)")
-          : " (plaintext)",
-      options.unix_socket.empty()
-          ? ""
-          : absl::StrCat(" and unix:", options.unix_socket),
-      (*server)->health_port() > 0
-          ? absl::StrCat("; health-only port ", (*server)->health_port())
-          : "",
-      "; max message ", options.limits.max_message_bytes,
-      " bytes, max in flight ", options.limits.max_inflight_bytes,
-      " bytes; staging copy helpers ", options.staging_copy.helpers,
-      options.staging_copy.streaming_stores ? ", streaming stores" : ""));
-
-  const int first = (*signals)->Next();
-  matmul::LogLine(
-      absl::StrCat("received ", strsignal(first), "; shutting down"));
-  // The drain runs beside this thread, which keeps taking signals: a
-  // repeated SIGTERM (supervisors resend it) never cuts the drain short; a
-  // SIGINT during it (Ctrl-C pressed again) ends the process at once, on
-  // purpose and with a non-zero status.
-  std::thread drain([&server, &signals] {
-    (*server)->Shutdown();
-    (*signals)->Wake();
-  });
-  for (;;) {
-    const int next = (*signals)->Next();
-    if (next == matmul::ShutdownSignals::kWoken) break;
-    if (next == SIGINT) {
-      matmul::LogLine(absl::StrCat(
-          "received ", strsignal(next),
-          " during the drain: exiting now, without waiting for the requests "
-          "in flight (exit status 130)"));
-      std::_Exit(130);
-    }
-    matmul::LogLine(absl::StrCat("received ", strsignal(next),
-                                 " again; the drain goes on (SIGINT ends it "
-                                 "at once)"));
-  }
-  drain.join();
-  matmul::LogLine("stopped");
-  return 0;
+  LogServing(*options, **server);
+  return ServeUntilSignalled(**server, **signals);
 }

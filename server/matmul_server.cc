@@ -36,6 +36,44 @@ void SetHealth(grpc::Server& server, bool ready, bool live) {
   health->SetServingStatus(kLivenessService, live);
 }
 
+// The transport settings of the gRPC port: message sizes, connection ages,
+// keepalives, and --grpc-arg's extras last.
+void SetChannelArguments(const ServerOptions& options,
+                         grpc::ServerBuilder& builder) {
+  if (options.max_concurrent_streams > 0) {
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                               options.max_concurrent_streams);
+  }
+  const int max_message = static_cast<int>(
+      std::min<int64_t>(options.limits.max_message_bytes, INT_MAX));
+  builder.SetMaxReceiveMessageSize(max_message);
+  builder.SetMaxSendMessageSize(max_message);
+  // Without this, gRPC sets SO_REUSEPORT and a second server on a busy port
+  // would silently share it instead of failing.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  if (options.max_connection_age > absl::ZeroDuration()) {
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS,
+                               Milliseconds(options.max_connection_age));
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS,
+                               Milliseconds(options.max_connection_age_grace));
+  }
+  if (options.keepalive_time > absl::ZeroDuration()) {
+    builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS,
+                               Milliseconds(options.keepalive_time));
+    builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+                               Milliseconds(options.keepalive_timeout));
+  }
+  // Clients may keep their connections alive with pings of their own, down
+  // to every 10 s and while idle; gRPC's server default (5 min) would answer
+  // such a client with GOAWAY "too_many_pings".
+  builder.AddChannelArgument(
+      GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  for (const auto& [name, value] : options.grpc_args) {
+    builder.AddChannelArgument(name, value);
+  }
+}
+
 // Host memory this process may use: physical RAM, or the cgroup's limit
 // when it has a smaller one (a container).
 int64_t HostMemoryBytes() {
@@ -98,38 +136,7 @@ absl::StatusOr<std::unique_ptr<MatmulServer>> MatmulServer::Start(
     }
     self->unix_listener_ = std::move(*unix_listener);
   }
-  if (options.max_concurrent_streams > 0) {
-    builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
-                               options.max_concurrent_streams);
-  }
-  const int max_message = static_cast<int>(
-      std::min<int64_t>(options.limits.max_message_bytes, INT_MAX));
-  builder.SetMaxReceiveMessageSize(max_message);
-  builder.SetMaxSendMessageSize(max_message);
-  // Without this, gRPC sets SO_REUSEPORT and a second server on a busy port
-  // would silently share it instead of failing.
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  if (options.max_connection_age > absl::ZeroDuration()) {
-    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS,
-                               Milliseconds(options.max_connection_age));
-    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS,
-                               Milliseconds(options.max_connection_age_grace));
-  }
-  if (options.keepalive_time > absl::ZeroDuration()) {
-    builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS,
-                               Milliseconds(options.keepalive_time));
-    builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
-                               Milliseconds(options.keepalive_timeout));
-  }
-  // Clients may keep their connections alive with pings of their own, down
-  // to every 10 s and while idle; gRPC's server default (5 min) would answer
-  // such a client with GOAWAY "too_many_pings".
-  builder.AddChannelArgument(
-      GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  for (const auto& [name, value] : options.grpc_args) {
-    builder.AddChannelArgument(name, value);
-  }
+  SetChannelArguments(options, builder);
   builder.RegisterService(self->service_.get());
   self->server_ = builder.BuildAndStart();
   if (self->server_ == nullptr || self->port_ == 0) {

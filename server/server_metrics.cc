@@ -22,6 +22,109 @@ prometheus::ClientMetric WithLabels(
   return metric;
 }
 
+// matmul_requests_total: finished RPCs by method and status code.
+prometheus::MetricFamily RequestsFamily(const ServerMetrics& metrics) {
+  prometheus::MetricFamily requests =
+      Family("matmul_requests_total",
+             "Finished RPCs of matmul.v1.MatmulService by method and gRPC "
+             "status code.",
+             prometheus::MetricType::Counter);
+  for (int m = 0; m < kNumRpcMethods; ++m) {
+    const std::string method(RpcMethodName(static_cast<RpcMethod>(m)));
+    for (int c = 0; c < kNumStatusCodes; ++c) {
+      const auto code = static_cast<grpc::StatusCode>(c);
+      prometheus::ClientMetric metric = WithLabels(
+          {{"code", std::string(StatusCodeName(code))}, {"method", method}});
+      metric.counter.value = static_cast<double>(
+          metrics.requests(static_cast<RpcMethod>(m), code));
+      requests.metric.push_back(std::move(metric));
+    }
+  }
+  return requests;
+}
+
+// matmul_rejected_requests_total: Multiply requests refused, by reason.
+prometheus::MetricFamily RejectedFamily(const ServerMetrics& metrics) {
+  prometheus::MetricFamily rejected =
+      Family("matmul_rejected_requests_total",
+             "Multiply requests answered without a result, by reason.",
+             prometheus::MetricType::Counter);
+  for (int r = 0; r < kNumRejectReasons; ++r) {
+    prometheus::ClientMetric metric = WithLabels(
+        {{"reason",
+          std::string(RejectReasonName(static_cast<RejectReason>(r)))}});
+    metric.counter.value =
+        static_cast<double>(metrics.rejections(static_cast<RejectReason>(r)));
+    rejected.metric.push_back(std::move(metric));
+  }
+  return rejected;
+}
+
+// matmul_payload_bytes_total: tensor bytes by path and direction.
+prometheus::MetricFamily PayloadFamily(const ServerMetrics& metrics) {
+  prometheus::MetricFamily payload = Family(
+      "matmul_payload_bytes_total",
+      "Tensor bytes moved between clients and the server, by path (inline: "
+      "unary Multiply messages; stream: MultiplyStream chunks; handle: "
+      "Upload and Download; shared_memory: read from or written into "
+      "registered regions) and direction (in: to the server).",
+      prometheus::MetricType::Counter);
+  for (int p = 0; p < kNumPayloadPaths; ++p) {
+    for (int d = 0; d < 2; ++d) {
+      const auto path = static_cast<PayloadPath>(p);
+      const auto direction = static_cast<PayloadDirection>(d);
+      prometheus::ClientMetric metric =
+          WithLabels({{"direction", d == 0 ? "in" : "out"},
+                      {"path", std::string(PayloadPathName(path))}});
+      metric.counter.value =
+          static_cast<double>(metrics.payload_bytes(path, direction));
+      payload.metric.push_back(std::move(metric));
+    }
+  }
+  return payload;
+}
+
+// matmul_stream_stripes_total: striped multiplies opened and joined.
+prometheus::MetricFamily StripesFamily(const ServerMetrics& metrics) {
+  prometheus::MetricFamily stripes = Family(
+      "matmul_stream_stripes_total",
+      "Striped MultiplyStream multiplies opened (kind=start), and the calls "
+      "that joined them (kind=join).",
+      prometheus::MetricType::Counter);
+  for (const bool join : {false, true}) {
+    prometheus::ClientMetric metric =
+        WithLabels({{"kind", join ? "join" : "start"}});
+    metric.counter.value = static_cast<double>(metrics.stripes(join));
+    stripes.metric.push_back(std::move(metric));
+  }
+  return stripes;
+}
+
+// The shared-memory regions mapped now: their count and their bytes.
+void AddSharedMemoryFamilies(const SharedMemoryGauges& gauges,
+                             std::vector<prometheus::MetricFamily>& out) {
+  prometheus::MetricFamily regions = Family(
+      "matmul_shared_memory_regions",
+      "Shared-memory regions mapped now: registered, or unregistered and "
+      "still used by a multiply.",
+      prometheus::MetricType::Gauge);
+  prometheus::ClientMetric region_count;
+  region_count.gauge.value =
+      static_cast<double>(gauges.regions.load(std::memory_order_relaxed));
+  regions.metric.push_back(std::move(region_count));
+  out.push_back(std::move(regions));
+  prometheus::MetricFamily region_bytes =
+      Family("matmul_shared_memory_bytes",
+             "Bytes of the shared-memory regions mapped now (pinned on the "
+             "CUDA engine).",
+             prometheus::MetricType::Gauge);
+  prometheus::ClientMetric region_byte_count;
+  region_byte_count.gauge.value =
+      static_cast<double>(gauges.bytes.load(std::memory_order_relaxed));
+  region_bytes.metric.push_back(std::move(region_byte_count));
+  out.push_back(std::move(region_bytes));
+}
+
 }  // namespace
 
 absl::string_view RpcMethodName(RpcMethod method) {
@@ -193,26 +296,7 @@ uint64_t ServerMetrics::rejections(RejectReason reason) const {
 
 std::vector<prometheus::MetricFamily> ServerMetrics::Collect() const {
   std::vector<prometheus::MetricFamily> out;
-
-  prometheus::MetricFamily requests =
-      Family("matmul_requests_total",
-             "Finished RPCs of matmul.v1.MatmulService by method and gRPC "
-             "status code.",
-             prometheus::MetricType::Counter);
-  for (int m = 0; m < kNumRpcMethods; ++m) {
-    const std::string method(RpcMethodName(static_cast<RpcMethod>(m)));
-    for (int c = 0; c < kNumStatusCodes; ++c) {
-      const auto code = static_cast<grpc::StatusCode>(c);
-      prometheus::ClientMetric metric = WithLabels(
-          {{"code", std::string(StatusCodeName(code))}, {"method", method}});
-      metric.counter.value = static_cast<double>(
-          requests_[RequestIndex(static_cast<RpcMethod>(m), code)].load(
-              std::memory_order_relaxed));
-      requests.metric.push_back(std::move(metric));
-    }
-  }
-  out.push_back(std::move(requests));
-
+  out.push_back(RequestsFamily(*this));
   prometheus::MetricFamily durations =
       Family("matmul_request_duration_seconds",
              "Server time of an RPC, from the handler's start to the end of "
@@ -240,75 +324,10 @@ std::vector<prometheus::MetricFamily> ServerMetrics::Collect() const {
   }
   out.push_back(std::move(stages));
 
-  prometheus::MetricFamily rejected =
-      Family("matmul_rejected_requests_total",
-             "Multiply requests answered without a result, by reason.",
-             prometheus::MetricType::Counter);
-  for (int r = 0; r < kNumRejectReasons; ++r) {
-    prometheus::ClientMetric metric = WithLabels(
-        {{"reason",
-          std::string(RejectReasonName(static_cast<RejectReason>(r)))}});
-    metric.counter.value =
-        static_cast<double>(rejections_[r].load(std::memory_order_relaxed));
-    rejected.metric.push_back(std::move(metric));
-  }
-  out.push_back(std::move(rejected));
-
-  prometheus::MetricFamily payload = Family(
-      "matmul_payload_bytes_total",
-      "Tensor bytes moved between clients and the server, by path (inline: "
-      "unary Multiply messages; stream: MultiplyStream chunks; handle: "
-      "Upload and Download; shared_memory: read from or written into "
-      "registered regions) and direction (in: to the server).",
-      prometheus::MetricType::Counter);
-  for (int p = 0; p < kNumPayloadPaths; ++p) {
-    for (int d = 0; d < 2; ++d) {
-      const auto path = static_cast<PayloadPath>(p);
-      const auto direction = static_cast<PayloadDirection>(d);
-      prometheus::ClientMetric metric =
-          WithLabels({{"direction", d == 0 ? "in" : "out"},
-                      {"path", std::string(PayloadPathName(path))}});
-      metric.counter.value =
-          static_cast<double>(payload_bytes(path, direction));
-      payload.metric.push_back(std::move(metric));
-    }
-  }
-  out.push_back(std::move(payload));
-
-  prometheus::MetricFamily stripes = Family(
-      "matmul_stream_stripes_total",
-      "Striped MultiplyStream multiplies opened (kind=start), and the calls "
-      "that joined them (kind=join).",
-      prometheus::MetricType::Counter);
-  for (const bool join : {false, true}) {
-    prometheus::ClientMetric metric =
-        WithLabels({{"kind", join ? "join" : "start"}});
-    metric.counter.value = static_cast<double>(this->stripes(join));
-    stripes.metric.push_back(std::move(metric));
-  }
-  out.push_back(std::move(stripes));
-
-  prometheus::MetricFamily regions = Family(
-      "matmul_shared_memory_regions",
-      "Shared-memory regions mapped now: registered, or unregistered and "
-      "still used by a multiply.",
-      prometheus::MetricType::Gauge);
-  prometheus::ClientMetric region_count;
-  region_count.gauge.value = static_cast<double>(
-      shared_memory_gauges_->regions.load(std::memory_order_relaxed));
-  regions.metric.push_back(std::move(region_count));
-  out.push_back(std::move(regions));
-  prometheus::MetricFamily region_bytes =
-      Family("matmul_shared_memory_bytes",
-             "Bytes of the shared-memory regions mapped now (pinned on the "
-             "CUDA engine).",
-             prometheus::MetricType::Gauge);
-  prometheus::ClientMetric region_byte_count;
-  region_byte_count.gauge.value = static_cast<double>(
-      shared_memory_gauges_->bytes.load(std::memory_order_relaxed));
-  region_bytes.metric.push_back(std::move(region_byte_count));
-  out.push_back(std::move(region_bytes));
-
+  out.push_back(RejectedFamily(*this));
+  out.push_back(PayloadFamily(*this));
+  out.push_back(StripesFamily(*this));
+  AddSharedMemoryFamilies(*shared_memory_gauges_, out);
   for (prometheus::MetricFamily& f : client_usage_.Collect()) {
     out.push_back(std::move(f));
   }

@@ -73,69 +73,97 @@ MetricFamily BatchSizeFamily(const BatchSizeCounts& sizes) {
   return family;
 }
 
-std::vector<MetricFamily> EngineFamilies(const EngineStats& stats) {
-  MetricFamily queued =
-      Family("matmul_queued_requests",
-             "Jobs submitted to the engine and waiting for a stream.",
-             MetricType::Gauge);
-  MetricFamily streams =
+namespace {
+
+// The per-device families, in the order /metrics lists them.
+struct DeviceFamilies {
+  MetricFamily queued;
+  MetricFamily streams;
+  MetricFamily stream_busy;
+  MetricFamily stream_jobs;
+  MetricFamily device_busy;
+  MetricFamily compute_busy;
+  MetricFamily copy_busy;
+  MetricFamily overlap;
+  MetricFamily transfer;
+  MetricFamily flops;
+  MetricFamily pinned;
+  MetricFamily memory;
+  MetricFamily graph_jobs;
+  MetricFamily graphs_recorded;
+  MetricFamily graphs_evicted;
+  MetricFamily healthy;
+
+  std::vector<MetricFamily*> InOrder() {
+    return {&queued,      &streams,         &stream_busy,    &stream_jobs,
+            &device_busy, &compute_busy,    &copy_busy,      &overlap,
+            &transfer,    &flops,           &pinned,         &memory,
+            &graph_jobs,  &graphs_recorded, &graphs_evicted, &healthy};
+  }
+};
+
+DeviceFamilies MakeDeviceFamilies() {
+  DeviceFamilies f;
+  f.queued = Family("matmul_queued_requests",
+                    "Jobs submitted to the engine and waiting for a stream.",
+                    MetricType::Gauge);
+  f.streams =
       Family("matmul_streams",
              "Streams in the device's pool (host engine: worker lanes).",
              MetricType::Gauge);
-  MetricFamily stream_busy = Family(
+  f.stream_busy = Family(
       "matmul_stream_busy_seconds_total",
       "Time the stream had work (CUDA engine: from events, first H2D start "
       "to last D2H end of each job); rate() is the stream's utilization.",
       MetricType::Counter);
-  MetricFamily stream_jobs =
-      Family("matmul_stream_jobs_total", "Jobs that ran on the stream.",
-             MetricType::Counter);
-  MetricFamily device_busy =
+  f.stream_jobs = Family("matmul_stream_jobs_total",
+                         "Jobs that ran on the stream.", MetricType::Counter);
+  f.device_busy =
       Family("matmul_device_busy_seconds_total",
              "Time at least one of the device's streams had work (union over "
              "streams); rate() is the device's utilization.",
              MetricType::Counter);
-  MetricFamily compute_busy =
+  f.compute_busy =
       Family("matmul_device_compute_busy_seconds_total",
              "Time at least one GEMM ran on the device (union over streams).",
              MetricType::Counter);
-  MetricFamily copy_busy =
+  f.copy_busy =
       Family("matmul_device_copy_busy_seconds_total",
              "Time at least one H2D or D2H copy ran on the device (union over "
              "streams).",
              MetricType::Counter);
-  MetricFamily overlap =
+  f.overlap =
       Family("matmul_device_copy_compute_overlap_seconds_total",
              "Time copies and GEMMs ran at the same time on the device.",
              MetricType::Counter);
-  MetricFamily transfer =
+  f.transfer =
       Family("matmul_transfer_bytes_total",
              "Bytes copied between host and device, by direction (h2d, d2h).",
              MetricType::Counter);
-  MetricFamily flops =
+  f.flops =
       Family("matmul_flops_total",
              "Floating-point operations done (2*m*n*k per product), by dtype.",
              MetricType::Counter);
-  MetricFamily pinned =
+  f.pinned =
       Family("matmul_pinned_bytes",
              "Pinned staging memory of the device, used or free (host engine: "
              "staging in use; it has no fixed pool, so free is 0).",
              MetricType::Gauge);
-  MetricFamily memory =
+  f.memory =
       Family("matmul_device_memory_used_bytes",
              "Device memory reserved by jobs in flight (host engine: 0).",
              MetricType::Gauge);
-  MetricFamily graph_jobs =
+  f.graph_jobs =
       Family("matmul_device_graph_jobs_total",
              "Jobs launched by replaying a CUDA graph recorded for their "
              "stream and shape (0 on the host engine).",
              MetricType::Counter);
-  MetricFamily graphs_recorded =
+  f.graphs_recorded =
       Family("matmul_device_graphs_recorded_total",
              "CUDA graphs recorded, one per stream and shape first seen or "
              "seen again after its eviction.",
              MetricType::Counter);
-  MetricFamily graphs_evicted =
+  f.graphs_evicted =
       Family("matmul_device_graphs_evicted_total",
              "CUDA graphs dropped while still replayable: the least recently "
              "used free one, for a shape a stream had no room for, or idle "
@@ -143,82 +171,88 @@ std::vector<MetricFamily> EngineFamilies(const EngineStats& stats) {
              "keep pace with recordings mean the graphs are re-recorded "
              "rather than replayed.",
              MetricType::Counter);
-  MetricFamily healthy =
+  f.healthy =
       Family("matmul_device_healthy",
              "1 while the device takes jobs, 0 once it has failed (a sticky "
              "CUDA error broke its context; the pod needs a restart).",
              MetricType::Gauge);
+  return f;
+}
 
-  for (const DeviceStats& d : stats.devices) {
-    // Every per-device series carries the device's UUID beside its index
-    // (last, so that labels stay in name order), for joins with the DCGM
-    // exporter's series.
-    const ClientMetric::Label device{"device", d.label};
-    const ClientMetric::Label uuid{"uuid", d.uuid};
-    AddGauge(queued, {device, uuid}, static_cast<double>(d.queued_jobs));
-    AddGauge(streams, {device, uuid}, static_cast<double>(d.streams.size()));
-    for (size_t s = 0; s < d.streams.size(); ++s) {
-      const ClientMetric::Label stream{"stream", absl::StrCat(s)};
-      AddCounter(stream_busy, {device, stream, uuid},
-                 d.streams[s].busy_seconds);
-      AddCounter(stream_jobs, {device, stream, uuid},
-                 static_cast<double>(d.streams[s].jobs));
-    }
-    AddCounter(device_busy, {device, uuid}, d.busy_seconds);
-    AddCounter(compute_busy, {device, uuid}, d.compute_busy_seconds);
-    AddCounter(copy_busy, {device, uuid}, d.copy_busy_seconds);
-    AddCounter(overlap, {device, uuid}, d.copy_compute_overlap_seconds);
-    AddCounter(transfer, {device, {"direction", "h2d"}, uuid},
-               static_cast<double>(d.h2d_bytes));
-    AddCounter(transfer, {device, {"direction", "d2h"}, uuid},
-               static_cast<double>(d.d2h_bytes));
-    for (int t = 0; t < kNumDTypes; ++t) {
-      AddCounter(flops,
-                 {device,
-                  {"dtype", std::string(DTypeName(static_cast<DType>(t)))},
-                  uuid},
-                 d.flops[t]);
-    }
-    AddGauge(pinned, {device, {"state", "used"}, uuid},
-             static_cast<double>(d.staging_used_bytes));
-    AddGauge(pinned, {device, {"state", "free"}, uuid},
-             static_cast<double>(std::max<int64_t>(
-                 0, d.staging_total_bytes - d.staging_used_bytes)));
-    AddGauge(memory, {device, uuid},
-             static_cast<double>(d.device_memory_used_bytes));
-    AddCounter(graph_jobs, {device, uuid}, static_cast<double>(d.graph_jobs));
-    AddCounter(graphs_recorded, {device, uuid},
-               static_cast<double>(d.graphs_recorded));
-    AddCounter(graphs_evicted, {device, uuid},
-               static_cast<double>(d.graphs_evicted));
-    AddGauge(healthy, {device, uuid}, d.healthy ? 1 : 0);
+// One device's series in each of the families.
+void AddDevice(DeviceFamilies& f, const DeviceStats& d) {
+  // Every per-device series carries the device's UUID beside its index
+  // (last, so that labels stay in name order), for joins with the DCGM
+  // exporter's series.
+  const ClientMetric::Label device{"device", d.label};
+  const ClientMetric::Label uuid{"uuid", d.uuid};
+  AddGauge(f.queued, {device, uuid}, static_cast<double>(d.queued_jobs));
+  AddGauge(f.streams, {device, uuid}, static_cast<double>(d.streams.size()));
+  for (size_t s = 0; s < d.streams.size(); ++s) {
+    const ClientMetric::Label stream{"stream", absl::StrCat(s)};
+    AddCounter(f.stream_busy, {device, stream, uuid},
+               d.streams[s].busy_seconds);
+    AddCounter(f.stream_jobs, {device, stream, uuid},
+               static_cast<double>(d.streams[s].jobs));
   }
+  AddCounter(f.device_busy, {device, uuid}, d.busy_seconds);
+  AddCounter(f.compute_busy, {device, uuid}, d.compute_busy_seconds);
+  AddCounter(f.copy_busy, {device, uuid}, d.copy_busy_seconds);
+  AddCounter(f.overlap, {device, uuid}, d.copy_compute_overlap_seconds);
+  AddCounter(f.transfer, {device, {"direction", "h2d"}, uuid},
+             static_cast<double>(d.h2d_bytes));
+  AddCounter(f.transfer, {device, {"direction", "d2h"}, uuid},
+             static_cast<double>(d.d2h_bytes));
+  for (int t = 0; t < kNumDTypes; ++t) {
+    AddCounter(f.flops,
+               {device,
+                {"dtype", std::string(DTypeName(static_cast<DType>(t)))},
+                uuid},
+               d.flops[t]);
+  }
+  AddGauge(f.pinned, {device, {"state", "used"}, uuid},
+           static_cast<double>(d.staging_used_bytes));
+  AddGauge(f.pinned, {device, {"state", "free"}, uuid},
+           static_cast<double>(std::max<int64_t>(
+               0, d.staging_total_bytes - d.staging_used_bytes)));
+  AddGauge(f.memory, {device, uuid},
+           static_cast<double>(d.device_memory_used_bytes));
+  AddCounter(f.graph_jobs, {device, uuid}, static_cast<double>(d.graph_jobs));
+  AddCounter(f.graphs_recorded, {device, uuid},
+             static_cast<double>(d.graphs_recorded));
+  AddCounter(f.graphs_evicted, {device, uuid},
+             static_cast<double>(d.graphs_evicted));
+  AddGauge(f.healthy, {device, uuid}, d.healthy ? 1 : 0);
+}
 
+// The batching engine's families: batch sizes and grouped launches.
+void AddBatchingFamilies(const BatchSizeCounts& sizes,
+                         std::vector<MetricFamily>& out) {
+  out.push_back(BatchSizeFamily(sizes));
+  MetricFamily grouped = Family(
+      "matmul_grouped_launches_total",
+      "Jobs of the batching engine that carried requests of several shapes "
+      "in one grouped GEMM launch (also counted in matmul_batch_size).",
+      MetricType::Counter);
+  AddCounter(grouped, {}, static_cast<double>(sizes.grouped_launches));
+  out.push_back(std::move(grouped));
+  MetricFamily grouped_requests = Family(
+      "matmul_grouped_requests_total",
+      "Requests that went out in those grouped launches.", MetricType::Counter);
+  AddCounter(grouped_requests, {}, static_cast<double>(sizes.grouped_requests));
+  out.push_back(std::move(grouped_requests));
+}
+
+}  // namespace
+
+std::vector<MetricFamily> EngineFamilies(const EngineStats& stats) {
+  DeviceFamilies families = MakeDeviceFamilies();
+  for (const DeviceStats& d : stats.devices) AddDevice(families, d);
   std::vector<MetricFamily> out;
-  for (MetricFamily* f :
-       {&queued, &streams, &stream_busy, &stream_jobs, &device_busy,
-        &compute_busy, &copy_busy, &overlap, &transfer, &flops, &pinned,
-        &memory, &graph_jobs, &graphs_recorded, &graphs_evicted, &healthy}) {
+  for (MetricFamily* f : families.InOrder()) {
     if (!f->metric.empty()) out.push_back(std::move(*f));
   }
-  if (stats.batching) {
-    out.push_back(BatchSizeFamily(stats.batch_sizes));
-    MetricFamily grouped = Family(
-        "matmul_grouped_launches_total",
-        "Jobs of the batching engine that carried requests of several shapes "
-        "in one grouped GEMM launch (also counted in matmul_batch_size).",
-        MetricType::Counter);
-    AddCounter(grouped, {},
-               static_cast<double>(stats.batch_sizes.grouped_launches));
-    out.push_back(std::move(grouped));
-    MetricFamily grouped_requests =
-        Family("matmul_grouped_requests_total",
-               "Requests that went out in those grouped launches.",
-               MetricType::Counter);
-    AddCounter(grouped_requests, {},
-               static_cast<double>(stats.batch_sizes.grouped_requests));
-    out.push_back(std::move(grouped_requests));
-  }
+  if (stats.batching) AddBatchingFamilies(stats.batch_sizes, out);
   return out;
 }
 
