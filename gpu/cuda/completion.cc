@@ -77,16 +77,113 @@ void CudaEngine::CompletionLoop(Device* d) {
   }
 }
 
+namespace {
+
+// What a poller carries from one round to the next.
+struct PollState {
+  int64_t seen = 0;  // the device's `enqueued` when last looked at
+  absl::Time poll_until = absl::InfinitePast();
+};
+
+// True while one of `lanes` has a job without a host function unclaimed:
+// only a poller completes such a job, so its poller stops only once there
+// is none. The caller holds the device's done_mu.
+bool PollOnlyLeft(const std::vector<Lane*>& lanes) {
+  for (Lane* lane : lanes) {
+    for (InFlight* flight : lane->unclaimed) {
+      if (!flight->host_function) return true;
+    }
+  }
+  return false;
+}
+
+// Waits until there is something to poll on `lanes`: fills `fronts` with
+// the oldest unclaimed job of each stream, referenced so that it stays
+// allocated while its event is queried outside the lock. False once the
+// engine stops and no job without a host function is left to the poller.
+bool WaitForFronts(Device* d, const std::vector<Lane*>& lanes,
+                   absl::Duration window, PollState& state,
+                   std::vector<std::pair<InFlight*, cudaEvent_t>>& fronts) {
+  absl::MutexLock lock(&d->done_mu);
+  while (true) {
+    // Jobs without a host function are the poller's to finish, even while
+    // the engine stops.
+    if (d->stopping && !PollOnlyLeft(lanes)) return false;
+    if (d->enqueued != state.seen) {
+      state.seen = d->enqueued;
+      state.poll_until = absl::Now() + window;
+    }
+    for (Lane* lane : lanes) {
+      if (lane->unclaimed.empty()) continue;
+      InFlight* front = lane->unclaimed.front();
+      front->refs.fetch_add(1, std::memory_order_relaxed);
+      fronts.emplace_back(front, front->events->end.get());
+    }
+    if (!fronts.empty() &&
+        (absl::Now() < state.poll_until || d->poll_only_unclaimed > 0)) {
+      return true;
+    }
+    for (auto& [flight, event] : fronts) Release(flight);
+    fronts.clear();
+    // Nothing to poll, or polling found nothing for a whole window: the
+    // host functions complete what is in flight; wake at the next job.
+    while (!d->stopping && d->enqueued == state.seen) {
+      d->poll_cv.Wait(&d->done_mu);
+    }
+  }
+}
+
+// The jobs of `fronts` whose end event reads done. An event that reads done
+// belongs to its job as long as the job is unclaimed: events go back to the
+// spare list only in Complete.
+void QueryFronts(Device* d,
+                 const std::vector<std::pair<InFlight*, cudaEvent_t>>& fronts,
+                 std::vector<InFlight*>& finished) {
+  static std::atomic<int> query_failures_logged{0};
+  for (const auto& [flight, event] : fronts) {
+    const cudaError_t queried = cudaEventQuery(event);
+    if (queried == cudaSuccess) {
+      finished.push_back(flight);
+    } else if (queried != cudaErrorNotReady) {
+      // Not the poller's to act on: the host function, or the completion
+      // threads' watch on the streams, completes or fails the job.
+      LogCudaFailure(CudaStatus(queried, "cudaEventQuery(end event)",
+                                {d->index, flight->lane->index}),
+                     query_failures_logged);
+    }
+  }
+}
+
+// Claims the first of `finished` that nobody has for the caller to complete
+// (the others become null): other jobs without a host function go to the
+// completion threads (HandOff), so that many small jobs finishing at once
+// are completed in parallel. The caller holds the device's done_mu.
+void ClaimOne(Device* d, std::vector<InFlight*>& finished) {
+  bool completing_one = false;
+  for (InFlight*& flight : finished) {
+    if (completing_one && !flight->host_function) {
+      if (!flight->claimed) HandOff(flight);
+      flight = nullptr;
+    } else if (!Claim(flight)) {
+      flight = nullptr;
+    } else {
+      completing_one = true;
+      // No completion thread takes a job without a host function out.
+      if (!flight->host_function) d->in_flight.erase(flight);
+    }
+  }
+}
+
+}  // namespace
+
 void CudaEngine::PollLoop(Device* d, int poller, int pollers) {
   if (absl::Status set =
           CudaStatus(cudaSetDevice(d->index), "cudaSetDevice", {d->index});
       !set.ok()) {
     FailDevice(d, set);
   }
-  static std::atomic<int> query_failures_logged{0};
   const absl::Duration window = options_.completion_poll;
-  int64_t seen = 0;  // d->enqueued when last looked at
-  absl::Time poll_until = absl::InfinitePast();
+  PollState state;
   std::vector<std::pair<InFlight*, cudaEvent_t>> fronts;
   std::vector<InFlight*> finished;
   std::vector<Lane*> lanes;  // this poller's share
@@ -94,81 +191,14 @@ void CudaEngine::PollLoop(Device* d, int poller, int pollers) {
     lanes.push_back(d->lanes[i].get());
   }
   while (true) {
-    // The oldest unclaimed job of each stream, referenced so that it stays
-    // allocated while its event is queried outside the lock.
     fronts.clear();
-    {
-      absl::MutexLock lock(&d->done_mu);
-      while (true) {
-        // Jobs without a host function are the poller's to finish, even
-        // while the engine stops.
-        if (d->stopping) {
-          // Only a poller completes a job without a host function: this one
-          // stops once its lanes have none left unclaimed.
-          bool poll_only_left = false;
-          for (Lane* lane : lanes) {
-            for (InFlight* flight : lane->unclaimed) {
-              poll_only_left |= !flight->host_function;
-            }
-          }
-          if (!poll_only_left) return;
-        }
-        if (d->enqueued != seen) {
-          seen = d->enqueued;
-          poll_until = absl::Now() + window;
-        }
-        for (Lane* lane : lanes) {
-          if (lane->unclaimed.empty()) continue;
-          InFlight* front = lane->unclaimed.front();
-          front->refs.fetch_add(1, std::memory_order_relaxed);
-          fronts.emplace_back(front, front->events->end.get());
-        }
-        if (!fronts.empty() &&
-            (absl::Now() < poll_until || d->poll_only_unclaimed > 0)) {
-          break;
-        }
-        for (auto& [flight, event] : fronts) Release(flight);
-        fronts.clear();
-        // Nothing to poll, or polling found nothing for a whole window: the
-        // host functions complete what is in flight; wake at the next job.
-        while (!d->stopping && d->enqueued == seen) {
-          d->poll_cv.Wait(&d->done_mu);
-        }
-      }
-    }
-    // An event that reads done belongs to its job as long as the job is
-    // unclaimed: events go back to the spare list only in Complete.
+    if (!WaitForFronts(d, lanes, window, state, fronts)) return;
     finished.clear();
-    for (auto& [flight, event] : fronts) {
-      const cudaError_t queried = cudaEventQuery(event);
-      if (queried == cudaSuccess) {
-        finished.push_back(flight);
-      } else if (queried != cudaErrorNotReady) {
-        // Not the poller's to act on: the host function, or the completion
-        // threads' watch on the streams, completes or fails the job.
-        LogCudaFailure(CudaStatus(queried, "cudaEventQuery(end event)",
-                                  {d->index, flight->lane->index}),
-                       query_failures_logged);
-      }
-    }
+    QueryFronts(d, fronts, finished);
     if (!finished.empty()) {
       absl::MutexLock lock(&d->done_mu);
-      // One job is completed here, at once; other jobs without a host
-      // function go to the completion threads (HandOff).
-      bool completing_one = false;
-      for (InFlight*& flight : finished) {
-        if (completing_one && !flight->host_function) {
-          if (!flight->claimed) HandOff(flight);
-          flight = nullptr;
-        } else if (!Claim(flight)) {
-          flight = nullptr;
-        } else {
-          completing_one = true;
-          // No completion thread takes a job without a host function out.
-          if (!flight->host_function) d->in_flight.erase(flight);
-        }
-      }
-      poll_until = absl::Now() + window;
+      ClaimOne(d, finished);
+      state.poll_until = absl::Now() + window;
     }
     for (InFlight* flight : finished) {
       if (flight == nullptr) continue;
@@ -189,9 +219,25 @@ void CudaEngine::PollLoop(Device* d, int poller, int pollers) {
 void CudaEngine::Complete(InFlight* flight) {
   // The job goes with this call; the record stays until Release.
   std::unique_ptr<MatmulJob> job = std::move(flight->job);
+  EventTimes ms{};  // start, h2d_done, gemm_done, end
+  const absl::Status status = CompletionStatus(flight, ms);
+  // Read before the job's own events go back to the spare list.
+  const bool timed = flight->events->timed;
+  ReleaseJobResources(flight, status);
+  if (!status.ok()) {
+    // The failed job's graph instance is never replayed again: it goes
+    // once free, which it is from here (its stream work is done).
+    flight->graph_use.Break();
+    flight->graph_use.Release();
+    job->Done(status);
+    return;
+  }
+  Account(flight, ms, timed);
+  job->Done(ResultOf(flight));
+}
+
+absl::Status CudaEngine::CompletionStatus(InFlight* flight, EventTimes& ms) {
   Device* d = flight->device;
-  Lane* lane = flight->lane;
-  const MatmulSpec& spec = flight->spec;
   absl::Status status = flight->status;
   if (status.ok()) {
     status = Inject(FaultInjector::Point::kCompletion, flight->job_id);
@@ -206,10 +252,8 @@ void CudaEngine::Complete(InFlight* flight) {
       status = d->Failure();
     }
   }
-  EventTimes ms{};  // start, h2d_done, gemm_done, end
   // An untimed job (CudaEngineOptions::timed_job_every) has no times.
-  const bool timed = flight->events->timed;
-  if (status.ok() && timed) {
+  if (status.ok() && flight->events->timed) {
     const EventSet& ev = *flight->events;
     const cudaEvent_t events[4] = {ev.start.get(), ev.h2d_done.get(),
                                    ev.gemm_done.get(), ev.end.get()};
@@ -222,7 +266,12 @@ void CudaEngine::Complete(InFlight* flight) {
       }
     }
   }
-  const JobLayout& l = flight->layout;
+  return status;
+}
+
+void CudaEngine::ReleaseJobResources(InFlight* flight,
+                                     const absl::Status& status) {
+  Device* d = flight->device;
   if (!status.ok() && flight->kept != nullptr) {
     // The job fails with `status`; a failed free can only be logged.
     CUDA_LOG_IF_ERROR_AT(CudaSite{d->index},
@@ -231,50 +280,50 @@ void CudaEngine::Complete(InFlight* flight) {
   }
   // Kept memory stays reserved: the resident tensor releases it.
   d->memory->Release(flight->device_bytes -
-                     (flight->kept != nullptr ? l.kept_bytes : 0));
+                     (flight->kept != nullptr ? flight->layout.kept_bytes : 0));
   // A graph instance's events stay with the instance.
   if (flight->own_events != nullptr) {
     d->events.Return(std::move(flight->own_events));
   }
-  AtomicAddDouble(lane->outstanding, -flight->estimate);
+  AtomicAddDouble(flight->lane->outstanding, -flight->estimate);
   flight->resident_a.reset();
   flight->resident_b.reset();
   flight->upload_target.reset();
-  if (!status.ok()) {
-    // The failed job's graph instance is never replayed again: it goes
-    // once free, which it is from here (its stream work is done).
-    flight->graph_use.Break();
-    flight->graph_use.Release();
-    job->Done(status);
-    return;
-  }
+}
 
+void CudaEngine::Account(InFlight* flight, const EventTimes& ms, bool timed) {
+  Device* d = flight->device;
+  Lane* lane = flight->lane;
+  const JobLayout& l = flight->layout;
   lane->jobs.fetch_add(1, std::memory_order_relaxed);
   d->h2d_bytes.fetch_add(l.moved_bytes - l.c_out_bytes,
                          std::memory_order_relaxed);
   d->d2h_bytes.fetch_add(l.c_out_bytes, std::memory_order_relaxed);
   if (l.gemm) {
-    AtomicAddDouble(d->flops[static_cast<int>(spec.dtype)], l.flops);
+    AtomicAddDouble(d->flops[static_cast<int>(flight->spec.dtype)], l.flops);
   }
-  if (timed) {
-    SetDeviceStages(ms, flight->timings);
-    AtomicAddDouble(lane->busy_seconds, (ms[3] - ms[0]) * 1e-3);
-    d->busy.Add(ms);
-    const StreamSpan::Kind kinds[3] = {StreamSpan::Kind::kH2D,
-                                       StreamSpan::Kind::kCompute,
-                                       StreamSpan::Kind::kD2H};
-    for (int i = 0; i < 3; ++i) {
-      StreamSpan span;
-      span.device = d->index;
-      span.stream = lane->index;
-      span.kind = kinds[i];
-      span.job = flight->job_id;
-      span.start = d->clock->WallTime(ms[i]);
-      span.end = d->clock->WallTime(ms[i + 1]);
-      spans_.Add(span);
-    }
+  if (!timed) return;
+  SetDeviceStages(ms, flight->timings);
+  AtomicAddDouble(lane->busy_seconds, (ms[3] - ms[0]) * 1e-3);
+  d->busy.Add(ms);
+  const StreamSpan::Kind kinds[3] = {StreamSpan::Kind::kH2D,
+                                     StreamSpan::Kind::kCompute,
+                                     StreamSpan::Kind::kD2H};
+  for (int i = 0; i < 3; ++i) {
+    StreamSpan span;
+    span.device = d->index;
+    span.stream = lane->index;
+    span.kind = kinds[i];
+    span.job = flight->job_id;
+    span.start = d->clock->WallTime(ms[i]);
+    span.end = d->clock->WallTime(ms[i + 1]);
+    spans_.Add(span);
   }
+}
 
+JobResult CudaEngine::ResultOf(InFlight* flight) {
+  Device* d = flight->device;
+  const JobLayout& l = flight->layout;
   // The reply is sent from the staging (the job's lease, or its graph
   // instance's); letting go of the result gives it back (frees the
   // instance for the next job of its shape).
@@ -286,14 +335,14 @@ void CudaEngine::Complete(InFlight* flight) {
   }
   JobResult result(absl::MakeConstSpan(flight->host_c,
                                        static_cast<size_t>(l.returned_c_bytes)),
-                   Placement{d->index, lane->index}, flight->timings,
+                   Placement{d->index, flight->lane->index}, flight->timings,
                    std::move(release));
   if (flight->kept != nullptr) {
     result.set_resident(std::make_shared<CudaResidentTensor>(
-        d, spec.dtype, l.kept.batch, l.kept.rows, l.kept.cols, flight->kept,
-        l.kept_bytes));
+        d, flight->spec.dtype, l.kept.batch, l.kept.rows, l.kept.cols,
+        flight->kept, l.kept_bytes));
   }
-  job->Done(std::move(result));
+  return result;
 }
 
 void CudaEngine::FailDevice(Device* d, const absl::Status& cause) {

@@ -134,8 +134,7 @@ absl::Status CudaEngine::CheckFits(const MatmulSpec& spec) const {
 }
 
 absl::Status CudaEngine::Inject(FaultInjector::Point point, int64_t job) {
-  if (options_.fault_injector == nullptr) return absl::OkStatus();
-  return options_.fault_injector->Inject(point, job);
+  return InjectFault(options_, point, job);
 }
 
 absl::Duration CudaEngine::MinimumDuration(const MatmulSpec& spec) const {

@@ -1,9 +1,11 @@
 #include "gpu/cuda/device.h"
 
 #include <algorithm>
+#include <deque>
 #include <limits>
 #include <utility>
 
+#include "absl/synchronization/mutex.h"
 #include "common/status_macros.h"
 #include "gpu/cuda/cuda_status.h"
 #include "gpu/cuda/in_flight.h"
@@ -11,7 +13,7 @@
 
 namespace matmul {
 
-absl::StatusOr<std::unique_ptr<CudaEngine::Device>> CudaEngine::Device::Create(
+absl::StatusOr<std::unique_ptr<Device>> Device::Create(
     int index, const CudaEngineOptions& options) {
   ScopedDevice scoped(index);
   RETURN_IF_ERROR(scoped.status());
@@ -76,7 +78,7 @@ absl::StatusOr<std::unique_ptr<CudaEngine::Device>> CudaEngine::Device::Create(
   return device;
 }
 
-CudaEngine::Device::~Device() {
+Device::~Device() {
   // Resources go in a fixed order, with the device current: streams
   // (synchronized first) and handles, then events, then the pinned region.
   ScopedDevice scoped(index);
@@ -87,6 +89,43 @@ CudaEngine::Device::~Device() {
   if (clock != nullptr) clock->Reset();
   idle_stream.Reset();
   pinned.reset();
+}
+
+void CUDART_CB OnStreamDone(void* user_data) {
+  auto* flight = static_cast<InFlight*>(user_data);
+  Device* device = flight->device;
+  absl::MutexLock lock(&device->done_mu);
+  device->done.push_back(flight);
+  device->done_cv.Signal();
+}
+
+void HandOff(InFlight* flight) {
+  Device* device = flight->device;
+  device->done_mu.AssertHeld();
+  flight->handed_off = true;
+  --device->poll_only_unclaimed;  // no longer the poller's to find
+  std::deque<InFlight*>& unclaimed = flight->lane->unclaimed;
+  auto it = std::find(unclaimed.begin(), unclaimed.end(), flight);
+  if (it != unclaimed.end()) unclaimed.erase(it);
+  // The reference a host function's path would hold; the completion
+  // thread lets go of it.
+  flight->refs.fetch_add(1, std::memory_order_relaxed);
+  device->done.push_back(flight);
+  device->done_cv.Signal();
+}
+
+bool Claim(InFlight* flight) {
+  if (flight->claimed) return false;
+  flight->claimed = true;
+  if (!flight->host_function && !flight->handed_off) {
+    Device* device = flight->device;
+    device->done_mu.AssertHeld();
+    --device->poll_only_unclaimed;
+  }
+  std::deque<InFlight*>& unclaimed = flight->lane->unclaimed;
+  auto it = std::find(unclaimed.begin(), unclaimed.end(), flight);
+  if (it != unclaimed.end()) unclaimed.erase(it);
+  return true;
 }
 
 }  // namespace matmul

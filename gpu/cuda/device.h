@@ -1,4 +1,4 @@
-// CudaEngine::Device: one GPU as the engine drives it. It owns the device's
+// Device: one GPU as the engine drives it. It owns the device's
 // parts (stream pool, pinned pool, memory budget over the device's memory
 // pool, clock, spare events, busy accounting), its lanes (one per stream),
 // the record of jobs in flight with the completion queue, and its health.
@@ -25,16 +25,19 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "gpu/cuda/cuda_engine.h"
+#include "common/dtype.h"
+#include "gpu/cuda/cuda_engine_options.h"
 #include "gpu/cuda/cuda_resources.h"
 #include "gpu/cuda/device_memory.h"
+#include "gpu/cuda/in_flight.h"
+#include "gpu/cuda/lane.h"
 #include "gpu/cuda/pinned_pool.h"
 #include "gpu/cuda/stream_pool.h"
 #include "gpu/cuda/timing.h"
 
 namespace matmul {
 
-struct CudaEngine::Device {
+struct Device {
   // Opens GPU `index` as `options` say, lanes included (their threads not
   // yet started).
   static absl::StatusOr<std::unique_ptr<Device>> Create(
@@ -87,6 +90,23 @@ struct CudaEngine::Device {
   std::array<std::atomic<double>, kNumDTypes> flops{};
   std::atomic<int64_t> queued{0};
 };
+
+// Host function at the end of a job's stream work: hands the job to the
+// completion threads. Must not call CUDA. `user_data` is the InFlight.
+void CUDART_CB OnStreamDone(void* user_data);
+
+// Queues a finished job without a host function for the completion
+// threads, as its host function would have: the poller completes one job
+// per round itself and hands the rest off, so that many small jobs
+// finishing at once are completed in parallel rather than one after
+// another on the poller. The caller holds the device's done_mu.
+void HandOff(InFlight* flight);
+
+// Makes the caller the one that completes `flight`; false if another
+// already is. The caller holds the device's done_mu. A job without a host
+// function leaves the device's in_flight set with the poller's claim (see
+// PollLoop), since no completion thread will take it out.
+bool Claim(InFlight* flight);
 
 }  // namespace matmul
 

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/status_macros.h"
 #include "gpu/cuda/cuda_engine.h"
 #include "gpu/cuda/cuda_resources.h"
 #include "gpu/cuda/cuda_status.h"
@@ -26,8 +27,103 @@
 #include "gpu/layout_planner.h"
 
 namespace matmul {
+namespace {
 
-CudaEngine::Lane* CudaEngine::PickLane(const JobLayout& layout) const {
+// A free graph instance for a small multiply; an empty Use if none.
+JobGraph::Use TakeGraph(Lane* lane, const MatmulJob& job,
+                        const JobLayout& layout,
+                        const CudaEngineOptions& options) {
+  // A small multiply takes a free CUDA graph instance of its shape on this
+  // lane (job_graph.h), recorded now if need be, before anything else is
+  // leased: the instance has its own device memory (reserved against the
+  // budget while it exists), staging and events, so such a job reserves no
+  // device memory and leases no staging or events of its own. A job whose
+  // shape does not recur (a gathered batch) never takes one.
+  if (lane->graphs != nullptr && job.description().shape_recurs &&
+      JobGraphCache::Replayable(layout, options.job_graph_max_device_bytes)) {
+    return lane->graphs->Take(job.spec(), layout);
+  }
+  return JobGraph::Use();
+}
+
+// The job's device memory and staging, waiting for them while the device
+// is full.
+absl::StatusOr<PinnedPool::Lease> LeaseWaiting(Lane* lane, MatmulJob& job,
+                                               const JobLayout& layout,
+                                               int64_t device_bytes) {
+  Device* d = lane->device;
+  // Idle graph instances of this lane hold device memory and staging: a
+  // job that cannot have its own at once lets them go before it waits (or
+  // is refused for want of memory).
+  bool reserved_now = false;
+  if (lane->graphs != nullptr) {
+    reserved_now = d->memory->TryReserve(device_bytes);
+    if (!reserved_now) lane->graphs->DropFree();
+  }
+  if (!reserved_now) {
+    RETURN_IF_ERROR(d->memory->Reserve(device_bytes, job));
+  }
+  if (lane->graphs != nullptr) {
+    std::optional<PinnedPool::Lease> lease =
+        d->pinned->TryAcquire(layout.staging_bytes);
+    if (lease.has_value()) return std::move(*lease);
+    lane->graphs->DropFree();
+  }
+  absl::StatusOr<PinnedPool::Lease> acquired = d->pinned->Acquire(
+      layout.staging_bytes, [&job] { return job.Abandoned(); });
+  if (!acquired.ok()) d->memory->Release(device_bytes);
+  return acquired;
+}
+
+// The job's device memory and staging if both are free at once.
+std::optional<PinnedPool::Lease> TryLease(Lane* lane, const JobLayout& layout,
+                                          int64_t device_bytes) {
+  Device* d = lane->device;
+  if (!d->memory->TryReserve(device_bytes)) return std::nullopt;
+  std::optional<PinnedPool::Lease> lease =
+      d->pinned->TryAcquire(layout.staging_bytes);
+  if (!lease.has_value()) d->memory->Release(device_bytes);
+  return lease;
+}
+
+// Has the job write its operands into its staging slot.
+absl::Status StageOperands(InFlight& flight, MatmulJob& job, std::byte* slot,
+                           absl::Time start, const CudaEngineOptions& options) {
+  const JobLayout& layout = flight.layout;
+  const int64_t a_staged = layout.staged_a_bytes;
+  const int64_t b_staged = layout.staged_b_bytes;
+  if (a_staged + b_staged > 0) {
+    absl::Status written =
+        job.WriteOperands(absl::MakeSpan(slot, static_cast<size_t>(a_staged)),
+                          absl::MakeSpan(slot + layout.b_staging_offset(),
+                                         static_cast<size_t>(b_staged)));
+    flight.timings.stage_in = absl::ToDoubleSeconds(absl::Now() - start);
+    RETURN_IF_ERROR(written);
+  }
+  if (options.poison_outputs && flight.host_c != nullptr) {
+    std::memset(flight.host_c, 0xff, static_cast<size_t>(layout.c_out_bytes));
+  }
+  return absl::OkStatus();
+}
+
+// The job's own events from the device's spare list, timed or not
+// (CudaEngineOptions::timed_job_every).
+absl::Status TakeEvents(InFlight& flight, const CudaEngineOptions& options) {
+  const int every = options.timed_job_every;
+  bool timed = every <= 1;
+  if (!timed) {
+    timed = flight.lane->events_taken.fetch_add(1, std::memory_order_relaxed) %
+                every ==
+            0;
+  }
+  ASSIGN_OR_RETURN(flight.own_events, flight.device->events.Take(timed));
+  flight.events = flight.own_events.get();
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+Lane* CudaEngine::PickLane(const JobLayout& layout) const {
   const int64_t device_bytes = layout.transient_bytes + layout.kept_bytes;
   Lane* best = nullptr;
   double best_work = std::numeric_limits<double>::infinity();
@@ -164,62 +260,25 @@ std::unique_ptr<MatmulJob> CudaEngine::Dispatch(
     fail(d->Failure());
     return nullptr;
   }
-  const MatmulSpec spec = job->spec();
-  // A small multiply takes a free CUDA graph instance of its shape on this
-  // lane (job_graph.h), recorded now if need be, before anything else is
-  // leased: the instance has its own device memory (reserved against the
-  // budget while it exists), staging and events, so such a job reserves no
-  // device memory and leases no staging or events of its own. A job whose
-  // shape does not recur (a gathered batch) never takes one.
-  JobGraph::Use graph;
-  if (lane->graphs != nullptr && job->description().shape_recurs &&
-      JobGraphCache::Replayable(layout, options_.job_graph_max_device_bytes)) {
-    graph = lane->graphs->Take(spec, layout);
-  }
+  JobGraph::Use graph = TakeGraph(lane, *job, layout, options_);
   const int64_t device_bytes =
       graph ? 0 : layout.transient_bytes + layout.kept_bytes;
   std::optional<PinnedPool::Lease> lease;
   if (graph) {
     // Nothing to wait for.
   } else if (may_wait) {
-    // Idle graph instances of this lane hold device memory and staging: a
-    // job that cannot have its own at once lets them go before it waits
-    // (or is refused for want of memory).
-    bool reserved_now = false;
-    if (lane->graphs != nullptr) {
-      reserved_now = d->memory->TryReserve(device_bytes);
-      if (!reserved_now) lane->graphs->DropFree();
+    absl::StatusOr<PinnedPool::Lease> leased =
+        LeaseWaiting(lane, *job, layout, device_bytes);
+    if (!leased.ok()) {
+      fail(leased.status());
+      return nullptr;
     }
-    if (!reserved_now) {
-      if (absl::Status reserved = d->memory->Reserve(device_bytes, *job);
-          !reserved.ok()) {
-        fail(reserved);
-        return nullptr;
-      }
-    }
-    if (lane->graphs != nullptr) {
-      lease = d->pinned->TryAcquire(layout.staging_bytes);
-      if (!lease.has_value()) lane->graphs->DropFree();
-    }
-    if (!lease.has_value()) {
-      absl::StatusOr<PinnedPool::Lease> acquired = d->pinned->Acquire(
-          layout.staging_bytes, [&job] { return job->Abandoned(); });
-      if (!acquired.ok()) {
-        d->memory->Release(device_bytes);
-        fail(acquired.status());
-        return nullptr;
-      }
-      lease = std::move(*acquired);
-    }
+    lease = std::move(*leased);
   } else {
     // Not free at once: the lane's thread takes the job (and may let this
     // lane's idle graph instances go for it).
-    if (!d->memory->TryReserve(device_bytes)) return job;
-    lease = d->pinned->TryAcquire(layout.staging_bytes);
-    if (!lease.has_value()) {
-      d->memory->Release(device_bytes);
-      return job;
-    }
+    lease = TryLease(lane, layout, device_bytes);
+    if (!lease.has_value()) return job;
   }
   const std::optional<PrestagedOperands> prestaged =
       PrestagedOf(job->description());
@@ -230,7 +289,7 @@ std::unique_ptr<MatmulJob> CudaEngine::Dispatch(
   flight->device = d;
   flight->lane = lane;
   flight->job_id = next_job_.fetch_add(1, std::memory_order_relaxed);
-  flight->spec = spec;
+  flight->spec = job->spec();
   flight->layout = layout;
   flight->estimate = estimate;
   flight->device_bytes = device_bytes;
@@ -245,8 +304,6 @@ std::unique_ptr<MatmulJob> CudaEngine::Dispatch(
   // when the layout needs it; a graph instance's staging is laid out so
   // (JobGraphCache::Replayable checks that the layout is exactly that).
   std::byte* slot = graph ? graph.graph()->staging() : lease->data();
-  const int64_t a_staged = layout.staged_a_bytes;
-  const int64_t b_staged = layout.staged_b_bytes;
   const std::byte* host_a = prestaged ? prestaged->a : slot;
   const std::byte* host_b =
       prestaged ? prestaged->b : slot + layout.b_staging_offset();
@@ -261,37 +318,16 @@ std::unique_ptr<MatmulJob> CudaEngine::Dispatch(
   } else {
     flight->lease = std::move(*lease);
   }
-  if (a_staged + b_staged > 0) {
-    absl::Status written =
-        job->WriteOperands(absl::MakeSpan(slot, static_cast<size_t>(a_staged)),
-                           absl::MakeSpan(slot + layout.b_staging_offset(),
-                                          static_cast<size_t>(b_staged)));
-    flight->timings.stage_in = absl::ToDoubleSeconds(absl::Now() - start);
-    if (!written.ok()) {
-      d->memory->Release(device_bytes);
-      // Returns the lease, or frees the graph instance (nothing ran on it).
-      flight.reset();
-      fail(written);
-      return nullptr;
-    }
+  absl::Status prepared = StageOperands(*flight, *job, slot, start, options_);
+  if (prepared.ok() && flight->events == nullptr) {
+    prepared = TakeEvents(*flight, options_);
   }
-  if (options_.poison_outputs && flight->host_c != nullptr) {
-    std::memset(flight->host_c, 0xff, static_cast<size_t>(layout.c_out_bytes));
-  }
-  if (flight->events == nullptr) {
-    const int every = options_.timed_job_every;
-    const bool timed =
-        every <= 1 ||
-        lane->events_taken.fetch_add(1, std::memory_order_relaxed) % every == 0;
-    absl::StatusOr<std::unique_ptr<EventSet>> events = d->events.Take(timed);
-    if (!events.ok()) {
-      d->memory->Release(device_bytes);
-      flight.reset();
-      fail(events.status());
-      return nullptr;
-    }
-    flight->own_events = std::move(*events);
-    flight->events = flight->own_events.get();
+  if (!prepared.ok()) {
+    d->memory->Release(device_bytes);
+    // Returns the lease, or frees the graph instance (nothing ran on it).
+    flight.reset();
+    fail(prepared);
+    return nullptr;
   }
   flight->job = std::move(job);
   Enqueue(flight.release(), host_a, host_b);

@@ -1,4 +1,4 @@
-// CudaEngine::InFlight: one job between its enqueue on a stream and its
+// InFlight: one job between its enqueue on a stream and its
 // completion, and the rules for finishing it exactly once. The host function
 // at the end of its stream work (OnStreamDone) queues it for the completion
 // threads; the poller, a completion thread or FailDevice then Claims it
@@ -15,16 +15,19 @@
 #include <memory>
 
 #include "absl/status/status.h"
-#include "gpu/cuda/cuda_engine.h"
 #include "gpu/cuda/job_graph.h"
 #include "gpu/cuda/job_layout.h"
 #include "gpu/cuda/pinned_pool.h"
 #include "gpu/cuda/timing.h"
+#include "gpu/engine.h"
 #include "gpu/matmul_spec.h"
 
 namespace matmul {
 
-struct CudaEngine::InFlight {
+struct Device;
+struct Lane;
+
+struct InFlight {
   std::unique_ptr<MatmulJob> job;
   Device* device = nullptr;
   Lane* lane = nullptr;
@@ -75,25 +78,8 @@ struct CudaEngine::InFlight {
   std::atomic<int> refs{2};
 };
 
-// Host function at the end of a job's stream work: hands the job to the
-// completion threads. Must not call CUDA. `user_data` is the InFlight.
-void CUDART_CB OnStreamDone(void* user_data);
-
-// Queues a finished job without a host function for the completion
-// threads, as its host function would have: the poller completes one job
-// per round itself and hands the rest off, so that many small jobs
-// finishing at once are completed in parallel rather than one after
-// another on the poller. The caller holds the device's done_mu.
-void HandOff(CudaEngine::InFlight* flight);
-
-// Makes the caller the one that completes `flight`; false if another
-// already is. The caller holds the device's done_mu. A job without a host
-// function leaves the device's in_flight set with the poller's claim (see
-// PollLoop), since no completion thread will take it out.
-bool Claim(CudaEngine::InFlight* flight);
-
 // Drops one reference; the last frees the record.
-void Release(CudaEngine::InFlight* flight);
+void Release(InFlight* flight);
 
 }  // namespace matmul
 

@@ -1,4 +1,4 @@
-// CudaEngine::Lane: one stream of a device and the queue of jobs waiting to
+// Lane: one stream of a device and the queue of jobs waiting to
 // be dispatched onto it, with the thread that dispatches them. A submitter
 // may dispatch a small job itself while the lane is idle (`busy` keeps the
 // two apart). Fields are guarded as marked; the counters are atomics.
@@ -14,14 +14,17 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "gpu/cuda/cuda_engine.h"
 #include "gpu/cuda/job_graph.h"
 #include "gpu/cuda/job_layout.h"
 #include "gpu/cuda/stream_pool.h"
+#include "gpu/engine.h"
 
 namespace matmul {
 
-struct CudaEngine::Lane {
+struct Device;
+struct InFlight;
+
+struct Lane {
   Device* device = nullptr;
   int index = 0;  // stream index within the device
   PooledStream* stream = nullptr;

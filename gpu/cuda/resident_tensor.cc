@@ -8,15 +8,15 @@
 
 namespace matmul {
 
-CudaEngine::CudaResidentTensor::CudaResidentTensor(Device* device, DType dtype,
-                                                   int64_t batch, int64_t rows,
-                                                   int64_t cols, void* data,
-                                                   int64_t reserved)
+CudaResidentTensor::CudaResidentTensor(Device* device, DType dtype,
+                                       int64_t batch, int64_t rows,
+                                       int64_t cols, void* data,
+                                       int64_t reserved)
     : ResidentTensor(device->index, dtype, batch, rows, cols, data),
       device_(device),
       reserved_(reserved) {}
 
-CudaEngine::CudaResidentTensor::~CudaResidentTensor() {
+CudaResidentTensor::~CudaResidentTensor() {
   // A destructor: a failed free is logged; the memory then stays in the
   // device's pool, and its reservation goes all the same.
   ScopedDevice scoped(device_->index);
