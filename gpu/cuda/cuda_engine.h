@@ -25,15 +25,17 @@
 //
 // Thread-safe.
 //
-// The engine is in parts under gpu/cuda/: device.h (one GPU: its pools,
-// memory budget, clock and completion queue), lane.h, in_flight.h,
-// job_layout.h, timing.h, stream_pool.h, pinned_pool.h, cublas_gemm.h; its
-// own code is split by job over cuda_engine.cc (open, close, stats),
-// dispatch.cc, enqueue.cc and completion.cc.
+// The engine is in parts under gpu/cuda/: CudaEngine (this file) opens the
+// devices and routes each job to a lane of one of them (Submit, PickLane);
+// Device (device.h) is one GPU with its pools, memory budget, clock, lanes,
+// completion threads and pollers, which does a job's dispatch
+// (dispatch.cc), stream work (enqueue.cc) and completion (completion.cc);
+// lane.h, in_flight.h, job_layout.h, timing.h, stream_pool.h,
+// pinned_pool.h, cublas_gemm.h are its parts; cuda_engine_options.h the
+// options.
 #ifndef MATMUL_GPU_CUDA_CUDA_ENGINE_H_
 #define MATMUL_GPU_CUDA_CUDA_ENGINE_H_
 
-#include <array>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -49,9 +51,7 @@
 
 namespace matmul {
 
-struct Device;
-struct InFlight;
-struct CudaSite;
+class Device;
 struct JobLayout;
 struct Lane;
 
@@ -83,37 +83,6 @@ class CudaEngine final : public Engine {
   // The lane with the least outstanding work on a healthy device that can
   // hold `spec`; null if none.
   Lane* PickLane(const JobLayout& layout) const;
-  void LaneLoop(Lane* lane);
-  // Starts `job` (laid out as `layout`) on `lane`'s stream, or fails it.
-  // With `may_wait` false it returns the job instead when memory or
-  // staging is not free at once.
-  std::unique_ptr<MatmulJob> Dispatch(Lane* lane,
-                                      std::unique_ptr<MatmulJob> job,
-                                      const JobLayout& layout,
-                                      absl::Time submitted, double estimate,
-                                      bool may_wait);
-  void Enqueue(InFlight* flight, const std::byte* host_a,
-               const std::byte* host_b);
-  // After the job's stream work: leaves it to the poller, or ends it with
-  // the host function that queues it for the completion threads.
-  void HandToCompletion(InFlight* flight, const CudaSite& site);
-  void CompletionLoop(Device* device);
-  // Poller `poller` of `pollers`: lanes poller, poller + pollers, ...
-  void PollLoop(Device* device, int poller, int pollers);
-  // Reads the job's events, accounts it and finishes the job; called once
-  // per job, by whoever claimed it.
-  void Complete(InFlight* flight);
-  // Complete's steps: the job's status (faults injected at completion, its
-  // event times into `ms`: start, h2d_done, gemm_done, end); its memory,
-  // events and operands let go of; the stats and spans of a job that
-  // succeeded (`timed`: it has event times); its result.
-  absl::Status CompletionStatus(InFlight* flight, std::array<double, 4>& ms);
-  void ReleaseJobResources(InFlight* flight, const absl::Status& status);
-  void Account(InFlight* flight, const std::array<double, 4>& ms, bool timed);
-  JobResult ResultOf(InFlight* flight);
-  absl::Status Inject(FaultInjector::Point point, int64_t job);
-  // Fails every job in flight on a device whose context is broken.
-  void FailDevice(Device* device, const absl::Status& cause);
 
   const CudaEngineOptions options_;
   EngineInfo info_;

@@ -1,4 +1,4 @@
-// CudaEngine::Enqueue: one job's work on its stream, in order: the start
+// Device::Enqueue: one job's work on its stream, in order: the start
 // event, stream-ordered device allocations, H2D copies of the staged operands
 // (one copy when they lie back to back), the h2d_done event, the GEMM (or
 // nothing, for transfers), the gemm_done event, the D2H copy of the result
@@ -22,7 +22,6 @@
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "gpu/cuda/cublas_gemm.h"
-#include "gpu/cuda/cuda_engine.h"
 #include "gpu/cuda/cuda_resources.h"
 #include "gpu/cuda/cuda_status.h"
 #include "gpu/cuda/device.h"
@@ -52,10 +51,11 @@ absl::Status ReplayGraph(InFlight* flight, const CudaEngineOptions& options) {
 class StreamWork {
  public:
   StreamWork(InFlight* flight, const CudaEngineOptions& options,
-             const CudaSite& site)
+             const CudaSite& site, cudaMemPool_t memory_pool)
       : flight_(*flight),
         options_(options),
         site_(site),
+        memory_pool_(memory_pool),
         l_(flight->layout),
         spec_(flight->spec),
         ev_(*flight->events),
@@ -87,6 +87,7 @@ class StreamWork {
   InFlight& flight_;
   const CudaEngineOptions& options_;
   const CudaSite site_;
+  cudaMemPool_t memory_pool_;
   const JobLayout& l_;
   const MatmulSpec& spec_;
   EventSet& ev_;
@@ -126,7 +127,7 @@ absl::Status StreamWork::Enqueue(const std::byte* host_a,
 absl::Status StreamWork::Allocate() {
   RETURN_IF_ERROR(InjectFault(options_, FaultInjector::Point::kDeviceAlloc,
                               flight_.job_id));
-  cudaMemPool_t pool = flight_.device->memory_pool;
+  cudaMemPool_t pool = memory_pool_;
   if (l_.transient_bytes > 0) {
     CUDA_RETURN_IF_ERROR_AT(
         site_,
@@ -276,22 +277,21 @@ absl::Status StreamWork::ReturnProduct() {
 
 }  // namespace
 
-void CudaEngine::Enqueue(InFlight* flight, const std::byte* host_a,
-                         const std::byte* host_b) {
+void Device::Enqueue(InFlight* flight, const std::byte* host_a,
+                     const std::byte* host_b) {
   const absl::Time enqueue_start = absl::Now();
-  Device* d = flight->device;
   cudaStream_t stream = flight->lane->stream->stream.get();
   // Every check below names the device and the stream.
-  const CudaSite site{d->index, flight->lane->index};
+  const CudaSite site{index_, flight->lane->index};
   {
-    absl::MutexLock lock(&d->done_mu);
-    d->in_flight.insert(flight);
+    absl::MutexLock lock(&done_mu_);
+    in_flight_.insert(flight);
   }
   void* memory = nullptr;  // transient: staged operands, returned C
   if (flight->graph_use) {
     flight->status = ReplayGraph(flight, options_);
   } else {
-    StreamWork work(flight, options_, site);
+    StreamWork work(flight, options_, site, memory_pool_);
     flight->status = work.Enqueue(host_a, host_b);
     memory = work.transient();
   }
@@ -313,8 +313,7 @@ void CudaEngine::Enqueue(InFlight* flight, const std::byte* host_a,
   HandToCompletion(flight, site);
 }
 
-void CudaEngine::HandToCompletion(InFlight* flight, const CudaSite& site) {
-  Device* d = flight->device;
+void Device::HandToCompletion(InFlight* flight, const CudaSite& site) {
   cudaStream_t stream = flight->lane->stream->stream.get();
   // Only a job whose every event was recorded may be polled: an event that
   // was not recorded (or still holds an earlier job's record) reads as done.
@@ -325,15 +324,15 @@ void CudaEngine::HandToCompletion(InFlight* flight, const CudaSite& site) {
     const bool poll_only =
         options_.poll_only_max_bytes > 0 &&
         flight->layout.moved_bytes <= options_.poll_only_max_bytes;
-    absl::MutexLock lock(&d->done_mu);
+    absl::MutexLock lock(&done_mu_);
     if (poll_only) {
       flight->host_function = false;
       flight->refs.store(1, std::memory_order_relaxed);  // the completer's
-      ++d->poll_only_unclaimed;
+      ++poll_only_unclaimed_;
     }
     flight->lane->unclaimed.push_back(flight);
-    ++d->enqueued;
-    d->poll_cv.SignalAll();  // the pollers; one watches this lane
+    ++enqueued_;
+    poll_cv_.SignalAll();  // the pollers; one watches this lane
     if (poll_only) return;
   }
   absl::Status launched =
@@ -346,13 +345,21 @@ void CudaEngine::HandToCompletion(InFlight* flight, const CudaSite& site) {
     // logged.
     CUDA_LOG_IF_ERROR_AT(site, cudaStreamSynchronize(stream));
     {
-      absl::MutexLock lock(&d->done_mu);
+      absl::MutexLock lock(&done_mu_);
       if (!flight->claimed && flight->status.ok()) {
         flight->status = std::move(launched);
       }
     }
     OnStreamDone(flight);
   }
+}
+
+void CUDART_CB Device::OnStreamDone(void* user_data) {
+  auto* flight = static_cast<InFlight*>(user_data);
+  Device* device = flight->device;
+  absl::MutexLock lock(&device->done_mu_);
+  device->done_.push_back(flight);
+  device->done_cv_.Signal();
 }
 
 }  // namespace matmul

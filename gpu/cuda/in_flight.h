@@ -1,7 +1,7 @@
 // InFlight: one job between its enqueue on a stream and its
 // completion, and the rules for finishing it exactly once. The host function
 // at the end of its stream work (OnStreamDone) queues it for the completion
-// threads; the poller, a completion thread or FailDevice then Claims it
+// threads; the poller, a completion thread or Device::Fail then Claims it
 // under the device's done_mu, and whoever does completes it. References
 // (Release) keep the record alive for every path that may still touch it.
 #ifndef MATMUL_GPU_CUDA_IN_FLIGHT_H_
@@ -24,7 +24,7 @@
 
 namespace matmul {
 
-struct Device;
+class Device;
 struct Lane;
 
 struct InFlight {
@@ -62,7 +62,7 @@ struct InFlight {
   StageTimings timings;
   absl::Status status;  // an error met while enqueueing
   // Set by whoever completes the job: the poller, a completion thread or
-  // FailDevice (under the device's done_mu; see Claim).
+  // Device::Fail (under the device's done_mu; see Device::Claim).
   bool claimed = false;
   // False for a job that the poller alone completes (no host function
   // follows its stream work; CudaEngineOptions::poll_only_max_bytes). Set

@@ -21,7 +21,7 @@
 
 namespace matmul {
 
-struct Device;
+class Device;
 struct InFlight;
 
 struct Lane {

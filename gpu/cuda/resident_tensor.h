@@ -14,7 +14,7 @@
 
 namespace matmul {
 
-struct Device;
+class Device;
 
 class CudaResidentTensor final : public ResidentTensor {
  public:
