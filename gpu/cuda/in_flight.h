@@ -1,9 +1,11 @@
-// InFlight: one job between its enqueue on a stream and its
-// completion, and the rules for finishing it exactly once. The host function
-// at the end of its stream work (OnStreamDone) queues it for the completion
-// threads; the poller, a completion thread or Device::Fail then Claims it
-// under the device's done_mu, and whoever does completes it. References
-// (Release) keep the record alive for every path that may still touch it.
+// InFlight: one job between its enqueue on a stream and its completion,
+// and the rules for finishing it exactly once. The host function at the end
+// of its stream work (Device::OnStreamDone) queues it for the device's
+// completion threads; the poller, a completion thread or Device::Fail then
+// claims it (Device::Claim, under the device's done_mu_), and whoever does
+// completes it. References (Release) keep the record alive for every path
+// that may still touch it. Owned by no one but its references; its fields
+// are set by the device that dispatches it.
 #ifndef MATMUL_GPU_CUDA_IN_FLIGHT_H_
 #define MATMUL_GPU_CUDA_IN_FLIGHT_H_
 
@@ -62,14 +64,14 @@ struct InFlight {
   StageTimings timings;
   absl::Status status;  // an error met while enqueueing
   // Set by whoever completes the job: the poller, a completion thread or
-  // Device::Fail (under the device's done_mu; see Device::Claim).
+  // Device::Fail (under the device's done_mu_; see Device::Claim).
   bool claimed = false;
   // False for a job that the poller alone completes (no host function
   // follows its stream work; CudaEngineOptions::poll_only_max_bytes). Set
   // before the poller can see the job.
   bool host_function = true;
   // A job without a host function that the poller found finished along
-  // with others and queued for the completion threads (under done_mu).
+  // with others and queued for the completion threads (under done_mu_).
   bool handed_off = false;
   // One reference for the host function's path (none without one, until a
   // HandOff), one for the completer's, and one more while the poller

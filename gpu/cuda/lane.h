@@ -1,7 +1,8 @@
 // Lane: one stream of a device and the queue of jobs waiting to
 // be dispatched onto it, with the thread that dispatches them. A submitter
 // may dispatch a small job itself while the lane is idle (`busy` keeps the
-// two apart). Fields are guarded as marked; the counters are atomics.
+// two apart). Owned by its Device, which runs its thread. Fields are
+// guarded as marked; the counters are atomics.
 #ifndef MATMUL_GPU_CUDA_LANE_H_
 #define MATMUL_GPU_CUDA_LANE_H_
 
@@ -46,7 +47,7 @@ struct Lane {
   bool busy ABSL_GUARDED_BY(mu) = false;
   bool stopping ABSL_GUARDED_BY(mu) = false;
   // Jobs on the stream that nobody has claimed yet, in stream order, for
-  // the poller. Guarded by device->done_mu.
+  // the poller. Guarded by the device's done_mu_.
   std::deque<InFlight*> unclaimed;
   // Seconds of estimated work queued or running on this stream.
   std::atomic<double> outstanding{0};
