@@ -1,11 +1,13 @@
-// CudaEngine's completion: the completion threads (woken by the host
+// Device's completion: the completion threads (woken by the host
 // function at the end of a job's stream work, and watching for a device
 // whose context has failed), the poller (which answers small jobs sooner by
 // querying their end events), Complete (event times into stage timings,
-// stream busy time, spans and stats, then the job's result) and FailDevice.
+// stream busy time, spans and stats, then the job's result) and Fail.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
+#include <deque>
 #include <memory>
 #include <set>
 #include <utility>
@@ -16,7 +18,6 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/log.h"
-#include "gpu/cuda/cuda_engine.h"
 #include "gpu/cuda/cuda_status.h"
 #include "gpu/cuda/device.h"
 #include "gpu/cuda/in_flight.h"
@@ -26,30 +27,67 @@
 
 namespace matmul {
 
-void CudaEngine::CompletionLoop(Device* d) {
+namespace {
+
+// True while one of `lanes` has a job without a host function unclaimed:
+// only a poller completes such a job, so its poller stops only once there
+// is none. The caller holds the device's done_mu.
+bool PollOnlyLeft(const std::vector<Lane*>& lanes) {
+  for (Lane* lane : lanes) {
+    for (InFlight* flight : lane->unclaimed) {
+      if (!flight->host_function) return true;
+    }
+  }
+  return false;
+}
+
+// The jobs of `fronts` whose end event reads done. An event that reads done
+// belongs to its job as long as the job is unclaimed: events go back to the
+// spare list only in Complete.
+void QueryFronts(int device,
+                 const std::vector<std::pair<InFlight*, cudaEvent_t>>& fronts,
+                 std::vector<InFlight*>& finished) {
+  static std::atomic<int> query_failures_logged{0};
+  for (const auto& [flight, event] : fronts) {
+    const cudaError_t queried = cudaEventQuery(event);
+    if (queried == cudaSuccess) {
+      finished.push_back(flight);
+    } else if (queried != cudaErrorNotReady) {
+      // Not the poller's to act on: the host function, or the completion
+      // threads' watch on the streams, completes or fails the job.
+      LogCudaFailure(CudaStatus(queried, "cudaEventQuery(end event)",
+                                {device, flight->lane->index}),
+                     query_failures_logged);
+    }
+  }
+}
+
+}  // namespace
+
+void Device::CompletionLoop() {
   if (absl::Status set =
-          CudaStatus(cudaSetDevice(d->index), "cudaSetDevice", {d->index});
+          CudaStatus(cudaSetDevice(index_), "cudaSetDevice", {index_});
       !set.ok()) {
-    FailDevice(d, set);  // its jobs fail now; this thread still drains
+    Fail(set);  // its jobs fail now; this thread still drains
   }
   absl::Time last_progress = absl::Now();
   while (true) {
     InFlight* flight = nullptr;
     bool mine = false;  // this thread completes it (the poller has not)
     {
-      absl::MutexLock lock(&d->done_mu);
-      while (d->done.empty() && !(d->stopping && d->in_flight.empty())) {
-        if (d->done_cv.WaitWithTimeout(&d->done_mu, absl::Seconds(1)) &&
-            d->done.empty() && !d->in_flight.empty()) {
+      absl::MutexLock lock(&done_mu_);
+      while (done_.empty() && !(stopping_ && in_flight_.empty())) {
+        if (done_cv_.WaitWithTimeout(&done_mu_, absl::Seconds(1)) &&
+            done_.empty() && !in_flight_.empty()) {
           break;  // timed out with work in flight: look at the device below
         }
       }
-      if (!d->done.empty()) {
-        flight = d->done.front();
-        d->done.pop_front();
-        d->in_flight.erase(flight);
+      if (!done_.empty()) {
+        flight = done_.front();
+        done_.pop_front();
+        in_flight_.erase(flight);
         mine = Claim(flight);
-      } else if (d->stopping && d->in_flight.empty()) {
+      } else if (stopping_ && in_flight_.empty()) {
         return;
       }
     }
@@ -64,111 +102,88 @@ void CudaEngine::CompletionLoop(Device* d) {
     } else if (now - last_progress > absl::Seconds(1)) {
       // Nothing completed for a while: a broken context never runs host
       // functions, so ask the streams directly.
-      for (auto& lane : d->lanes) {
+      for (auto& lane : lanes_) {
         const cudaError_t error = cudaStreamQuery(lane->stream->stream.get());
         if (error != cudaSuccess && error != cudaErrorNotReady) {
-          FailDevice(
-              d, CudaStatus(error, "cudaStreamQuery", {d->index, lane->index}));
+          Fail(CudaStatus(error, "cudaStreamQuery", {index_, lane->index}));
           break;
         }
       }
     }
-    d->clock->MaybeRefresh(now);
+    clock_->MaybeRefresh(now);
   }
 }
 
-void CudaEngine::PollLoop(Device* d, int poller, int pollers) {
-  if (absl::Status set =
-          CudaStatus(cudaSetDevice(d->index), "cudaSetDevice", {d->index});
-      !set.ok()) {
-    FailDevice(d, set);
+bool Device::WaitForFronts(
+    const std::vector<Lane*>& lanes, PollState& state,
+    std::vector<std::pair<InFlight*, cudaEvent_t>>& fronts) {
+  absl::MutexLock lock(&done_mu_);
+  while (true) {
+    // Jobs without a host function are the poller's to finish, even while
+    // the engine stops.
+    if (stopping_ && !PollOnlyLeft(lanes)) return false;
+    if (enqueued_ != state.seen) {
+      state.seen = enqueued_;
+      state.poll_until = absl::Now() + options_.completion_poll;
+    }
+    for (Lane* lane : lanes) {
+      if (lane->unclaimed.empty()) continue;
+      InFlight* front = lane->unclaimed.front();
+      front->refs.fetch_add(1, std::memory_order_relaxed);
+      fronts.emplace_back(front, front->events->end.get());
+    }
+    if (!fronts.empty() &&
+        (absl::Now() < state.poll_until || poll_only_unclaimed_ > 0)) {
+      return true;
+    }
+    for (auto& [flight, event] : fronts) Release(flight);
+    fronts.clear();
+    // Nothing to poll, or polling found nothing for a whole window: the
+    // host functions complete what is in flight; wake at the next job.
+    while (!stopping_ && enqueued_ == state.seen) {
+      poll_cv_.Wait(&done_mu_);
+    }
   }
-  static std::atomic<int> query_failures_logged{0};
-  const absl::Duration window = options_.completion_poll;
-  int64_t seen = 0;  // d->enqueued when last looked at
-  absl::Time poll_until = absl::InfinitePast();
+}
+
+void Device::ClaimOne(std::vector<InFlight*>& finished) {
+  bool completing_one = false;
+  for (InFlight*& flight : finished) {
+    if (completing_one && !flight->host_function) {
+      if (!flight->claimed) HandOff(flight);
+      flight = nullptr;
+    } else if (!Claim(flight)) {
+      flight = nullptr;
+    } else {
+      completing_one = true;
+      // No completion thread takes a job without a host function out.
+      if (!flight->host_function) in_flight_.erase(flight);
+    }
+  }
+}
+
+void Device::PollLoop(int poller, int pollers) {
+  if (absl::Status set =
+          CudaStatus(cudaSetDevice(index_), "cudaSetDevice", {index_});
+      !set.ok()) {
+    Fail(set);
+  }
+  PollState state;
   std::vector<std::pair<InFlight*, cudaEvent_t>> fronts;
   std::vector<InFlight*> finished;
   std::vector<Lane*> lanes;  // this poller's share
-  for (size_t i = poller; i < d->lanes.size(); i += pollers) {
-    lanes.push_back(d->lanes[i].get());
+  for (size_t i = poller; i < lanes_.size(); i += pollers) {
+    lanes.push_back(lanes_[i].get());
   }
   while (true) {
-    // The oldest unclaimed job of each stream, referenced so that it stays
-    // allocated while its event is queried outside the lock.
     fronts.clear();
-    {
-      absl::MutexLock lock(&d->done_mu);
-      while (true) {
-        // Jobs without a host function are the poller's to finish, even
-        // while the engine stops.
-        if (d->stopping) {
-          // Only a poller completes a job without a host function: this one
-          // stops once its lanes have none left unclaimed.
-          bool poll_only_left = false;
-          for (Lane* lane : lanes) {
-            for (InFlight* flight : lane->unclaimed) {
-              poll_only_left |= !flight->host_function;
-            }
-          }
-          if (!poll_only_left) return;
-        }
-        if (d->enqueued != seen) {
-          seen = d->enqueued;
-          poll_until = absl::Now() + window;
-        }
-        for (Lane* lane : lanes) {
-          if (lane->unclaimed.empty()) continue;
-          InFlight* front = lane->unclaimed.front();
-          front->refs.fetch_add(1, std::memory_order_relaxed);
-          fronts.emplace_back(front, front->events->end.get());
-        }
-        if (!fronts.empty() &&
-            (absl::Now() < poll_until || d->poll_only_unclaimed > 0)) {
-          break;
-        }
-        for (auto& [flight, event] : fronts) Release(flight);
-        fronts.clear();
-        // Nothing to poll, or polling found nothing for a whole window: the
-        // host functions complete what is in flight; wake at the next job.
-        while (!d->stopping && d->enqueued == seen) {
-          d->poll_cv.Wait(&d->done_mu);
-        }
-      }
-    }
-    // An event that reads done belongs to its job as long as the job is
-    // unclaimed: events go back to the spare list only in Complete.
+    if (!WaitForFronts(lanes, state, fronts)) return;
     finished.clear();
-    for (auto& [flight, event] : fronts) {
-      const cudaError_t queried = cudaEventQuery(event);
-      if (queried == cudaSuccess) {
-        finished.push_back(flight);
-      } else if (queried != cudaErrorNotReady) {
-        // Not the poller's to act on: the host function, or the completion
-        // threads' watch on the streams, completes or fails the job.
-        LogCudaFailure(CudaStatus(queried, "cudaEventQuery(end event)",
-                                  {d->index, flight->lane->index}),
-                       query_failures_logged);
-      }
-    }
+    QueryFronts(index_, fronts, finished);
     if (!finished.empty()) {
-      absl::MutexLock lock(&d->done_mu);
-      // One job is completed here, at once; other jobs without a host
-      // function go to the completion threads (HandOff).
-      bool completing_one = false;
-      for (InFlight*& flight : finished) {
-        if (completing_one && !flight->host_function) {
-          if (!flight->claimed) HandOff(flight);
-          flight = nullptr;
-        } else if (!Claim(flight)) {
-          flight = nullptr;
-        } else {
-          completing_one = true;
-          // No completion thread takes a job without a host function out.
-          if (!flight->host_function) d->in_flight.erase(flight);
-        }
-      }
-      poll_until = absl::Now() + window;
+      absl::MutexLock lock(&done_mu_);
+      ClaimOne(finished);
+      state.poll_until = absl::Now() + options_.completion_poll;
     }
     for (InFlight* flight : finished) {
       if (flight == nullptr) continue;
@@ -186,60 +201,14 @@ void CudaEngine::PollLoop(Device* d, int poller, int pollers) {
   }
 }
 
-void CudaEngine::Complete(InFlight* flight) {
+void Device::Complete(InFlight* flight) {
   // The job goes with this call; the record stays until Release.
   std::unique_ptr<MatmulJob> job = std::move(flight->job);
-  Device* d = flight->device;
-  Lane* lane = flight->lane;
-  const MatmulSpec& spec = flight->spec;
-  absl::Status status = flight->status;
-  if (status.ok()) {
-    status = Inject(FaultInjector::Point::kCompletion, flight->job_id);
-  }
-  if (status.ok()) {
-    if (absl::Status lost =
-            Inject(FaultInjector::Point::kContext, flight->job_id);
-        !lost.ok()) {
-      // This job is claimed (it is no longer in flight), so FailDevice
-      // fails the others and this one fails here with the same status.
-      FailDevice(d, lost);
-      status = d->Failure();
-    }
-  }
   EventTimes ms{};  // start, h2d_done, gemm_done, end
-  // An untimed job (CudaEngineOptions::timed_job_every) has no times.
+  const absl::Status status = CompletionStatus(flight, ms);
+  // Read before the job's own events go back to the spare list.
   const bool timed = flight->events->timed;
-  if (status.ok() && timed) {
-    const EventSet& ev = *flight->events;
-    const cudaEvent_t events[4] = {ev.start.get(), ev.h2d_done.get(),
-                                   ev.gemm_done.get(), ev.end.get()};
-    for (int i = 0; i < 4 && status.ok(); ++i) {
-      absl::StatusOr<double> t = d->clock->DeviceMs(events[i]);
-      if (t.ok()) {
-        ms[i] = *t;
-      } else {
-        status = t.status();
-      }
-    }
-  }
-  const JobLayout& l = flight->layout;
-  if (!status.ok() && flight->kept != nullptr) {
-    // The job fails with `status`; a failed free can only be logged.
-    CUDA_LOG_IF_ERROR_AT(CudaSite{d->index},
-                         cudaFreeAsync(flight->kept, d->idle_stream.get()));
-    flight->kept = nullptr;
-  }
-  // Kept memory stays reserved: the resident tensor releases it.
-  d->memory->Release(flight->device_bytes -
-                     (flight->kept != nullptr ? l.kept_bytes : 0));
-  // A graph instance's events stay with the instance.
-  if (flight->own_events != nullptr) {
-    d->events.Return(std::move(flight->own_events));
-  }
-  AtomicAddDouble(lane->outstanding, -flight->estimate);
-  flight->resident_a.reset();
-  flight->resident_b.reset();
-  flight->upload_target.reset();
+  ReleaseJobResources(flight, status);
   if (!status.ok()) {
     // The failed job's graph instance is never replayed again: it goes
     // once free, which it is from here (its stream work is done).
@@ -248,33 +217,94 @@ void CudaEngine::Complete(InFlight* flight) {
     job->Done(status);
     return;
   }
+  Account(flight, ms, timed);
+  job->Done(ResultOf(flight));
+}
 
-  lane->jobs.fetch_add(1, std::memory_order_relaxed);
-  d->h2d_bytes.fetch_add(l.moved_bytes - l.c_out_bytes,
-                         std::memory_order_relaxed);
-  d->d2h_bytes.fetch_add(l.c_out_bytes, std::memory_order_relaxed);
-  if (l.gemm) {
-    AtomicAddDouble(d->flops[static_cast<int>(spec.dtype)], l.flops);
+absl::Status Device::CompletionStatus(InFlight* flight, EventTimes& ms) {
+  absl::Status status = flight->status;
+  if (status.ok()) {
+    status = InjectFault(options_, FaultInjector::Point::kCompletion,
+                         flight->job_id);
   }
-  if (timed) {
-    SetDeviceStages(ms, flight->timings);
-    AtomicAddDouble(lane->busy_seconds, (ms[3] - ms[0]) * 1e-3);
-    d->busy.Add(ms);
-    const StreamSpan::Kind kinds[3] = {StreamSpan::Kind::kH2D,
-                                       StreamSpan::Kind::kCompute,
-                                       StreamSpan::Kind::kD2H};
-    for (int i = 0; i < 3; ++i) {
-      StreamSpan span;
-      span.device = d->index;
-      span.stream = lane->index;
-      span.kind = kinds[i];
-      span.job = flight->job_id;
-      span.start = d->clock->WallTime(ms[i]);
-      span.end = d->clock->WallTime(ms[i + 1]);
-      spans_.Add(span);
+  if (status.ok()) {
+    if (absl::Status lost = InjectFault(
+            options_, FaultInjector::Point::kContext, flight->job_id);
+        !lost.ok()) {
+      // This job is claimed (it is no longer in flight), so Fail
+      // fails the others and this one fails here with the same status.
+      Fail(lost);
+      status = Failure();
     }
   }
+  // An untimed job (CudaEngineOptions::timed_job_every) has no times.
+  if (status.ok() && flight->events->timed) {
+    const EventSet& ev = *flight->events;
+    const cudaEvent_t events[4] = {ev.start.get(), ev.h2d_done.get(),
+                                   ev.gemm_done.get(), ev.end.get()};
+    for (int i = 0; i < 4 && status.ok(); ++i) {
+      absl::StatusOr<double> t = clock_->DeviceMs(events[i]);
+      if (t.ok()) {
+        ms[i] = *t;
+      } else {
+        status = t.status();
+      }
+    }
+  }
+  return status;
+}
 
+void Device::ReleaseJobResources(InFlight* flight, const absl::Status& status) {
+  if (!status.ok() && flight->kept != nullptr) {
+    // The job fails with `status`; a failed free can only be logged.
+    CUDA_LOG_IF_ERROR_AT(CudaSite{index_},
+                         cudaFreeAsync(flight->kept, idle_stream_.get()));
+    flight->kept = nullptr;
+  }
+  // Kept memory stays reserved: the resident tensor releases it.
+  memory_->Release(flight->device_bytes -
+                   (flight->kept != nullptr ? flight->layout.kept_bytes : 0));
+  // A graph instance's events stay with the instance.
+  if (flight->own_events != nullptr) {
+    events_.Return(std::move(flight->own_events));
+  }
+  AtomicAddDouble(flight->lane->outstanding, -flight->estimate);
+  flight->resident_a.reset();
+  flight->resident_b.reset();
+  flight->upload_target.reset();
+}
+
+void Device::Account(InFlight* flight, const EventTimes& ms, bool timed) {
+  Lane* lane = flight->lane;
+  const JobLayout& l = flight->layout;
+  lane->jobs.fetch_add(1, std::memory_order_relaxed);
+  h2d_bytes_.fetch_add(l.moved_bytes - l.c_out_bytes,
+                       std::memory_order_relaxed);
+  d2h_bytes_.fetch_add(l.c_out_bytes, std::memory_order_relaxed);
+  if (l.gemm) {
+    AtomicAddDouble(flops_[static_cast<int>(flight->spec.dtype)], l.flops);
+  }
+  if (!timed) return;
+  SetDeviceStages(ms, flight->timings);
+  AtomicAddDouble(lane->busy_seconds, (ms[3] - ms[0]) * 1e-3);
+  busy_.Add(ms);
+  const StreamSpan::Kind kinds[3] = {StreamSpan::Kind::kH2D,
+                                     StreamSpan::Kind::kCompute,
+                                     StreamSpan::Kind::kD2H};
+  for (int i = 0; i < 3; ++i) {
+    StreamSpan span;
+    span.device = index_;
+    span.stream = lane->index;
+    span.kind = kinds[i];
+    span.job = flight->job_id;
+    span.start = clock_->WallTime(ms[i]);
+    span.end = clock_->WallTime(ms[i + 1]);
+    spans_->Add(span);
+  }
+}
+
+JobResult Device::ResultOf(InFlight* flight) {
+  const JobLayout& l = flight->layout;
   // The reply is sent from the staging (the job's lease, or its graph
   // instance's); letting go of the result gives it back (frees the
   // instance for the next job of its shape).
@@ -286,30 +316,30 @@ void CudaEngine::Complete(InFlight* flight) {
   }
   JobResult result(absl::MakeConstSpan(flight->host_c,
                                        static_cast<size_t>(l.returned_c_bytes)),
-                   Placement{d->index, lane->index}, flight->timings,
+                   Placement{index_, flight->lane->index}, flight->timings,
                    std::move(release));
   if (flight->kept != nullptr) {
     result.set_resident(std::make_shared<CudaResidentTensor>(
-        d, spec.dtype, l.kept.batch, l.kept.rows, l.kept.cols, flight->kept,
-        l.kept_bytes));
+        this, flight->spec.dtype, l.kept.batch, l.kept.rows, l.kept.cols,
+        flight->kept, l.kept_bytes));
   }
-  job->Done(std::move(result));
+  return result;
 }
 
-void CudaEngine::FailDevice(Device* d, const absl::Status& cause) {
+void Device::Fail(const absl::Status& cause) {
   const absl::Status status = absl::InternalError(
-      absl::StrCat("GPU ", d->index, " failed: ", cause.message()));
+      absl::StrCat("GPU ", index_, " failed: ", cause.message()));
   std::set<InFlight*> victims;
   {
-    absl::MutexLock lock(&d->done_mu);
-    if (!d->healthy.load()) return;
-    d->healthy.store(false);
-    d->failure = status;
+    absl::MutexLock lock(&done_mu_);
+    if (!healthy_.load()) return;
+    healthy_.store(false);
+    failure_ = status;
     // Jobs the poller has already claimed are its to finish.
-    for (InFlight* flight : d->in_flight) {
+    for (InFlight* flight : in_flight_) {
       if (Claim(flight)) victims.insert(flight);
     }
-    d->in_flight.clear();
+    in_flight_.clear();
   }
   LogLine(absl::StrCat("error: ", status.message(), "; failing ",
                        victims.size(), " requests in flight on it"));
@@ -318,7 +348,7 @@ void CudaEngine::FailDevice(Device* d, const absl::Status& cause) {
   // stream could in principle still reference them.
   for (InFlight* flight : victims) {
     flight->job->Done(status);
-    d->memory->Release(flight->device_bytes);
+    memory_->Release(flight->device_bytes);
     AtomicAddDouble(flight->lane->outstanding, -flight->estimate);
     flight->lease.Release();
     // The device is broken: nothing is dispatched on it again, so the
@@ -326,6 +356,33 @@ void CudaEngine::FailDevice(Device* d, const absl::Status& cause) {
     flight->graph_use.Break();
     flight->graph_use.Release();
   }
+}
+
+void Device::HandOff(InFlight* flight) {
+  done_mu_.AssertHeld();
+  flight->handed_off = true;
+  --poll_only_unclaimed_;  // no longer the poller's to find
+  std::deque<InFlight*>& unclaimed = flight->lane->unclaimed;
+  auto it = std::find(unclaimed.begin(), unclaimed.end(), flight);
+  if (it != unclaimed.end()) unclaimed.erase(it);
+  // The reference a host function's path would hold; the completion
+  // thread lets go of it.
+  flight->refs.fetch_add(1, std::memory_order_relaxed);
+  done_.push_back(flight);
+  done_cv_.Signal();
+}
+
+bool Device::Claim(InFlight* flight) {
+  if (flight->claimed) return false;
+  flight->claimed = true;
+  if (!flight->host_function && !flight->handed_off) {
+    done_mu_.AssertHeld();
+    --poll_only_unclaimed_;
+  }
+  std::deque<InFlight*>& unclaimed = flight->lane->unclaimed;
+  auto it = std::find(unclaimed.begin(), unclaimed.end(), flight);
+  if (it != unclaimed.end()) unclaimed.erase(it);
+  return true;
 }
 
 }  // namespace matmul

@@ -1,25 +1,26 @@
 // CudaEngine: opening and closing the engine, what it can take
-// (CheckFits, MinimumDuration), its stats and host buffers. The request path
-// is in dispatch.cc (Submit, lanes), enqueue.cc (the stream work of a job)
-// and completion.cc (finishing jobs, device failure).
+// (CheckFits, MinimumDuration), its stats and host buffers, and routing:
+// Submit picks a lane (PickLane: least outstanding work on a healthy device
+// that can hold the job) and queues the job there, or has the device
+// dispatch a small one on the submitting thread. The rest of a job's path
+// is the Device's (device.h).
 #include "gpu/cuda/cuda_engine.h"
 
 #include <algorithm>
 #include <limits>
 #include <string>
-#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/status_macros.h"
-#include "common/thread_name.h"
 #include "gpu/cuda/cuda_resources.h"
 #include "gpu/cuda/cuda_status.h"
 #include "gpu/cuda/device.h"
 #include "gpu/cuda/device_registry.h"
 #include "gpu/cuda/job_layout.h"
 #include "gpu/cuda/lane.h"
+#include "gpu/layout_planner.h"
 
 namespace matmul {
 
@@ -62,37 +63,15 @@ absl::Status CudaEngine::Init() {
           "no CUDA device ", index, " (", visible.size(), " visible)"));
     }
     ASSIGN_OR_RETURN(std::unique_ptr<Device> device,
-                     Device::Create(index, options_));
+                     Device::Create(index, options_, &spans_, &next_job_));
     DeviceInfo info = visible[index];
-    info.staging_bytes = device->pinned->capacity();
+    info.staging_bytes = device->pinned().capacity();
     info_.devices.push_back(info);
-    for (auto& lane : device->lanes) lanes_.push_back(lane.get());
+    for (auto& lane : device->lanes()) lanes_.push_back(lane.get());
     devices_.push_back(std::move(device));
   }
 
-  for (auto& device : devices_) {
-    Device* d = device.get();
-    for (auto& lane : d->lanes) {
-      Lane* l = lane.get();
-      l->thread = std::thread([this, l] { LaneLoop(l); });
-      NameThread(l->thread, absl::StrCat("mm-lane", d->index, ".", l->index));
-    }
-    for (int i = 0; i < options_.streams_per_device; ++i) {
-      d->completion_threads.emplace_back([this, d] { CompletionLoop(d); });
-      NameThread(d->completion_threads.back(),
-                 absl::StrCat("mm-done", d->index, ".", i));
-    }
-    if (options_.completion_poll > absl::ZeroDuration()) {
-      const int pollers = std::clamp(options_.pollers_per_device, 1,
-                                     static_cast<int>(d->lanes.size()));
-      for (int p = 0; p < pollers; ++p) {
-        d->pollers.emplace_back(
-            [this, d, p, pollers] { PollLoop(d, p, pollers); });
-        NameThread(d->pollers.back(),
-                   absl::StrCat("mm-poll", d->index, ".", p));
-      }
-    }
-  }
+  for (auto& device : devices_) device->Start();
   return absl::OkStatus();
 }
 
@@ -115,8 +94,8 @@ absl::Status CudaEngine::CheckFits(const MatmulSpec& spec) const {
   int64_t best_memory = 0;
   int64_t best_pinned = 0;
   for (const auto& device : devices_) {
-    best_memory = std::max(best_memory, device->memory->budget());
-    best_pinned = std::max(best_pinned, device->pinned->capacity());
+    best_memory = std::max(best_memory, device->memory().budget());
+    best_pinned = std::max(best_pinned, device->pinned().capacity());
   }
   if (device_bytes > best_memory) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -131,11 +110,6 @@ absl::Status CudaEngine::CheckFits(const MatmulSpec& spec) const {
                      best_pinned, " bytes (--pinned-pool-bytes)"));
   }
   return absl::OkStatus();
-}
-
-absl::Status CudaEngine::Inject(FaultInjector::Point point, int64_t job) {
-  if (options_.fault_injector == nullptr) return absl::OkStatus();
-  return options_.fault_injector->Inject(point, job);
 }
 
 absl::Duration CudaEngine::MinimumDuration(const MatmulSpec& spec) const {
@@ -157,37 +131,8 @@ absl::Duration CudaEngine::MinimumDuration(const MatmulSpec& spec) const {
 EngineStats CudaEngine::stats() const {
   EngineStats stats;
   for (size_t i = 0; i < devices_.size(); ++i) {
-    Device* d = devices_[i].get();
-    DeviceStats out;
-    out.label = absl::StrCat(d->index);
+    DeviceStats out = devices_[i]->Stats();
     out.uuid = info_.devices[i].uuid;
-    out.healthy = d->healthy.load();
-    for (const auto& lane : d->lanes) {
-      StreamStats s;
-      s.jobs = lane->jobs.load(std::memory_order_relaxed);
-      s.busy_seconds = lane->busy_seconds.load(std::memory_order_relaxed);
-      out.streams.push_back(s);
-    }
-    const BusyAccounting::Totals busy = d->busy.totals();
-    out.busy_seconds = busy.busy_seconds;
-    out.compute_busy_seconds = busy.compute_seconds;
-    out.copy_busy_seconds = busy.copy_seconds;
-    out.copy_compute_overlap_seconds = busy.overlap_seconds;
-    out.h2d_bytes = d->h2d_bytes.load(std::memory_order_relaxed);
-    out.d2h_bytes = d->d2h_bytes.load(std::memory_order_relaxed);
-    for (int i = 0; i < kNumDTypes; ++i) {
-      out.flops[i] = d->flops[i].load(std::memory_order_relaxed);
-    }
-    out.staging_used_bytes = d->pinned->used();
-    out.staging_total_bytes = d->pinned->capacity();
-    out.device_memory_used_bytes = d->memory->reserved();
-    out.queued_jobs = d->queued.load(std::memory_order_relaxed);
-    for (const auto& lane : d->lanes) {
-      if (lane->graphs == nullptr) continue;
-      out.graph_jobs += lane->graphs->launches();
-      out.graphs_recorded += lane->graphs->recorded();
-      out.graphs_evicted += lane->graphs->evicted();
-    }
     stats.devices.push_back(std::move(out));
   }
   return stats;
@@ -226,28 +171,101 @@ void CudaEngine::Shutdown() {
   }
   // Lanes dispatch what they hold, then the completion threads finish every
   // job in flight.
+  for (auto& device : devices_) device->StopLanes();
+  for (auto& device : devices_) device->JoinLanes();
+  for (auto& device : devices_) device->StopCompletion();
+}
+
+Lane* CudaEngine::PickLane(const JobLayout& layout) const {
+  const int64_t device_bytes = layout.transient_bytes + layout.kept_bytes;
+  Lane* best = nullptr;
+  double best_work = std::numeric_limits<double>::infinity();
   for (Lane* lane : lanes_) {
-    absl::MutexLock lock(&lane->mu);
-    lane->stopping = true;
-    lane->cv.Signal();
-  }
-  for (Lane* lane : lanes_) {
-    if (lane->thread.joinable()) lane->thread.join();
-  }
-  for (auto& device : devices_) {
-    {
-      absl::MutexLock lock(&device->done_mu);
-      device->stopping = true;
-      device->done_cv.SignalAll();
-      device->poll_cv.SignalAll();
+    Device* d = lane->device;
+    if (!d->healthy() ||
+        (layout.required_device >= 0 && d->index() != layout.required_device) ||
+        device_bytes > d->memory().budget() ||
+        layout.staging_bytes > d->pinned().capacity()) {
+      continue;
     }
-    for (std::thread& t : device->pollers) {
-      if (t.joinable()) t.join();
-    }
-    for (std::thread& t : device->completion_threads) {
-      if (t.joinable()) t.join();
+    const double work = lane->outstanding.load(std::memory_order_relaxed);
+    if (work < best_work) {
+      best_work = work;
+      best = lane;
     }
   }
+  return best;
+}
+
+void CudaEngine::Submit(std::unique_ptr<MatmulJob> job) {
+  absl::Status refused;
+  Lane* inline_lane = nullptr;  // dispatch here, on the submitting thread
+  JobLayout inline_layout;
+  absl::Time submitted;
+  double estimate = 0;
+  {
+    absl::ReaderMutexLock shutdown_lock(&shutdown_mu_);
+    absl::StatusOr<JobLayout> layout = LayoutOf(job->description());
+    Lane* lane = layout.ok() ? PickLane(*layout) : nullptr;
+    if (shut_down_) {
+      refused = absl::UnavailableError("the CUDA engine is shut down");
+    } else if (!layout.ok()) {
+      refused = layout.status();
+    } else if (lane == nullptr) {
+      refused = absl::UnavailableError(
+          layout->required_device >= 0
+              ? absl::StrCat("GPU ", layout->required_device,
+                             " cannot take the request (unhealthy, or not "
+                             "enough memory; see the server log)")
+              : "no healthy GPU can take the request (see the server log)");
+    } else {
+      estimate = EstimatedSeconds(job->spec(), *layout);
+      AtomicAddDouble(lane->outstanding, estimate);
+      lane->device->CountQueued();
+      submitted = absl::Now();
+      absl::MutexLock lock(&lane->mu);
+      // 0 turns this off even for jobs that stage nothing.
+      if (options_.inline_dispatch_max_bytes > 0 && lane->queue.empty() &&
+          !lane->busy &&
+          layout->staging_bytes <= options_.inline_dispatch_max_bytes) {
+        lane->busy = true;
+        inline_lane = lane;
+        inline_layout = *layout;
+      } else {
+        lane->queue.push_back({std::move(job), *layout, submitted, estimate});
+        lane->cv.Signal();
+        return;
+      }
+    }
+  }
+  if (inline_lane == nullptr) {
+    job->Done(refused);
+    return;
+  }
+  // The lane thread waits while `busy`, and Shutdown joins it, so the
+  // engine stays up until this dispatch ends.
+  std::unique_ptr<MatmulJob> left;
+  {
+    ScopedDevice scoped(inline_lane->device->index());
+    if (scoped.status().ok()) {
+      left = inline_lane->device->Dispatch(inline_lane, std::move(job),
+                                           inline_layout, submitted, estimate,
+                                           /*may_wait=*/false);
+    } else {
+      // This thread cannot make the device current: the lane's thread,
+      // which has it current, takes the job.
+      CUDA_LOG_IF_ERROR_STATUS(scoped.status());
+      left = std::move(job);
+    }
+  }
+  absl::MutexLock lock(&inline_lane->mu);
+  inline_lane->busy = false;
+  if (left != nullptr) {
+    // Memory or staging was not free at once: the lane thread waits for it.
+    inline_lane->queue.push_front(
+        {std::move(left), inline_layout, submitted, estimate});
+  }
+  inline_lane->cv.Signal();
 }
 
 }  // namespace matmul

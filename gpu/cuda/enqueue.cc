@@ -1,4 +1,4 @@
-// CudaEngine::Enqueue: one job's work on its stream, in order: the start
+// Device::Enqueue: one job's work on its stream, in order: the start
 // event, stream-ordered device allocations, H2D copies of the staged operands
 // (one copy when they lie back to back), the h2d_done event, the GEMM (or
 // nothing, for transfers), the gemm_done event, the D2H copy of the result
@@ -7,6 +7,10 @@
 // multiply instead replays the CUDA graph instance it took in Dispatch
 // (job_graph.h), which does the same work in one launch, then the end event
 // and host function as above. Nothing here waits on the device.
+//
+// By kind: ReplayGraph (a small multiply's graph instance), StreamWork (every
+// other job: staged or prestaged operands, a gathered multiply's members,
+// transfers with no GEMM), then HandToCompletion (poller or host function).
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -18,207 +22,279 @@
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "gpu/cuda/cublas_gemm.h"
-#include "gpu/cuda/cuda_engine.h"
+#include "gpu/cuda/cuda_resources.h"
 #include "gpu/cuda/cuda_status.h"
 #include "gpu/cuda/device.h"
 #include "gpu/cuda/in_flight.h"
 #include "gpu/cuda/job_layout.h"
 #include "gpu/cuda/lane.h"
+#include "gpu/cuda/timing.h"
 
 namespace matmul {
+namespace {
 
-void CudaEngine::Enqueue(InFlight* flight, const std::byte* host_a,
-                         const std::byte* host_b) {
+// A small multiply replays the graph instance it took in Dispatch
+// (job_graph.h): its operands are in the instance's staging already, and
+// the graph records the instance's events, so one launch does it all.
+// The injected faults stand for the allocation and GEMM the graph does.
+absl::Status ReplayGraph(InFlight* flight, const CudaEngineOptions& options) {
+  RETURN_IF_ERROR(
+      InjectFault(options, FaultInjector::Point::kDeviceAlloc, flight->job_id));
+  RETURN_IF_ERROR(
+      InjectFault(options, FaultInjector::Point::kGemm, flight->job_id));
+  return flight->lane->graphs->Launch(*flight->graph_use.graph());
+}
+
+// The stream work of a job that replays no graph, in stream order. Its
+// transient device memory (staged operands, returned C) is the caller's to
+// free in stream order once Enqueue has run, whatever it returned.
+class StreamWork {
+ public:
+  StreamWork(InFlight* flight, const CudaEngineOptions& options,
+             const CudaSite& site, cudaMemPool_t memory_pool)
+      : flight_(*flight),
+        options_(options),
+        site_(site),
+        memory_pool_(memory_pool),
+        l_(flight->layout),
+        spec_(flight->spec),
+        ev_(*flight->events),
+        stream_(flight->lane->stream->stream.get()) {}
+
+  absl::Status Enqueue(const std::byte* host_a, const std::byte* host_b);
+  void* transient() const { return memory_; }
+
+ private:
+  absl::Status Allocate();
+  // The next block of the transient memory.
+  std::byte* Carve(int64_t bytes) {
+    std::byte* p = next_;
+    next_ += AlignUp(bytes, kDeviceAlignment);
+    return p;
+  }
+  // Where A and B are on the device (carving A's block, then B's).
+  void PlaceOperands();
+  absl::Status UploadOperands(const std::byte* host_a, const std::byte* host_b);
+  absl::Status UploadGathered();
+  // The GEMM (or the grouped GEMM) into C; sets device_c_.
+  absl::Status Multiply();
+  absl::Status ReturnProduct();
+  absl::Status Record(const CudaEvent& event) {
+    CUDA_RETURN_IF_ERROR_AT(site_, cudaEventRecord(event.get(), stream_));
+    return absl::OkStatus();
+  }
+
+  InFlight& flight_;
+  const CudaEngineOptions& options_;
+  const CudaSite site_;
+  cudaMemPool_t memory_pool_;
+  const JobLayout& l_;
+  const MatmulSpec& spec_;
+  EventSet& ev_;
+  cudaStream_t stream_;
+  void* memory_ = nullptr;  // transient: staged operands, returned C
+  std::byte* next_ = nullptr;
+  const std::byte* device_a_ = nullptr;
+  const std::byte* device_b_ = nullptr;
+  const std::byte* device_c_ = nullptr;
+  // A gathered multiply's strides over interleaved operands (UploadGathered).
+  std::optional<GemmStrides> interleaved_;
+};
+
+absl::Status StreamWork::Enqueue(const std::byte* host_a,
+                                 const std::byte* host_b) {
+  // An untimed job's set has only `end` (timing.h).
+  if (ev_.timed) RETURN_IF_ERROR(Record(ev_.start));
+  RETURN_IF_ERROR(Allocate());
+  PlaceOperands();
+  if (l_.gathered > 0) {
+    RETURN_IF_ERROR(UploadGathered());
+  } else {
+    RETURN_IF_ERROR(UploadOperands(host_a, host_b));
+  }
+  if (l_.allocate && options_.poison_outputs) {
+    CUDA_RETURN_IF_ERROR_AT(
+        site_, cudaMemsetAsync(flight_.kept, 0xff, spec_.a_bytes(), stream_));
+  }
+  if (ev_.timed) RETURN_IF_ERROR(Record(ev_.h2d_done));
+  device_c_ = device_a_;  // download: C is A itself
+  if (l_.gemm) RETURN_IF_ERROR(Multiply());
+  if (ev_.timed) RETURN_IF_ERROR(Record(ev_.gemm_done));
+  RETURN_IF_ERROR(ReturnProduct());
+  return Record(ev_.end);
+}
+
+absl::Status StreamWork::Allocate() {
+  RETURN_IF_ERROR(InjectFault(options_, FaultInjector::Point::kDeviceAlloc,
+                              flight_.job_id));
+  cudaMemPool_t pool = memory_pool_;
+  if (l_.transient_bytes > 0) {
+    CUDA_RETURN_IF_ERROR_AT(
+        site_,
+        cudaMallocFromPoolAsync(
+            &memory_, static_cast<size_t>(l_.transient_bytes), pool, stream_));
+  }
+  if (l_.kept_bytes > 0) {
+    CUDA_RETURN_IF_ERROR_AT(
+        site_,
+        cudaMallocFromPoolAsync(
+            &flight_.kept, static_cast<size_t>(l_.kept_bytes), pool, stream_));
+  }
+  next_ = static_cast<std::byte*>(memory_);
+  return absl::OkStatus();
+}
+
+void StreamWork::PlaceOperands() {
+  // The plan's byte_offset is 0 except for a download's source and an
+  // upload's target.
+  device_a_ =
+      flight_.resident_a
+          ? static_cast<const std::byte*>(flight_.resident_a->data()) +
+                l_.byte_offset
+      : flight_.upload_target
+          ? static_cast<const std::byte*>(flight_.upload_target->data()) +
+                l_.byte_offset
+      : l_.keeps_a ? static_cast<std::byte*>(flight_.kept)
+                   : Carve(l_.a_bytes);
+  device_b_ = flight_.resident_b
+                  ? static_cast<const std::byte*>(flight_.resident_b->data())
+              : l_.stage_b ? Carve(l_.b_bytes)
+                           : nullptr;
+}
+
+// Both operands in one copy where they lie back to back in one allocation
+// (the job's staging, or prestaged operands that say so): a prestaged A and
+// B that merely adjoin may be two allocations, which one copy must not span.
+absl::Status StreamWork::UploadOperands(const std::byte* host_a,
+                                        const std::byte* host_b) {
+  if (l_.stage_a && l_.stage_b && flight_.operands_one_allocation &&
+      OperandsContiguous(host_a, host_b, device_a_, device_b_, l_.a_bytes)) {
+    CUDA_RETURN_IF_ERROR_AT(
+        site_, cudaMemcpyAsync(const_cast<std::byte*>(device_a_), host_a,
+                               l_.a_bytes + l_.b_bytes, cudaMemcpyHostToDevice,
+                               stream_));
+    return absl::OkStatus();
+  }
+  if (l_.stage_a) {
+    CUDA_RETURN_IF_ERROR_AT(
+        site_, cudaMemcpyAsync(const_cast<std::byte*>(device_a_), host_a,
+                               l_.a_bytes, cudaMemcpyHostToDevice, stream_));
+  }
+  if (l_.stage_b) {
+    CUDA_RETURN_IF_ERROR_AT(
+        site_, cudaMemcpyAsync(const_cast<std::byte*>(device_b_), host_b,
+                               l_.b_bytes, cudaMemcpyHostToDevice, stream_));
+  }
+  return absl::OkStatus();
+}
+
+// Each member's A and B, from where the member keeps them, to its place
+// among the batch's operands. A gathered multiply whose every member keeps B
+// right after A in one allocation (as a job's staging does): member i's A
+// and B go up in one copy to the i-th place of [A_0 B_0][A_1 B_1]..., and
+// the GEMM steps over them with that stride.
+absl::Status StreamWork::UploadGathered() {
+  const auto& members = std::get<MultiplyOp>(flight_.job->op()).gathered;
+  const int64_t a_one = l_.a_bytes / l_.gathered;
+  const int64_t b_one = l_.b_bytes / l_.gathered;
+  bool adjoining = true;
+  for (const GatheredMember& member : members) {
+    adjoining &= member.operands.one_allocation &&
+                 member.operands.b == member.operands.a + a_one;
+  }
+  auto* device_ops = const_cast<std::byte*>(device_a_);
+  for (int64_t i = 0; i < l_.gathered; ++i) {
+    const PrestagedOperands& member = members[static_cast<size_t>(i)].operands;
+    if (adjoining) {
+      CUDA_RETURN_IF_ERROR_AT(
+          site_,
+          cudaMemcpyAsync(device_ops + i * (a_one + b_one), member.a,
+                          a_one + b_one, cudaMemcpyHostToDevice, stream_));
+      continue;
+    }
+    CUDA_RETURN_IF_ERROR_AT(
+        site_, cudaMemcpyAsync(device_ops + i * a_one, member.a, a_one,
+                               cudaMemcpyHostToDevice, stream_));
+    CUDA_RETURN_IF_ERROR_AT(
+        site_,
+        cudaMemcpyAsync(const_cast<std::byte*>(device_b_) + i * b_one, member.b,
+                        b_one, cudaMemcpyHostToDevice, stream_));
+  }
+  if (adjoining) {
+    // The pair fits where A's and B's blocks were carved: B's block starts
+    // at or after A's end.
+    device_b_ = device_a_ + a_one;
+    interleaved_ = l_.strides;
+    const int64_t pair = (a_one + b_one) / DTypeSize(spec_.dtype);
+    interleaved_->stride_a = pair;
+    interleaved_->stride_b = pair;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StreamWork::Multiply() {
+  std::byte* c =
+      l_.keep ? static_cast<std::byte*>(flight_.kept) : Carve(l_.c_bytes);
+  device_c_ = c;
+  if (options_.poison_outputs) {
+    CUDA_RETURN_IF_ERROR_AT(site_,
+                            cudaMemsetAsync(c, 0xff, l_.c_bytes, stream_));
+  }
+  RETURN_IF_ERROR(
+      InjectFault(options_, FaultInjector::Point::kGemm, flight_.job_id));
+  cublasHandle_t cublas = flight_.lane->stream->cublas.get();
+  if (l_.group != nullptr) {
+    // One launch for every member; its pointer table goes up first.
+    auto* table = reinterpret_cast<void**>(Carve(l_.table_bytes));
+    auto* host_table = reinterpret_cast<void**>(flight_.lease.data() +
+                                                l_.table_staging_offset);
+    return EnqueueGroupedGemm(cublas, stream_, *l_.group, device_a_, device_b_,
+                              c, host_table, table, site_);
+  }
+  return EnqueueGemm(cublas, spec_, device_a_, device_b_, c, site_,
+                     interleaved_.has_value() ? &*interleaved_ : nullptr);
+}
+
+absl::Status StreamWork::ReturnProduct() {
+  if (!l_.return_c) return absl::OkStatus();
+  if (l_.gathered > 0 && l_.c_to_destination) {
+    // A gathered multiply's products, each into its member's memory.
+    const auto& members = std::get<MultiplyOp>(flight_.job->op()).gathered;
+    const int64_t c_one = l_.c_bytes / l_.gathered;
+    for (int64_t i = 0; i < l_.gathered; ++i) {
+      CUDA_RETURN_IF_ERROR_AT(
+          site_, cudaMemcpyAsync(members[static_cast<size_t>(i)].c_destination,
+                                 device_c_ + i * c_one, c_one,
+                                 cudaMemcpyDeviceToHost, stream_));
+    }
+    return absl::OkStatus();
+  }
+  CUDA_RETURN_IF_ERROR_AT(site_,
+                          cudaMemcpyAsync(flight_.host_c, device_c_, l_.c_bytes,
+                                          cudaMemcpyDeviceToHost, stream_));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void Device::Enqueue(InFlight* flight, const std::byte* host_a,
+                     const std::byte* host_b) {
   const absl::Time enqueue_start = absl::Now();
-  Device* d = flight->device;
-  const MatmulSpec& spec = flight->spec;
   cudaStream_t stream = flight->lane->stream->stream.get();
-  EventSet& ev = *flight->events;
   // Every check below names the device and the stream.
-  const CudaSite site{d->index, flight->lane->index};
+  const CudaSite site{index_, flight->lane->index};
   {
-    absl::MutexLock lock(&d->done_mu);
-    d->in_flight.insert(flight);
+    absl::MutexLock lock(&done_mu_);
+    in_flight_.insert(flight);
   }
-  const JobLayout& l = flight->layout;
   void* memory = nullptr;  // transient: staged operands, returned C
-  // A small multiply replays the graph instance it took in Dispatch
-  // (job_graph.h): its operands are in the instance's staging already, and
-  // the graph records the instance's events, so one launch does it all.
-  // The injected faults stand for the allocation and GEMM the graph does.
-  const bool replayed = static_cast<bool>(flight->graph_use);
-  if (replayed) {
-    flight->status = [&]() -> absl::Status {
-      RETURN_IF_ERROR(
-          Inject(FaultInjector::Point::kDeviceAlloc, flight->job_id));
-      RETURN_IF_ERROR(Inject(FaultInjector::Point::kGemm, flight->job_id));
-      return flight->lane->graphs->Launch(*flight->graph_use.graph());
-    }();
+  if (flight->graph_use) {
+    flight->status = ReplayGraph(flight, options_);
+  } else {
+    StreamWork work(flight, options_, site, memory_pool_);
+    flight->status = work.Enqueue(host_a, host_b);
+    memory = work.transient();
   }
-  if (!replayed)
-    flight->status = [&]() -> absl::Status {
-      // An untimed job's set has only `end` (timing.h).
-      if (ev.timed) {
-        CUDA_RETURN_IF_ERROR_AT(site, cudaEventRecord(ev.start.get(), stream));
-      }
-      RETURN_IF_ERROR(
-          Inject(FaultInjector::Point::kDeviceAlloc, flight->job_id));
-      if (l.transient_bytes > 0) {
-        CUDA_RETURN_IF_ERROR_AT(
-            site, cudaMallocFromPoolAsync(
-                      &memory, static_cast<size_t>(l.transient_bytes),
-                      d->memory_pool, stream));
-      }
-      if (l.kept_bytes > 0) {
-        CUDA_RETURN_IF_ERROR_AT(
-            site, cudaMallocFromPoolAsync(&flight->kept,
-                                          static_cast<size_t>(l.kept_bytes),
-                                          d->memory_pool, stream));
-      }
-      auto* next = static_cast<std::byte*>(memory);
-      auto carve = [&next](int64_t bytes) {
-        std::byte* p = next;
-        next += AlignUp(bytes, kDeviceAlignment);
-        return p;
-      };
-      // The plan's byte_offset is 0 except for a download's source and an
-      // upload's target.
-      const std::byte* device_a =
-          flight->resident_a
-              ? static_cast<const std::byte*>(flight->resident_a->data()) +
-                    l.byte_offset
-          : flight->upload_target
-              ? static_cast<const std::byte*>(flight->upload_target->data()) +
-                    l.byte_offset
-          : l.keeps_a ? static_cast<std::byte*>(flight->kept)
-                      : carve(l.a_bytes);
-      const std::byte* device_b =
-          flight->resident_b
-              ? static_cast<const std::byte*>(flight->resident_b->data())
-          : l.stage_b ? carve(l.b_bytes)
-                      : nullptr;
-      // Both operands in one copy where they lie back to back in one
-      // allocation (the job's staging, or prestaged operands that say so):
-      // a prestaged A and B that merely adjoin may be two allocations,
-      // which one copy must not span.
-      // A gathered multiply whose every member keeps B right after A in one
-      // allocation (as a job's staging does): member i's A and B go up in
-      // one copy to the i-th place of [A_0 B_0][A_1 B_1]..., and the GEMM
-      // steps over them with that stride.
-      std::optional<GemmStrides> interleaved;
-      if (l.gathered > 0) {
-        // Each member's A and B, from where the member keeps them, to its
-        // place among the batch's operands.
-        const auto& members = std::get<MultiplyOp>(flight->job->op()).gathered;
-        const int64_t a_one = l.a_bytes / l.gathered;
-        const int64_t b_one = l.b_bytes / l.gathered;
-        bool adjoining = true;
-        for (const GatheredMember& member : members) {
-          adjoining &= member.operands.one_allocation &&
-                       member.operands.b == member.operands.a + a_one;
-        }
-        auto* device_ops = const_cast<std::byte*>(device_a);
-        for (int64_t i = 0; i < l.gathered; ++i) {
-          const PrestagedOperands& member =
-              members[static_cast<size_t>(i)].operands;
-          if (adjoining) {
-            CUDA_RETURN_IF_ERROR_AT(
-                site,
-                cudaMemcpyAsync(device_ops + i * (a_one + b_one), member.a,
-                                a_one + b_one, cudaMemcpyHostToDevice, stream));
-            continue;
-          }
-          CUDA_RETURN_IF_ERROR_AT(
-              site, cudaMemcpyAsync(device_ops + i * a_one, member.a, a_one,
-                                    cudaMemcpyHostToDevice, stream));
-          CUDA_RETURN_IF_ERROR_AT(
-              site,
-              cudaMemcpyAsync(const_cast<std::byte*>(device_b) + i * b_one,
-                              member.b, b_one, cudaMemcpyHostToDevice, stream));
-        }
-        if (adjoining) {
-          // The pair fits where A's and B's blocks were carved: B's block
-          // starts at or after A's end.
-          device_b = device_a + a_one;
-          interleaved = l.strides;
-          const int64_t pair = (a_one + b_one) / DTypeSize(spec.dtype);
-          interleaved->stride_a = pair;
-          interleaved->stride_b = pair;
-        }
-      } else if (l.stage_a && l.stage_b && flight->operands_one_allocation &&
-                 OperandsContiguous(host_a, host_b, device_a, device_b,
-                                    l.a_bytes)) {
-        CUDA_RETURN_IF_ERROR_AT(
-            site, cudaMemcpyAsync(const_cast<std::byte*>(device_a), host_a,
-                                  l.a_bytes + l.b_bytes, cudaMemcpyHostToDevice,
-                                  stream));
-      } else {
-        if (l.stage_a) {
-          CUDA_RETURN_IF_ERROR_AT(
-              site, cudaMemcpyAsync(const_cast<std::byte*>(device_a), host_a,
-                                    l.a_bytes, cudaMemcpyHostToDevice, stream));
-        }
-        if (l.stage_b) {
-          CUDA_RETURN_IF_ERROR_AT(
-              site, cudaMemcpyAsync(const_cast<std::byte*>(device_b), host_b,
-                                    l.b_bytes, cudaMemcpyHostToDevice, stream));
-        }
-      }
-      if (l.allocate && options_.poison_outputs) {
-        CUDA_RETURN_IF_ERROR_AT(
-            site, cudaMemsetAsync(flight->kept, 0xff, spec.a_bytes(), stream));
-      }
-      if (ev.timed) {
-        CUDA_RETURN_IF_ERROR_AT(site,
-                                cudaEventRecord(ev.h2d_done.get(), stream));
-      }
-      const std::byte* device_c = device_a;  // download: C is A itself
-      if (l.gemm) {
-        std::byte* c =
-            l.keep ? static_cast<std::byte*>(flight->kept) : carve(l.c_bytes);
-        device_c = c;
-        if (options_.poison_outputs) {
-          CUDA_RETURN_IF_ERROR_AT(site,
-                                  cudaMemsetAsync(c, 0xff, l.c_bytes, stream));
-        }
-        RETURN_IF_ERROR(Inject(FaultInjector::Point::kGemm, flight->job_id));
-        if (l.group != nullptr) {
-          // One launch for every member; its pointer table goes up first.
-          auto* table = reinterpret_cast<void**>(carve(l.table_bytes));
-          auto* host_table = reinterpret_cast<void**>(flight->lease.data() +
-                                                      l.table_staging_offset);
-          RETURN_IF_ERROR(EnqueueGroupedGemm(
-              flight->lane->stream->cublas.get(), stream, *l.group, device_a,
-              device_b, c, host_table, table, site));
-        } else {
-          RETURN_IF_ERROR(EnqueueGemm(
-              flight->lane->stream->cublas.get(), spec, device_a, device_b, c,
-              site, interleaved.has_value() ? &*interleaved : nullptr));
-        }
-      }
-      if (ev.timed) {
-        CUDA_RETURN_IF_ERROR_AT(site,
-                                cudaEventRecord(ev.gemm_done.get(), stream));
-      }
-      if (l.return_c && l.gathered > 0 && l.c_to_destination) {
-        // A gathered multiply's products, each into its member's memory.
-        const auto& members = std::get<MultiplyOp>(flight->job->op()).gathered;
-        const int64_t c_one = l.c_bytes / l.gathered;
-        for (int64_t i = 0; i < l.gathered; ++i) {
-          CUDA_RETURN_IF_ERROR_AT(
-              site,
-              cudaMemcpyAsync(members[static_cast<size_t>(i)].c_destination,
-                              device_c + i * c_one, c_one,
-                              cudaMemcpyDeviceToHost, stream));
-        }
-      } else if (l.return_c) {
-        CUDA_RETURN_IF_ERROR_AT(
-            site, cudaMemcpyAsync(flight->host_c, device_c, l.c_bytes,
-                                  cudaMemcpyDeviceToHost, stream));
-      }
-      CUDA_RETURN_IF_ERROR_AT(site, cudaEventRecord(ev.end.get(), stream));
-      return absl::OkStatus();
-    }();
   // Freed in stream order: later work on any stream can reuse it. A free
   // that fails fails the job (its memory is then lost to the budget's
   // accounting, which only a broken context or a bug can cause).
@@ -234,23 +310,29 @@ void CudaEngine::Enqueue(InFlight* flight, const std::byte* host_a,
   }
   // Set before the hand-off below, after which the job may be completed.
   flight->timings.enqueue = absl::ToDoubleSeconds(absl::Now() - enqueue_start);
+  HandToCompletion(flight, site);
+}
+
+void Device::HandToCompletion(InFlight* flight, const CudaSite& site) {
+  cudaStream_t stream = flight->lane->stream->stream.get();
   // Only a job whose every event was recorded may be polled: an event that
   // was not recorded (or still holds an earlier job's record) reads as done.
   // A small one is left to the poller alone: no host function, so the
   // stream does not wait for the driver's callback thread before its next
   // job. It may be completed and freed as soon as the lock below is let go.
   if (flight->status.ok() && options_.completion_poll > absl::ZeroDuration()) {
-    const bool poll_only = options_.poll_only_max_bytes > 0 &&
-                           l.moved_bytes <= options_.poll_only_max_bytes;
-    absl::MutexLock lock(&d->done_mu);
+    const bool poll_only =
+        options_.poll_only_max_bytes > 0 &&
+        flight->layout.moved_bytes <= options_.poll_only_max_bytes;
+    absl::MutexLock lock(&done_mu_);
     if (poll_only) {
       flight->host_function = false;
       flight->refs.store(1, std::memory_order_relaxed);  // the completer's
-      ++d->poll_only_unclaimed;
+      ++poll_only_unclaimed_;
     }
     flight->lane->unclaimed.push_back(flight);
-    ++d->enqueued;
-    d->poll_cv.SignalAll();  // the pollers; one watches this lane
+    ++enqueued_;
+    poll_cv_.SignalAll();  // the pollers; one watches this lane
     if (poll_only) return;
   }
   absl::Status launched =
@@ -263,13 +345,21 @@ void CudaEngine::Enqueue(InFlight* flight, const std::byte* host_a,
     // logged.
     CUDA_LOG_IF_ERROR_AT(site, cudaStreamSynchronize(stream));
     {
-      absl::MutexLock lock(&d->done_mu);
+      absl::MutexLock lock(&done_mu_);
       if (!flight->claimed && flight->status.ok()) {
         flight->status = std::move(launched);
       }
     }
     OnStreamDone(flight);
   }
+}
+
+void CUDART_CB Device::OnStreamDone(void* user_data) {
+  auto* flight = static_cast<InFlight*>(user_data);
+  Device* device = flight->device;
+  absl::MutexLock lock(&device->done_mu_);
+  device->done_.push_back(flight);
+  device->done_cv_.Signal();
 }
 
 }  // namespace matmul

@@ -1,9 +1,11 @@
-// CudaEngine::InFlight: one job between its enqueue on a stream and its
-// completion, and the rules for finishing it exactly once. The host function
-// at the end of its stream work (OnStreamDone) queues it for the completion
-// threads; the poller, a completion thread or FailDevice then Claims it
-// under the device's done_mu, and whoever does completes it. References
-// (Release) keep the record alive for every path that may still touch it.
+// InFlight: one job between its enqueue on a stream and its completion,
+// and the rules for finishing it exactly once. The host function at the end
+// of its stream work (Device::OnStreamDone) queues it for the device's
+// completion threads; the poller, a completion thread or Device::Fail then
+// claims it (Device::Claim, under the device's done_mu_), and whoever does
+// completes it. References (Release) keep the record alive for every path
+// that may still touch it. Owned by no one but its references; its fields
+// are set by the device that dispatches it.
 #ifndef MATMUL_GPU_CUDA_IN_FLIGHT_H_
 #define MATMUL_GPU_CUDA_IN_FLIGHT_H_
 
@@ -15,16 +17,19 @@
 #include <memory>
 
 #include "absl/status/status.h"
-#include "gpu/cuda/cuda_engine.h"
 #include "gpu/cuda/job_graph.h"
 #include "gpu/cuda/job_layout.h"
 #include "gpu/cuda/pinned_pool.h"
 #include "gpu/cuda/timing.h"
+#include "gpu/engine.h"
 #include "gpu/matmul_spec.h"
 
 namespace matmul {
 
-struct CudaEngine::InFlight {
+class Device;
+struct Lane;
+
+struct InFlight {
   std::unique_ptr<MatmulJob> job;
   Device* device = nullptr;
   Lane* lane = nullptr;
@@ -59,14 +64,14 @@ struct CudaEngine::InFlight {
   StageTimings timings;
   absl::Status status;  // an error met while enqueueing
   // Set by whoever completes the job: the poller, a completion thread or
-  // FailDevice (under the device's done_mu; see Claim).
+  // Device::Fail (under the device's done_mu_; see Device::Claim).
   bool claimed = false;
   // False for a job that the poller alone completes (no host function
   // follows its stream work; CudaEngineOptions::poll_only_max_bytes). Set
   // before the poller can see the job.
   bool host_function = true;
   // A job without a host function that the poller found finished along
-  // with others and queued for the completion threads (under done_mu).
+  // with others and queued for the completion threads (under done_mu_).
   bool handed_off = false;
   // One reference for the host function's path (none without one, until a
   // HandOff), one for the completer's, and one more while the poller
@@ -75,25 +80,8 @@ struct CudaEngine::InFlight {
   std::atomic<int> refs{2};
 };
 
-// Host function at the end of a job's stream work: hands the job to the
-// completion threads. Must not call CUDA. `user_data` is the InFlight.
-void CUDART_CB OnStreamDone(void* user_data);
-
-// Queues a finished job without a host function for the completion
-// threads, as its host function would have: the poller completes one job
-// per round itself and hands the rest off, so that many small jobs
-// finishing at once are completed in parallel rather than one after
-// another on the poller. The caller holds the device's done_mu.
-void HandOff(CudaEngine::InFlight* flight);
-
-// Makes the caller the one that completes `flight`; false if another
-// already is. The caller holds the device's done_mu. A job without a host
-// function leaves the device's in_flight set with the poller's claim (see
-// PollLoop), since no completion thread will take it out.
-bool Claim(CudaEngine::InFlight* flight);
-
 // Drops one reference; the last frees the record.
-void Release(CudaEngine::InFlight* flight);
+void Release(InFlight* flight);
 
 }  // namespace matmul
 

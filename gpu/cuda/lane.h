@@ -1,7 +1,8 @@
-// CudaEngine::Lane: one stream of a device and the queue of jobs waiting to
+// Lane: one stream of a device and the queue of jobs waiting to
 // be dispatched onto it, with the thread that dispatches them. A submitter
 // may dispatch a small job itself while the lane is idle (`busy` keeps the
-// two apart). Fields are guarded as marked; the counters are atomics.
+// two apart). Owned by its Device, which runs its thread. Fields are
+// guarded as marked; the counters are atomics.
 #ifndef MATMUL_GPU_CUDA_LANE_H_
 #define MATMUL_GPU_CUDA_LANE_H_
 
@@ -14,14 +15,17 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "gpu/cuda/cuda_engine.h"
 #include "gpu/cuda/job_graph.h"
 #include "gpu/cuda/job_layout.h"
 #include "gpu/cuda/stream_pool.h"
+#include "gpu/engine.h"
 
 namespace matmul {
 
-struct CudaEngine::Lane {
+class Device;
+struct InFlight;
+
+struct Lane {
   Device* device = nullptr;
   int index = 0;  // stream index within the device
   PooledStream* stream = nullptr;
@@ -43,7 +47,7 @@ struct CudaEngine::Lane {
   bool busy ABSL_GUARDED_BY(mu) = false;
   bool stopping ABSL_GUARDED_BY(mu) = false;
   // Jobs on the stream that nobody has claimed yet, in stream order, for
-  // the poller. Guarded by device->done_mu.
+  // the poller. Guarded by the device's done_mu_.
   std::deque<InFlight*> unclaimed;
   // Seconds of estimated work queued or running on this stream.
   std::atomic<double> outstanding{0};

@@ -1,4 +1,4 @@
-// CudaEngine::CudaResidentTensor: device memory kept between requests (an
+// CudaResidentTensor: device memory kept between requests (an
 // upload, or a product kept on the device). Its reservation against the
 // device budget ends, and the memory is freed in stream order, when the last
 // reference goes: after every job that used it has completed, since jobs
@@ -10,12 +10,13 @@
 #include <cstdint>
 
 #include "common/dtype.h"
-#include "gpu/cuda/cuda_engine.h"
 #include "gpu/engine.h"
 
 namespace matmul {
 
-class CudaEngine::CudaResidentTensor final : public ResidentTensor {
+class Device;
+
+class CudaResidentTensor final : public ResidentTensor {
  public:
   // Takes `data` (from the device's memory pool) and `reserved` bytes of the
   // device's memory budget.

@@ -3,12 +3,15 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <variant>
 
 #include "absl/strings/str_cat.h"
 #include "common/mapped_copy.h"
+#include "common/status_macros.h"
 #include "gpu/layout_planner.h"
 
 namespace matmul {
@@ -40,6 +43,173 @@ std::string CpuName() {
   }
   std::fclose(f);
   return name;
+}
+
+// A host job's memory and where its operands and result are: staged
+// (copied in by the job, or prestaged by the caller), resident (engine
+// memory kept between requests), or, for the result, returned in staging.
+struct HostJobMemory {
+  // Host memory is the engine's memory: an upload's A is written straight
+  // into its final place, so its staging holds nothing.
+  int64_t staging_bytes = 0;
+  std::unique_ptr<std::byte[]> staging;
+  std::unique_ptr<std::byte[]> kept;
+  std::byte* a_slot = nullptr;
+  std::byte* b_slot = nullptr;
+  const std::byte* a = nullptr;
+  const std::byte* b = nullptr;
+  std::byte* c = nullptr;
+  // Private copies of prestaged operands and of a product that goes to a
+  // destination (TakePrivateOperands, TakePrivateProduct).
+  std::unique_ptr<std::byte[]> private_a, private_b, private_c;
+};
+
+// Allocates the job's staging and kept memory and places its operands and
+// result; RESOURCE_EXHAUSTED when the memory is not there.
+absl::Status PlaceHostJob(const LayoutPlan& plan, const MatmulJob& job,
+                          const ResidentOperands& resident,
+                          HostJobMemory& mem) {
+  const bool upload = plan.upload;
+  const std::optional<PrestagedOperands> prestaged =
+      PrestagedOf(job.description());
+  const int64_t bytes = upload ? 0 : plan.staging_bytes;
+  const int64_t kept_bytes = plan.kept_tensor_bytes;
+  mem.staging_bytes = bytes;
+  mem.staging.reset(new (std::nothrow) std::byte[bytes]);
+  if (kept_bytes > 0) mem.kept.reset(new (std::nothrow) std::byte[kept_bytes]);
+  if (mem.staging == nullptr || (kept_bytes > 0 && mem.kept == nullptr)) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("host engine: cannot allocate ", bytes + kept_bytes,
+                     " bytes of memory"));
+  }
+  std::byte* staging = mem.staging.get();
+  mem.a_slot = resident.target != nullptr
+                   ? static_cast<std::byte*>(
+                         const_cast<void*>(resident.target->data())) +
+                         plan.byte_offset
+               : upload ? mem.kept.get()
+                        : staging;
+  mem.b_slot = staging + (upload ? 0 : plan.b_staging_offset());
+  // The plan's byte_offset is 0 except for a download's source (and an
+  // upload's target, above).
+  mem.a = resident.a ? static_cast<const std::byte*>(resident.a->data()) +
+                           plan.byte_offset
+          : prestaged ? prestaged->a
+                      : mem.a_slot;
+  mem.b = resident.b  ? static_cast<const std::byte*>(resident.b->data())
+          : prestaged ? prestaged->b
+                      : mem.b_slot;
+  mem.c = plan.keep ? mem.kept.get()
+          : plan.c_to_destination
+              ? std::get<MultiplyOp>(job.op()).c_destination
+              : staging + (upload ? 0 : plan.c_staging_offset());
+  return absl::OkStatus();
+}
+
+// Copies one prestaged operand into memory of the job's own.
+absl::Status TakeOperand(const std::byte*& operand, int64_t size,
+                         std::unique_ptr<std::byte[]>& copy, const char* name) {
+  copy.reset(new (std::nothrow) std::byte[static_cast<size_t>(size)]);
+  if (copy == nullptr) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "host engine: cannot allocate ", size, " bytes for ", name));
+  }
+  absl::Status s =
+      CopyMappedMemory(copy.get(), operand, static_cast<size_t>(size), name);
+  operand = copy.get();
+  return s;
+}
+
+// Prestaged operands and a product's destination may be a client's
+// shared-memory object, which its client can truncate under us: they are
+// copied in and out with CopyMappedMemory (a fault there fails this job,
+// not the process), never read by the GEMM's threads in place.
+absl::Status TakePrivateOperands(const LayoutPlan& plan, const MatmulJob& job,
+                                 const ResidentOperands& resident,
+                                 HostJobMemory& mem) {
+  if (!plan.prestaged || !plan.gemm || plan.group != nullptr) {
+    return absl::OkStatus();
+  }
+  const MatmulSpec& spec = job.spec();
+  if (plan.gathered == 0) {
+    absl::Status taken;
+    if (!resident.a) {
+      taken = TakeOperand(mem.a, spec.a_bytes(), mem.private_a, "operand a");
+    }
+    if (!resident.b && taken.ok()) {
+      taken = TakeOperand(mem.b, spec.b_bytes(), mem.private_b, "operand b");
+    }
+    return taken;
+  }
+  // A gathered multiply: each member's operands, from where it keeps them,
+  // into their place in one A and one B of this job's own.
+  const auto& members = std::get<MultiplyOp>(job.op()).gathered;
+  const int64_t a_one = spec.a_bytes() / plan.gathered;
+  const int64_t b_one = spec.b_bytes() / plan.gathered;
+  mem.private_a.reset(new (std::nothrow)
+                          std::byte[static_cast<size_t>(spec.a_bytes())]);
+  mem.private_b.reset(new (std::nothrow)
+                          std::byte[static_cast<size_t>(spec.b_bytes())]);
+  absl::Status written;
+  if (mem.private_a == nullptr || mem.private_b == nullptr) {
+    written = absl::ResourceExhaustedError(
+        "host engine: cannot allocate memory for the batch's operands");
+  }
+  for (int64_t i = 0; i < plan.gathered && written.ok(); ++i) {
+    const PrestagedOperands& member = members[static_cast<size_t>(i)].operands;
+    written = CopyMappedMemory(mem.private_a.get() + i * a_one, member.a,
+                               static_cast<size_t>(a_one), "operand a");
+    if (written.ok()) {
+      written = CopyMappedMemory(mem.private_b.get() + i * b_one, member.b,
+                                 static_cast<size_t>(b_one), "operand b");
+    }
+  }
+  mem.a = mem.private_a.get();
+  mem.b = mem.private_b.get();
+  return written;
+}
+
+// A product that goes to a destination (each gathered member's, or the
+// job's) is made in memory of the job's own and copied out
+// (CopyProductOut). Returns where it goes, null for the job's own.
+absl::StatusOr<std::byte*> TakePrivateProduct(const LayoutPlan& plan,
+                                              const MatmulSpec& spec,
+                                              HostJobMemory& mem) {
+  const bool gathered_out = plan.c_to_destination && plan.gathered > 0;
+  std::byte* const destination =
+      plan.c_to_destination && !gathered_out ? mem.c : nullptr;
+  if (destination == nullptr && !gathered_out) return nullptr;
+  mem.private_c.reset(new (std::nothrow)
+                          std::byte[static_cast<size_t>(spec.c_bytes())]);
+  if (mem.private_c == nullptr) {
+    return absl::ResourceExhaustedError(
+        "host engine: cannot allocate memory for the product");
+  }
+  mem.c = mem.private_c.get();
+  return destination;
+}
+
+// The product out to `destination`, or a gathered multiply's products each
+// into its member's memory; then `mem.c` is where the product lies.
+absl::Status CopyProductOut(const LayoutPlan& plan, const MatmulJob& job,
+                            std::byte* destination, HostJobMemory& mem) {
+  const MatmulSpec& spec = job.spec();
+  if (destination != nullptr) {
+    RETURN_IF_ERROR(CopyMappedMemory(
+        destination, mem.c, static_cast<size_t>(spec.c_bytes()), "product c"));
+    mem.c = destination;
+    return absl::OkStatus();
+  }
+  if (!plan.c_to_destination || plan.gathered == 0) return absl::OkStatus();
+  const auto& members = std::get<MultiplyOp>(job.op()).gathered;
+  const int64_t c_one = spec.c_bytes() / plan.gathered;
+  absl::Status out;
+  for (int64_t i = 0; i < plan.gathered && out.ok(); ++i) {
+    out = CopyMappedMemory(members[static_cast<size_t>(i)].c_destination,
+                           mem.c + i * c_one, static_cast<size_t>(c_one),
+                           "product c");
+  }
+  return out;
 }
 
 }  // namespace
@@ -167,7 +337,6 @@ void HostEngine::LaneLoop(int index) {
 }
 
 void HostEngine::Run(int lane_index, Queued queued) {
-  Lane& lane = *lanes_[lane_index];
   MatmulJob& job = *queued.job;
   const MatmulSpec& spec = job.spec();
   StageTimings timings;
@@ -178,213 +347,101 @@ void HostEngine::Run(int lane_index, Queued queued) {
     job.Done(abandoned);
     return;
   }
-
-  // Where each operand and the result live: staged (copied in by the job,
-  // or prestaged by the caller), resident (engine memory kept between
-  // requests), or, for the result, returned in staging.
   absl::StatusOr<LayoutPlan> planned = PlanLayout(job.description());
   if (!planned.ok()) {
     job.Done(planned.status());
     return;
   }
   const LayoutPlan& plan = *planned;
-  const bool upload = plan.upload;
   const ResidentOperands resident = ResidentOperandsOf(job.description());
-  const std::shared_ptr<ResidentTensor>& resident_a = resident.a;
-  const std::shared_ptr<ResidentTensor>& resident_b = resident.b;
-  const std::shared_ptr<ResidentTensor>& target = resident.target;
-  const std::optional<PrestagedOperands> prestaged =
-      PrestagedOf(job.description());
-  // Host memory is the engine's memory: an upload's A is written straight
-  // into its final place, so its staging holds nothing.
-  const int64_t bytes = upload ? 0 : plan.staging_bytes;
-  const int64_t kept_bytes = plan.kept_tensor_bytes;
-  std::unique_ptr<std::byte[]> staging(new (std::nothrow) std::byte[bytes]);
-  std::unique_ptr<std::byte[]> kept;
-  if (kept_bytes > 0) kept.reset(new (std::nothrow) std::byte[kept_bytes]);
-  if (staging == nullptr || (kept_bytes > 0 && kept == nullptr)) {
-    job.Done(absl::ResourceExhaustedError(
-        absl::StrCat("host engine: cannot allocate ", bytes + kept_bytes,
-                     " bytes of memory")));
+  HostJobMemory mem;
+  if (absl::Status placed = PlaceHostJob(plan, job, resident, mem);
+      !placed.ok()) {
+    job.Done(placed);
     return;
   }
+  const int64_t bytes = mem.staging_bytes;
   staging_used_.fetch_add(bytes, std::memory_order_relaxed);
-  std::byte* a_slot =
-      target != nullptr
-          ? static_cast<std::byte*>(const_cast<void*>(target->data())) +
-                plan.byte_offset
-      : upload ? kept.get()
-               : staging.get();
-  std::byte* b_slot = staging.get() + (upload ? 0 : plan.b_staging_offset());
-  // The plan's byte_offset is 0 except for a download's source (and an
-  // upload's target, above).
-  const std::byte* a =
-      resident_a
-          ? static_cast<const std::byte*>(resident_a->data()) + plan.byte_offset
-      : prestaged ? prestaged->a
-                  : a_slot;
-  const std::byte* b = resident_b
-                           ? static_cast<const std::byte*>(resident_b->data())
-                       : prestaged ? prestaged->b
-                                   : b_slot;
-  std::byte* c = plan.keep ? kept.get()
-                 : plan.c_to_destination
-                     ? std::get<MultiplyOp>(job.op()).c_destination
-                     : staging.get() + (upload ? 0 : plan.c_staging_offset());
-  const int64_t a_staged = plan.staged_a_bytes;
-  const int64_t b_staged = plan.staged_b_bytes;
+  auto fail = [&](const absl::Status& status) {
+    staging_used_.fetch_sub(bytes, std::memory_order_relaxed);
+    job.Done(status);
+  };
 
   absl::Status written = absl::OkStatus();
   if ((plan.stage_a || plan.stage_b) && !plan.prestaged) {
     written = job.WriteOperands(
-        absl::MakeSpan(a_slot, static_cast<size_t>(a_staged)),
-        absl::MakeSpan(b_slot, static_cast<size_t>(b_staged)));
+        absl::MakeSpan(mem.a_slot, static_cast<size_t>(plan.staged_a_bytes)),
+        absl::MakeSpan(mem.b_slot, static_cast<size_t>(plan.staged_b_bytes)));
   }
   const absl::Time staged = absl::Now();
   timings.stage_in = absl::ToDoubleSeconds(staged - started);
   if (!written.ok()) {
-    staging_used_.fetch_sub(bytes, std::memory_order_relaxed);
-    job.Done(written);
+    fail(written);
     return;
   }
-
-  // Prestaged operands and a product's destination may be a client's
-  // shared-memory object, which its client can truncate under us: they are
-  // copied in and out with CopyMappedMemory (a fault there fails this job,
-  // not the process), never read by the GEMM's threads in place.
-  std::unique_ptr<std::byte[]> private_a, private_b, private_c;
-  if (plan.prestaged && plan.gemm && plan.group == nullptr) {
-    // Copies one prestaged operand into memory of this job's own.
-    auto take = [&](const std::byte*& operand, int64_t size,
-                    std::unique_ptr<std::byte[]>& copy, const char* name) {
-      copy.reset(new (std::nothrow) std::byte[static_cast<size_t>(size)]);
-      if (copy == nullptr) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "host engine: cannot allocate ", size, " bytes for ", name));
-      }
-      absl::Status s = CopyMappedMemory(copy.get(), operand,
-                                        static_cast<size_t>(size), name);
-      operand = copy.get();
-      return s;
-    };
-    if (plan.gathered > 0) {
-      // A gathered multiply: each member's operands, from where it keeps
-      // them, into their place in one A and one B of this job's own.
-      const auto& members = std::get<MultiplyOp>(job.op()).gathered;
-      const int64_t a_one = spec.a_bytes() / plan.gathered;
-      const int64_t b_one = spec.b_bytes() / plan.gathered;
-      private_a.reset(new (std::nothrow)
-                          std::byte[static_cast<size_t>(spec.a_bytes())]);
-      private_b.reset(new (std::nothrow)
-                          std::byte[static_cast<size_t>(spec.b_bytes())]);
-      if (private_a == nullptr || private_b == nullptr) {
-        written = absl::ResourceExhaustedError(
-            "host engine: cannot allocate memory for the batch's operands");
-      }
-      for (int64_t i = 0; i < plan.gathered && written.ok(); ++i) {
-        const PrestagedOperands& member =
-            members[static_cast<size_t>(i)].operands;
-        written = CopyMappedMemory(private_a.get() + i * a_one, member.a,
-                                   static_cast<size_t>(a_one), "operand a");
-        if (written.ok()) {
-          written = CopyMappedMemory(private_b.get() + i * b_one, member.b,
-                                     static_cast<size_t>(b_one), "operand b");
-        }
-      }
-      a = private_a.get();
-      b = private_b.get();
+  written = TakePrivateOperands(plan, job, resident, mem);
+  std::byte* destination = nullptr;
+  if (written.ok()) {
+    absl::StatusOr<std::byte*> product = TakePrivateProduct(plan, spec, mem);
+    if (product.ok()) {
+      destination = *product;
     } else {
-      if (!resident_a) {
-        written = take(a, spec.a_bytes(), private_a, "operand a");
-      }
-      if (!resident_b && written.ok()) {
-        written = take(b, spec.b_bytes(), private_b, "operand b");
-      }
+      written = product.status();
     }
-  }
-  // A gathered multiply's members each have a destination of their own:
-  // the products are made here and copied out one by one.
-  const bool gathered_out = plan.c_to_destination && plan.gathered > 0;
-  std::byte* const destination =
-      plan.c_to_destination && !gathered_out ? c : nullptr;
-  if ((destination != nullptr || gathered_out) && written.ok()) {
-    private_c.reset(new (std::nothrow)
-                        std::byte[static_cast<size_t>(spec.c_bytes())]);
-    if (private_c == nullptr) {
-      written = absl::ResourceExhaustedError(
-          "host engine: cannot allocate memory for the product");
-    }
-    c = private_c.get();
   }
   if (!written.ok()) {
-    staging_used_.fetch_sub(bytes, std::memory_order_relaxed);
-    job.Done(written);
+    fail(written);
     return;
   }
 
   BeginBusy();
   if (plan.group != nullptr) {
-    HostGemmGrouped(*plan.group, a, b, c);  // the members, one by one
+    HostGemmGrouped(*plan.group, mem.a, mem.b, mem.c);  // one by one
   } else if (plan.gemm) {
-    HostGemm(spec, a, b, c);
+    HostGemm(spec, mem.a, mem.b, mem.c);
   } else if (plan.download) {
-    std::memcpy(c, a, static_cast<size_t>(spec.c_bytes()));
+    std::memcpy(mem.c, mem.a, static_cast<size_t>(spec.c_bytes()));
   }
   EndBusy();
-  if (destination != nullptr) {
-    if (absl::Status out = CopyMappedMemory(
-            destination, c, static_cast<size_t>(spec.c_bytes()), "product c");
-        !out.ok()) {
-      staging_used_.fetch_sub(bytes, std::memory_order_relaxed);
-      job.Done(out);
-      return;
-    }
-    c = destination;
-  } else if (gathered_out) {
-    // A gathered multiply's products, each into its member's memory.
-    const auto& members = std::get<MultiplyOp>(job.op()).gathered;
-    const int64_t c_one = spec.c_bytes() / plan.gathered;
-    absl::Status out;
-    for (int64_t i = 0; i < plan.gathered && out.ok(); ++i) {
-      out = CopyMappedMemory(members[static_cast<size_t>(i)].c_destination,
-                             c + i * c_one, static_cast<size_t>(c_one),
-                             "product c");
-    }
-    if (!out.ok()) {
-      staging_used_.fetch_sub(bytes, std::memory_order_relaxed);
-      job.Done(out);
-      return;
-    }
+  if (absl::Status out = CopyProductOut(plan, job, destination, mem);
+      !out.ok()) {
+    fail(out);
+    return;
   }
   const absl::Time computed = absl::Now();
-  const absl::Duration busy = computed - staged;
-  timings.compute = absl::ToDoubleSeconds(busy);
-  StreamSpan span;
-  span.device = -1;
-  span.stream = lane_index;
-  span.kind = StreamSpan::Kind::kCompute;
-  span.job = next_job_.fetch_add(1, std::memory_order_relaxed);
-  span.start = staged;
-  span.end = computed;
-  spans_.Add(span);
-  lane.jobs.fetch_add(1, std::memory_order_relaxed);
-  lane.busy_ns.fetch_add(absl::ToInt64Nanoseconds(busy),
-                         std::memory_order_relaxed);
-  AtomicAdd(flops_[static_cast<int>(spec.dtype)], plan.flops);
+  timings.compute = absl::ToDoubleSeconds(computed - staged);
+  Account(lane_index, spec.dtype, plan.flops, staged, computed);
 
   JobResult result(
-      absl::MakeConstSpan(c, static_cast<size_t>(plan.returned_c_bytes)),
+      absl::MakeConstSpan(mem.c, static_cast<size_t>(plan.returned_c_bytes)),
       Placement{-1, lane_index}, timings,
-      [this, bytes, staging = std::move(staging)]() mutable {
+      [this, bytes, staging = std::move(mem.staging)]() mutable {
         staging.reset();
         staging_used_.fetch_sub(bytes, std::memory_order_relaxed);
       });
   if (plan.keep) {
     result.set_resident(std::make_shared<HostResidentTensor>(
         this, spec.dtype, plan.kept.batch, plan.kept.rows, plan.kept.cols,
-        std::move(kept)));
+        std::move(mem.kept)));
   }
   job.Done(std::move(result));
+}
+
+void HostEngine::Account(int lane_index, DType dtype, double flops,
+                         absl::Time start, absl::Time end) {
+  Lane& lane = *lanes_[lane_index];
+  StreamSpan span;
+  span.device = -1;
+  span.stream = lane_index;
+  span.kind = StreamSpan::Kind::kCompute;
+  span.job = next_job_.fetch_add(1, std::memory_order_relaxed);
+  span.start = start;
+  span.end = end;
+  spans_.Add(span);
+  lane.jobs.fetch_add(1, std::memory_order_relaxed);
+  lane.busy_ns.fetch_add(absl::ToInt64Nanoseconds(end - start),
+                         std::memory_order_relaxed);
+  AtomicAdd(flops_[static_cast<int>(dtype)], flops);
 }
 
 void HostEngine::BeginBusy() {

@@ -67,6 +67,10 @@ class HostEngine final : public Engine {
       ABSL_SHARED_LOCKS_REQUIRED(shutdown_mu_);
   void LaneLoop(int index);
   void Run(int lane, Queued queued);
+  // A job done on lane `lane_index` from `start` to `end`: its span and
+  // the lane's and engine's counters.
+  void Account(int lane_index, DType dtype, double flops, absl::Time start,
+               absl::Time end);
   void BeginBusy();
   void EndBusy();
 
