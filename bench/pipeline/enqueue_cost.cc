@@ -2,7 +2,7 @@
 // that makes them, call by call, on one stream of device 0 (issue 20 item 3:
 // where a c=1 request's time goes).
 //
-// A job here issues the calls CudaEngine::Enqueue (gpu/cuda/enqueue.cc)
+// A job here issues the calls Device::Enqueue (gpu/cuda/enqueue.cc)
 // makes for an n x n x n float32 multiply staged from pinned memory: the
 // start event, a stream-ordered allocation, the H2D copies of A and B, the
 // h2d event, cublasGemmEx, the gemm event, the D2H copy of C, the end event,
