@@ -160,7 +160,7 @@ void MultiplyStreamReactor::StepDone(const std::shared_ptr<Multiply>& m,
       });
       held_by->Unref();  // the chunk's; Post holds its own
     } else {
-      held_chunk_bytes_ -= held_bytes;
+      flow_.Release(held_bytes);
     }
     if (step == Step::kUpload) --m->uploads_in_flight;
     if (step == Step::kDownload) --m->downloads_in_flight;
@@ -173,54 +173,21 @@ void MultiplyStreamReactor::StepDone(const std::shared_ptr<Multiply>& m,
         --result_chunks_in_flight_;
       }
     };
-    if (m->closed || finished_) {
+    if (m->closed || flow_.finished()) {
       download_gone();
     } else if (!result.ok()) {
       download_gone();
       Fail(m, result.status());
     } else {
       switch (step) {
-        case Step::kAllocate: {
-          m->buffer = result->resident();
-          const MatmulSpec& s = m->spec;
-          const int64_t dims[2][3] = {
-              {s.a_batch, s.transpose_a ? s.k : s.m, s.transpose_a ? s.m : s.k},
-              {s.b_batch, s.transpose_b ? s.n : s.k,
-               s.transpose_b ? s.k : s.n}};
-          absl::Status viewed = m->buffer == nullptr
-                                    ? absl::InternalError("nothing allocated")
-                                    : absl::OkStatus();
-          for (int op = 0; op < 2 && viewed.ok(); ++op) {
-            if (!m->staged[op]) continue;
-            absl::StatusOr<std::shared_ptr<ResidentTensor>> view =
-                ResidentView::Create(m->buffer, m->at[op], s.dtype, dims[op][0],
-                                     dims[op][1], dims[op][2]);
-            if (view.ok()) {
-              m->operand[op] = *view;
-            } else {
-              viewed = view.status();
-            }
-          }
-          if (!viewed.ok()) {
-            Fail(m, absl::InternalError(viewed.message()));
-            break;
-          }
-          m->device = m->buffer->device();
-          m->allocated = true;
-          for (Chunk& chunk : m->waiting) {
-            ++m->uploads_in_flight;
-            const int64_t held = chunk.bytes;
-            actions.jobs.push_back(NewJob(m, Step::kUpload, held, &chunk));
-          }
-          m->waiting.clear();
-          MaybeMultiply(m, actions);
+        case Step::kAllocate:
+          Allocated(m, result->resident(), actions);
           break;
-        }
         case Step::kUpload: {
           m->uploaded += held_bytes;
           // `offset` is the chunk's place in the buffer: B's lie past A's.
-          const int op = m->staged[1] && offset >= m->at[1] ? 1 : 0;
-          m->on_device[op].Add(offset - m->at[op], held_bytes);
+          const int op = m->intake.OperandAt(offset);
+          m->on_device[op].Add(offset - m->intake.at(op), held_bytes);
           MaybeMultiply(m, actions);
           break;
         }
@@ -265,13 +232,50 @@ void MultiplyStreamReactor::StepDone(const std::shared_ptr<Multiply>& m,
   Unref();
 }
 
+void MultiplyStreamReactor::Allocated(const std::shared_ptr<Multiply>& m,
+                                      std::shared_ptr<ResidentTensor> buffer,
+                                      Actions& actions) {
+  m->buffer = std::move(buffer);
+  const MatmulSpec& s = m->spec;
+  const int64_t dims[2][3] = {
+      {s.a_batch, s.transpose_a ? s.k : s.m, s.transpose_a ? s.m : s.k},
+      {s.b_batch, s.transpose_b ? s.n : s.k, s.transpose_b ? s.k : s.n}};
+  absl::Status viewed = m->buffer == nullptr
+                            ? absl::InternalError("nothing allocated")
+                            : absl::OkStatus();
+  for (int op = 0; op < 2 && viewed.ok(); ++op) {
+    if (!m->intake.staged(op)) continue;
+    absl::StatusOr<std::shared_ptr<ResidentTensor>> view =
+        ResidentView::Create(m->buffer, m->intake.at(op), s.dtype, dims[op][0],
+                             dims[op][1], dims[op][2]);
+    if (view.ok()) {
+      m->operand[op] = *view;
+    } else {
+      viewed = view.status();
+    }
+  }
+  if (!viewed.ok()) {
+    Fail(m, absl::InternalError(viewed.message()));
+    return;
+  }
+  m->device = m->buffer->device();
+  m->allocated = true;
+  for (Chunk& chunk : m->waiting) {
+    ++m->uploads_in_flight;
+    const int64_t held = chunk.bytes;
+    actions.jobs.push_back(NewJob(m, Step::kUpload, held, &chunk));
+  }
+  m->waiting.clear();
+  MaybeMultiply(m, actions);
+}
+
 void MultiplyStreamReactor::MaybeMultiply(const std::shared_ptr<Multiply>& m,
                                           Actions& actions) {
   if (!m->allocated || m->multiply_submitted) return;
-  if (m->on_device[1].covered() < m->need[1]) return;  // B first
+  if (m->on_device[1].covered() < m->intake.need(1)) return;  // B first
   const MatmulSpec& s = m->spec;
   int64_t ready = s.m;  // rows of op(A) on the device, from the first
-  if (m->on_device[0].covered() < m->need[0]) {
+  if (m->on_device[0].covered() < m->intake.need(0)) {
     if (!m->paneled) return;
     ready = m->on_device[0].FirstGap() / (s.k * s.elem_size());
     if (ready - m->rows_submitted < m->panel_rows) return;
@@ -300,8 +304,8 @@ void MultiplyStreamReactor::MaybeMultiply(const std::shared_ptr<Multiply>& m,
 void MultiplyStreamReactor::PumpDownloads(Actions& actions) {
   for (const auto& [id, m] : open_) {
     if (!m->described || m->keep) continue;
-    // A striped multiply has a window per stream (charged in HeldBytes);
-    // the others share this stream's.
+    // A striped multiply has a window per stream (charged in its plan's
+    // held_bytes); the others share this stream's.
     const bool striped = m->stripes > 1;
     int& out = striped ? m->result_chunks_out : result_chunks_in_flight_;
     const int window = striped ? m->stripes * kMaxResultChunksInFlight
@@ -355,9 +359,9 @@ void MultiplyStreamReactor::MaybeAnswer(const std::shared_ptr<Multiply>& m,
   for (int s = 1; s < m->stripes; ++s) {
     Multiply::Stripe& stripe = m->stripe[s];
     response.set_request_id(stripe.request_id);
-    Post(stripe.call, [record = stripe.record, message = Serialize(response)](
+    Post(stripe.call, [share = stripe.share, message = Serialize(response)](
                           MultiplyStreamReactor& joiner) {
-      joiner.StripeHeader(record, message);
+      joiner.StripeHeader(share, message);
     });
   }
   if (m->keep) {
@@ -406,9 +410,9 @@ void MultiplyStreamReactor::SendResultChunk(const std::shared_ptr<Multiply>& m,
     Queue(std::move(message), true, m);
     return;
   }
-  Post(stripe.call, [record = stripe.record, message = std::move(message)](
+  Post(stripe.call, [share = stripe.share, message = std::move(message)](
                         MultiplyStreamReactor& joiner) {
-    joiner.StripeResultChunk(record, message);
+    joiner.StripeResultChunk(share, message);
   });
 }
 
