@@ -72,7 +72,7 @@ void MultiplyStreamReactor::OnReadDone(bool ok) {
       }
       for (const auto& [id, m] : open_) {
         if (m->stripes > 1) {
-          m->stripe[0].side_closed = true;
+          m->stripe.SideClosed(0);
           striped.push_back(m);
         } else if (!cancelled && !m->intake.complete()) {
           incomplete.push_back(m);

@@ -89,6 +89,7 @@
 #include "server/stream/plan_stream_start.h"
 #include "server/stream/stream_bounds.h"
 #include "server/stream/stream_flow.h"
+#include "server/stream/stripe_set.h"
 
 namespace matmul {
 
@@ -203,22 +204,18 @@ class MultiplyStreamReactor final
 
     // Striping, on the owning call (stripes > 1): the streams that carry
     // it, [0] this one, [i] the i-th join once it has come.
-    struct Stripe {
+    // What the owner keeps of each joining call.
+    struct StripePeer {
       MultiplyStreamReactor* call = nullptr;  // referenced; null for [0]
-      uint64_t request_id = 0;
-      std::shared_ptr<StripeShare> share;  // its share there (its lock)
-      bool joined = false;
-      bool side_closed = false;  // the client closed that call's side
-      int chunks_out = 0;        // product chunks given it, not yet written
-      int64_t chunks_sent = 0;   // product chunks given it
+      std::shared_ptr<StripeShare> share;     // its share there (its lock)
     };
+    using Stripe = StripeSet<StripePeer>::Stripe;
     int stripes = 1;
     std::string stripe_key;
-    std::vector<Stripe> stripe;
-    int joins = 0;
-    int result_chunks_out = 0;   // downloads in flight + chunks unwritten
-    bool stripes_ended = false;  // the joiners were told how it ended
-    absl::Status end_status;     // why it failed, for joins still to come
+    StripeSet<StripePeer> stripe;  // empty unless striped
+    int result_chunks_out = 0;     // downloads in flight + chunks unwritten
+    bool stripes_ended = false;    // the joiners were told how it ended
+    absl::Status end_status;       // why it failed, for joins still to come
   };
 
   // A joining call's share of a striped multiply another call owns: its

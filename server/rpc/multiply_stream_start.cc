@@ -93,9 +93,7 @@ MultiplyStreamReactor::NewMultiply(uint64_t id, StreamStartPlan plan) {
   if (plan.stripes > 1) {
     m->stripes = plan.stripes;
     m->stripe_key = std::move(plan.stripe_key);
-    m->stripe.resize(m->stripes);
-    m->stripe[0].request_id = id;
-    m->stripe[0].joined = true;
+    m->stripe = StripeSet<Multiply::StripePeer>(m->stripes, id);
   }
   return m;
 }

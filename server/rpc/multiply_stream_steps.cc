@@ -339,7 +339,7 @@ void MultiplyStreamReactor::MaybeAnswer(const std::shared_ptr<Multiply>& m,
   // A kept product is whole: one panel.
   if (m->keep && m->rows_computed < m->spec.m) return;
   // A striped multiply answers once every stream has joined.
-  if (m->stripes > 1 && m->joins < m->stripes - 1) return;
+  if (m->stripes > 1 && !m->stripe.all_joined()) return;
   m->described = true;
   v1::MultiplyStreamResponse response;
   v1::MultiplyStreamResult* r = response.mutable_result();
@@ -376,15 +376,7 @@ void MultiplyStreamReactor::SendResultChunk(const std::shared_ptr<Multiply>& m,
                                             int64_t offset, JobResult result) {
   // The stream it goes on: this one, or for a striped multiply the one
   // with the fewest of its chunks unwritten (then the fewest sent).
-  int to = 0;
-  for (int s = 1; s < m->stripes; ++s) {
-    const Multiply::Stripe& a = m->stripe[s];
-    const Multiply::Stripe& best = m->stripe[to];
-    if (a.chunks_out < best.chunks_out ||
-        (a.chunks_out == best.chunks_out && a.chunks_sent < best.chunks_sent)) {
-      to = s;
-    }
-  }
+  const int to = m->stripes > 1 ? m->stripe.GiveChunk() : 0;
   const uint64_t request_id = m->stripes > 1 ? m->stripe[to].request_id : m->id;
   // Sent straight from staging; the staging goes back to the engine when
   // gRPC has sent it.
@@ -404,8 +396,6 @@ void MultiplyStreamReactor::SendResultChunk(const std::shared_ptr<Multiply>& m,
     return;
   }
   Multiply::Stripe& stripe = m->stripe[to];
-  ++stripe.chunks_out;
-  ++stripe.chunks_sent;
   if (to == 0) {
     Queue(std::move(message), true, m);
     return;

@@ -147,12 +147,8 @@ void MultiplyStreamReactor::StripeJoined(const std::shared_ptr<Multiply>& m,
       });
       joiner->Unref();
     } else {
-      Multiply::Stripe& s = m->stripe[stripe];
-      s.call = joiner;  // with the reference AttachJoin took
-      s.request_id = join_id;
-      s.share = std::move(share);
-      s.joined = true;
-      ++m->joins;
+      // With the reference on `joiner` AttachJoin took.
+      m->stripe.Join(stripe, join_id, {joiner, std::move(share)});
       MaybeAnswer(m, actions);
       CheckStarved(m);
     }
@@ -183,7 +179,7 @@ void MultiplyStreamReactor::StripeSideClosed(const std::shared_ptr<Multiply>& m,
   {
     absl::MutexLock lock(&mu_);
     if (!m->closed && stripe > 0 && stripe < m->stripes) {
-      m->stripe[stripe].side_closed = true;
+      m->stripe.SideClosed(stripe);
       CheckStarved(m);
     }
     Settle(actions);
@@ -217,7 +213,7 @@ void MultiplyStreamReactor::StripeChunkWritten(
   {
     absl::MutexLock lock(&mu_);
     --m->result_chunks_out;
-    if (stripe >= 0 && stripe < m->stripes) --m->stripe[stripe].chunks_out;
+    if (m->stripes > 1) m->stripe.ChunkWritten(stripe);
     if (!m->closed) PumpDownloads(actions);
     Settle(actions);
   }
@@ -227,7 +223,7 @@ void MultiplyStreamReactor::StripeChunkWritten(
 void MultiplyStreamReactor::ResultChunkGone(
     const std::shared_ptr<Multiply>& striped) {
   --striped->result_chunks_out;
-  --striped->stripe[0].chunks_out;
+  striped->stripe.ChunkWritten(0);
 }
 
 void MultiplyStreamReactor::ShareChunkGone(
@@ -330,12 +326,8 @@ void MultiplyStreamReactor::StripeFailed(
 
 void MultiplyStreamReactor::CheckStarved(const std::shared_ptr<Multiply>& m) {
   if (m->closed || m->stripes <= 1) return;
-  if (m->intake.complete()) return;
   // Streams yet to join may still bring bytes.
-  if (m->joins < m->stripes - 1) return;
-  for (const Multiply::Stripe& s : m->stripe) {
-    if (!s.side_closed) return;
-  }
+  if (!m->stripe.Starved(m->intake.complete())) return;
   const int op = m->intake.missing();
   Fail(m, absl::InvalidArgumentError(absl::StrCat(
               "the client closed all ", m->stripes,
