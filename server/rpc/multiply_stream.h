@@ -79,13 +79,13 @@
 #include "grpcpp/grpcpp.h"
 #include "matmul/v1/matmul.pb.h"
 #include "server/admission/admission.h"
-#include "server/rpc/byte_coverage.h"
 #include "server/rpc/call_registry.h"
 #include "server/rpc/multiply_wire.h"
 #include "server/rpc/service_state.h"
 #include "server/rpc/stripe_registry.h"
 #include "server/stream/failed_requests.h"
 #include "server/stream/operand_intake.h"
+#include "server/stream/panel_schedule.h"
 #include "server/stream/plan_stream_start.h"
 #include "server/stream/stream_bounds.h"
 #include "server/stream/stream_flow.h"
@@ -163,11 +163,12 @@ class MultiplyStreamReactor final
     std::vector<Chunk> waiting;  // arrived before the allocation finished
     int uploads_in_flight = 0;
     int64_t uploaded = 0;
-    ByteCoverage on_device[2];  // which operand bytes are uploaded
     // The product, in panels of op(A)'s rows: one panel with all of them,
-    // or (`paneled`: A large, 2-D, not transposed, the product not kept)
+    // or (paneled: A large, 2-D, not transposed, the product not kept)
     // several, each multiplied once B and its rows of A are on the device
-    // and sent while the rest of A is still uploading.
+    // and sent while the rest of A is still uploading. `schedule` knows
+    // which operand bytes are uploaded and when the next panel is ready.
+    PanelSchedule schedule;
     struct Panel {
       int64_t row0 = 0;
       int64_t rows = 0;
@@ -175,12 +176,8 @@ class MultiplyStreamReactor final
       std::shared_ptr<ResidentTensor> product;  // until its downloads go
       int64_t next_download = 0;  // bytes of its product given downloads
     };
-    bool paneled = false;
-    int64_t panel_rows = 0;  // the fewest rows a panel waits for
     std::vector<Panel> panels;
-    int64_t rows_submitted = 0;
     int64_t rows_computed = 0;
-    bool multiply_submitted = false;  // every row's panel is submitted
     Placement placement;
     bool keep = false;
     // What admission charges it (StreamStartPlan).
@@ -354,7 +351,8 @@ class MultiplyStreamReactor final
                  std::shared_ptr<ResidentTensor> buffer, Actions& actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Submits the multiply once every operand byte is on the device, or for
-  // a paneled multiply each panel once B and its rows of A are.
+  // a paneled multiply each panel once B and its rows of A are
+  // (PanelSchedule).
   void MaybeMultiply(const std::shared_ptr<Multiply>& m, Actions& actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Starts downloads of products while the result-chunk budget allows.

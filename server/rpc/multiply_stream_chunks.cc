@@ -59,7 +59,7 @@ void MultiplyStreamReactor::TakeChunk(const std::shared_ptr<Multiply>& m,
                     DropChunk(chunk);
                     Fail(m, status);
                   };
-  if (m->multiply_submitted) {
+  if (m->schedule.all_submitted()) {
     fail(absl::InvalidArgumentError(absl::StrCat(
         "chunk for request_id ", m->id, " after all its operand bytes")));
     return;

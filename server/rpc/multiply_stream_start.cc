@@ -76,6 +76,7 @@ MultiplyStreamReactor::NewMultiply(uint64_t id, StreamStartPlan plan) {
   m->id = id;
   m->spec = plan.spec;
   m->intake = OperandIntake(plan);
+  m->schedule = PanelSchedule(plan);
   m->c_shape = std::move(plan.c_shape);
   for (int op = 0; op < 2; ++op) {
     m->operand[op] = std::move(plan.stored[op]);
@@ -83,8 +84,6 @@ MultiplyStreamReactor::NewMultiply(uint64_t id, StreamStartPlan plan) {
   }
   m->buffer_bytes = plan.buffer_bytes;
   m->device = plan.device;
-  m->paneled = plan.paneled;
-  m->panel_rows = plan.panel_rows;
   m->keep = plan.keep;
   m->keep_ttl = plan.keep_ttl;
   m->result_chunk_bytes = plan.result_chunk_bytes;

@@ -4,6 +4,7 @@
 // multiply_stream.cc.
 #include <algorithm>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -187,7 +188,7 @@ void MultiplyStreamReactor::StepDone(const std::shared_ptr<Multiply>& m,
           m->uploaded += held_bytes;
           // `offset` is the chunk's place in the buffer: B's lie past A's.
           const int op = m->intake.OperandAt(offset);
-          m->on_device[op].Add(offset - m->intake.at(op), held_bytes);
+          m->schedule.Uploaded(op, offset - m->intake.at(op), held_bytes);
           MaybeMultiply(m, actions);
           break;
         }
@@ -271,18 +272,13 @@ void MultiplyStreamReactor::Allocated(const std::shared_ptr<Multiply>& m,
 
 void MultiplyStreamReactor::MaybeMultiply(const std::shared_ptr<Multiply>& m,
                                           Actions& actions) {
-  if (!m->allocated || m->multiply_submitted) return;
-  if (m->on_device[1].covered() < m->intake.need(1)) return;  // B first
+  if (!m->allocated) return;
+  const std::optional<PanelSchedule::Panel> ready = m->schedule.Ready();
+  if (!ready.has_value()) return;
   const MatmulSpec& s = m->spec;
-  int64_t ready = s.m;  // rows of op(A) on the device, from the first
-  if (m->on_device[0].covered() < m->intake.need(0)) {
-    if (!m->paneled) return;
-    ready = m->on_device[0].FirstGap() / (s.k * s.elem_size());
-    if (ready - m->rows_submitted < m->panel_rows) return;
-  }
   Multiply::Panel p;
-  p.row0 = m->rows_submitted;
-  p.rows = ready - m->rows_submitted;
+  p.row0 = ready->row0;
+  p.rows = ready->rows;
   if (p.rows == s.m) {
     p.a = m->operand[0];
   } else {
@@ -294,8 +290,7 @@ void MultiplyStreamReactor::MaybeMultiply(const std::shared_ptr<Multiply>& m,
     }
     p.a = *rows;
   }
-  m->rows_submitted = ready;
-  m->multiply_submitted = ready == s.m;
+  m->schedule.Submit(*ready);
   m->panels.push_back(std::move(p));
   actions.jobs.push_back(
       NewJob(m, Step::kMultiply, 0, nullptr, m->panels.size() - 1));
