@@ -18,11 +18,20 @@
 #include "server/rpc/stored_tensors.h"
 
 namespace matmul {
-grpc::ByteBuffer MultiplyStreamReactor::Serialize(
-    const v1::MultiplyStreamResponse& response) {
-  const std::string bytes = response.SerializeAsString();
-  grpc::Slice slice(bytes);
-  return grpc::ByteBuffer(&slice, 1);
+grpc::ByteBuffer MultiplyStreamReactor::ToByteBuffer(StreamAnswer answer) {
+  grpc::Slice head(answer.head);
+  if (answer.product == nullptr) return grpc::ByteBuffer(&head, 1);
+  // Sent straight from staging; the staging goes back to the engine when
+  // gRPC has sent it.
+  auto* held = new std::shared_ptr<JobResult>(std::move(answer.product));
+  const absl::Span<const std::byte> data = (*held)->c();
+  grpc::Slice parts[2] = {
+      std::move(head),
+      grpc::Slice(
+          const_cast<std::byte*>(data.data()), data.size(),
+          [](void* p) { delete static_cast<std::shared_ptr<JobResult>*>(p); },
+          held)};
+  return grpc::ByteBuffer(parts, 2);
 }
 
 MultiplyStreamReactor::MultiplyStreamReactor(
@@ -132,12 +141,10 @@ void MultiplyStreamReactor::Handle(std::vector<grpc::Slice> slices,
 }
 
 void MultiplyStreamReactor::SendError(uint64_t id, const absl::Status& status) {
-  v1::MultiplyStreamResponse response;
-  response.set_request_id(id);
   const grpc::Status g = ToGrpcStatus(status);
-  response.mutable_error()->set_code(static_cast<int32_t>(g.error_code()));
-  response.mutable_error()->set_message(g.error_message());
-  Queue(Serialize(response), false);
+  Queue(StreamAnswer::Error(id, static_cast<int32_t>(g.error_code()),
+                            g.error_message()),
+        false);
 }
 
 void MultiplyStreamReactor::RememberFailed(uint64_t id) {
@@ -270,7 +277,7 @@ void MultiplyStreamReactor::CloseShare(
   share->early.clear();  // their staging goes back
 }
 
-void MultiplyStreamReactor::Queue(grpc::ByteBuffer message, bool result_chunk,
+void MultiplyStreamReactor::Queue(StreamAnswer message, bool result_chunk,
                                   std::shared_ptr<Multiply> striped,
                                   std::shared_ptr<StripeShare> share) {
   if (!result_chunk) flow_.ReplyQueued();
@@ -282,7 +289,7 @@ void MultiplyStreamReactor::Settle(Actions& actions) {
   for (auto& call : outbox_) actions.calls.push_back(std::move(call));
   outbox_.clear();
   if (flow_.Settle(OpenCount() > 0, !writes_.empty(), actions.moves)) {
-    write_buffer_ = std::move(writes_.front().message);
+    write_buffer_ = ToByteBuffer(std::move(writes_.front().message));
     writing_result_chunk_ = writes_.front().result_chunk;
     writing_striped_ = std::move(writes_.front().striped);
     writing_share_ = std::move(writes_.front().share);

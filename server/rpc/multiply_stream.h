@@ -87,6 +87,7 @@
 #include "server/stream/operand_intake.h"
 #include "server/stream/panel_schedule.h"
 #include "server/stream/plan_stream_start.h"
+#include "server/stream/stream_answer.h"
 #include "server/stream/stream_bounds.h"
 #include "server/stream/stream_flow.h"
 #include "server/stream/stripe_set.h"
@@ -233,7 +234,7 @@ class MultiplyStreamReactor final
     bool described = false;  // the result header is queued
     // Chunks that overtook the result header (from another thread of the
     // owner's): queued after it.
-    std::vector<grpc::ByteBuffer> early;
+    std::vector<StreamAnswer> early;
     bool owner_done = false;  // the owner ended it: nothing to tell it
     bool closed = false;
   };
@@ -267,9 +268,9 @@ class MultiplyStreamReactor final
   // On a joining call, from the owner (`share` is this call's):
   void StripeHeld(int64_t bytes);
   void StripeHeader(const std::shared_ptr<StripeShare>& share,
-                    grpc::ByteBuffer message);
+                    StreamAnswer message);
   void StripeResultChunk(const std::shared_ptr<StripeShare>& share,
-                         grpc::ByteBuffer message);
+                         StreamAnswer message);
   void StripeShareDone(const std::shared_ptr<StripeShare>& share,
                        int64_t chunks);
   void StripeFailed(const std::shared_ptr<StripeShare>& share,
@@ -286,7 +287,9 @@ class MultiplyStreamReactor final
 
   ~MultiplyStreamReactor() override = default;
 
-  static grpc::ByteBuffer Serialize(const v1::MultiplyStreamResponse& response);
+  // The answer as gRPC's buffer: its head copied, a result chunk's data
+  // sent from staging (released when gRPC is done with it).
+  static grpc::ByteBuffer ToByteBuffer(StreamAnswer answer);
 
   void Handle(std::vector<grpc::Slice> slices, Actions& actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -391,7 +394,7 @@ class MultiplyStreamReactor final
   // Queues a response message; Settle starts writing it. A striped
   // multiply's result chunk names its multiply (`striped`, on the owner)
   // or its share (on a joiner).
-  void Queue(grpc::ByteBuffer message, bool result_chunk,
+  void Queue(StreamAnswer message, bool result_chunk,
              std::shared_ptr<Multiply> striped = nullptr,
              std::shared_ptr<StripeShare> share = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -424,7 +427,7 @@ class MultiplyStreamReactor final
   // Messages waiting to be written, each marked if it is a result chunk
   // (counted in result_chunks_in_flight_ until written).
   struct PendingWrite {
-    grpc::ByteBuffer message;
+    StreamAnswer message;
     bool result_chunk = false;
     // A striped multiply's chunk (the owner's multiply, or a joiner's
     // share): counted there, not in result_chunks_in_flight_.

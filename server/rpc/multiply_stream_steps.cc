@@ -350,14 +350,15 @@ void MultiplyStreamReactor::MaybeAnswer(const std::shared_ptr<Multiply>& m,
     FillHandle(entry, r->mutable_c_handle());
   }
   response.set_request_id(m->id);
-  Queue(Serialize(response), false);
+  Queue(StreamAnswer::Message(response), false);
   for (int s = 1; s < m->stripes; ++s) {
     Multiply::Stripe& stripe = m->stripe[s];
     response.set_request_id(stripe.request_id);
-    Post(stripe.call, [share = stripe.share, message = Serialize(response)](
-                          MultiplyStreamReactor& joiner) {
-      joiner.StripeHeader(share, message);
-    });
+    Post(stripe.call,
+         [share = stripe.share, message = StreamAnswer::Message(response)](
+             MultiplyStreamReactor& joiner) {
+           joiner.StripeHeader(share, message);
+         });
   }
   if (m->keep) {
     if (m->stripes > 1) EndStripes(m, absl::OkStatus());
@@ -373,19 +374,12 @@ void MultiplyStreamReactor::SendResultChunk(const std::shared_ptr<Multiply>& m,
   // with the fewest of its chunks unwritten (then the fewest sent).
   const int to = m->stripes > 1 ? m->stripe.GiveChunk() : 0;
   const uint64_t request_id = m->stripes > 1 ? m->stripe[to].request_id : m->id;
-  // Sent straight from staging; the staging goes back to the engine when
-  // gRPC has sent it.
-  auto* held = new JobResult(std::move(result));
-  const std::string prefix =
-      FrameResultChunk(request_id, offset, held->c().size());
-  state_.metrics->RecordPayload(PayloadPath::kStream, PayloadDirection::kOut,
-                                static_cast<int64_t>(held->c().size()));
-  grpc::Slice parts[2] = {
-      grpc::Slice(prefix),
-      grpc::Slice(
-          const_cast<std::byte*>(held->c().data()), held->c().size(),
-          [](void* p) { delete static_cast<JobResult*>(p); }, held)};
-  grpc::ByteBuffer message(parts, 2);
+  // Sent straight from staging (StreamAnswer::ResultChunk).
+  StreamAnswer message =
+      StreamAnswer::ResultChunk(request_id, offset, std::move(result));
+  state_.metrics->RecordPayload(
+      PayloadPath::kStream, PayloadDirection::kOut,
+      static_cast<int64_t>(message.product->c().size()));
   if (m->stripes == 1) {
     Queue(std::move(message), true);
     return;

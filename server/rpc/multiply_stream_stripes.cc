@@ -246,14 +246,14 @@ void MultiplyStreamReactor::StripeHeld(int64_t bytes) {
 }
 
 void MultiplyStreamReactor::StripeHeader(
-    const std::shared_ptr<StripeShare>& share, grpc::ByteBuffer message) {
+    const std::shared_ptr<StripeShare>& share, StreamAnswer message) {
   Actions actions;
   {
     absl::MutexLock lock(&mu_);
     if (!flow_.finished() && !share->closed && !share->described) {
       share->described = true;
       Queue(std::move(message), false);
-      for (grpc::ByteBuffer& chunk : share->early) {
+      for (StreamAnswer& chunk : share->early) {
         Queue(std::move(chunk), true, nullptr, share);
         ++share->queued;
       }
@@ -266,7 +266,7 @@ void MultiplyStreamReactor::StripeHeader(
 }
 
 void MultiplyStreamReactor::StripeResultChunk(
-    const std::shared_ptr<StripeShare>& share, grpc::ByteBuffer message) {
+    const std::shared_ptr<StripeShare>& share, StreamAnswer message) {
   Actions actions;
   {
     absl::MutexLock lock(&mu_);
