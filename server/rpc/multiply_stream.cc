@@ -116,7 +116,7 @@ void MultiplyStreamReactor::Handle(std::vector<grpc::Slice> slices,
       DecodeMultiplyStreamRequest(chunks);
   if (!request.ok()) {
     // Nothing can be attributed to a multiply: the stream itself is bad.
-    CloseAll(grpc::StatusCode::INVALID_ARGUMENT);
+    CloseAll(absl::StatusCode::kInvalidArgument);
     flow_.End(request.status(), actions.moves);
     state_.admission.RecordRejection(RequestFault(request.status()));
     return;
@@ -126,7 +126,11 @@ void MultiplyStreamReactor::Handle(std::vector<grpc::Slice> slices,
       HandleStart(*request, actions);
       return;
     case WireStreamRequest::Kind::kChunk:
-      HandleChunk(*request, slices, actions);
+      // The chunk's bytes stay in the message's slices, which it holds.
+      HandleChunk(
+          *request,
+          std::make_shared<const std::vector<grpc::Slice>>(std::move(slices)),
+          actions);
       return;
     case WireStreamRequest::Kind::kJoin:
       HandleJoin(*request);
@@ -176,10 +180,10 @@ void MultiplyStreamReactor::FailShare(const std::shared_ptr<StripeShare>& share,
   if (share->closed) return;
   RecordFailure(status);
   SendError(share->id, status);
-  CloseShare(share, ToGrpcStatus(status).error_code());
+  CloseShare(share, status.code());
 }
 
-void MultiplyStreamReactor::CloseAll(grpc::StatusCode code) {
+void MultiplyStreamReactor::CloseAll(absl::StatusCode code) {
   std::vector<std::shared_ptr<Multiply>> all;
   for (const auto& [id, m] : open_) all.push_back(m);
   std::vector<std::shared_ptr<StripeShare>> shares;
@@ -198,11 +202,11 @@ void MultiplyStreamReactor::Fail(const std::shared_ptr<Multiply>& m,
     RememberFailed(m->id);
   }
   if (m->stripes > 1) EndStripes(m, status);
-  Close(m, ToGrpcStatus(status).error_code());
+  Close(m, status.code());
 }
 
 void MultiplyStreamReactor::Close(const std::shared_ptr<Multiply>& m,
-                                  grpc::StatusCode code) {
+                                  absl::StatusCode code) {
   if (m->closed) return;
   m->closed = true;
   if (auto it = open_.find(m->id); it != open_.end() && it->second == m) {
@@ -214,9 +218,7 @@ void MultiplyStreamReactor::Close(const std::shared_ptr<Multiply>& m,
     EndStripes(
         m, absl::CancelledError(absl::StrCat(
                "stripe 0's call of this striped multiply (request_id ", m->id,
-               " there) ended (",
-               absl::StatusCodeToString(static_cast<absl::StatusCode>(code)),
-               ")")));
+               " there) ended (", absl::StatusCodeToString(code), ")")));
   }
   for (Chunk& chunk : m->waiting) {
     if (chunk.held_by != nullptr) {
@@ -226,9 +228,10 @@ void MultiplyStreamReactor::Close(const std::shared_ptr<Multiply>& m,
     }
   }
   const double seconds = SecondsSince(m->started);
-  state_.metrics->RecordRequest(RpcMethod::kMultiplyStream, code, seconds);
+  state_.metrics->RecordRequest(RpcMethod::kMultiplyStream,
+                                static_cast<grpc::StatusCode>(code), seconds);
   const int64_t operand_bytes = m->intake.need_total();
-  if (code == grpc::StatusCode::OK && operand_bytes >= (int64_t{256} << 20)) {
+  if (code == absl::StatusCode::kOk && operand_bytes >= (int64_t{256} << 20)) {
     // What shows that H2D overlapped receipt: how much of the operands was
     // already on the device when their last byte arrived.
     LogLine(absl::StrFormat(
@@ -250,7 +253,7 @@ void MultiplyStreamReactor::Close(const std::shared_ptr<Multiply>& m,
 }
 
 void MultiplyStreamReactor::CloseShare(
-    const std::shared_ptr<StripeShare>& share, grpc::StatusCode code) {
+    const std::shared_ptr<StripeShare>& share, absl::StatusCode code) {
   if (share->closed) return;
   share->closed = true;
   if (auto it = shares_.find(share->id);
@@ -259,15 +262,14 @@ void MultiplyStreamReactor::CloseShare(
   }
   // Unless its owner ended it, the multiply fails there (and on its other
   // streams).
-  if (!share->owner_done && code != grpc::StatusCode::OK) {
+  if (!share->owner_done && code != absl::StatusCode::kOk) {
     Post(share->owner,
          [owned = share->owned, s = share->stripe,
           why = absl::CancelledError(absl::StrCat(
               "stripe ", share->stripe,
               "'s call of this striped multiply (request_id ", share->id,
-              " there) ended (",
-              absl::StatusCodeToString(static_cast<absl::StatusCode>(code)),
-              ")"))](MultiplyStreamReactor& owner) {
+              " there) ended (", absl::StatusCodeToString(code), ")"))](
+             MultiplyStreamReactor& owner) {
            owner.StripeEnded(owned, s, why);
          });
   }
@@ -313,7 +315,7 @@ void MultiplyStreamReactor::CutForDrain() {
     absl::MutexLock lock(&mu_);
     flow_.Cancelled();  // no more reads; queued steps are dropped
     const bool any = OpenCount() > 0;
-    CloseAll(grpc::StatusCode::UNAVAILABLE);
+    CloseAll(absl::StatusCode::kUnavailable);
     if (any) {
       state_.admission.RecordRejection(RejectReason::kDraining);
     }
@@ -373,7 +375,7 @@ void MultiplyStreamReactor::OnWriteDone(bool ok) {
         }
       }
       writes_.clear();
-      CloseAll(grpc::StatusCode::CANCELLED);
+      CloseAll(absl::StatusCode::kCancelled);
       if (!flow_.finished()) {
         flow_.End(absl::CancelledError("the client went away"), actions.moves);
       }
@@ -392,7 +394,7 @@ void MultiplyStreamReactor::OnCancel() {
     absl::MutexLock lock(&mu_);
     flow_.Cancelled();
     const bool any = OpenCount() > 0;
-    CloseAll(grpc::StatusCode::CANCELLED);
+    CloseAll(absl::StatusCode::kCancelled);
     if (any) {
       state_.metrics->RecordRejection(RejectReason::kCancelled);
     }

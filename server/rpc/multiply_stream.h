@@ -134,7 +134,7 @@ class MultiplyStreamReactor final
   // A received chunk: its bytes (pieces of the message's slices, which it
   // holds) and where they go in the multiply's device tensor.
   struct Chunk {
-    std::vector<grpc::Slice> slices;
+    std::shared_ptr<const void> hold;  // what keeps `data`'s bytes alive
     std::vector<ByteChunk> data;
     int64_t at = 0;
     int64_t bytes = 0;
@@ -305,7 +305,7 @@ class MultiplyStreamReactor final
   bool AdmitStart(const std::shared_ptr<Multiply>& m)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HandleChunk(const WireStreamRequest& request,
-                   std::vector<grpc::Slice>& slices, Actions& actions)
+                   std::shared_ptr<const void> hold, Actions& actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HandleJoin(const WireStreamRequest& request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -376,7 +376,7 @@ class MultiplyStreamReactor final
     return static_cast<int>(open_.size() + shares_.size());
   }
   // Closes every multiply and share open on this call.
-  void CloseAll(grpc::StatusCode code) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CloseAll(absl::StatusCode code) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // An error for a multiply id that is not open.
   void SendError(uint64_t id, const absl::Status& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -385,12 +385,12 @@ class MultiplyStreamReactor final
   // forgotten id gets one more "not open" error).
   void RememberFailed(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends `m` (answered in full or failed): metrics, log, bookkeeping.
-  void Close(const std::shared_ptr<Multiply>& m, grpc::StatusCode code)
+  void Close(const std::shared_ptr<Multiply>& m, absl::StatusCode code)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends a share; unless its owner ended it (or it ended OK), the
   // multiply fails on the owner.
   void CloseShare(const std::shared_ptr<StripeShare>& share,
-                  grpc::StatusCode code) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                  absl::StatusCode code) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Queues a response message; Settle starts writing it. A striped
   // multiply's result chunk names its multiply (`striped`, on the owner)
   // or its share (on a joiner).

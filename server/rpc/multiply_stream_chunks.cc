@@ -15,11 +15,11 @@
 
 namespace matmul {
 void MultiplyStreamReactor::HandleChunk(const WireStreamRequest& request,
-                                        std::vector<grpc::Slice>& slices,
+                                        std::shared_ptr<const void> hold,
                                         Actions& actions) {
   const uint64_t id = request.request_id;
   Chunk chunk;
-  chunk.slices = std::move(slices);
+  chunk.hold = std::move(hold);
   chunk.data = request.data;
   chunk.bytes = request.data_bytes;
   if (auto it = open_.find(id); it != open_.end()) {

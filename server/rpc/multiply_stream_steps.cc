@@ -14,7 +14,6 @@
 #include "gpu/engine.h"
 #include "matmul/v1/matmul.pb.h"
 #include "server/rpc/call_helpers.h"
-#include "server/rpc/grpc_status.h"
 #include "server/rpc/multiply_stream.h"
 #include "server/rpc/stored_tensors.h"
 
@@ -220,7 +219,7 @@ void MultiplyStreamReactor::StepDone(const std::shared_ptr<Multiply>& m,
           if (m->downloads_in_flight == 0 &&
               m->downloaded == m->spec.c_bytes()) {
             if (m->stripes > 1) EndStripes(m, absl::OkStatus());
-            Close(m, grpc::StatusCode::OK);
+            Close(m, absl::StatusCode::kOk);
           }
           PumpDownloads(actions);
           break;
@@ -362,7 +361,7 @@ void MultiplyStreamReactor::MaybeAnswer(const std::shared_ptr<Multiply>& m,
   }
   if (m->keep) {
     if (m->stripes > 1) EndStripes(m, absl::OkStatus());
-    Close(m, grpc::StatusCode::OK);
+    Close(m, absl::StatusCode::kOk);
     return;
   }
   PumpDownloads(actions);

@@ -10,8 +10,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "server/rpc/grpc_status.h"
 #include "server/rpc/multiply_stream.h"
+#include "server/server_metrics.h"
 
 namespace matmul {
 
@@ -32,7 +32,7 @@ void MultiplyStreamReactor::DropChunk(Chunk& chunk) {
   });
   chunk.held_by->Unref();  // the chunk's; Post holds its own
   chunk.held_by = nullptr;
-  chunk.slices.clear();
+  chunk.hold.reset();
   chunk.data.clear();
 }
 
@@ -305,7 +305,7 @@ void MultiplyStreamReactor::MaybeCloseShare(
     return;
   }
   share->owner_done = true;
-  CloseShare(share, grpc::StatusCode::OK);
+  CloseShare(share, absl::StatusCode::kOk);
 }
 
 void MultiplyStreamReactor::StripeFailed(
@@ -317,7 +317,7 @@ void MultiplyStreamReactor::StripeFailed(
       SendError(share->id, status);
       RememberFailed(share->id);  // chunks still coming are dropped
       share->owner_done = true;
-      CloseShare(share, ToGrpcStatus(status).error_code());
+      CloseShare(share, status.code());
     }
     Settle(actions);
   }
