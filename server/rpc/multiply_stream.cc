@@ -18,11 +18,20 @@
 #include "server/rpc/stored_tensors.h"
 
 namespace matmul {
-grpc::ByteBuffer MultiplyStreamReactor::Serialize(
-    const v1::MultiplyStreamResponse& response) {
-  const std::string bytes = response.SerializeAsString();
-  grpc::Slice slice(bytes);
-  return grpc::ByteBuffer(&slice, 1);
+grpc::ByteBuffer MultiplyStreamReactor::ToByteBuffer(StreamAnswer answer) {
+  grpc::Slice head(answer.head);
+  if (answer.product == nullptr) return grpc::ByteBuffer(&head, 1);
+  // Sent straight from staging; the staging goes back to the engine when
+  // gRPC has sent it.
+  auto* held = new std::shared_ptr<JobResult>(std::move(answer.product));
+  const absl::Span<const std::byte> data = (*held)->c();
+  grpc::Slice parts[2] = {
+      std::move(head),
+      grpc::Slice(
+          const_cast<std::byte*>(data.data()), data.size(),
+          [](void* p) { delete static_cast<std::shared_ptr<JobResult>*>(p); },
+          held)};
+  return grpc::ByteBuffer(parts, 2);
 }
 
 MultiplyStreamReactor::MultiplyStreamReactor(
@@ -31,26 +40,13 @@ MultiplyStreamReactor::MultiplyStreamReactor(
   state_.calls.AddOpen(this);
 }
 
-int64_t MultiplyStreamReactor::HeldBytes(const Multiply& m) {
-  // A striped multiply's chunks are held in the window of each of its
-  // streams, and its product chunks fill a window per stream.
-  const int64_t windows = std::max(1, m.stripes);
-  const int64_t operands =
-      std::min(m.need[0] + m.need[1], windows * kMaxHeldChunkBytes);
-  const int64_t product =
-      m.keep ? 0
-             : std::min(m.spec.c_bytes(), windows * kMaxResultChunksInFlight *
-                                              m.result_chunk_bytes);
-  return operands + product;
-}
-
 void MultiplyStreamReactor::Start() {
   Actions actions;
   {
     absl::MutexLock lock(&mu_);
     // A stream opened once the drain began (after StartDraining looked at
     // the registered calls) ends at once too.
-    draining_ = state_.admission.draining();
+    if (state_.admission.draining()) flow_.Draining();
     Settle(actions);
   }
   Perform(actions);
@@ -58,7 +54,7 @@ void MultiplyStreamReactor::Start() {
 
 absl::Status MultiplyStreamReactor::Abandoned() const {
   absl::MutexLock lock(&mu_);
-  if (cancelled_ || finished_) {
+  if (flow_.cancelled() || flow_.finished()) {
     return absl::CancelledError("the stream was cancelled");
   }
   return absl::OkStatus();
@@ -68,39 +64,39 @@ void MultiplyStreamReactor::OnReadDone(bool ok) {
   Actions actions;
   {
     absl::MutexLock lock(&mu_);
-    reading_ = false;
+    flow_.ReadDone(ok);
     if (!ok) {
-      read_done_ = true;
       // Multiplies still missing bytes can never complete. A read that
       // failed because the client cancelled the call is not a short
       // operand: OnCancel answers those multiplies CANCELLED (which of the
       // two runs first is gRPC's choice).
-      const bool cancelled = cancelled_ || context_->IsCancelled();
+      const bool cancelled = flow_.cancelled() || context_->IsCancelled();
       std::vector<std::shared_ptr<Multiply>> incomplete, striped;
+      for (const auto& [id, share] : shares_) {
+        // A joined multiply: its owner decides.
+        Post(share->owner, [owned = share->owned,
+                            s = share->stripe](MultiplyStreamReactor& owner) {
+          owner.StripeSideClosed(owned, s);
+        });
+      }
       for (const auto& [id, m] : open_) {
-        if (m->owner != nullptr) {
-          // A joined multiply: its owner decides.
-          Post(m->owner, [owned = m->owned,
-                          s = m->stripe_index](MultiplyStreamReactor& owner) {
-            owner.StripeSideClosed(owned, s);
-          });
-        } else if (m->stripes > 1) {
-          m->stripe[0].side_closed = true;
+        if (m->stripes > 1) {
+          m->stripe.SideClosed(0);
           striped.push_back(m);
-        } else if (!cancelled && (m->received[0] < m->need[0] ||
-                                  m->received[1] < m->need[1])) {
+        } else if (!cancelled && !m->intake.complete()) {
           incomplete.push_back(m);
         }
       }
       for (const auto& m : striped) CheckStarved(m);
       for (const auto& m : incomplete) {
-        const int op = m->received[0] < m->need[0] ? 0 : 1;
-        Fail(m, absl::InvalidArgumentError(absl::StrCat(
-                    "the client closed the stream before operand ",
-                    StreamOperandName(op), " of request ", m->id, " arrived: ",
-                    m->received[op], " of ", m->need[op], " bytes")));
+        const int op = m->intake.missing();
+        Fail(m, absl::InvalidArgumentError(
+                    absl::StrCat("the client closed the stream before operand ",
+                                 StreamOperandName(op), " of request ", m->id,
+                                 " arrived: ", m->intake.received(op), " of ",
+                                 m->intake.need(op), " bytes")));
       }
-    } else if (!finished_) {
+    } else if (!flow_.finished()) {
       std::vector<grpc::Slice> slices;
       if (!read_buffer_.Dump(&slices).ok()) slices.clear();
       read_buffer_.Clear();
@@ -120,10 +116,8 @@ void MultiplyStreamReactor::Handle(std::vector<grpc::Slice> slices,
       DecodeMultiplyStreamRequest(chunks);
   if (!request.ok()) {
     // Nothing can be attributed to a multiply: the stream itself is bad.
-    std::vector<std::shared_ptr<Multiply>> all;
-    for (const auto& [id, m] : open_) all.push_back(m);
-    for (const auto& m : all) Close(m, grpc::StatusCode::INVALID_ARGUMENT);
-    EndCall(ToGrpcStatus(request.status()), actions);
+    CloseAll(absl::StatusCode::kInvalidArgument);
+    flow_.End(request.status(), actions.moves);
     state_.admission.RecordRejection(RequestFault(request.status()));
     return;
   }
@@ -132,7 +126,11 @@ void MultiplyStreamReactor::Handle(std::vector<grpc::Slice> slices,
       HandleStart(*request, actions);
       return;
     case WireStreamRequest::Kind::kChunk:
-      HandleChunk(*request, slices, actions);
+      // The chunk's bytes stay in the message's slices, which it holds.
+      HandleChunk(
+          *request,
+          std::make_shared<const std::vector<grpc::Slice>>(std::move(slices)),
+          actions);
       return;
     case WireStreamRequest::Kind::kJoin:
       HandleJoin(*request);
@@ -147,71 +145,72 @@ void MultiplyStreamReactor::Handle(std::vector<grpc::Slice> slices,
 }
 
 void MultiplyStreamReactor::SendError(uint64_t id, const absl::Status& status) {
-  v1::MultiplyStreamResponse response;
-  response.set_request_id(id);
   const grpc::Status g = ToGrpcStatus(status);
-  response.mutable_error()->set_code(static_cast<int32_t>(g.error_code()));
-  response.mutable_error()->set_message(g.error_message());
-  Queue(Serialize(response), false);
+  Queue(StreamAnswer::Error(id, static_cast<int32_t>(g.error_code()),
+                            g.error_message()),
+        false);
 }
 
 void MultiplyStreamReactor::RememberFailed(uint64_t id) {
-  const uint64_t when = ++failures_;
-  failed_[id] = when;
-  failed_order_.emplace_back(id, when);
-  while (failed_order_.size() > kMaxRememberedFailures) {
-    const auto [old, at] = failed_order_.front();
-    failed_order_.pop_front();
-    if (auto it = failed_.find(old); it != failed_.end() && it->second == at) {
-      failed_.erase(it);
-    }
-  }
+  failed_.Remember(id);
 }
 
-void MultiplyStreamReactor::Fail(const std::shared_ptr<Multiply>& m,
-                                 const absl::Status& status) {
-  if (m->closed) return;
+void MultiplyStreamReactor::RecordFailure(const absl::Status& status) {
   if (std::optional<RejectReason> reason = RejectionOf(status)) {
     state_.metrics->RecordRejection(*reason);
   } else if (status.code() == absl::StatusCode::kInvalidArgument) {
     state_.metrics->RecordRejection(RejectReason::kInvalid);
   }
+}
+
+bool MultiplyStreamReactor::FailOpen(uint64_t id, const absl::Status& status) {
+  if (auto it = open_.find(id); it != open_.end()) {
+    Fail(it->second, status);
+    return true;
+  }
+  if (auto it = shares_.find(id); it != shares_.end()) {
+    FailShare(it->second, status);
+    return true;
+  }
+  return false;
+}
+
+void MultiplyStreamReactor::FailShare(const std::shared_ptr<StripeShare>& share,
+                                      const absl::Status& status) {
+  if (share->closed) return;
+  RecordFailure(status);
+  SendError(share->id, status);
+  CloseShare(share, status.code());
+}
+
+void MultiplyStreamReactor::CloseAll(absl::StatusCode code) {
+  std::vector<std::shared_ptr<Multiply>> all;
+  for (const auto& [id, m] : open_) all.push_back(m);
+  std::vector<std::shared_ptr<StripeShare>> shares;
+  for (const auto& [id, share] : shares_) shares.push_back(share);
+  for (const auto& share : shares) CloseShare(share, code);
+  for (const auto& m : all) Close(m, code);
+}
+
+void MultiplyStreamReactor::Fail(const std::shared_ptr<Multiply>& m,
+                                 const absl::Status& status) {
+  if (m->closed) return;
+  RecordFailure(status);
   SendError(m->id, status);
   // Chunks the client sent before it saw the error are dropped quietly.
-  if (m->received[0] < m->need[0] || m->received[1] < m->need[1]) {
+  if (!m->intake.complete()) {
     RememberFailed(m->id);
   }
   if (m->stripes > 1) EndStripes(m, status);
-  Close(m, ToGrpcStatus(status).error_code());
+  Close(m, status.code());
 }
 
 void MultiplyStreamReactor::Close(const std::shared_ptr<Multiply>& m,
-                                  grpc::StatusCode code) {
+                                  absl::StatusCode code) {
   if (m->closed) return;
   m->closed = true;
   if (auto it = open_.find(m->id); it != open_.end() && it->second == m) {
     open_.erase(it);
-  }
-  if (m->owner != nullptr) {
-    // A joined record: unless its owner ended it, the multiply fails there
-    // (and on its other streams).
-    if (!m->owner_done && code != grpc::StatusCode::OK) {
-      Post(m->owner,
-           [owned = m->owned, s = m->stripe_index,
-            why = absl::CancelledError(absl::StrCat(
-                "stripe ", m->stripe_index,
-                "'s call of this striped multiply (request_id ", m->id,
-                " there) ended (",
-                absl::StatusCodeToString(static_cast<absl::StatusCode>(code)),
-                ")"))](MultiplyStreamReactor& owner) {
-             owner.StripeEnded(owned, s, why);
-           });
-    }
-    m->owner->Unref();  // Post holds its own reference
-    m->owner = nullptr;
-    m->owned.reset();
-    m->early.clear();  // their staging goes back
-    return;
   }
   if (m->stripes > 1 && !m->stripes_ended) {
     // This call ended (cancelled, cut, or a bad message): the multiply
@@ -219,21 +218,20 @@ void MultiplyStreamReactor::Close(const std::shared_ptr<Multiply>& m,
     EndStripes(
         m, absl::CancelledError(absl::StrCat(
                "stripe 0's call of this striped multiply (request_id ", m->id,
-               " there) ended (",
-               absl::StatusCodeToString(static_cast<absl::StatusCode>(code)),
-               ")")));
+               " there) ended (", absl::StatusCodeToString(code), ")")));
   }
   for (Chunk& chunk : m->waiting) {
     if (chunk.held_by != nullptr) {
       DropChunk(chunk);
     } else {
-      held_chunk_bytes_ -= chunk.bytes;
+      flow_.Release(chunk.bytes);
     }
   }
   const double seconds = SecondsSince(m->started);
-  state_.metrics->RecordRequest(RpcMethod::kMultiplyStream, code, seconds);
-  const int64_t operand_bytes = m->need[0] + m->need[1];
-  if (code == grpc::StatusCode::OK && operand_bytes >= (int64_t{256} << 20)) {
+  state_.metrics->RecordRequest(RpcMethod::kMultiplyStream,
+                                static_cast<grpc::StatusCode>(code), seconds);
+  const int64_t operand_bytes = m->intake.need_total();
+  if (code == absl::StatusCode::kOk && operand_bytes >= (int64_t{256} << 20)) {
     // What shows that H2D overlapped receipt: how much of the operands was
     // already on the device when their last byte arrived.
     LogLine(absl::StrFormat(
@@ -247,7 +245,6 @@ void MultiplyStreamReactor::Close(const std::shared_ptr<Multiply>& m,
         m->computed_s, seconds));
   }
   m->waiting.clear();
-  m->early.clear();
   m->operand[0].reset();
   m->operand[1].reset();
   m->buffer.reset();
@@ -255,56 +252,58 @@ void MultiplyStreamReactor::Close(const std::shared_ptr<Multiply>& m,
   m->lease.Release();  // budget, request count, and quota unless stored
 }
 
-void MultiplyStreamReactor::Queue(grpc::ByteBuffer message, bool result_chunk,
-                                  std::shared_ptr<Multiply> striped) {
-  if (!result_chunk) ++unsent_replies_;
-  writes_.push_back({std::move(message), result_chunk, std::move(striped)});
+void MultiplyStreamReactor::CloseShare(
+    const std::shared_ptr<StripeShare>& share, absl::StatusCode code) {
+  if (share->closed) return;
+  share->closed = true;
+  if (auto it = shares_.find(share->id);
+      it != shares_.end() && it->second == share) {
+    shares_.erase(it);
+  }
+  // Unless its owner ended it, the multiply fails there (and on its other
+  // streams).
+  if (!share->owner_done && code != absl::StatusCode::kOk) {
+    Post(share->owner,
+         [owned = share->owned, s = share->stripe,
+          why = absl::CancelledError(absl::StrCat(
+              "stripe ", share->stripe,
+              "'s call of this striped multiply (request_id ", share->id,
+              " there) ended (", absl::StatusCodeToString(code), ")"))](
+             MultiplyStreamReactor& owner) {
+           owner.StripeEnded(owned, s, why);
+         });
+  }
+  share->owner->Unref();  // Post holds its own reference
+  share->owner = nullptr;
+  share->owned.reset();
+  share->early.clear();  // their staging goes back
+}
+
+void MultiplyStreamReactor::Queue(StreamAnswer message, bool result_chunk,
+                                  std::shared_ptr<Multiply> striped,
+                                  std::shared_ptr<StripeShare> share) {
+  if (!result_chunk) flow_.ReplyQueued();
+  writes_.push_back(
+      {std::move(message), result_chunk, std::move(striped), std::move(share)});
 }
 
 void MultiplyStreamReactor::Settle(Actions& actions) {
   for (auto& call : outbox_) actions.calls.push_back(std::move(call));
   outbox_.clear();
-  if (finished_) return;
-  // Reading stops while the chunks held or the answers the client has not
-  // taken are at their bounds; HTTP/2 flow control then holds the client.
-  if (!reading_ && !read_done_ && !cancelled_ && !join_waiting_ &&
-      held_chunk_bytes_ < kMaxHeldChunkBytes &&
-      unsent_replies_ < kMaxUnsentReplies) {
-    reading_ = true;
-    actions.read = true;
-  }
-  if (!writing_ && !writes_.empty()) {
-    writing_ = true;
-    write_buffer_ = std::move(writes_.front().message);
+  if (flow_.Settle(OpenCount() > 0, !writes_.empty(), actions.moves)) {
+    write_buffer_ = ToByteBuffer(std::move(writes_.front().message));
     writing_result_chunk_ = writes_.front().result_chunk;
     writing_striped_ = std::move(writes_.front().striped);
+    writing_share_ = std::move(writes_.front().share);
     writes_.pop_front();
-    actions.write = true;
-  } else if (!writing_ && read_done_ && open_.empty() && !join_waiting_) {
-    EndCall(grpc::Status::OK, actions);
-  } else if (!writing_ && draining_ && open_.empty() && !join_waiting_) {
-    // Every answer is out; the client may still have meant to send more.
-    EndCall(ToGrpcStatus(absl::UnavailableError(
-                "the server is shutting down; open a new stream to go on")),
-            actions);
   }
-}
-
-void MultiplyStreamReactor::EndCall(grpc::Status status, Actions& actions) {
-  finished_ = true;
-  if (writing_) {
-    finish_after_write_ = std::move(status);
-    return;
-  }
-  actions.finish = true;
-  actions.finish_status = std::move(status);
 }
 
 void MultiplyStreamReactor::Draining() {
   Actions actions;
   {
     absl::MutexLock lock(&mu_);
-    draining_ = true;
+    flow_.Draining();
     Settle(actions);
   }
   Perform(actions);
@@ -314,18 +313,17 @@ void MultiplyStreamReactor::CutForDrain() {
   Actions actions;
   {
     absl::MutexLock lock(&mu_);
-    cancelled_ = true;  // no more reads; queued steps are dropped
-    std::vector<std::shared_ptr<Multiply>> all;
-    for (const auto& [id, m] : open_) all.push_back(m);
-    for (const auto& m : all) Close(m, grpc::StatusCode::UNAVAILABLE);
-    if (!all.empty()) {
+    flow_.Cancelled();  // no more reads; queued steps are dropped
+    const bool any = OpenCount() > 0;
+    CloseAll(absl::StatusCode::kUnavailable);
+    if (any) {
       state_.admission.RecordRejection(RejectReason::kDraining);
     }
-    if (!finished_) {
-      EndCall(ToGrpcStatus(absl::UnavailableError(
-                  "the server is shutting down and its drain ended before "
-                  "this stream's multiplies finished; retry them")),
-              actions);
+    if (!flow_.finished()) {
+      flow_.End(absl::UnavailableError(
+                    "the server is shutting down and its drain ended before "
+                    "this stream's multiplies finished; retry them"),
+                actions.moves);
     }
     Settle(actions);  // the calls to other calls
   }
@@ -340,28 +338,27 @@ void MultiplyStreamReactor::Perform(Actions& actions) {
     refs_.fetch_add(1, std::memory_order_relaxed);
     engine_.load(std::memory_order_acquire)->Submit(std::move(job));
   }
-  if (actions.read) StartRead(&read_buffer_);
-  if (actions.write) StartWrite(&write_buffer_);
-  if (actions.finish) Finish(actions.finish_status);
+  if (actions.moves.read) StartRead(&read_buffer_);
+  if (actions.moves.write) StartWrite(&write_buffer_);
+  if (actions.moves.finish) Finish(ToGrpcStatus(actions.moves.finish_status));
 }
 
 void MultiplyStreamReactor::OnWriteDone(bool ok) {
   Actions actions;
   {
     absl::MutexLock lock(&mu_);
-    writing_ = false;
+    flow_.WriteDone(actions.moves);
     write_buffer_.Clear();
-    if (finish_after_write_.has_value()) {
-      actions.finish = true;
-      actions.finish_status = *std::exchange(finish_after_write_, std::nullopt);
-    }
     if (writing_striped_ != nullptr) {
       ResultChunkGone(writing_striped_);
       writing_striped_.reset();
+    } else if (writing_share_ != nullptr) {
+      ShareChunkGone(writing_share_);
+      writing_share_.reset();
     } else if (writing_result_chunk_) {
       --result_chunks_in_flight_;
     } else {
-      --unsent_replies_;
+      flow_.ReplySent();
     }
     writing_result_chunk_ = false;
     if (!ok) {
@@ -369,20 +366,18 @@ void MultiplyStreamReactor::OnWriteDone(bool ok) {
       for (const PendingWrite& w : writes_) {
         if (w.striped != nullptr) {
           ResultChunkGone(w.striped);
+        } else if (w.share != nullptr) {
+          ShareChunkGone(w.share);
         } else if (w.result_chunk) {
           --result_chunks_in_flight_;
         } else {
-          --unsent_replies_;
+          flow_.ReplySent();
         }
       }
       writes_.clear();
-      std::vector<std::shared_ptr<Multiply>> all;
-      for (const auto& [id, m] : open_) all.push_back(m);
-      for (const auto& m : all) Close(m, grpc::StatusCode::CANCELLED);
-      if (!finished_) {
-        EndCall(
-            grpc::Status(grpc::StatusCode::CANCELLED, "the client went away"),
-            actions);
+      CloseAll(absl::StatusCode::kCancelled);
+      if (!flow_.finished()) {
+        flow_.End(absl::CancelledError("the client went away"), actions.moves);
       }
       Settle(actions);  // the calls to other calls
     } else {
@@ -397,17 +392,15 @@ void MultiplyStreamReactor::OnCancel() {
   Actions actions;
   {
     absl::MutexLock lock(&mu_);
-    cancelled_ = true;
-    std::vector<std::shared_ptr<Multiply>> all;
-    for (const auto& [id, m] : open_) all.push_back(m);
-    for (const auto& m : all) Close(m, grpc::StatusCode::CANCELLED);
-    if (!all.empty()) {
+    flow_.Cancelled();
+    const bool any = OpenCount() > 0;
+    CloseAll(absl::StatusCode::kCancelled);
+    if (any) {
       state_.metrics->RecordRejection(RejectReason::kCancelled);
     }
-    if (!finished_) {
-      EndCall(
-          grpc::Status(grpc::StatusCode::CANCELLED, "the stream was cancelled"),
-          actions);
+    if (!flow_.finished()) {
+      flow_.End(absl::CancelledError("the stream was cancelled"),
+                actions.moves);
     }
     Settle(actions);  // the calls to other calls
   }

@@ -28,10 +28,10 @@
 // Admission: each multiply passes the admission core at its start, like a
 // unary Multiply (server/admission/admission.h): draining, engine, device
 // fit, the call's deadline, the quota of a kept product, and the in-flight
-// budget, charged up front from the declared shapes with HeldBytes (the
-// most of its operands the chunk window can hold, plus the most of its
-// product the result-chunk window can hold; a striped multiply, one of
-// each per stream). The lease is held until the multiply is answered or
+// budget, charged up front from the declared shapes (PlanStreamStart's
+// held_bytes: the most of its operands the chunk window can hold, plus the
+// most of its product the result-chunk window can hold; a striped multiply,
+// one of each per stream). The lease is held until the multiply is answered or
 // fails.
 //
 // Chunks may come in any order: each operand's coverage is tracked, and a
@@ -39,14 +39,14 @@
 //
 // Striping (MultiplyStreamStart.stripe_key): one multiply carried by
 // several calls. The call its start came on owns it (the Multiply, its
-// lease, its engine steps); each joining call (MultiplyStreamJoin) keeps a
-// record of it in its open_ (`owner` set) and forwards the chunks it reads
+// lease, its engine steps); each joining call (MultiplyStreamJoin) keeps
+// its StripeShare of it in shares_ and forwards the chunks it reads
 // under the join's request_id to the owner, holding them in its own chunk
 // window until the owner has staged them. Once every join has come and the
 // product is ready, the owner sends the result header on every stream and
 // gives each product chunk to the stream with the fewest unwritten; each
-// joiner's record closes when its share is queued. A failure on any call
-// fails the multiply on all of them. Calls reach each other only through
+// joiner's share closes when its product chunks are queued. A failure on any
+// call fails the multiply on all of them. Calls reach each other only through
 // their outbox: closures run once the lock is released (Perform), each
 // holding a reference on the call it reaches; the cross-call side is
 // multiply_stream_stripes.cc, the registry of open keys stripe_registry.h.
@@ -79,34 +79,34 @@
 #include "grpcpp/grpcpp.h"
 #include "matmul/v1/matmul.pb.h"
 #include "server/admission/admission.h"
-#include "server/rpc/byte_coverage.h"
 #include "server/rpc/call_registry.h"
 #include "server/rpc/multiply_wire.h"
 #include "server/rpc/service_state.h"
 #include "server/rpc/stripe_registry.h"
+#include "server/stream/failed_requests.h"
+#include "server/stream/operand_intake.h"
+#include "server/stream/panel_schedule.h"
+#include "server/stream/plan_stream_start.h"
+#include "server/stream/stream_answer.h"
+#include "server/stream/stream_bounds.h"
+#include "server/stream/stream_flow.h"
+#include "server/stream/stripe_set.h"
 
 namespace matmul {
-
-// "a" or "b", for messages about operand 0 or 1.
-inline const char* StreamOperandName(int operand) {
-  return operand == 0 ? "a" : "b";
-}
 
 class MultiplyStreamReactor final
     : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>,
       public DrainableCall,
       public StripeCall {
  public:
-  static constexpr int64_t kMaxHeldChunkBytes = int64_t{256} << 20;
-  static constexpr int kMaxResultChunksInFlight = 8;
-  static constexpr int kMaxOpenMultiplies = 64;
-  static constexpr int kMaxUnsentReplies = 64;
-  static constexpr size_t kMaxRememberedFailures = 4096;
-  static constexpr int64_t kDefaultResultChunkBytes = int64_t{4} << 20;
-  // Row panels: an A of at least kMinPanelBytes is multiplied in panels
-  // of at least 1/kPanels of its rows.
-  static constexpr int64_t kMinPanelBytes = int64_t{1} << 20;
-  static constexpr int64_t kPanels = 8;
+  static constexpr int64_t kMaxHeldChunkBytes =
+      StreamBounds::kMaxHeldChunkBytes;
+  static constexpr int kMaxResultChunksInFlight =
+      StreamBounds::kMaxResultChunksInFlight;
+  static constexpr int kMaxOpenMultiplies = StreamBounds::kMaxOpenMultiplies;
+  static constexpr int kMaxUnsentReplies = StreamBounds::kMaxUnsentReplies;
+  static constexpr size_t kMaxRememberedFailures =
+      StreamBounds::kMaxRememberedFailures;
 
   MultiplyStreamReactor(ServiceState& state,
                         grpc::CallbackServerContext* context);
@@ -134,7 +134,7 @@ class MultiplyStreamReactor final
   // A received chunk: its bytes (pieces of the message's slices, which it
   // holds) and where they go in the multiply's device tensor.
   struct Chunk {
-    std::vector<grpc::Slice> slices;
+    std::shared_ptr<const void> hold;  // what keeps `data`'s bytes alive
     std::vector<ByteChunk> data;
     int64_t at = 0;
     int64_t bytes = 0;
@@ -143,7 +143,10 @@ class MultiplyStreamReactor final
     MultiplyStreamReactor* held_by = nullptr;
   };
 
-  // One multiply of the stream. Guarded by the reactor's mu_.
+  struct StripeShare;
+
+  // A multiply this call owns: started on it (for a striped multiply, the
+  // call its start came on). Guarded by the reactor's mu_.
   struct Multiply {
     uint64_t id = 0;
     MatmulSpec spec;
@@ -151,11 +154,9 @@ class MultiplyStreamReactor final
     std::vector<int64_t> handle_shape[2];  // of operands named by handle
     // Operands for the multiply: stored tensors, or views of `buffer`.
     std::shared_ptr<ResidentTensor> operand[2];
-    bool staged[2] = {false, false};  // sent in chunks
-    int64_t need[2] = {0, 0};         // bytes expected
-    int64_t received[2] = {0, 0};
-    ByteCoverage coverage[2];  // which of their bytes arrived
-    int64_t at[2] = {0, 0};    // offset in `buffer`
+    // The operands sent in chunks: which bytes arrived, and where they go
+    // in `buffer`.
+    OperandIntake intake;
     int64_t buffer_bytes = 0;
     int device = -1;
     std::shared_ptr<ResidentTensor> buffer;  // both staged operands
@@ -163,11 +164,12 @@ class MultiplyStreamReactor final
     std::vector<Chunk> waiting;  // arrived before the allocation finished
     int uploads_in_flight = 0;
     int64_t uploaded = 0;
-    ByteCoverage on_device[2];  // which operand bytes are uploaded
     // The product, in panels of op(A)'s rows: one panel with all of them,
-    // or (`paneled`: A large, 2-D, not transposed, the product not kept)
+    // or (paneled: A large, 2-D, not transposed, the product not kept)
     // several, each multiplied once B and its rows of A are on the device
-    // and sent while the rest of A is still uploading.
+    // and sent while the rest of A is still uploading. `schedule` knows
+    // which operand bytes are uploaded and when the next panel is ready.
+    PanelSchedule schedule;
     struct Panel {
       int64_t row0 = 0;
       int64_t rows = 0;
@@ -175,14 +177,13 @@ class MultiplyStreamReactor final
       std::shared_ptr<ResidentTensor> product;  // until its downloads go
       int64_t next_download = 0;  // bytes of its product given downloads
     };
-    bool paneled = false;
-    int64_t panel_rows = 0;  // the fewest rows a panel waits for
     std::vector<Panel> panels;
-    int64_t rows_submitted = 0;
     int64_t rows_computed = 0;
-    bool multiply_submitted = false;  // every row's panel is submitted
     Placement placement;
     bool keep = false;
+    // What admission charges it (StreamStartPlan).
+    int64_t held_bytes = 0;
+    std::optional<int64_t> stored_bytes;
     // The in-flight budget and quota this multiply holds (admission core).
     Lease lease;
     absl::Duration keep_ttl;
@@ -201,45 +202,46 @@ class MultiplyStreamReactor final
 
     // Striping, on the owning call (stripes > 1): the streams that carry
     // it, [0] this one, [i] the i-th join once it has come.
-    struct Stripe {
+    // What the owner keeps of each joining call.
+    struct StripePeer {
       MultiplyStreamReactor* call = nullptr;  // referenced; null for [0]
-      uint64_t request_id = 0;
-      std::shared_ptr<Multiply> record;  // its record there (its lock)
-      bool joined = false;
-      bool side_closed = false;  // the client closed that call's side
-      int chunks_out = 0;        // product chunks given it, not yet written
-      int64_t chunks_sent = 0;   // product chunks given it
+      std::shared_ptr<StripeShare> share;     // its share there (its lock)
     };
+    using Stripe = StripeSet<StripePeer>::Stripe;
     int stripes = 1;
     std::string stripe_key;
-    std::vector<Stripe> stripe;
-    int joins = 0;
-    int result_chunks_out = 0;   // downloads in flight + chunks unwritten
-    bool stripes_ended = false;  // the joiners were told how it ended
-    absl::Status end_status;     // why it failed, for joins still to come
+    StripeSet<StripePeer> stripe;  // empty unless striped
+    int result_chunks_out = 0;     // downloads in flight + chunks unwritten
+    bool stripes_ended = false;    // the joiners were told how it ended
+    absl::Status end_status;       // why it failed, for joins still to come
+  };
 
-    // A joined record, on a joining call: the owning call (referenced
-    // until the record closes), its multiply (opaque here: the owner's
-    // lock guards it) and which stripe this call is.
-    bool joined_record = false;
+  // A joining call's share of a striped multiply another call owns: its
+  // record on the joining call, open under the join's request_id. Its
+  // chunks go to the owner; the owner sends it the result header and its
+  // share of the product chunks, and tells it how the multiply ended.
+  // Guarded by the joining reactor's mu_.
+  struct StripeShare {
+    uint64_t id = 0;  // the join's request_id on this call
+    // The owning call (referenced until the share closes), its multiply
+    // (opaque here: the owner's lock guards it) and which stripe this
+    // call is.
     MultiplyStreamReactor* owner = nullptr;
     std::shared_ptr<Multiply> owned;
-    int stripe_index = 0;
-    int64_t share_chunks = -1;  // product chunks coming here, once known
-    int64_t share_got = 0;      // of them queued
+    int stripe = 0;
+    int64_t chunks = -1;     // product chunks coming here, once known
+    int64_t queued = 0;      // of them queued
+    bool described = false;  // the result header is queued
     // Chunks that overtook the result header (from another thread of the
     // owner's): queued after it.
-    std::vector<grpc::ByteBuffer> early;
+    std::vector<StreamAnswer> early;
     bool owner_done = false;  // the owner ended it: nothing to tell it
+    bool closed = false;
   };
   // The engine's view of one step of a multiply
   // (multiply_stream_steps.cc).
   class StepJob;
   enum class Step { kAllocate, kUpload, kMultiply, kDownload };
-
-  // The server memory one multiply may hold at most, charged to the
-  // in-flight budget at its start.
-  static int64_t HeldBytes(const Multiply& m);
 
   // Engine side (StepJob).
   absl::Status Abandoned() const;
@@ -252,10 +254,10 @@ class MultiplyStreamReactor final
 
   // Striping, between calls (multiply_stream_stripes.cc); each takes the
   // lock of the call it is called on. On the owning call, from a joiner
-  // (`multiply` is the owner's, as the joiner's record names it):
+  // (`multiply` is the owner's, as the joiner's share names it):
   void StripeJoined(const std::shared_ptr<Multiply>& multiply, int stripe,
                     MultiplyStreamReactor* joiner, uint64_t join_id,
-                    std::shared_ptr<Multiply> record);
+                    std::shared_ptr<StripeShare> share);
   void StripeChunk(const std::shared_ptr<Multiply>& multiply, int operand,
                    int64_t offset, Chunk chunk);
   void StripeSideClosed(const std::shared_ptr<Multiply>& multiply, int stripe);
@@ -263,44 +265,47 @@ class MultiplyStreamReactor final
                    const absl::Status& why);
   void StripeChunkWritten(const std::shared_ptr<Multiply>& multiply,
                           int stripe);
-  // On a joining call, from the owner (`record` is this call's):
+  // On a joining call, from the owner (`share` is this call's):
   void StripeHeld(int64_t bytes);
-  void StripeHeader(const std::shared_ptr<Multiply>& record,
-                    grpc::ByteBuffer message);
-  void StripeResultChunk(const std::shared_ptr<Multiply>& record,
-                         grpc::ByteBuffer message);
-  void StripeShareDone(const std::shared_ptr<Multiply>& record, int64_t chunks);
-  void StripeFailed(const std::shared_ptr<Multiply>& record,
+  void StripeHeader(const std::shared_ptr<StripeShare>& share,
+                    StreamAnswer message);
+  void StripeResultChunk(const std::shared_ptr<StripeShare>& share,
+                         StreamAnswer message);
+  void StripeShareDone(const std::shared_ptr<StripeShare>& share,
+                       int64_t chunks);
+  void StripeFailed(const std::shared_ptr<StripeShare>& share,
                     const absl::Status& status);
 
  private:
   // What to do once the lock is released.
   struct Actions {
     std::vector<std::unique_ptr<MatmulJob>> jobs;
-    bool read = false;
-    bool write = false;
-    bool finish = false;
-    grpc::Status finish_status;
+    StreamFlow::Moves moves;  // read, write, finish
     // Calls into other calls (and the registry), run first.
     std::vector<std::function<void()>> calls;
   };
 
   ~MultiplyStreamReactor() override = default;
 
-  static grpc::ByteBuffer Serialize(const v1::MultiplyStreamResponse& response);
+  // The answer as gRPC's buffer: its head copied, a result chunk's data
+  // sent from staging (released when gRPC is done with it).
+  static grpc::ByteBuffer ToByteBuffer(StreamAnswer answer);
 
-  // Ends the call with `status` (finished_): Finish now, or, while a write
-  // is in progress, from its OnWriteDone. gRPC's Write and Finish may each
-  // carry the response headers when none went yet, and it aborts the
-  // process when both do, so the two never overlap.
-  void EndCall(grpc::Status status, Actions& actions)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Handle(std::vector<grpc::Slice> slices, Actions& actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HandleStart(const WireStreamRequest& request, Actions& actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A start refused: its error sent, its chunks to be dropped quietly.
+  void RefuseStart(uint64_t id, const absl::Status& status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The multiply a planned start describes.
+  static std::shared_ptr<Multiply> NewMultiply(uint64_t id,
+                                               StreamStartPlan plan);
+  // Admits `m` and opens its stripes, or refuses its start (false).
+  bool AdmitStart(const std::shared_ptr<Multiply>& m)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HandleChunk(const WireStreamRequest& request,
-                   std::vector<grpc::Slice>& slices, Actions& actions)
+                   std::shared_ptr<const void> hold, Actions& actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HandleJoin(const WireStreamRequest& request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -315,7 +320,7 @@ class MultiplyStreamReactor final
   void Post(MultiplyStreamReactor* call,
             std::function<void(MultiplyStreamReactor&)> f)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The join `join_id` matched: its record, and the owner told.
+  // The join `join_id` matched: its share, and the owner told.
   void AttachJoin(uint64_t join_id, const StripeMatch& match)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sends the result header (on every stream of a striped multiply, once
@@ -325,8 +330,11 @@ class MultiplyStreamReactor final
   // Sends a downloaded product chunk on one of the multiply's streams.
   void SendResultChunk(const std::shared_ptr<Multiply>& m, int64_t offset,
                        JobResult result) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A result chunk was written (or dropped) on this call.
+  // A result chunk of a striped multiply was written (or dropped) on this
+  // call: its owner's window, or (a share's) the owner told.
   void ResultChunkGone(const std::shared_ptr<Multiply>& striped)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ShareChunkGone(const std::shared_ptr<StripeShare>& share)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A striped multiply fails once every stream has closed its side with
   // operand bytes still missing.
@@ -337,11 +345,17 @@ class MultiplyStreamReactor final
   void EndStripes(const std::shared_ptr<Multiply>& m,
                   const absl::Status& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A joiner's record whose share is all queued closes.
-  void MaybeCloseShare(const std::shared_ptr<Multiply>& record)
+  // A share whose product chunks are all queued closes.
+  void MaybeCloseShare(const std::shared_ptr<StripeShare>& share)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The tensor for both staged operands is allocated: views of it for
+  // each, and the chunks that waited for it uploaded.
+  void Allocated(const std::shared_ptr<Multiply>& m,
+                 std::shared_ptr<ResidentTensor> buffer, Actions& actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Submits the multiply once every operand byte is on the device, or for
-  // a paneled multiply each panel once B and its rows of A are.
+  // a paneled multiply each panel once B and its rows of A are
+  // (PanelSchedule).
   void MaybeMultiply(const std::shared_ptr<Multiply>& m, Actions& actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Starts downloads of products while the result-chunk budget allows.
@@ -349,6 +363,20 @@ class MultiplyStreamReactor final
   // Answers `m` with an error and forgets it.
   void Fail(const std::shared_ptr<Multiply>& m, const absl::Status& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counts a multiply's failure as a rejection where it is one.
+  void RecordFailure(const absl::Status& status);
+  void FailShare(const std::shared_ptr<StripeShare>& share,
+                 const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Fails whatever is open under `id` (a start or join that reuses it);
+  // false if nothing is.
+  bool FailOpen(uint64_t id, const absl::Status& status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Multiplies and shares open on this call.
+  int OpenCount() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return static_cast<int>(open_.size() + shares_.size());
+  }
+  // Closes every multiply and share open on this call.
+  void CloseAll(absl::StatusCode code) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // An error for a multiply id that is not open.
   void SendError(uint64_t id, const absl::Status& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -357,11 +385,18 @@ class MultiplyStreamReactor final
   // forgotten id gets one more "not open" error).
   void RememberFailed(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends `m` (answered in full or failed): metrics, log, bookkeeping.
-  void Close(const std::shared_ptr<Multiply>& m, grpc::StatusCode code)
+  void Close(const std::shared_ptr<Multiply>& m, absl::StatusCode code)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Queues a response message; Settle starts writing it.
-  void Queue(grpc::ByteBuffer message, bool result_chunk,
-             std::shared_ptr<Multiply> striped = nullptr)
+  // Ends a share; unless its owner ended it (or it ended OK), the
+  // multiply fails on the owner.
+  void CloseShare(const std::shared_ptr<StripeShare>& share,
+                  absl::StatusCode code) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues a response message; Settle starts writing it. A striped
+  // multiply's result chunk names its multiply (`striped`, on the owner)
+  // or its share (on a joiner).
+  void Queue(StreamAnswer message, bool result_chunk,
+             std::shared_ptr<Multiply> striped = nullptr,
+             std::shared_ptr<StripeShare> share = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The job for one step; an upload takes `chunk` (moved from); a
   // multiply or a download is of panel `panel`.
@@ -385,42 +420,33 @@ class MultiplyStreamReactor final
 
   mutable absl::Mutex mu_;
   grpc::ByteBuffer read_buffer_;  // the message being read
-  bool reading_ ABSL_GUARDED_BY(mu_) = false;
-  bool read_done_ ABSL_GUARDED_BY(mu_) = false;  // the client closed its side
-  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;
-  bool draining_ ABSL_GUARDED_BY(mu_) = false;  // the server is going away
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  // The call's end, decided while a write was in progress: Finished then
-  // once OnWriteDone has come (EndCall).
-  std::optional<grpc::Status> finish_after_write_ ABSL_GUARDED_BY(mu_);
+  // When the call reads, writes and ends; the chunk bytes it holds and
+  // the answers it has not sent.
+  StreamFlow flow_ ABSL_GUARDED_BY(mu_);
   grpc::ByteBuffer write_buffer_;  // the message being written
   // Messages waiting to be written, each marked if it is a result chunk
   // (counted in result_chunks_in_flight_ until written).
   struct PendingWrite {
-    grpc::ByteBuffer message;
+    StreamAnswer message;
     bool result_chunk = false;
     // A striped multiply's chunk (the owner's multiply, or a joiner's
-    // record): counted there, not in result_chunks_in_flight_.
+    // share): counted there, not in result_chunks_in_flight_.
     std::shared_ptr<Multiply> striped;
+    std::shared_ptr<StripeShare> share;
   };
   std::deque<PendingWrite> writes_ ABSL_GUARDED_BY(mu_);
+  // Open under their request_id: the multiplies this call owns, and its
+  // shares of multiplies other calls own.
   absl::flat_hash_map<uint64_t, std::shared_ptr<Multiply>> open_
       ABSL_GUARDED_BY(mu_);
-  // Failed multiplies whose remaining chunks are dropped without a word:
-  // id -> when it was remembered, and the ids in that order (an id started
-  // again and failed again appears twice; only its latest entry counts).
-  absl::flat_hash_map<uint64_t, uint64_t> failed_ ABSL_GUARDED_BY(mu_);
-  std::deque<std::pair<uint64_t, uint64_t>> failed_order_ ABSL_GUARDED_BY(mu_);
-  uint64_t failures_ ABSL_GUARDED_BY(mu_) = 0;
-  // Queued or being written, other than result chunks.
-  int unsent_replies_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t held_chunk_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<uint64_t, std::shared_ptr<StripeShare>> shares_
+      ABSL_GUARDED_BY(mu_);
+  // Failed multiplies whose remaining chunks are dropped without a word.
+  FailedRequests failed_ ABSL_GUARDED_BY(mu_){kMaxRememberedFailures};
   int result_chunks_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   bool writing_result_chunk_ ABSL_GUARDED_BY(mu_) = false;
   std::shared_ptr<Multiply> writing_striped_ ABSL_GUARDED_BY(mu_);
-  // A join waiting for its start: nothing is read meanwhile.
-  bool join_waiting_ ABSL_GUARDED_BY(mu_) = false;
+  std::shared_ptr<StripeShare> writing_share_ ABSL_GUARDED_BY(mu_);
   // Calls into other calls, for the next Perform.
   std::vector<std::function<void()>> outbox_ ABSL_GUARDED_BY(mu_);
 };

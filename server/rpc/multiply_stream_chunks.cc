@@ -15,12 +15,21 @@
 
 namespace matmul {
 void MultiplyStreamReactor::HandleChunk(const WireStreamRequest& request,
-                                        std::vector<grpc::Slice>& slices,
+                                        std::shared_ptr<const void> hold,
                                         Actions& actions) {
   const uint64_t id = request.request_id;
-  auto it = open_.find(id);
-  if (it == open_.end()) {
-    if (failed_.contains(id)) return;  // its error was sent already
+  Chunk chunk;
+  chunk.hold = std::move(hold);
+  chunk.data = request.data;
+  chunk.bytes = request.data_bytes;
+  if (auto it = open_.find(id); it != open_.end()) {
+    TakeChunk(it->second, request.operand, request.offset, std::move(chunk),
+              actions);
+    return;
+  }
+  auto share = shares_.find(id);
+  if (share == shares_.end()) {
+    if (failed_.Contains(id)) return;  // its error was sent already
     SendError(id, absl::InvalidArgumentError(absl::StrCat(
                       "chunk for request_id ", id,
                       ", which is not open on this stream (send its start or "
@@ -28,86 +37,43 @@ void MultiplyStreamReactor::HandleChunk(const WireStreamRequest& request,
     RememberFailed(id);
     return;
   }
-  std::shared_ptr<Multiply> m = it->second;
-  Chunk chunk;
-  chunk.slices = std::move(slices);
-  chunk.data = request.data;
-  chunk.bytes = request.data_bytes;
-  if (m->owner != nullptr) {
-    // A joined multiply: its owner checks and stages the chunk, which this
-    // stream's window holds until then.
-    held_chunk_bytes_ += std::max<int64_t>(chunk.bytes, 0);
-    Ref();
-    chunk.held_by = this;
-    Post(m->owner,
-         [owned = m->owned, op = request.operand, offset = request.offset,
-          chunk = std::move(chunk)](MultiplyStreamReactor& owner) mutable {
-           owner.StripeChunk(owned, op, offset, std::move(chunk));
-         });
-    return;
-  }
-  TakeChunk(m, request.operand, request.offset, std::move(chunk), actions);
+  // A joined multiply: its owner checks and stages the chunk, which this
+  // stream's window holds until then.
+  flow_.Hold(std::max<int64_t>(chunk.bytes, 0));
+  Ref();
+  chunk.held_by = this;
+  Post(share->second->owner,
+       [owned = share->second->owned, op = request.operand,
+        offset = request.offset,
+        chunk = std::move(chunk)](MultiplyStreamReactor& owner) mutable {
+         owner.StripeChunk(owned, op, offset, std::move(chunk));
+       });
 }
 
 void MultiplyStreamReactor::TakeChunk(const std::shared_ptr<Multiply>& m,
                                       int operand, int64_t offset, Chunk chunk,
                                       Actions& actions) {
-  const uint64_t id = m->id;
   // Fails `m`; a forwarded chunk goes back to its joiner's window.
-  auto fail = [&](const std::string& message)
+  auto fail = [&](const absl::Status& status)
                   ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
                     DropChunk(chunk);
-                    Fail(m, absl::InvalidArgumentError(message));
+                    Fail(m, status);
                   };
-  if (m->multiply_submitted) {
-    fail(absl::StrCat("chunk for request_id ", id,
-                      " after all its operand bytes"));
+  if (m->schedule.all_submitted()) {
+    fail(absl::InvalidArgumentError(absl::StrCat(
+        "chunk for request_id ", m->id, " after all its operand bytes")));
     return;
   }
-  const int op = operand - v1::OPERAND_A;
-  if (operand != v1::OPERAND_A && operand != v1::OPERAND_B) {
-    fail(absl::StrCat("chunk.operand: expected OPERAND_A or OPERAND_B, got ",
-                      operand));
+  absl::StatusOr<int64_t> at = m->intake.Take(operand, offset, chunk.bytes);
+  if (!at.ok()) {
+    fail(at.status());
     return;
   }
-  const char* name = StreamOperandName(op);
-  const int64_t elem = m->spec.elem_size();
-  if (!m->staged[op]) {
-    fail(absl::StrCat("chunk for operand ", name, ", which is given by ", name,
-                      "_handle and takes no chunks"));
-    return;
-  }
-  if (chunk.bytes <= 0 || chunk.bytes % elem != 0) {
-    fail(absl::StrCat("chunk.data: expected a positive whole number of ", elem,
-                      "-byte elements, got ", chunk.bytes, " bytes"));
-    return;
-  }
-  if (offset < 0 || offset % elem != 0) {
-    fail(absl::StrCat("chunk.offset: expected a whole number of ", elem,
-                      "-byte elements in operand ", name, ", got ", offset));
-    return;
-  }
-  if (offset > m->need[op] - chunk.bytes) {
-    fail(absl::StrCat("operand ", name, ": the chunk of ", chunk.bytes,
-                      " bytes at offset ", offset, " runs past its end at ",
-                      m->need[op], " bytes"));
-    return;
-  }
-  if (std::optional<ByteCoverage::Range> seen =
-          m->coverage[op].Overlap(offset, chunk.bytes)) {
-    fail(absl::StrCat("operand ", name, ": the chunk of bytes [", offset, ", ",
-                      offset + chunk.bytes, ") overlaps bytes [", seen->first,
-                      ", ", seen->second,
-                      ") that arrived before (each byte comes once)"));
-    return;
-  }
-  m->coverage[op].Add(offset, chunk.bytes);
   const double now = SecondsSince(m->started);
   if (m->chunks++ == 0) m->first_chunk_s = now;
-  chunk.at = m->at[op] + offset;
-  m->received[op] += chunk.bytes;
-  if (chunk.held_by == nullptr) held_chunk_bytes_ += chunk.bytes;
-  if (m->received[0] == m->need[0] && m->received[1] == m->need[1]) {
+  chunk.at = *at;
+  if (chunk.held_by == nullptr) flow_.Hold(chunk.bytes);
+  if (m->intake.complete()) {
     m->last_chunk_s = now;
     m->uploaded_by_last_chunk = m->uploaded;
   }

@@ -4,6 +4,7 @@
 // multiply_stream.cc.
 #include <algorithm>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -13,7 +14,6 @@
 #include "gpu/engine.h"
 #include "matmul/v1/matmul.pb.h"
 #include "server/rpc/call_helpers.h"
-#include "server/rpc/grpc_status.h"
 #include "server/rpc/multiply_stream.h"
 #include "server/rpc/stored_tensors.h"
 
@@ -160,7 +160,7 @@ void MultiplyStreamReactor::StepDone(const std::shared_ptr<Multiply>& m,
       });
       held_by->Unref();  // the chunk's; Post holds its own
     } else {
-      held_chunk_bytes_ -= held_bytes;
+      flow_.Release(held_bytes);
     }
     if (step == Step::kUpload) --m->uploads_in_flight;
     if (step == Step::kDownload) --m->downloads_in_flight;
@@ -173,54 +173,21 @@ void MultiplyStreamReactor::StepDone(const std::shared_ptr<Multiply>& m,
         --result_chunks_in_flight_;
       }
     };
-    if (m->closed || finished_) {
+    if (m->closed || flow_.finished()) {
       download_gone();
     } else if (!result.ok()) {
       download_gone();
       Fail(m, result.status());
     } else {
       switch (step) {
-        case Step::kAllocate: {
-          m->buffer = result->resident();
-          const MatmulSpec& s = m->spec;
-          const int64_t dims[2][3] = {
-              {s.a_batch, s.transpose_a ? s.k : s.m, s.transpose_a ? s.m : s.k},
-              {s.b_batch, s.transpose_b ? s.n : s.k,
-               s.transpose_b ? s.k : s.n}};
-          absl::Status viewed = m->buffer == nullptr
-                                    ? absl::InternalError("nothing allocated")
-                                    : absl::OkStatus();
-          for (int op = 0; op < 2 && viewed.ok(); ++op) {
-            if (!m->staged[op]) continue;
-            absl::StatusOr<std::shared_ptr<ResidentTensor>> view =
-                ResidentView::Create(m->buffer, m->at[op], s.dtype, dims[op][0],
-                                     dims[op][1], dims[op][2]);
-            if (view.ok()) {
-              m->operand[op] = *view;
-            } else {
-              viewed = view.status();
-            }
-          }
-          if (!viewed.ok()) {
-            Fail(m, absl::InternalError(viewed.message()));
-            break;
-          }
-          m->device = m->buffer->device();
-          m->allocated = true;
-          for (Chunk& chunk : m->waiting) {
-            ++m->uploads_in_flight;
-            const int64_t held = chunk.bytes;
-            actions.jobs.push_back(NewJob(m, Step::kUpload, held, &chunk));
-          }
-          m->waiting.clear();
-          MaybeMultiply(m, actions);
+        case Step::kAllocate:
+          Allocated(m, result->resident(), actions);
           break;
-        }
         case Step::kUpload: {
           m->uploaded += held_bytes;
           // `offset` is the chunk's place in the buffer: B's lie past A's.
-          const int op = m->staged[1] && offset >= m->at[1] ? 1 : 0;
-          m->on_device[op].Add(offset - m->at[op], held_bytes);
+          const int op = m->intake.OperandAt(offset);
+          m->schedule.Uploaded(op, offset - m->intake.at(op), held_bytes);
           MaybeMultiply(m, actions);
           break;
         }
@@ -252,7 +219,7 @@ void MultiplyStreamReactor::StepDone(const std::shared_ptr<Multiply>& m,
           if (m->downloads_in_flight == 0 &&
               m->downloaded == m->spec.c_bytes()) {
             if (m->stripes > 1) EndStripes(m, absl::OkStatus());
-            Close(m, grpc::StatusCode::OK);
+            Close(m, absl::StatusCode::kOk);
           }
           PumpDownloads(actions);
           break;
@@ -265,20 +232,52 @@ void MultiplyStreamReactor::StepDone(const std::shared_ptr<Multiply>& m,
   Unref();
 }
 
+void MultiplyStreamReactor::Allocated(const std::shared_ptr<Multiply>& m,
+                                      std::shared_ptr<ResidentTensor> buffer,
+                                      Actions& actions) {
+  m->buffer = std::move(buffer);
+  const MatmulSpec& s = m->spec;
+  const int64_t dims[2][3] = {
+      {s.a_batch, s.transpose_a ? s.k : s.m, s.transpose_a ? s.m : s.k},
+      {s.b_batch, s.transpose_b ? s.n : s.k, s.transpose_b ? s.k : s.n}};
+  absl::Status viewed = m->buffer == nullptr
+                            ? absl::InternalError("nothing allocated")
+                            : absl::OkStatus();
+  for (int op = 0; op < 2 && viewed.ok(); ++op) {
+    if (!m->intake.staged(op)) continue;
+    absl::StatusOr<std::shared_ptr<ResidentTensor>> view =
+        ResidentView::Create(m->buffer, m->intake.at(op), s.dtype, dims[op][0],
+                             dims[op][1], dims[op][2]);
+    if (view.ok()) {
+      m->operand[op] = *view;
+    } else {
+      viewed = view.status();
+    }
+  }
+  if (!viewed.ok()) {
+    Fail(m, absl::InternalError(viewed.message()));
+    return;
+  }
+  m->device = m->buffer->device();
+  m->allocated = true;
+  for (Chunk& chunk : m->waiting) {
+    ++m->uploads_in_flight;
+    const int64_t held = chunk.bytes;
+    actions.jobs.push_back(NewJob(m, Step::kUpload, held, &chunk));
+  }
+  m->waiting.clear();
+  MaybeMultiply(m, actions);
+}
+
 void MultiplyStreamReactor::MaybeMultiply(const std::shared_ptr<Multiply>& m,
                                           Actions& actions) {
-  if (!m->allocated || m->multiply_submitted) return;
-  if (m->on_device[1].covered() < m->need[1]) return;  // B first
+  if (!m->allocated) return;
+  const std::optional<PanelSchedule::Panel> ready = m->schedule.Ready();
+  if (!ready.has_value()) return;
   const MatmulSpec& s = m->spec;
-  int64_t ready = s.m;  // rows of op(A) on the device, from the first
-  if (m->on_device[0].covered() < m->need[0]) {
-    if (!m->paneled) return;
-    ready = m->on_device[0].FirstGap() / (s.k * s.elem_size());
-    if (ready - m->rows_submitted < m->panel_rows) return;
-  }
   Multiply::Panel p;
-  p.row0 = m->rows_submitted;
-  p.rows = ready - m->rows_submitted;
+  p.row0 = ready->row0;
+  p.rows = ready->rows;
   if (p.rows == s.m) {
     p.a = m->operand[0];
   } else {
@@ -290,8 +289,7 @@ void MultiplyStreamReactor::MaybeMultiply(const std::shared_ptr<Multiply>& m,
     }
     p.a = *rows;
   }
-  m->rows_submitted = ready;
-  m->multiply_submitted = ready == s.m;
+  m->schedule.Submit(*ready);
   m->panels.push_back(std::move(p));
   actions.jobs.push_back(
       NewJob(m, Step::kMultiply, 0, nullptr, m->panels.size() - 1));
@@ -300,8 +298,8 @@ void MultiplyStreamReactor::MaybeMultiply(const std::shared_ptr<Multiply>& m,
 void MultiplyStreamReactor::PumpDownloads(Actions& actions) {
   for (const auto& [id, m] : open_) {
     if (!m->described || m->keep) continue;
-    // A striped multiply has a window per stream (charged in HeldBytes);
-    // the others share this stream's.
+    // A striped multiply has a window per stream (charged in its plan's
+    // held_bytes); the others share this stream's.
     const bool striped = m->stripes > 1;
     int& out = striped ? m->result_chunks_out : result_chunks_in_flight_;
     const int window = striped ? m->stripes * kMaxResultChunksInFlight
@@ -335,7 +333,7 @@ void MultiplyStreamReactor::MaybeAnswer(const std::shared_ptr<Multiply>& m,
   // A kept product is whole: one panel.
   if (m->keep && m->rows_computed < m->spec.m) return;
   // A striped multiply answers once every stream has joined.
-  if (m->stripes > 1 && m->joins < m->stripes - 1) return;
+  if (m->stripes > 1 && !m->stripe.all_joined()) return;
   m->described = true;
   v1::MultiplyStreamResponse response;
   v1::MultiplyStreamResult* r = response.mutable_result();
@@ -351,18 +349,19 @@ void MultiplyStreamReactor::MaybeAnswer(const std::shared_ptr<Multiply>& m,
     FillHandle(entry, r->mutable_c_handle());
   }
   response.set_request_id(m->id);
-  Queue(Serialize(response), false);
+  Queue(StreamAnswer::Message(response), false);
   for (int s = 1; s < m->stripes; ++s) {
     Multiply::Stripe& stripe = m->stripe[s];
     response.set_request_id(stripe.request_id);
-    Post(stripe.call, [record = stripe.record, message = Serialize(response)](
-                          MultiplyStreamReactor& joiner) {
-      joiner.StripeHeader(record, message);
-    });
+    Post(stripe.call,
+         [share = stripe.share, message = StreamAnswer::Message(response)](
+             MultiplyStreamReactor& joiner) {
+           joiner.StripeHeader(share, message);
+         });
   }
   if (m->keep) {
     if (m->stripes > 1) EndStripes(m, absl::OkStatus());
-    Close(m, grpc::StatusCode::OK);
+    Close(m, absl::StatusCode::kOk);
     return;
   }
   PumpDownloads(actions);
@@ -372,43 +371,26 @@ void MultiplyStreamReactor::SendResultChunk(const std::shared_ptr<Multiply>& m,
                                             int64_t offset, JobResult result) {
   // The stream it goes on: this one, or for a striped multiply the one
   // with the fewest of its chunks unwritten (then the fewest sent).
-  int to = 0;
-  for (int s = 1; s < m->stripes; ++s) {
-    const Multiply::Stripe& a = m->stripe[s];
-    const Multiply::Stripe& best = m->stripe[to];
-    if (a.chunks_out < best.chunks_out ||
-        (a.chunks_out == best.chunks_out && a.chunks_sent < best.chunks_sent)) {
-      to = s;
-    }
-  }
+  const int to = m->stripes > 1 ? m->stripe.GiveChunk() : 0;
   const uint64_t request_id = m->stripes > 1 ? m->stripe[to].request_id : m->id;
-  // Sent straight from staging; the staging goes back to the engine when
-  // gRPC has sent it.
-  auto* held = new JobResult(std::move(result));
-  const std::string prefix =
-      FrameResultChunk(request_id, offset, held->c().size());
-  state_.metrics->RecordPayload(PayloadPath::kStream, PayloadDirection::kOut,
-                                static_cast<int64_t>(held->c().size()));
-  grpc::Slice parts[2] = {
-      grpc::Slice(prefix),
-      grpc::Slice(
-          const_cast<std::byte*>(held->c().data()), held->c().size(),
-          [](void* p) { delete static_cast<JobResult*>(p); }, held)};
-  grpc::ByteBuffer message(parts, 2);
+  // Sent straight from staging (StreamAnswer::ResultChunk).
+  StreamAnswer message =
+      StreamAnswer::ResultChunk(request_id, offset, std::move(result));
+  state_.metrics->RecordPayload(
+      PayloadPath::kStream, PayloadDirection::kOut,
+      static_cast<int64_t>(message.product->c().size()));
   if (m->stripes == 1) {
     Queue(std::move(message), true);
     return;
   }
   Multiply::Stripe& stripe = m->stripe[to];
-  ++stripe.chunks_out;
-  ++stripe.chunks_sent;
   if (to == 0) {
     Queue(std::move(message), true, m);
     return;
   }
-  Post(stripe.call, [record = stripe.record, message = std::move(message)](
+  Post(stripe.call, [share = stripe.share, message = std::move(message)](
                         MultiplyStreamReactor& joiner) {
-    joiner.StripeResultChunk(record, message);
+    joiner.StripeResultChunk(share, message);
   });
 }
 

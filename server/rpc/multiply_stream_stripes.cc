@@ -1,7 +1,7 @@
 // MultiplyStreamReactor, striping: one multiply carried by several calls
 // (see the header's comment). The owning call keeps the multiply; joining
-// calls keep a record of it and talk to the owner, and the owner to them,
-// only through Post (run once the caller's lock is released, holding a
+// calls keep a share of it (StripeShare) and talk to the owner, and the owner
+// to them, only through Post (run once the caller's lock is released, holding a
 // reference on the callee), so no call ever takes another's lock while
 // holding its own.
 #include <algorithm>
@@ -10,8 +10,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "server/rpc/grpc_status.h"
 #include "server/rpc/multiply_stream.h"
+#include "server/server_metrics.h"
 
 namespace matmul {
 
@@ -32,28 +32,27 @@ void MultiplyStreamReactor::DropChunk(Chunk& chunk) {
   });
   chunk.held_by->Unref();  // the chunk's; Post holds its own
   chunk.held_by = nullptr;
-  chunk.slices.clear();
+  chunk.hold.reset();
   chunk.data.clear();
 }
 
 void MultiplyStreamReactor::HandleJoin(const WireStreamRequest& request) {
   const uint64_t id = request.request_id;
-  if (auto it = open_.find(id); it != open_.end()) {
-    Fail(it->second,
-         absl::InvalidArgumentError(absl::StrCat(
-             "request_id ", id, " was joined again while still open")));
+  if (FailOpen(id,
+               absl::InvalidArgumentError(absl::StrCat(
+                   "request_id ", id, " was joined again while still open")))) {
     return;
   }
-  failed_.erase(id);
+  failed_.Forget(id);
   auto refuse = [&](const absl::Status& status)
                     ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
                       state_.admission.RecordRejection(RequestFault(status));
                       SendError(id, status);
                       RememberFailed(id);  // its chunks are dropped quietly
                     };
-  if (static_cast<int>(open_.size()) >= kMaxOpenMultiplies) {
+  if (OpenCount() >= kMaxOpenMultiplies) {
     refuse(absl::ResourceExhaustedError(absl::StrCat(
-        "this stream already has ", open_.size(),
+        "this stream already has ", OpenCount(),
         " multiplies open, the most it may; wait for one to finish")));
     return;
   }
@@ -70,7 +69,7 @@ void MultiplyStreamReactor::HandleJoin(const WireStreamRequest& request) {
   } else if (!match->has_value()) {
     // Its start has not come yet: read nothing more until it does (or the
     // registry times the join out); JoinResolved goes on.
-    join_waiting_ = true;
+    flow_.JoinWaiting(true);
   } else {
     AttachJoin(id, **match);
   }
@@ -81,9 +80,9 @@ void MultiplyStreamReactor::JoinResolved(uint64_t join_id,
   Actions actions;
   {
     absl::MutexLock lock(&mu_);
-    join_waiting_ = false;
+    flow_.JoinWaiting(false);
     if (!match.ok()) {
-      if (!finished_) {
+      if (!flow_.finished()) {
         state_.admission.RecordRejection(RequestFault(match.status()));
         SendError(join_id, match.status());
         RememberFailed(join_id);
@@ -98,11 +97,11 @@ void MultiplyStreamReactor::JoinResolved(uint64_t join_id,
 
 void MultiplyStreamReactor::AttachJoin(uint64_t join_id,
                                        const StripeMatch& match) {
-  // The match's reference on the owner passes to the record.
+  // The match's reference on the owner passes to the share.
   auto* owner = static_cast<MultiplyStreamReactor*>(match.owner);
   std::shared_ptr<Multiply> owned =
       std::static_pointer_cast<Multiply>(match.multiply);
-  if (finished_) {
+  if (flow_.finished()) {
     // This call ended before the join was decided: the multiply cannot
     // have all its streams.
     Post(owner, [owned, s = match.stripe](MultiplyStreamReactor& o) {
@@ -116,18 +115,16 @@ void MultiplyStreamReactor::AttachJoin(uint64_t join_id,
     return;
   }
   state_.metrics->RecordStripe(true);
-  auto record = std::make_shared<Multiply>();
-  record->id = join_id;
-  record->started = std::chrono::steady_clock::now();
-  record->joined_record = true;
-  record->owner = owner;
-  record->owned = owned;
-  record->stripe_index = match.stripe;
-  open_[join_id] = record;
+  auto share = std::make_shared<StripeShare>();
+  share->id = join_id;
+  share->owner = owner;
+  share->owned = owned;
+  share->stripe = match.stripe;
+  shares_[join_id] = share;
   Ref();  // the owner's reference on this call, handed over in StripeJoined
   Post(owner, [owned, s = match.stripe, joiner = this, join_id,
-               record](MultiplyStreamReactor& o) {
-    o.StripeJoined(owned, s, joiner, join_id, record);
+               share](MultiplyStreamReactor& o) {
+    o.StripeJoined(owned, s, joiner, join_id, share);
   });
 }
 
@@ -135,7 +132,7 @@ void MultiplyStreamReactor::StripeJoined(const std::shared_ptr<Multiply>& m,
                                          int stripe,
                                          MultiplyStreamReactor* joiner,
                                          uint64_t join_id,
-                                         std::shared_ptr<Multiply> record) {
+                                         std::shared_ptr<StripeShare> share) {
   Actions actions;
   {
     absl::MutexLock lock(&mu_);
@@ -145,17 +142,13 @@ void MultiplyStreamReactor::StripeJoined(const std::shared_ptr<Multiply>& m,
               ? absl::CancelledError(
                     "the striped multiply ended before this stream joined")
               : m->end_status;
-      Post(joiner, [record, why](MultiplyStreamReactor& j) {
-        j.StripeFailed(record, why);
+      Post(joiner, [share, why](MultiplyStreamReactor& j) {
+        j.StripeFailed(share, why);
       });
       joiner->Unref();
     } else {
-      Multiply::Stripe& s = m->stripe[stripe];
-      s.call = joiner;  // with the reference AttachJoin took
-      s.request_id = join_id;
-      s.record = std::move(record);
-      s.joined = true;
-      ++m->joins;
+      // With the reference on `joiner` AttachJoin took.
+      m->stripe.Join(stripe, join_id, {joiner, std::move(share)});
       MaybeAnswer(m, actions);
       CheckStarved(m);
     }
@@ -170,7 +163,7 @@ void MultiplyStreamReactor::StripeChunk(const std::shared_ptr<Multiply>& m,
   Actions actions;
   {
     absl::MutexLock lock(&mu_);
-    if (m->closed || finished_) {
+    if (m->closed || flow_.finished()) {
       DropChunk(chunk);
     } else {
       TakeChunk(m, operand, offset, std::move(chunk), actions);
@@ -186,7 +179,7 @@ void MultiplyStreamReactor::StripeSideClosed(const std::shared_ptr<Multiply>& m,
   {
     absl::MutexLock lock(&mu_);
     if (!m->closed && stripe > 0 && stripe < m->stripes) {
-      m->stripe[stripe].side_closed = true;
+      m->stripe.SideClosed(stripe);
       CheckStarved(m);
     }
     Settle(actions);
@@ -220,7 +213,7 @@ void MultiplyStreamReactor::StripeChunkWritten(
   {
     absl::MutexLock lock(&mu_);
     --m->result_chunks_out;
-    if (stripe >= 0 && stripe < m->stripes) --m->stripe[stripe].chunks_out;
+    if (m->stripes > 1) m->stripe.ChunkWritten(stripe);
     if (!m->closed) PumpDownloads(actions);
     Settle(actions);
   }
@@ -229,43 +222,43 @@ void MultiplyStreamReactor::StripeChunkWritten(
 
 void MultiplyStreamReactor::ResultChunkGone(
     const std::shared_ptr<Multiply>& striped) {
-  if (!striped->joined_record) {
-    // This call's own multiply.
-    --striped->result_chunks_out;
-    --striped->stripe[0].chunks_out;
-    return;
-  }
-  if (striped->closed) return;  // its multiply has ended on the owner too
-  Post(striped->owner, [owned = striped->owned, s = striped->stripe_index](
-                           MultiplyStreamReactor& owner) {
-    owner.StripeChunkWritten(owned, s);
-  });
+  --striped->result_chunks_out;
+  striped->stripe.ChunkWritten(0);
+}
+
+void MultiplyStreamReactor::ShareChunkGone(
+    const std::shared_ptr<StripeShare>& share) {
+  if (share->closed) return;  // its multiply has ended on the owner too
+  Post(share->owner,
+       [owned = share->owned, s = share->stripe](MultiplyStreamReactor& owner) {
+         owner.StripeChunkWritten(owned, s);
+       });
 }
 
 void MultiplyStreamReactor::StripeHeld(int64_t bytes) {
   Actions actions;
   {
     absl::MutexLock lock(&mu_);
-    held_chunk_bytes_ -= std::max<int64_t>(bytes, 0);
+    flow_.Release(std::max<int64_t>(bytes, 0));
     Settle(actions);
   }
   Perform(actions);
 }
 
 void MultiplyStreamReactor::StripeHeader(
-    const std::shared_ptr<Multiply>& record, grpc::ByteBuffer message) {
+    const std::shared_ptr<StripeShare>& share, StreamAnswer message) {
   Actions actions;
   {
     absl::MutexLock lock(&mu_);
-    if (!finished_ && !record->closed && !record->described) {
-      record->described = true;
+    if (!flow_.finished() && !share->closed && !share->described) {
+      share->described = true;
       Queue(std::move(message), false);
-      for (grpc::ByteBuffer& chunk : record->early) {
-        Queue(std::move(chunk), true, record);
-        ++record->share_got;
+      for (StreamAnswer& chunk : share->early) {
+        Queue(std::move(chunk), true, nullptr, share);
+        ++share->queued;
       }
-      record->early.clear();
-      MaybeCloseShare(record);
+      share->early.clear();
+      MaybeCloseShare(share);
     }
     Settle(actions);
   }
@@ -273,17 +266,17 @@ void MultiplyStreamReactor::StripeHeader(
 }
 
 void MultiplyStreamReactor::StripeResultChunk(
-    const std::shared_ptr<Multiply>& record, grpc::ByteBuffer message) {
+    const std::shared_ptr<StripeShare>& share, StreamAnswer message) {
   Actions actions;
   {
     absl::MutexLock lock(&mu_);
-    if (!finished_ && !record->closed) {
-      if (record->described) {
-        Queue(std::move(message), true, record);
-        ++record->share_got;
-        MaybeCloseShare(record);
+    if (!flow_.finished() && !share->closed) {
+      if (share->described) {
+        Queue(std::move(message), true, nullptr, share);
+        ++share->queued;
+        MaybeCloseShare(share);
       } else {
-        record->early.push_back(std::move(message));
+        share->early.push_back(std::move(message));
       }
     }
     // Else the message goes (its staging with it); the multiply has failed.
@@ -293,13 +286,13 @@ void MultiplyStreamReactor::StripeResultChunk(
 }
 
 void MultiplyStreamReactor::StripeShareDone(
-    const std::shared_ptr<Multiply>& record, int64_t chunks) {
+    const std::shared_ptr<StripeShare>& share, int64_t chunks) {
   Actions actions;
   {
     absl::MutexLock lock(&mu_);
-    if (!record->closed) {
-      record->share_chunks = chunks;
-      MaybeCloseShare(record);
+    if (!share->closed) {
+      share->chunks = chunks;
+      MaybeCloseShare(share);
     }
     Settle(actions);
   }
@@ -307,25 +300,24 @@ void MultiplyStreamReactor::StripeShareDone(
 }
 
 void MultiplyStreamReactor::MaybeCloseShare(
-    const std::shared_ptr<Multiply>& record) {
-  if (!record->described || record->share_chunks < 0 ||
-      record->share_got < record->share_chunks) {
+    const std::shared_ptr<StripeShare>& share) {
+  if (!share->described || share->chunks < 0 || share->queued < share->chunks) {
     return;
   }
-  record->owner_done = true;
-  Close(record, grpc::StatusCode::OK);
+  share->owner_done = true;
+  CloseShare(share, absl::StatusCode::kOk);
 }
 
 void MultiplyStreamReactor::StripeFailed(
-    const std::shared_ptr<Multiply>& record, const absl::Status& status) {
+    const std::shared_ptr<StripeShare>& share, const absl::Status& status) {
   Actions actions;
   {
     absl::MutexLock lock(&mu_);
-    if (!finished_ && !record->closed) {
-      SendError(record->id, status);
-      RememberFailed(record->id);  // chunks still coming are dropped
-      record->owner_done = true;
-      Close(record, ToGrpcStatus(status).error_code());
+    if (!flow_.finished() && !share->closed) {
+      SendError(share->id, status);
+      RememberFailed(share->id);  // chunks still coming are dropped
+      share->owner_done = true;
+      CloseShare(share, status.code());
     }
     Settle(actions);
   }
@@ -334,18 +326,14 @@ void MultiplyStreamReactor::StripeFailed(
 
 void MultiplyStreamReactor::CheckStarved(const std::shared_ptr<Multiply>& m) {
   if (m->closed || m->stripes <= 1) return;
-  if (m->received[0] == m->need[0] && m->received[1] == m->need[1]) return;
   // Streams yet to join may still bring bytes.
-  if (m->joins < m->stripes - 1) return;
-  for (const Multiply::Stripe& s : m->stripe) {
-    if (!s.side_closed) return;
-  }
-  const int op = m->received[0] < m->need[0] ? 0 : 1;
-  Fail(m,
-       absl::InvalidArgumentError(absl::StrCat(
-           "the client closed all ", m->stripes, " streams of striped request ",
-           m->id, " before operand ", op == 0 ? "a" : "b",
-           " arrived: ", m->received[op], " of ", m->need[op], " bytes")));
+  if (!m->stripe.Starved(m->intake.complete())) return;
+  const int op = m->intake.missing();
+  Fail(m, absl::InvalidArgumentError(absl::StrCat(
+              "the client closed all ", m->stripes,
+              " streams of striped request ", m->id, " before operand ",
+              op == 0 ? "a" : "b", " arrived: ", m->intake.received(op), " of ",
+              m->intake.need(op), " bytes")));
 }
 
 void MultiplyStreamReactor::EndStripes(const std::shared_ptr<Multiply>& m,
@@ -358,13 +346,13 @@ void MultiplyStreamReactor::EndStripes(const std::shared_ptr<Multiply>& m,
     Multiply::Stripe& s = m->stripe[i];
     if (s.call == nullptr) continue;
     if (status.ok()) {
-      Post(s.call, [record = s.record,
+      Post(s.call, [share = s.share,
                     chunks = s.chunks_sent](MultiplyStreamReactor& joiner) {
-        joiner.StripeShareDone(record, chunks);
+        joiner.StripeShareDone(share, chunks);
       });
     } else {
-      Post(s.call, [record = s.record, status](MultiplyStreamReactor& joiner) {
-        joiner.StripeFailed(record, status);
+      Post(s.call, [share = s.share, status](MultiplyStreamReactor& joiner) {
+        joiner.StripeFailed(share, status);
       });
     }
     s.call->Unref();  // Post holds its own
