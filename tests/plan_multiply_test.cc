@@ -210,6 +210,17 @@ TEST_F(PlanMultiplyTest, ResultOverTheMessageSizeInline) {
               HasSubstr("over the server's max message size of 1024 bytes"));
 }
 
+TEST_F(PlanMultiplyTest, KeptResultIsNotBoundByTheMessageSize) {
+  limits_.max_message_bytes = 1024;
+  WireMultiplyRequest wire;
+  wire.a = Inline({16, 4}, bytes_, 256);
+  wire.b = Inline({4, 16}, bytes_, 256);
+  wire.keep_result = true;
+  absl::StatusOr<MultiplyPlan> plan = PlanMultiply(wire, Context());
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->job.spec.c_bytes(), 1024);
+}
+
 TEST_F(PlanMultiplyTest, HandleOperandFound) {
   std::shared_ptr<ResidentTensor> stored;
   WireMultiplyRequest wire = InlineRequest();

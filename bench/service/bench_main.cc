@@ -285,15 +285,16 @@ int Main(int argc, char** argv) {
       return v->Check(index, response);
     };
   }
+  // The messages the multiplies send and get back (stored operands and
+  // products travel apart from them: Upload and Download take any size).
   const int64_t max_message = run.server.limits().max_message_bytes();
   if (max_message > 0 && !c.stream &&
-      std::max(workload->request_bytes, workload->response_bytes) >
-          max_message) {
+      std::max(run.request_bytes, run.response_bytes) > max_message) {
     absl::FPrintF(stderr,
-                  "matmul-bench: warning: %d-byte requests exceed the "
+                  "matmul-bench: warning: %d-byte messages exceed the "
                   "server's %d-byte message limit; expect "
                   "RESOURCE_EXHAUSTED\n",
-                  workload->request_bytes, max_message);
+                  std::max(run.request_bytes, run.response_bytes), max_message);
   }
   std::vector<const v1::MultiplyRequest*> inline_requests;
   for (const auto& r : workload->requests) inline_requests.push_back(r.get());

@@ -650,6 +650,28 @@ def test_resident_upload_over_quota_fails_cleanly(tmp_path):
         assert s.stop() == 0, "".join(s.log)
 
 
+def test_resident_operands_over_the_message_size(tmp_path):
+    # The bench's stored operands and kept products are larger than the
+    # server's messages: they go up in chunks (UploadStream), the sampled
+    # products come back in chunks (DownloadStream) and check out. The same
+    # path stores a 1 GiB operand (--shape 16384) at the default limit.
+    s = Server("--max-message-bytes", "65536", metrics=True)
+    try:
+        out = tmp_path / "resident_chunks.json"
+        r = bench("--target", s.target, "--shape", "160", "--distinct", "1",
+                  "--concurrency", "1", "--requests", "3", "--warmup", "0",
+                  "--resident", "--verify-every", "1", "--json", out)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "message limit" not in r.stderr
+        (p,) = load(out)["points"]
+        check_resident_point(p, "all")
+        assert p["ok"] == 3
+        assert p["verify"]["checked"] == 3 and p["verify"]["mismatches"] == 0
+        assert_nothing_stored(s, p["resident_operands"])
+    finally:
+        assert s.stop() == 0, "".join(s.log)
+
+
 def test_resident_usage_errors(server):
     for args in (["--resident=some"], ["--resident", "--resident"],
                  ["--client-id", "caf\u00e9"]):

@@ -206,6 +206,15 @@ struct StreamedOperand {
   absl::string_view data;
 };
 
+// Upload sends a tensor larger than this in chunks (UploadStream), so that
+// no message bounds its size; a smaller one in one message (Upload), which
+// servers without UploadStream take too.
+inline constexpr int64_t kUploadChunkedAboveBytes = int64_t{64} << 20;
+// The chunks' size then, unless UploadOptions::chunk_bytes says otherwise.
+inline constexpr int64_t kUploadDefaultChunkBytes = int64_t{16} << 20;
+// The chunks Download asks for.
+inline constexpr int64_t kDownloadChunkBytes = int64_t{16} << 20;
+
 struct UploadOptions {
   // Device to store the tensor on (GetServerInfo's device index); unset:
   // the server picks the least loaded. Operands of one multiply must live on
@@ -221,6 +230,10 @@ struct UploadOptions {
   absl::Duration timeout = absl::InfiniteDuration();
   // UploadAsync: cancels the call when cancelled.
   std::shared_ptr<CallCanceller> canceller;
+  // 0: chosen by size (one message up to kUploadChunkedAboveBytes, chunks of
+  // kUploadDefaultChunkBytes above). Positive: chunks of about this many
+  // bytes (whole elements, at most 64 MiB), whatever the tensor's size.
+  int64_t chunk_bytes = 0;
 };
 
 // A tensor stored on the server (matmul.v1.TensorHandle).
@@ -382,17 +395,25 @@ class MatmulClient {
                             const MultiplyOptions& options,
                             MultiplyRawDone done);
 
-  // Stores `tensor` (2-D or 3-D) on the server and returns its handle.
-  // RESOURCE_EXHAUSTED over the client's quota or the server's message size;
-  // INVALID_ARGUMENT for an unknown device or a TTL over the server's
-  // maximum.
+  // Stores `tensor` (2-D or 3-D) on the server and returns its handle. A
+  // tensor of any size: past kUploadChunkedAboveBytes it travels in chunks
+  // (UploadStream; a server without it answers UNIMPLEMENTED). Where the
+  // server's messages are smaller than the one message or the chunks, the
+  // blocking Upload asks it for its limit (GetServerInfo) and sends chunks
+  // under it (with UploadOptions::chunk_bytes 0 only). If the call
+  // fails or is cancelled midway, nothing is stored and nothing charged.
+  // RESOURCE_EXHAUSTED over the client's quota; INVALID_ARGUMENT for an
+  // unknown device or a TTL over the server's maximum. UploadAsync copies
+  // the tensor before it returns.
   absl::StatusOr<StoredTensor> Upload(const HostTensor& tensor,
                                       const UploadOptions& options = {});
   void UploadAsync(const HostTensor& tensor, const UploadOptions& options,
                    StoredDone done);
 
-  // A stored tensor's data. NOT_FOUND for an unknown, deleted or expired
-  // handle. The asynchronous call is cancelled by `canceller`, if any.
+  // A stored tensor's data, of any size: it comes in chunks (DownloadStream;
+  // from a server without it, in one message). NOT_FOUND for an unknown,
+  // deleted or expired handle. The asynchronous call is cancelled by
+  // `canceller`, if any.
   absl::StatusOr<HostTensor> Download(
       const std::string& id, absl::Duration timeout = absl::InfiniteDuration());
   void DownloadAsync(const std::string& id, absl::Duration timeout,
@@ -449,6 +470,18 @@ class MatmulClient {
   // The next channel's stub, round-robin.
   v1::MatmulService::Stub& NextStub();
   MultiplyStub& NextMultiplyStub();
+
+  // The chunked stored-tensor calls (client/lib/stored_tensor_calls.cc);
+  // `tensor` stays alive until `done` has run. A download that finds the
+  // server without DownloadStream falls back to the unary one.
+  void UploadChunkedAsync(std::shared_ptr<const HostTensor> tensor,
+                          const UploadOptions& options, StoredDone done);
+  void DownloadChunkedAsync(const std::string& id, absl::Duration timeout,
+                            TensorDone done,
+                            std::shared_ptr<CallCanceller> canceller);
+  void DownloadUnaryAsync(const std::string& id, absl::Duration timeout,
+                          TensorDone done,
+                          std::shared_ptr<CallCanceller> canceller);
 
   // Sets the deadline and the client id (`client_id`, or else the
   // client's) on a call's context.

@@ -4,6 +4,8 @@
 //   Multiply                  server/rpc/multiply.h
 //   MultiplyStream            server/rpc/multiply_stream.h
 //   Upload, Download, Delete  server/rpc/transfers.h
+//   UploadStream,
+//   DownloadStream            server/rpc/stored_tensor_streams.h
 //   GetServerInfo             server/rpc/server_info.h
 //   RegisterSharedMemory,
 //   UnregisterSharedMemory,
@@ -32,10 +34,18 @@
 #include "server/rpc/server_info.h"
 #include "server/rpc/service_state.h"
 #include "server/rpc/shared_memory.h"
+#include "server/rpc/stored_tensor_streams.h"
 #include "server/rpc/transfers.h"
 #include "server/server_metrics.h"
 
 namespace matmul {
+
+// The chunked stored-tensor methods, innermost of
+// MatmulServiceBase (UploadStream, DownloadStream).
+using StoredTensorStreamsBase =
+    v1::MatmulService::WithRawCallbackMethod_UploadStream<
+        v1::MatmulService::WithRawCallbackMethod_DownloadStream<
+            v1::MatmulService::Service>>;
 
 // Thread-safe. Must outlive the grpc::Server it is registered with.
 // Every method is raw. Multiply and MultiplyStream decode their bytes by
@@ -54,8 +64,7 @@ using MatmulServiceBase = v1::MatmulService::WithRawCallbackMethod_Multiply<
                                     WithRawCallbackMethod_UnregisterSharedMemory<
                                         v1::MatmulService::
                                             WithRawCallbackMethod_ListSharedMemory<
-                                                v1::MatmulService::
-                                                    Service>>>>>>>>>;
+                                                StoredTensorStreamsBase>>>>>>>>>;
 
 class MatmulServiceImpl final : public MatmulServiceBase {
  public:
@@ -169,6 +178,16 @@ class MatmulServiceImpl final : public MatmulServiceBase {
                                      const grpc::ByteBuffer* request,
                                      grpc::ByteBuffer* response) override {
     return StartDownload(state_, context, request, response);
+  }
+  grpc::ServerReadReactor<grpc::ByteBuffer>* UploadStream(
+      grpc::CallbackServerContext* context,
+      grpc::ByteBuffer* response) override {
+    return StartUploadStream(state_, context, response);
+  }
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* DownloadStream(
+      grpc::CallbackServerContext* context,
+      const grpc::ByteBuffer* request) override {
+    return StartDownloadStream(state_, context, request);
   }
   grpc::ServerUnaryReactor* Delete(grpc::CallbackServerContext* context,
                                    const grpc::ByteBuffer* request,

@@ -153,6 +153,10 @@ absl::StatusOr<MatmulSpec> ValidateSpec(const WireMultiplyRequest& wire,
     limits.max_message_bytes = std::numeric_limits<int64_t>::max() / 4;
     limits.max_inflight_bytes = std::numeric_limits<int64_t>::max() / 4;
   }
+  // A kept product crosses no message either (it is downloaded in chunks).
+  if (wire.keep_result) {
+    limits.max_message_bytes = std::numeric_limits<int64_t>::max() / 4;
+  }
   absl::StatusOr<MatmulSpec> spec = ValidateMultiplyHeader(header, limits);
   if (!spec.ok()) return spec.status();
   if (any_shared && !wire.c_shared.present && !wire.keep_result &&

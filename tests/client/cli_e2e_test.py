@@ -494,6 +494,23 @@ def test_upload_download_delete(server, tmp_path):
     assert not (tmp_path / "x.npy").exists()
 
 
+def test_upload_download_over_the_message_size(tmp_path):
+    # 160,000 bytes against 64 KiB messages: upload and download carry the
+    # tensor in chunks.
+    s = Server("--max-message-bytes", "65536")
+    try:
+        a = RNG.standard_normal((200, 100))
+        np.save(tmp_path / "a.npy", a)
+        handle, shape, dtype, nbytes = upload(s, tmp_path / "a.npy")
+        assert (shape, dtype, nbytes) == ((200, 100), "float64", a.nbytes)
+        ok(run_cli("download", "--target", s.target, "--handle", handle,
+                   "--out", tmp_path / "back.npy"))
+        np.testing.assert_array_equal(np.load(tmp_path / "back.npy"), a)
+        ok(run_cli("delete", "--target", s.target, "--handle", handle))
+    finally:
+        assert s.stop() == 0, "".join(s.log)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
 def test_handles_in_multiply_and_keep(server, tmp_path, dtype):
     a = RNG.standard_normal((9, 6)).astype(dtype)

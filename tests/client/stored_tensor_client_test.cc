@@ -3,13 +3,20 @@
 // this process (host engine, or MATMUL_TEST_ENGINE), on 127.0.0.1:0, so
 // that quotas and lifetimes can be set small. Products are checked against
 // a float64 product computed here.
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/random/random.h"
@@ -519,6 +526,373 @@ TEST_F(StoredTensorClientTest, ConcurrentChainsFromManyThreads) {
   for (std::thread& t : threads) t.join();
   EXPECT_TRUE(failures.empty()) << absl::StrJoin(failures, "\n");
   EXPECT_EQ(StoredHandles(), 0);
+}
+
+// A channel and stub of its own, for the raw protocol.
+std::unique_ptr<v1::MatmulService::Stub> RawStub(const std::string& target) {
+  return v1::MatmulService::NewStub(
+      grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
+}
+
+// Bytes that no two offsets share in practice (a 64-bit mix per 8 bytes),
+// cheap enough for a tensor of a gigabyte.
+HostTensor Patterned(std::vector<int64_t> shape, DType dtype, uint64_t seed) {
+  HostTensor t;
+  t.shape = std::move(shape);
+  t.dtype = dtype;
+  const int64_t bytes = *NumBytes(t.shape, dtype);
+  t.data.resize(static_cast<size_t>(bytes));
+  uint64_t x = seed;
+  for (int64_t i = 0; i + 8 <= bytes; i += 8) {
+    x += 0x9e3779b97f4a7c15ull;
+    uint64_t z = x;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    std::memcpy(t.data.data() + i, &z, 8);
+  }
+  for (int64_t i = bytes / 8 * 8; i < bytes; ++i) {
+    t.data[static_cast<size_t>(i)] = static_cast<char>(i * 131 + seed);
+  }
+  return t;
+}
+
+TEST_F(StoredTensorClientTest, ChunkedUploadAndDownloadRoundTrip) {
+  std::unique_ptr<MatmulClient> client = NewClient("chunks");
+  for (DType dtype :
+       {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16}) {
+    for (std::vector<int64_t> shape :
+         {std::vector<int64_t>{1, 1}, std::vector<int64_t>{37, 29},
+          std::vector<int64_t>{3, 40, 17}}) {
+      for (int64_t chunk : {int64_t{1}, int64_t{100}, int64_t{1} << 20}) {
+        SCOPED_TRACE(absl::StrCat(DTypeName(dtype), " ", ShapeString(shape),
+                                  " chunks of ", chunk));
+        const HostTensor t = Random(shape, dtype, gen_);
+        UploadOptions options;
+        options.chunk_bytes = chunk;  // rounded up to one element at least
+        options.ttl = absl::Seconds(100);
+        absl::StatusOr<StoredTensor> stored = client->Upload(t, options);
+        ASSERT_TRUE(stored.ok()) << stored.status();
+        EXPECT_EQ(stored->shape, shape);
+        EXPECT_EQ(stored->dtype, dtype);
+        EXPECT_EQ(stored->bytes, static_cast<int64_t>(t.data.size()));
+        EXPECT_GE(stored->expire_time, absl::Now() + absl::Seconds(98));
+        absl::StatusOr<HostTensor> back = client->Download(stored->id);
+        ASSERT_TRUE(back.ok()) << back.status();
+        EXPECT_EQ(back->shape, t.shape);
+        EXPECT_EQ(back->dtype, t.dtype);
+        EXPECT_EQ(back->data, t.data);  // bit for bit
+        // And as an operand, like any stored tensor.
+        if (shape.size() == 2 && dtype == DType::kFloat32) {
+          absl::StatusOr<HostTensor> product =
+              client->Multiply(*stored, Random({shape[1], 2}, dtype, gen_));
+          EXPECT_TRUE(product.ok()) << product.status();
+        }
+        EXPECT_TRUE(client->Delete(stored->id).ok());
+      }
+    }
+  }
+  EXPECT_EQ(StoredHandles(), 0);
+  EXPECT_EQ(StoredBytes(), 0);
+}
+
+TEST_F(StoredTensorClientTest, TensorsOverTheMessageLimitTravelInChunks) {
+  // A server whose messages are small: the tensor is over its limit, and
+  // Upload (chunked), Download (always chunked) and the async calls get it
+  // there and back; the unary RPCs alone could not.
+  ServerOptions options;
+  options.limits.max_message_bytes = 1 << 20;
+  Start(options);
+  std::unique_ptr<MatmulClient> client = NewClient();
+  const HostTensor t =
+      Patterned({3, 300, 1000}, DType::kFloat32, 7);  // 3.4 MiB
+  UploadOptions chunked;
+  chunked.chunk_bytes = 256 << 10;
+  absl::StatusOr<StoredTensor> stored = client->Upload(t, chunked);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  absl::StatusOr<HostTensor> back = client->Download(stored->id);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->shape, t.shape);
+  EXPECT_TRUE(back->data == t.data);
+  // Under kUploadChunkedAboveBytes the blocking Upload tries one message,
+  // which this server refuses, then chunks.
+  absl::StatusOr<StoredTensor> retried = client->Upload(t);
+  ASSERT_TRUE(retried.ok()) << retried.status();
+  EXPECT_TRUE(client->Delete(retried->id).ok());
+
+  absl::Notification uploaded;
+  absl::StatusOr<StoredTensor> async_stored;
+  client->UploadAsync(t, chunked, [&](absl::StatusOr<StoredTensor> s) {
+    async_stored = std::move(s);
+    uploaded.Notify();
+  });
+  uploaded.WaitForNotification();
+  ASSERT_TRUE(async_stored.ok()) << async_stored.status();
+  absl::Notification downloaded;
+  absl::StatusOr<HostTensor> async_back;
+  client->DownloadAsync(async_stored->id, absl::Seconds(60),
+                        [&](absl::StatusOr<HostTensor> d) {
+                          async_back = std::move(d);
+                          downloaded.Notify();
+                        });
+  downloaded.WaitForNotification();
+  ASSERT_TRUE(async_back.ok()) << async_back.status();
+  EXPECT_TRUE(async_back->data == t.data);
+
+  // The unary Download refuses it, naming the limit.
+  std::unique_ptr<v1::MatmulService::Stub> stub = RawStub(target_);
+  grpc::ClientContext context;
+  v1::DownloadRequest request;
+  request.set_handle(stored->id);
+  v1::DownloadResponse response;
+  const grpc::Status unary = stub->Download(&context, request, &response);
+  EXPECT_EQ(unary.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(unary.error_message(), HasSubstr("max message size"));
+  EXPECT_TRUE(client->Delete(stored->id).ok());
+  EXPECT_TRUE(client->Delete(async_stored->id).ok());
+}
+
+// What a 1.2 GiB tensor costs here: the tensor, its copy on the server and
+// the one downloaded (3.6 GiB).
+TEST_F(StoredTensorClientTest, A12GiBTensorRoundTripsBitExact) {
+  std::unique_ptr<MatmulClient> client = NewClient("big");
+  // 19661 x 16384 float32: 1.2 GiB, over the server's 1 GiB messages.
+  const std::vector<int64_t> shape = {19661, 16384};
+  const HostTensor t = Patterned(shape, DType::kFloat32, 12);
+  ASSERT_GT(t.data.size(), size_t{1} << 30);
+  const absl::Time start = absl::Now();
+  absl::StatusOr<StoredTensor> stored = client->Upload(t);  // chunked by size
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  const absl::Time uploaded = absl::Now();
+  EXPECT_EQ(StoredBytes(), static_cast<int64_t>(t.data.size()));
+  EXPECT_EQ(stored->shape, shape);
+  absl::StatusOr<HostTensor> back = client->Download(stored->id);
+  const absl::Time downloaded = absl::Now();
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->shape, shape);
+  EXPECT_TRUE(back->data == t.data);  // bit for bit
+  EXPECT_TRUE(client->Delete(stored->id).ok());
+  EXPECT_EQ(StoredBytes(), 0);
+  std::printf("1.2 GiB: upload %.2f s, download %.2f s\n",
+              absl::ToDoubleSeconds(uploaded - start),
+              absl::ToDoubleSeconds(downloaded - uploaded));
+}
+
+// An UploadStream call driven by hand: `messages` written in order, then
+// the close; its status.
+grpc::Status RawUpload(v1::MatmulService::Stub& stub,
+                       const std::vector<v1::UploadStreamRequest>& messages,
+                       const std::string& client_id = "",
+                       v1::UploadResponse* response = nullptr) {
+  grpc::ClientContext context;
+  if (!client_id.empty()) context.AddMetadata("x-matmul-client", client_id);
+  v1::UploadResponse ignored;
+  std::unique_ptr<grpc::ClientWriter<v1::UploadStreamRequest>> writer =
+      stub.UploadStream(&context, response != nullptr ? response : &ignored);
+  for (const v1::UploadStreamRequest& m : messages) {
+    if (!writer->Write(m)) break;
+  }
+  writer->WritesDone();
+  return writer->Finish();
+}
+
+v1::UploadStreamRequest StartOf(std::vector<int64_t> shape,
+                                v1::Dtype dtype = v1::DTYPE_FLOAT32) {
+  v1::UploadStreamRequest m;
+  for (int64_t d : shape) m.mutable_start()->mutable_tensor()->add_shape(d);
+  m.mutable_start()->mutable_tensor()->set_dtype(dtype);
+  return m;
+}
+
+v1::UploadStreamRequest ChunkOf(int64_t offset, int64_t bytes) {
+  v1::UploadStreamRequest m;
+  m.mutable_chunk()->set_offset(offset);
+  m.mutable_chunk()->set_data(std::string(static_cast<size_t>(bytes), 'x'));
+  return m;
+}
+
+TEST_F(StoredTensorClientTest, ChunksThatDoNotAddUpAreInvalidArgument) {
+  ServerOptions options;
+  options.handle_limits.max_bytes_per_client = 1000;
+  Start(options);
+  std::unique_ptr<v1::MatmulService::Stub> stub = RawStub(target_);
+  struct Case {
+    const char* what;
+    std::vector<v1::UploadStreamRequest> messages;
+    const char* says;
+  };
+  const std::vector<Case> cases = {
+      {"no start", {}, "closed before its first message"},
+      {"a chunk first", {ChunkOf(0, 16)}, "first message must be a start"},
+      {"bytes missing",
+       {StartOf({4, 4}), ChunkOf(0, 32)},
+       "32 of the tensor's 64"},
+      {"a gap",
+       {StartOf({4, 4}), ChunkOf(0, 16), ChunkOf(20, 16)},
+       "offset 20; expected 16"},
+      {"an overlap",
+       {StartOf({4, 4}), ChunkOf(0, 16), ChunkOf(8, 16)},
+       "offset 8; expected 16"},
+      {"past the end",
+       {StartOf({4, 4}), ChunkOf(0, 48), ChunkOf(48, 32)},
+       "runs past the tensor's end"},
+      {"part of an element",
+       {StartOf({4, 4}), ChunkOf(0, 6)},
+       "whole number of 4-byte elements"},
+      {"an empty chunk",
+       {StartOf({4, 4}), ChunkOf(0, 0)},
+       "whole number of 4-byte elements"},
+      {"a second start",
+       {StartOf({4, 4}), ChunkOf(0, 16), StartOf({4, 4})},
+       "a second start"},
+      {"data in the start",
+       {[] {
+         v1::UploadStreamRequest m = StartOf({2, 2});
+         m.mutable_start()->mutable_tensor()->set_data(std::string(16, 'x'));
+         return m;
+       }()},
+       "follow in TensorChunks"},
+      {"a bad shape", {StartOf({4})}, "expected 2 dimensions"},
+      {"no dtype", {StartOf({4, 4}, v1::DTYPE_UNSPECIFIED)}, "dtype"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    const grpc::Status status = RawUpload(*stub, c.messages, "raw");
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(status.error_message(), HasSubstr(c.says));
+  }
+  // Over the quota, before any chunk is read.
+  const grpc::Status over =
+      RawUpload(*stub, {StartOf({16, 16}), ChunkOf(0, 1024)}, "raw");
+  EXPECT_EQ(over.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(over.error_message(), HasSubstr("raw"));
+  // Nothing stored, nothing charged: the whole quota is free.
+  EXPECT_EQ(StoredHandles(), 0);
+  EXPECT_EQ(StoredBytes(), 0);
+  v1::UploadResponse response;
+  const grpc::Status whole =
+      RawUpload(*stub, {StartOf({10, 25}), ChunkOf(0, 600), ChunkOf(600, 400)},
+                "raw", &response);
+  ASSERT_TRUE(whole.ok()) << whole.error_message();
+  EXPECT_EQ(response.handle().bytes(), 1000);
+  EXPECT_EQ(StoredBytes(), 1000);
+}
+
+TEST_F(StoredTensorClientTest, CancelledChunkedUploadStoresAndChargesNothing) {
+  ServerOptions options;
+  options.handle_limits.max_bytes_per_client = 4 << 20;
+  Start(options);
+  std::unique_ptr<MatmulClient> client = NewClient("quitter");
+  std::unique_ptr<v1::MatmulService::Stub> stub = RawStub(target_);
+  {
+    // Half the bytes, then the client cancels.
+    grpc::ClientContext context;
+    context.AddMetadata("x-matmul-client", "quitter");
+    v1::UploadResponse response;
+    std::unique_ptr<grpc::ClientWriter<v1::UploadStreamRequest>> writer =
+        stub->UploadStream(&context, &response);
+    ASSERT_TRUE(writer->Write(StartOf({1024, 1024})));
+    ASSERT_TRUE(writer->Write(ChunkOf(0, 2 << 20)));
+    context.TryCancel();
+    EXPECT_EQ(writer->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  }
+  {
+    // The client's deadline passes midway.
+    grpc::ClientContext context;
+    context.AddMetadata("x-matmul-client", "quitter");
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::milliseconds(500));
+    v1::UploadResponse response;
+    std::unique_ptr<grpc::ClientWriter<v1::UploadStreamRequest>> writer =
+        stub->UploadStream(&context, &response);
+    ASSERT_TRUE(writer->Write(StartOf({1024, 1024})));
+    ASSERT_TRUE(writer->Write(ChunkOf(0, 1 << 20)));
+    absl::SleepFor(absl::Seconds(1));
+    EXPECT_EQ(writer->Finish().error_code(),
+              grpc::StatusCode::DEADLINE_EXCEEDED);
+  }
+  {
+    // The library's call, cancelled through its canceller.
+    auto canceller = std::make_shared<CallCanceller>();
+    UploadOptions cancelled;
+    cancelled.canceller = canceller;
+    cancelled.chunk_bytes = 4096;
+    absl::Notification done;
+    absl::StatusOr<StoredTensor> result;
+    client->UploadAsync(Patterned({1024, 1024}, DType::kFloat32, 1), cancelled,
+                        [&](absl::StatusOr<StoredTensor> s) {
+                          result = std::move(s);
+                          done.Notify();
+                        });
+    canceller->Cancel();
+    done.WaitForNotification();
+    EXPECT_EQ(result.status().code(), absl::StatusCode::kCancelled);
+  }
+  // The server lets go of the calls; then nothing is stored and the whole
+  // quota (4 MiB: exactly one tensor) is free.
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while ((server_->service().calls_in_progress() > 0 ||
+          server_->service().inflight_requests() > 0) &&
+         absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(StoredHandles(), 0);
+  EXPECT_EQ(StoredBytes(), 0);
+  UploadOptions chunked;
+  chunked.chunk_bytes = 1 << 20;
+  absl::StatusOr<StoredTensor> whole =
+      client->Upload(Patterned({1024, 1024}, DType::kFloat32, 2), chunked);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_TRUE(client->Delete(whole->id).ok());
+}
+
+TEST_F(StoredTensorClientTest, DownloadStreamSendsChunksInOrder) {
+  std::unique_ptr<MatmulClient> client = NewClient();
+  const HostTensor t = Patterned({5, 7, 3}, DType::kFloat16, 3);  // 210 B
+  absl::StatusOr<StoredTensor> stored = client->Upload(t);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  std::unique_ptr<v1::MatmulService::Stub> stub = RawStub(target_);
+  for (int64_t chunk : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{64}}) {
+    SCOPED_TRACE(chunk);
+    grpc::ClientContext context;
+    v1::DownloadStreamRequest request;
+    request.set_handle(stored->id);
+    request.set_chunk_bytes(chunk);
+    std::unique_ptr<grpc::ClientReader<v1::DownloadStreamResponse>> reader =
+        stub->DownloadStream(&context, request);
+    v1::DownloadStreamResponse message;
+    ASSERT_TRUE(reader->Read(&message));
+    ASSERT_TRUE(message.has_handle());
+    EXPECT_EQ(message.handle().id(), stored->id);
+    EXPECT_EQ(message.handle().bytes(), 210);
+    std::string data;
+    const int64_t expected =
+        chunk == 0 ? 210 : std::max<int64_t>(2, chunk / 2 * 2);
+    while (reader->Read(&message)) {
+      ASSERT_TRUE(message.has_chunk());
+      EXPECT_EQ(message.chunk().offset(), static_cast<int64_t>(data.size()));
+      EXPECT_LE(static_cast<int64_t>(message.chunk().data().size()), expected);
+      data += message.chunk().data();
+    }
+    ASSERT_TRUE(reader->Finish().ok());
+    EXPECT_EQ(data, t.data);
+  }
+  // Errors are the unary Download's.
+  for (auto [handle, chunk, code] :
+       {std::tuple<std::string, int64_t, grpc::StatusCode>{
+            "h-gone", 0, grpc::StatusCode::NOT_FOUND},
+        {stored->id, -1, grpc::StatusCode::INVALID_ARGUMENT}}) {
+    grpc::ClientContext context;
+    v1::DownloadStreamRequest request;
+    request.set_handle(handle);
+    request.set_chunk_bytes(chunk);
+    std::unique_ptr<grpc::ClientReader<v1::DownloadStreamResponse>> reader =
+        stub->DownloadStream(&context, request);
+    v1::DownloadStreamResponse message;
+    EXPECT_FALSE(reader->Read(&message));
+    EXPECT_EQ(reader->Finish().error_code(), code);
+  }
+  EXPECT_TRUE(client->Delete(stored->id).ok());
 }
 
 }  // namespace

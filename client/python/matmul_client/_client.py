@@ -47,6 +47,16 @@ from ._native_bridge import (
 from ._proto.grpc.health.v1 import health_pb2, health_pb2_grpc
 from ._proto.matmul.v1 import matmul_pb2, matmul_pb2_grpc
 from ._requests import Operand, _multiply_request
+from ._stored_chunks import (
+    DOWNLOAD_CHUNK_BYTES,
+    DownloadAssembler,
+    chunk_under,
+    chunked,
+    too_large,
+    unimplemented_upload,
+    upload_messages,
+    upload_values,
+)
 from ._streamed import (
     _check_stripes,
     _multiply_stream,
@@ -57,7 +67,6 @@ from ._streamed import (
 from ._tensors import (
     DTYPE_NAMES,
     WireType,
-    encode_tensor,
     from_tensor,
     resolve_single_wire_type,
     stored_wire_type,
@@ -394,6 +403,10 @@ class Client:
     ) -> Handle:
         """Stores ``array`` (2-D or 3-D) on the server and returns its :class:`Handle`.
 
+        An array of any size: one over 64 MiB travels in chunks
+        (UploadStream), so the server's message size does not bound it. A
+        call that fails or is interrupted midway stores and charges nothing.
+
         Args:
             array: Any array-like, as a multiply operand.
             device: The device to store it on (an index from
@@ -408,8 +421,9 @@ class Client:
         Raises:
             TypeError, ValueError: As for a multiply operand; a bad ttl.
             MatmulError: RESOURCE_EXHAUSTED over the client's quota (bytes or
-                tensors) or the message size; INVALID_ARGUMENT for an unknown
-                device or a ttl over the server's maximum.
+                tensors); INVALID_ARGUMENT for an unknown device or a ttl over
+                the server's maximum; UNIMPLEMENTED for an array over 64 MiB
+                and a server without chunked uploads.
         """
         x = np.asarray(array)
         if x.ndim not in (2, 3):
@@ -426,31 +440,67 @@ class Client:
             except _native.StatusError as error:
                 raise _native_error(error) from None
             return _handle_from_native(value, self)
-        request = matmul_pb2.UploadRequest(
-            tensor=encode_tensor(x, resolve_single_wire_type(x, dtype, "array")),
-            ttl_seconds=ttl_seconds(ttl, "ttl"),
-        )
-        if device is not None:
-            request.device = int(device)
-        try:
-            response = self._stub.Upload(
-                request, timeout=self._deadline(timeout), metadata=self._metadata
+        wire = resolve_single_wire_type(x, dtype, "array")
+        values = upload_values(x, wire)
+        ttl_s = ttl_seconds(ttl, "ttl")
+        if not chunked(values):
+            request = matmul_pb2.UploadRequest(
+                tensor=matmul_pb2.Tensor(shape=values.shape, dtype=wire.proto, data=values.tobytes()),
+                ttl_seconds=ttl_s,
             )
-        except grpc.RpcError as error:
-            raise MatmulError.from_call(error) from error
-        return Handle.from_proto(response.handle, self)
+            if device is not None:
+                request.device = int(device)
+            try:
+                response = self._stub.Upload(
+                    request, timeout=self._deadline(timeout), metadata=self._metadata
+                )
+                return Handle.from_proto(response.handle, self)
+            except grpc.RpcError as error:
+                if not too_large(error):
+                    raise MatmulError.from_call(error) from error
+                # Over this server's message size: in chunks under it.
+                return self._upload_stream(values, wire, device, ttl_s, timeout, smaller=True)
+        return self._upload_stream(values, wire, device, ttl_s, timeout, smaller=False)
+
+    def _upload_stream(
+        self, values: np.ndarray, wire: WireType, device: Optional[int], ttl_s: int,
+        timeout: Optional[float], smaller: bool,
+    ) -> Handle:
+        """``values`` stored by an UploadStream; ``smaller``: in chunks under
+        the server's message size (GetServerInfo), as they are when chunks of
+        the default size are refused as too large."""
+        chunk = None
+        for attempt in range(2):
+            if smaller:
+                info = self._stub.GetServerInfo(
+                    matmul_pb2.GetServerInfoRequest(), timeout=self._deadline(timeout), metadata=self._metadata
+                )
+                chunk = chunk_under(info.limits.max_message_bytes)
+            try:
+                response = self._stub.UploadStream(
+                    upload_messages(values, wire, device, ttl_s, chunk),
+                    timeout=self._deadline(timeout),
+                    metadata=self._metadata,
+                )
+                return Handle.from_proto(response.handle, self)
+            except grpc.RpcError as error:
+                if error.code() is grpc.StatusCode.UNIMPLEMENTED:
+                    raise unimplemented_upload(error) from error
+                if smaller or not too_large(error):
+                    raise MatmulError.from_call(error) from error
+                smaller = True
+        raise AssertionError("unreachable")
 
     def download(self, handle: HandleOrId, *, timeout: Optional[float] = None) -> np.ndarray:
         """The data of a stored tensor (a :class:`Handle` or its id), as a new array.
 
         float32, float64 and float16 tensors come back in their dtype;
         bfloat16 ones as float32 (holding the bfloat16 values exactly), as
-        multiply results do.
+        multiply results do. A tensor of any size: it comes in chunks
+        (DownloadStream; from a server without it, in one message).
 
         Raises:
-            MatmulError: NOT_FOUND for an unknown, deleted or expired handle;
-                RESOURCE_EXHAUSTED if it is larger than the server's message
-                size.
+            MatmulError: NOT_FOUND for an unknown, deleted or expired handle.
         """
         if self._native is not None:
             ident = handle_id(handle)
@@ -459,7 +509,28 @@ class Client:
             except _native.StatusError as error:
                 raise _native_error(error) from None
             return _downloaded(value)
-        request = matmul_pb2.DownloadRequest(handle=handle_id(handle))
+        ident = handle_id(handle)
+        assembler = DownloadAssembler()
+        call = self._stub.DownloadStream(
+            matmul_pb2.DownloadStreamRequest(handle=ident, chunk_bytes=DOWNLOAD_CHUNK_BYTES),
+            timeout=self._deadline(timeout),
+            metadata=self._metadata,
+        )
+        try:
+            for response in call:
+                assembler.add(response)
+            return assembler.result()
+        except MatmulError:
+            call.cancel()
+            raise
+        except grpc.RpcError as error:
+            if error.code() is not grpc.StatusCode.UNIMPLEMENTED or assembler.started:
+                raise MatmulError.from_call(error) from error
+        except BaseException:  # Interrupted (KeyboardInterrupt, a cancelled task).
+            call.cancel()
+            raise
+        # A server without DownloadStream: in one message.
+        request = matmul_pb2.DownloadRequest(handle=ident)
         try:
             response = self._stub.Download(
                 request, timeout=self._deadline(timeout), metadata=self._metadata

@@ -56,6 +56,16 @@ from ._native_bridge import (
 from ._proto.grpc.health.v1 import health_pb2, health_pb2_grpc
 from ._proto.matmul.v1 import matmul_pb2, matmul_pb2_grpc
 from ._requests import Operand, _multiply_request
+from ._stored_chunks import (
+    DOWNLOAD_CHUNK_BYTES,
+    DownloadAssembler,
+    chunk_under,
+    chunked,
+    too_large,
+    unimplemented_upload,
+    upload_messages,
+    upload_values,
+)
 from ._streamed import (
     _check_stripes,
     _stream_messages,
@@ -65,7 +75,6 @@ from ._streamed import (
 )
 from ._tensors import (
     DTYPE_NAMES,
-    encode_tensor,
     from_tensor,
     resolve_single_wire_type,
     stored_wire_type,
@@ -258,18 +267,48 @@ class AsyncClient:
             native = self._native
             value = await self._await_native(lambda done: native.upload_async(*args, done))
             return _handle_from_native(value, self)
-        request = matmul_pb2.UploadRequest(
-            tensor=encode_tensor(x, resolve_single_wire_type(x, dtype, "array")),
-            ttl_seconds=ttl_seconds(ttl, "ttl"),
-        )
-        if device is not None:
-            request.device = int(device)
+        wire = resolve_single_wire_type(x, dtype, "array")
+        values = upload_values(x, wire)
+        ttl_s = ttl_seconds(ttl, "ttl")
         stub = self._pure()[0]
-        try:
-            response = await stub.Upload(request, timeout=deadline, metadata=self._metadata)
-        except grpc.RpcError as error:
-            raise MatmulError.from_call(error) from error
-        return Handle.from_proto(response.handle, self)
+        if chunked(values) and np.may_share_memory(values, x):
+            values = values.copy()  # the caller may change x once we await
+        smaller = False
+        if not chunked(values):
+            request = matmul_pb2.UploadRequest(
+                tensor=matmul_pb2.Tensor(shape=values.shape, dtype=wire.proto, data=values.tobytes()),
+                ttl_seconds=ttl_s,
+            )
+            if device is not None:
+                request.device = int(device)
+            try:
+                response = await stub.Upload(request, timeout=deadline, metadata=self._metadata)
+                return Handle.from_proto(response.handle, self)
+            except grpc.RpcError as error:
+                if not too_large(error):
+                    raise MatmulError.from_call(error) from error
+                smaller = True  # over this server's message size
+        # In chunks; under the server's message size (GetServerInfo) where
+        # it refused the default ones as too large.
+        chunk = None
+        for attempt in range(2):
+            if smaller:
+                info = await stub.GetServerInfo(
+                    matmul_pb2.GetServerInfoRequest(), timeout=deadline, metadata=self._metadata
+                )
+                chunk = chunk_under(info.limits.max_message_bytes)
+            try:
+                response = await stub.UploadStream(
+                    upload_messages(values, wire, device, ttl_s, chunk), timeout=deadline, metadata=self._metadata
+                )
+                return Handle.from_proto(response.handle, self)
+            except grpc.RpcError as error:
+                if error.code() is grpc.StatusCode.UNIMPLEMENTED:
+                    raise unimplemented_upload(error) from error
+                if smaller or not too_large(error):
+                    raise MatmulError.from_call(error) from error
+                smaller = True
+        raise AssertionError("unreachable")
 
     async def download(self, handle: HandleOrId, *, timeout: Optional[float] = None) -> np.ndarray:
         """:meth:`Client.download`, awaited. Cancelling the task cancels the
@@ -282,6 +321,26 @@ class AsyncClient:
             value = await self._await_native(lambda done: native.download_async(ident, seconds, done))
             return _downloaded(value)
         stub = self._pure()[0]
+        assembler = DownloadAssembler()
+        call = stub.DownloadStream(
+            matmul_pb2.DownloadStreamRequest(handle=ident, chunk_bytes=DOWNLOAD_CHUNK_BYTES),
+            timeout=deadline,
+            metadata=self._metadata,
+        )
+        try:
+            async for response in call:
+                assembler.add(response)
+            return assembler.result()
+        except MatmulError:
+            call.cancel()
+            raise
+        except grpc.RpcError as error:
+            if error.code() is not grpc.StatusCode.UNIMPLEMENTED or assembler.started:
+                raise MatmulError.from_call(error) from error
+        except BaseException:  # Interrupted (KeyboardInterrupt, a cancelled task).
+            call.cancel()
+            raise
+        # A server without DownloadStream: in one message.
         try:
             response = await stub.Download(
                 matmul_pb2.DownloadRequest(handle=ident), timeout=deadline, metadata=self._metadata
