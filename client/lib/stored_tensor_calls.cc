@@ -91,13 +91,14 @@ void MatmulClient::UploadAsync(const HostTensor& tensor,
 absl::StatusOr<HostTensor> MatmulClient::Download(const std::string& id,
                                                   absl::Duration timeout) {
   if (id.empty()) return absl::InvalidArgumentError("the handle id is empty");
+  ASSIGN_OR_RETURN(const HandleRoute route, RouteHandles(id));
   grpc::ClientContext context;
   PrepareContext(context, timeout, "");
   v1::DownloadRequest request;
   request.set_handle(id);
   v1::DownloadResponse response;
-  RETURN_IF_ERROR(
-      FromGrpcStatus(NextStub().Download(&context, request, &response)));
+  RETURN_IF_ERROR(route.Finish(
+      FromGrpcStatus(route.stub().Download(&context, request, &response))));
   return TensorFromDownload(std::move(response));
 }
 
@@ -108,19 +109,24 @@ void MatmulClient::DownloadAsync(const std::string& id, absl::Duration timeout,
     std::move(done)(absl::InvalidArgumentError("the handle id is empty"));
     return;
   }
+  absl::StatusOr<HandleRoute> route = RouteHandles(id);
+  if (!route.ok()) {
+    std::move(done)(route.status());
+    return;
+  }
   using Call = AsyncCall<v1::DownloadRequest, v1::DownloadResponse>;
   auto call = std::make_shared<Call>();
   call->request.set_handle(id);
-  call->done = [done = std::move(done)](
+  call->done = [done = std::move(done), route = *route](
                    absl::StatusOr<v1::DownloadResponse> response) mutable {
-    std::move(done)(TensorFromDownload(std::move(response)));
+    std::move(done)(TensorFromDownload(route.Finish(std::move(response))));
   };
   PrepareContext(call->context, timeout, "");
   if (canceller != nullptr) {
     canceller->Attach(
         std::shared_ptr<grpc::ClientContext>(call, &call->context));
   }
-  v1::MatmulService::Stub::async_interface* async = NextStub().async();
+  v1::MatmulService::Stub::async_interface* async = route->stub().async();
   StartAsync(std::move(call), [async](auto&&... args) {
     async->Download(std::forward<decltype(args)>(args)...);
   });
@@ -129,12 +135,14 @@ void MatmulClient::DownloadAsync(const std::string& id, absl::Duration timeout,
 absl::Status MatmulClient::Delete(const std::string& id,
                                   absl::Duration timeout) {
   if (id.empty()) return absl::InvalidArgumentError("the handle id is empty");
+  ASSIGN_OR_RETURN(const HandleRoute route, RouteHandles(id));
   grpc::ClientContext context;
   PrepareContext(context, timeout, "");
   v1::DeleteRequest request;
   request.set_handle(id);
   v1::DeleteResponse response;
-  return FromGrpcStatus(NextStub().Delete(&context, request, &response));
+  return route.Finish(
+      FromGrpcStatus(route.stub().Delete(&context, request, &response)));
 }
 
 void MatmulClient::DeleteAsync(const std::string& id, absl::Duration timeout,
@@ -144,19 +152,24 @@ void MatmulClient::DeleteAsync(const std::string& id, absl::Duration timeout,
     std::move(done)(absl::InvalidArgumentError("the handle id is empty"));
     return;
   }
+  absl::StatusOr<HandleRoute> route = RouteHandles(id);
+  if (!route.ok()) {
+    std::move(done)(route.status());
+    return;
+  }
   using Call = AsyncCall<v1::DeleteRequest, v1::DeleteResponse>;
   auto call = std::make_shared<Call>();
   call->request.set_handle(id);
-  call->done = [done = std::move(done)](
+  call->done = [done = std::move(done), route = *route](
                    absl::StatusOr<v1::DeleteResponse> response) mutable {
-    std::move(done)(response.status());
+    std::move(done)(route.Finish(response.status()));
   };
   PrepareContext(call->context, timeout, "");
   if (canceller != nullptr) {
     canceller->Attach(
         std::shared_ptr<grpc::ClientContext>(call, &call->context));
   }
-  v1::MatmulService::Stub::async_interface* async = NextStub().async();
+  v1::MatmulService::Stub::async_interface* async = route->stub().async();
   StartAsync(std::move(call), [async](auto&&... args) {
     async->Delete(std::forward<decltype(args)>(args)...);
   });
