@@ -12,6 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "client/lib/host_tensor.h"
 #include "client/lib/matmul_client.h"
 #include "client/lib/multiply_encoding.h"
@@ -115,6 +117,11 @@ class HandleRoutingTest : public ::testing::Test {
     const absl::Status connected =
         (*client)->WaitForConnected(absl::FromChrono(testing::kConnectTimeout));
     EXPECT_TRUE(connected.ok()) << connected;
+    // round_robin sends calls only to the connections that are up, and
+    // WaitForConnected waits for the first: a while of calls lets the others
+    // come up, so that uploads spread.
+    const absl::Time end = absl::Now() + absl::Milliseconds(300);
+    while (absl::Now() < end) (void)(*client)->GetServerInfo(absl::Seconds(5));
     return *std::move(client);
   }
 
