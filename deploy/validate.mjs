@@ -395,6 +395,16 @@ function checkServer(dep, problems, ctx) {
     problems.push(`${cw}: startupProbe allows less than 60 s for CUDA start-up`);
   }
 
+  // Stored-tensor handles name the pod that holds them: the server
+  // advertises the pod's IP (it adds its port), so that spreading clients
+  // send the calls naming a handle to that pod.
+  const advertise = (server.env ?? []).find((e) => e.name === "MATMUL_ADVERTISE_ADDRESS");
+  if (advertise?.valueFrom?.fieldRef?.fieldPath !== "status.podIP") {
+    problems.push(
+      `${cw}: MATMUL_ADVERTISE_ADDRESS must come from the pod's IP (valueFrom.fieldRef.fieldPath: status.podIP), so that handles name their pod`,
+    );
+  }
+
   // Drain.
   const grace = parseDuration(env.get("MATMUL_DRAIN_GRACE") ?? "0");
   const timeout = parseDuration(env.get("MATMUL_DRAIN_TIMEOUT") ?? "30s");

@@ -7,6 +7,7 @@
 #include "absl/time/clock.h"
 #include "common/bounded_text.h"
 #include "common/capability_id.h"
+#include "common/handle_id.h"
 
 namespace matmul {
 
@@ -58,11 +59,21 @@ void HandleRegistry::SetDefaultTotalBytes(int64_t bytes) {
   if (max_bytes_total_ <= 0) max_bytes_total_ = std::max<int64_t>(bytes, 1);
 }
 
+void HandleRegistry::SetHome(std::string address) {
+  absl::MutexLock lock(&mu_);
+  home_ = std::move(address);
+}
+
+std::string HandleRegistry::home() const {
+  absl::MutexLock lock(&mu_);
+  return home_;
+}
+
 absl::StatusOr<HandleRegistry::Reservation> HandleRegistry::Reserve(
     const std::string& owner, int64_t bytes) {
   // Drawn before the quota is charged, outside the lock: a failure here
   // charges nothing.
-  absl::StatusOr<std::string> id = NewCapabilityId("h-");
+  absl::StatusOr<std::string> id = NewCapabilityId(kHandleIdNoHomePrefix);
   if (!id.ok()) return id.status();
   absl::MutexLock lock(&mu_);
   const auto existing = usage_.find(owner);
@@ -140,6 +151,12 @@ HandleRegistry::Entry HandleRegistry::Add(
   // The reservation's charge now belongs to the entry.
   reservation.registry_ = nullptr;
   absl::MutexLock lock(&mu_);
+  if (!home_.empty()) {
+    // The random part stays as drawn; the home goes in front.
+    entry.id = ComposeHandleId(
+        home_, entry.tensor->device(),
+        absl::string_view(entry.id).substr(sizeof(kHandleIdNoHomePrefix) - 1));
+  }
   stored_bytes_ += entry.tensor->bytes();
   // The reserved byte count and the tensor's size are the same number: the
   // caller reserved tensor bytes.

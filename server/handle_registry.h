@@ -2,9 +2,13 @@
 // products kept with keep_result), by handle id. Each entry holds a
 // ResidentTensor, the client it is charged to, and an expiry; a sweeper
 // thread frees expired entries. Quotas per client bound the bytes and the
-// number of entries. Handle ids are "h-" and 128 bits from the kernel's
+// number of entries. Handle ids carry 128 bits from the kernel's
 // cryptographic generator (common/capability_id.h): whoever holds an id may
 // use or delete it (capability semantics); quota is charged to the creator.
+// With a home set (SetHome: the address the server advertises) they name it
+// and the tensor's device ahead of the random part, "h1.ADDRESS.DEVICE.HEX"
+// (common/handle_id.h), so that clients find this server; without one they
+// are "h-HEX".
 //
 // Thread-safe. Clear() (or destruction) must happen before the engine that
 // made the tensors is destroyed.
@@ -87,6 +91,12 @@ class HandleRegistry {
   // Called once the engine's memory is known, before any Reserve.
   void SetDefaultTotalBytes(int64_t bytes);
 
+  // The address handle ids name from now on (CheckAdvertiseAddress must
+  // pass); empty: none ("h-" ids). Set once the server knows it, before any
+  // Add.
+  void SetHome(std::string address);
+  std::string home() const;
+
   // Charges `bytes` and one handle to `owner`; RESOURCE_EXHAUSTED, with the
   // numbers and the limit's flag, when that would exceed the client's
   // quota or the server's total; UNAVAILABLE if the kernel gives no random
@@ -97,7 +107,8 @@ class HandleRegistry {
   // negative or over the maximum.
   absl::StatusOr<absl::Duration> Ttl(int64_t requested_seconds) const;
 
-  // Stores `tensor` under the reservation's id, consuming the reservation.
+  // Stores `tensor` under the reservation's id, with the home and the
+  // tensor's device in front when a home is set, consuming the reservation.
   Entry Add(Reservation reservation, std::shared_ptr<ResidentTensor> tensor,
             std::vector<int64_t> shape, absl::Duration ttl);
 
@@ -127,6 +138,8 @@ class HandleRegistry {
   mutable absl::Mutex mu_;
   // The total in effect: the given one, or the default once it is set.
   int64_t max_bytes_total_ ABSL_GUARDED_BY(mu_);
+  // SetHome's address; empty: none.
+  std::string home_ ABSL_GUARDED_BY(mu_);
   // Reserved or stored, all clients (the sum of usage_'s bytes).
   int64_t charged_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<std::string, Entry> entries_ ABSL_GUARDED_BY(mu_);

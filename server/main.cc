@@ -42,6 +42,12 @@
 ABSL_FLAG(std::string, host, "0.0.0.0",
           "Address to listen on for gRPC (0.0.0.0, ::, 127.0.0.1, ...)");
 ABSL_FLAG(int32_t, port, 50051, "gRPC port (0 picks a free one)");
+ABSL_FLAG(std::string, advertise_address, "",
+          "host:port clients elsewhere reach this server at (e.g. the pod's "
+          "IP and port; a host alone gets --port); stored-tensor handles "
+          "name it so that spreading clients send calls naming a handle "
+          "here. Empty: --host and the port when --host is a concrete IP "
+          "address, else handles name no server");
 ABSL_FLAG(int32_t, metrics_port, 9464,
           "Prometheus /metrics HTTP port (0 disables)");
 ABSL_FLAG(std::string, engine, "auto",
@@ -168,7 +174,7 @@ const std::vector<matmul::FlagGroup>& TuningFlags() {
         "max_elements_per_operand", "stripe_join_timeout=DURATION",
         "max_concurrent_streams", "max_connection_age_grace",
         "keepalive_timeout", "grpc_arg=NAME=INT,...", "trim_memory_after",
-        "metrics_top_clients"}},
+        "metrics_top_clients", "advertise_address=HOST[:PORT]"}},
   };
   return *groups;
 }
@@ -321,6 +327,7 @@ std::string HostPort(const std::string& host, int port) {
 absl::Status SetListening(matmul::ServerOptions& options) {
   const std::string host = absl::GetFlag(FLAGS_host);
   options.listen_address = HostPort(host, absl::GetFlag(FLAGS_port));
+  options.advertise_address = absl::GetFlag(FLAGS_advertise_address);
   const int metrics_port = absl::GetFlag(FLAGS_metrics_port);
   if (metrics_port < 0 || metrics_port > 65535) {
     return absl::InvalidArgumentError("--metrics-port must be in [0, 65535]");
@@ -465,6 +472,13 @@ void LogServing(const matmul::ServerOptions& options,
       " bytes, max in flight ", options.limits.max_inflight_bytes,
       " bytes; staging copy helpers ", options.staging_copy.helpers,
       options.staging_copy.streaming_stores ? ", streaming stores" : ""));
+  const std::string home = server.service().handles().home();
+  matmul::LogLine(
+      home.empty()
+          ? std::string("stored-tensor handles name no server (no "
+                        "--advertise-address, and --host is not a concrete "
+                        "IP address): spreading clients cannot route them")
+          : absl::StrCat("stored-tensor handles name this server as ", home));
 }
 
 // Waits for SIGTERM or SIGINT, then drains the server: the exit status.

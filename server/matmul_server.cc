@@ -9,10 +9,12 @@
 #include <algorithm>
 #include <climits>
 #include <fstream>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/build_info.h"
+#include "common/handle_id.h"
 #include "common/log.h"
 #include "server/unix_socket_listener.h"
 
@@ -108,6 +110,15 @@ MatmulServer::~MatmulServer() { Shutdown(); }
 
 absl::StatusOr<std::unique_ptr<MatmulServer>> MatmulServer::Start(
     const ServerOptions& options, EngineProvider provider) {
+  if (!options.advertise_address.empty()) {
+    // Checked before anything is bound; resolved with the bound port below.
+    if (absl::StatusOr<std::string> checked =
+            ResolveAdvertiseAddress(options.advertise_address, 1);
+        !checked.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--advertise-address: ", checked.status().message()));
+    }
+  }
   std::unique_ptr<MatmulServer> self(new MatmulServer(options));
   self->service_ = std::make_unique<MatmulServiceImpl>(
       options.limits, options.handle_limits, ServerVersion(),
@@ -145,6 +156,15 @@ absl::StatusOr<std::unique_ptr<MatmulServer>> MatmulServer::Start(
     self->server_.reset();
     return absl::UnavailableError(
         absl::StrCat("cannot listen on ", options.listen_address));
+  }
+  // Handles name this server from the first one on.
+  if (!options.advertise_address.empty()) {
+    self->service_->handles().SetHome(
+        ResolveAdvertiseAddress(options.advertise_address, self->port_)
+            .value_or(""));
+  } else if (std::optional<std::string> home =
+                 DefaultAdvertiseAddress(options.listen_address, self->port_)) {
+    self->service_->handles().SetHome(*home);
   }
   if (self->unix_listener_ != nullptr) {
     self->unix_listener_->Start(self->server_.get());

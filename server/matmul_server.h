@@ -31,6 +31,17 @@ namespace matmul {
 struct ServerOptions {
   // gRPC listening address, e.g. "0.0.0.0:50051" or "127.0.0.1:0".
   std::string listen_address = "0.0.0.0:50051";
+  // The address clients elsewhere reach this server at, host:port (e.g. the
+  // pod's IP and port), or a host alone, which gets the bound port (an IPv6
+  // address in brackets or not: Kubernetes' status.podIP as it is):
+  // stored-tensor handles name it, so that spreading clients send the calls
+  // naming a handle here (common/handle_id.h). Empty:
+  // listen_address's host and the bound port when that host is a concrete
+  // IP address ("127.0.0.1:0" gives 127.0.0.1 and the port picked), else
+  // none, and handles name no server ("h-" ids, which clients send over
+  // their spread). Start fails (INVALID_ARGUMENT) for one that is neither
+  // host:port nor a host.
+  std::string advertise_address;
   // Credentials for listen_address: TLS or mutual TLS; null for plaintext.
   std::shared_ptr<grpc::ServerCredentials> credentials;
   // Also listen on this unix socket path (plaintext; same-host clients,

@@ -2,12 +2,14 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/handle_id.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -60,6 +62,36 @@ TEST(HandleRegistryTest, AddGetDelete) {
   EXPECT_EQ(registry.stored_bytes(), 0);
   EXPECT_EQ(registry.Get(e.id).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(registry.Delete(e.id).code(), absl::StatusCode::kNotFound);
+}
+
+TEST(HandleRegistryTest, WithAHomeIdsNameTheServerAndTheDevice) {
+  HandleRegistry registry(SmallLimits());
+  registry.SetHome("10.0.0.5:50051");
+  EXPECT_EQ(registry.home(), "10.0.0.5:50051");
+  std::atomic<int> alive{0};
+  absl::StatusOr<HandleRegistry::Reservation> r =
+      registry.Reserve("alice", 400);
+  ASSERT_TRUE(r.ok());
+  HandleRegistry::Entry e =
+      registry.Add(std::move(*r), std::make_shared<FakeTensor>(10, 10, &alive),
+                   {10, 10}, absl::Seconds(60));
+  std::optional<HandleHome> home = HandleHomeOf(e.id);
+  ASSERT_TRUE(home.has_value()) << e.id;
+  EXPECT_EQ(home->address, "10.0.0.5:50051");
+  EXPECT_EQ(home->device, 0);  // FakeTensor's
+  // The random part keeps its 128 bits.
+  EXPECT_EQ(e.id.size(), std::string("h1.10.0.0.5:50051.0.").size() + 32);
+  ASSERT_TRUE(registry.Get(e.id).ok());
+  // Only the whole id names the tensor: not its random part alone, nor it
+  // under another home.
+  const std::string random = e.id.substr(e.id.size() - 32);
+  EXPECT_EQ(registry.Get("h-" + random).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(registry.Get("h1.10.0.0.6:50051.0." + random).status().code(),
+            absl::StatusCode::kNotFound);
+  e.tensor.reset();
+  EXPECT_TRUE(registry.Delete(e.id).ok());
+  EXPECT_EQ(alive, 0);
 }
 
 TEST(HandleRegistryTest, QuotasPerClient) {

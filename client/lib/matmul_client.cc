@@ -36,6 +36,7 @@
 #include "client/lib/multiply_encoding.h"
 #include "client/lib/tensor_proto.h"
 #include "client/lib/unary_call.h"
+#include "common/handle_id.h"
 #include "common/status_macros.h"
 #include "proto/dtype_mapping.h"
 
@@ -50,6 +51,13 @@ constexpr char kChannelIndexArg[] = "matmul.channel";
 constexpr int kMaxChannels = 1024;
 // Servers whose striped-call channels a client keeps (StripeChannels).
 constexpr size_t kMaxPinnedServers = 16;
+// Servers whose handle channels a client keeps (RouteHandles).
+constexpr size_t kMaxHomes = 256;
+// Longest handle a request's bytes are searched for (RequestHandles).
+constexpr uint64_t kMaxRoutedHandleBytes = 1024;
+// MultiplyRequest's a_handle and b_handle (proto/matmul/v1/matmul.proto).
+constexpr uint32_t kAHandleField = 6;
+constexpr uint32_t kBHandleField = 7;
 // The longest a striped call waits to learn which server it goes to.
 constexpr absl::Duration kMaxStripeProbe = absl::Seconds(10);
 // The method an encoded request is sent to.
@@ -190,7 +198,170 @@ std::string IpTargetAuthority(const std::string& target) {
   return other_scheme || absl::StrContains(target, '/') ? "" : target;
 }
 
+// Reads protobuf's wire format from a ByteBuffer's slices in place.
+class SliceReader {
+ public:
+  explicit SliceReader(const grpc::ByteBuffer& buffer) {
+    (void)buffer.Dump(&slices_);
+  }
+  bool Varint(uint64_t* value) {
+    *value = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+      uint8_t byte = 0;
+      if (!Byte(&byte)) return false;
+      *value |= static_cast<uint64_t>(byte & 0x7f) << shift;
+      if ((byte & 0x80) == 0) return true;
+    }
+    return false;
+  }
+  // Skips `n` bytes, or copies them to `out` when it is not null.
+  bool Take(uint64_t n, std::string* out) {
+    while (n > 0) {
+      if (slice_ == slices_.size()) return false;
+      const grpc::Slice& slice = slices_[slice_];
+      const uint64_t here = std::min<uint64_t>(n, slice.size() - at_);
+      if (out != nullptr) {
+        out->append(reinterpret_cast<const char*>(slice.begin()) + at_, here);
+      }
+      n -= here;
+      Advance(here);
+    }
+    return true;
+  }
+  bool AtEnd() {
+    Advance(0);
+    return slice_ == slices_.size();
+  }
+
+ private:
+  bool Byte(uint8_t* byte) {
+    Advance(0);
+    if (slice_ == slices_.size()) return false;
+    *byte = slices_[slice_].begin()[at_];
+    Advance(1);
+    return true;
+  }
+  // Moves `n` bytes on within the current slice, then past empty slices.
+  void Advance(uint64_t n) {
+    at_ += n;
+    while (slice_ < slices_.size() && at_ == slices_[slice_].size()) {
+      ++slice_;
+      at_ = 0;
+    }
+  }
+
+  std::vector<grpc::Slice> slices_;
+  size_t slice_ = 0;
+  size_t at_ = 0;
+};
+
+// The a_handle and b_handle of an encoded MultiplyRequest, read without
+// copying its operands; empty where it has none, or where the bytes do not
+// parse (the server will say what is wrong with them).
+void RequestHandles(const grpc::ByteBuffer& request, std::string* a,
+                    std::string* b) {
+  SliceReader reader(request);
+  while (!reader.AtEnd()) {
+    uint64_t tag = 0;
+    if (!reader.Varint(&tag)) return;
+    const uint32_t field = static_cast<uint32_t>(tag >> 3);
+    uint64_t value = 0;
+    switch (tag & 7) {
+      case 0:
+        if (!reader.Varint(&value)) return;
+        break;
+      case 1:
+        if (!reader.Take(8, nullptr)) return;
+        break;
+      case 5:
+        if (!reader.Take(4, nullptr)) return;
+        break;
+      case 2: {
+        if (!reader.Varint(&value)) return;
+        std::string* out = field == kAHandleField   ? a
+                           : field == kBHandleField ? b
+                                                    : nullptr;
+        if (out != nullptr && value <= kMaxRoutedHandleBytes) {
+          out->clear();  // the last occurrence wins, as in protobuf
+          if (!reader.Take(value, out)) return;
+        } else if (!reader.Take(value, nullptr)) {
+          return;
+        }
+        break;
+      }
+      default:
+        return;
+    }
+  }
+}
+
 }  // namespace
+
+const std::string& MatmulClient::HandleRoute::home() const {
+  static const std::string* const kNone = new std::string();
+  return home_ == nullptr ? *kNone : home_->address;
+}
+
+absl::Status MatmulClient::HandleRoute::Finish(absl::Status status) const {
+  if (home_ == nullptr || status.code() != absl::StatusCode::kUnavailable) {
+    return status;
+  }
+  return absl::NotFoundError(absl::StrCat(
+      "the server holding this handle (", home_->address,
+      ") is not reachable, and its stored tensors are gone with it: ",
+      status.message()));
+}
+
+absl::StatusOr<MatmulClient::HandleRoute> MatmulClient::RouteHandles(
+    absl::string_view a, absl::string_view b) {
+  HandleRoute route;
+  if (pin_stripes_) {
+    std::optional<HandleHome> home_a = HandleHomeOf(a);
+    std::optional<HandleHome> home_b = HandleHomeOf(b);
+    if (home_a.has_value() && home_b.has_value() &&
+        home_a->address != home_b->address) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a and b are stored on different servers (", home_a->address, " and ",
+          home_b->address,
+          "): the stored operands of one multiply must live on one server"));
+    }
+    const std::optional<HandleHome>& home =
+        home_a.has_value() ? home_a : home_b;
+    if (home.has_value() && home->address != target_authority_) {
+      absl::MutexLock lock(&homes_mu_);
+      std::shared_ptr<const HomeChannel>& entry = homes_[home->address];
+      if (entry == nullptr) {
+        auto made = std::make_shared<HomeChannel>();
+        made->address = home->address;
+        made->channel = make_channel_(0, home->address);
+        made->stub = v1::MatmulService::NewStub(made->channel);
+        made->multiply_stub = std::make_unique<MultiplyStub>(made->channel);
+        entry = std::move(made);
+      }
+      route.home_ = entry;
+      if (homes_.size() > kMaxHomes) {
+        // Another server's: calls using it hold it until they end.
+        for (auto it = homes_.begin(); it != homes_.end(); ++it) {
+          if (it->first != home->address) {
+            homes_.erase(it);
+            break;
+          }
+        }
+      }
+    }
+  }
+  if (route.home_ != nullptr) {
+    route.stub_ = route.home_->stub.get();
+    route.multiply_stub_ = route.home_->multiply_stub.get();
+    route.channel_ = &route.home_->channel;
+    return route;
+  }
+  const uint64_t n = next_stub_.fetch_add(1, std::memory_order_relaxed);
+  route.stub_ = stubs_[n % stubs_.size()].get();
+  route.multiply_stub_ = multiply_stubs_[n % multiply_stubs_.size()].get();
+  route.channel_ = &channels_[n % channels_.size()];
+  return route;
+}
 
 absl::StatusOr<int64_t> TtlSeconds(absl::Duration ttl, absl::string_view what) {
   if (ttl == absl::ZeroDuration()) return 0;
@@ -368,18 +539,19 @@ absl::StatusOr<std::unique_ptr<MatmulClient>> MatmulClient::Create(
   }
   const bool pin_stripes = options.load_balancing_policy == "round_robin" &&
                            !IpTargetAuthority(target).empty();
-  return std::unique_ptr<MatmulClient>(
-      new MatmulClient(std::move(channels), options.client_id,
-                       std::move(make_channel), pin_stripes));
+  return std::unique_ptr<MatmulClient>(new MatmulClient(
+      std::move(channels), options.client_id, std::move(make_channel),
+      pin_stripes, IpTargetAuthority(target)));
 }
 
 MatmulClient::MatmulClient(std::vector<std::shared_ptr<grpc::Channel>> channels,
                            std::string client_id, ChannelMaker make_channel,
-                           bool pin_stripes)
+                           bool pin_stripes, std::string target_authority)
     : channels_(std::move(channels)),
       client_id_(std::move(client_id)),
       make_channel_(std::move(make_channel)),
-      pin_stripes_(pin_stripes) {
+      pin_stripes_(pin_stripes),
+      target_authority_(std::move(target_authority)) {
   for (const std::shared_ptr<grpc::Channel>& channel : channels_) {
     stubs_.push_back(v1::MatmulService::NewStub(channel));
     multiply_stubs_.push_back(std::make_unique<MultiplyStub>(channel));
@@ -416,19 +588,26 @@ absl::Status MatmulClient::WaitForConnected(absl::Duration timeout) {
 }
 
 std::vector<std::shared_ptr<grpc::Channel>> MatmulClient::StripeChannels(
-    int k, absl::Duration timeout) {
+    int k, absl::Duration timeout, const std::string& server) {
   if (pin_stripes_) {
     // Which server the spread picks for this multiply: the peer of a call
     // over it. A peer with no IP address, or a failed call, leaves the
     // stripes on the client's channels (the multiply then fails, or works,
     // on its own).
-    grpc::ClientContext context;
-    PrepareContext(context, std::min(timeout, kMaxStripeProbe), "");
-    v1::GetServerInfoResponse response;
-    const grpc::Status probed = NextStub().GetServerInfo(
-        &context, v1::GetServerInfoRequest(), &response);
-    const std::string peer = probed.ok() ? context.peer() : "";
-    if (absl::StartsWith(peer, "ipv4:") || absl::StartsWith(peer, "ipv6:")) {
+    std::string peer = server;
+    if (peer.empty()) {
+      grpc::ClientContext context;
+      PrepareContext(context, std::min(timeout, kMaxStripeProbe), "");
+      v1::GetServerInfoResponse response;
+      const grpc::Status probed = NextStub().GetServerInfo(
+          &context, v1::GetServerInfoRequest(), &response);
+      if (probed.ok()) peer = context.peer();
+      if (!absl::StartsWith(peer, "ipv4:") &&
+          !absl::StartsWith(peer, "ipv6:")) {
+        peer.clear();
+      }
+    }
+    if (!peer.empty()) {
       absl::MutexLock lock(&stripe_mu_);
       auto it = std::find_if(
           pinned_channels_.begin(), pinned_channels_.end(),
@@ -466,11 +645,6 @@ std::vector<std::shared_ptr<grpc::Channel>> MatmulClient::StripeChannels(
   return out;
 }
 
-MatmulClient::MultiplyStub& MatmulClient::NextMultiplyStub() {
-  const uint64_t n = next_stub_.fetch_add(1, std::memory_order_relaxed);
-  return *multiply_stubs_[n % multiply_stubs_.size()];
-}
-
 void MatmulClient::PrepareContext(grpc::ClientContext& context,
                                   absl::Duration timeout,
                                   const std::string& client_id) const {
@@ -489,8 +663,10 @@ absl::StatusOr<HostTensor> MatmulClient::Multiply(
   RETURN_IF_ERROR(CheckClientId(options.client_id));
   ASSIGN_OR_RETURN(v1::MultiplyRequest request,
                    MakeMultiplyRequest(a, b, options));
-  return ResultFromResponse(
-      MultiplyEncoded(EncodeMultiplyRequest(std::move(request)), options));
+  ASSIGN_OR_RETURN(const HandleRoute route,
+                   RouteHandles(request.a_handle(), request.b_handle()));
+  return ResultFromResponse(MultiplyEncodedOn(
+      route, EncodeMultiplyRequest(std::move(request)), options));
 }
 
 void MatmulClient::MultiplyAsync(const Operand& a, const Operand& b,
@@ -512,8 +688,14 @@ void MatmulClient::MultiplyAsync(const Operand& a, const Operand& b,
     std::move(done)(request.status());
     return;
   }
-  MultiplyEncodedAsync(
-      EncodeMultiplyRequest(*std::move(request)), options,
+  absl::StatusOr<HandleRoute> route =
+      RouteHandles(request->a_handle(), request->b_handle());
+  if (!route.ok()) {
+    std::move(done)(route.status());
+    return;
+  }
+  MultiplyEncodedAsyncOn(
+      *std::move(route), EncodeMultiplyRequest(*std::move(request)), options,
       [done = std::move(done)](
           absl::StatusOr<v1::MultiplyResponse> response) mutable {
         std::move(done)(ResultFromResponse(std::move(response)));
@@ -527,8 +709,10 @@ absl::StatusOr<StoredTensor> MatmulClient::MultiplyAndKeep(
   keep.keep_result = true;
   ASSIGN_OR_RETURN(v1::MultiplyRequest request,
                    MakeMultiplyRequest(a, b, keep));
-  return KeptFromResponse(
-      MultiplyEncoded(EncodeMultiplyRequest(std::move(request)), keep));
+  ASSIGN_OR_RETURN(const HandleRoute route,
+                   RouteHandles(request.a_handle(), request.b_handle()));
+  return KeptFromResponse(MultiplyEncodedOn(
+      route, EncodeMultiplyRequest(std::move(request)), keep));
 }
 
 void MatmulClient::MultiplyAndKeepAsync(const Operand& a, const Operand& b,
@@ -545,8 +729,14 @@ void MatmulClient::MultiplyAndKeepAsync(const Operand& a, const Operand& b,
     std::move(done)(request.status());
     return;
   }
-  MultiplyEncodedAsync(
-      EncodeMultiplyRequest(*std::move(request)), keep,
+  absl::StatusOr<HandleRoute> route =
+      RouteHandles(request->a_handle(), request->b_handle());
+  if (!route.ok()) {
+    std::move(done)(route.status());
+    return;
+  }
+  MultiplyEncodedAsyncOn(
+      *std::move(route), EncodeMultiplyRequest(*std::move(request)), keep,
       [done = std::move(done)](
           absl::StatusOr<v1::MultiplyResponse> response) mutable {
         std::move(done)(KeptFromResponse(std::move(response)));
@@ -556,11 +746,13 @@ void MatmulClient::MultiplyAndKeepAsync(const Operand& a, const Operand& b,
 absl::StatusOr<v1::MultiplyResponse> MatmulClient::MultiplyRaw(
     const v1::MultiplyRequest& request, const MultiplyOptions& options) {
   RETURN_IF_ERROR(CheckClientId(options.client_id));
+  ASSIGN_OR_RETURN(const HandleRoute route,
+                   RouteHandles(request.a_handle(), request.b_handle()));
   grpc::ClientContext context;
   PrepareContext(context, options.timeout, options.client_id);
   v1::MultiplyResponse response;
-  RETURN_IF_ERROR(
-      FromGrpcStatus(NextStub().Multiply(&context, request, &response)));
+  RETURN_IF_ERROR(route.Finish(
+      FromGrpcStatus(route.stub().Multiply(&context, request, &response))));
   return response;
 }
 
@@ -573,21 +765,39 @@ void MatmulClient::MultiplyRawAsync(const v1::MultiplyRequest& request,
   }
   // Lives until the reaction below runs; gRPC needs the context and the
   // response until then.
+  absl::StatusOr<HandleRoute> route =
+      RouteHandles(request.a_handle(), request.b_handle());
+  if (!route.ok()) {
+    std::move(done)(route.status());
+    return;
+  }
   struct Call {
     grpc::ClientContext context;
     v1::MultiplyResponse response;
     MultiplyRawDone done;
   };
   auto* call = new Call;
-  call->done = std::move(done);
+  call->done = [done = std::move(done), route = *route](
+                   absl::StatusOr<v1::MultiplyResponse> response) mutable {
+    std::move(done)(route.Finish(std::move(response)));
+  };
   PrepareContext(call->context, options.timeout, options.client_id);
-  NextStub().async()->Multiply(
+  route->stub().async()->Multiply(
       &call->context, &request, &call->response,
       [call](grpc::Status status) { EndMultiplyCall(call, status); });
 }
 
 absl::StatusOr<v1::MultiplyResponse> MatmulClient::MultiplyEncoded(
     const grpc::ByteBuffer& request, const MultiplyOptions& options) {
+  std::string a_handle, b_handle;
+  if (pin_stripes_) RequestHandles(request, &a_handle, &b_handle);
+  ASSIGN_OR_RETURN(const HandleRoute route, RouteHandles(a_handle, b_handle));
+  return MultiplyEncodedOn(route, request, options);
+}
+
+absl::StatusOr<v1::MultiplyResponse> MatmulClient::MultiplyEncodedOn(
+    const HandleRoute& route, const grpc::ByteBuffer& request,
+    const MultiplyOptions& options) {
   RETURN_IF_ERROR(CheckClientId(options.client_id));
   grpc::ClientContext context;
   PrepareContext(context, options.timeout, options.client_id);
@@ -596,19 +806,31 @@ absl::StatusOr<v1::MultiplyResponse> MatmulClient::MultiplyEncoded(
   // returns from there, where a callback would complete on a gRPC thread
   // that then has to wake this one (one thread hand-off per call, which
   // showed in the latency of small multiplies).
-  const uint64_t n = next_stub_.fetch_add(1, std::memory_order_relaxed);
   const grpc::internal::RpcMethod method(kMultiplyMethod,
                                          grpc::internal::RpcMethod::NORMAL_RPC);
-  RETURN_IF_ERROR(FromGrpcStatus(
+  RETURN_IF_ERROR(route.Finish(FromGrpcStatus(
       grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, v1::MultiplyResponse>(
-          channels_[n % channels_.size()].get(), method, &context, request,
-          &response)));
+          route.channel().get(), method, &context, request, &response))));
   return response;
 }
 
 void MatmulClient::MultiplyEncodedAsync(const grpc::ByteBuffer& request,
                                         const MultiplyOptions& options,
                                         MultiplyRawDone done) {
+  std::string a_handle, b_handle;
+  if (pin_stripes_) RequestHandles(request, &a_handle, &b_handle);
+  absl::StatusOr<HandleRoute> route = RouteHandles(a_handle, b_handle);
+  if (!route.ok()) {
+    std::move(done)(route.status());
+    return;
+  }
+  MultiplyEncodedAsyncOn(*std::move(route), request, options, std::move(done));
+}
+
+void MatmulClient::MultiplyEncodedAsyncOn(HandleRoute route,
+                                          const grpc::ByteBuffer& request,
+                                          const MultiplyOptions& options,
+                                          MultiplyRawDone done) {
   if (absl::Status s = CheckClientId(options.client_id); !s.ok()) {
     std::move(done)(s);
     return;
@@ -621,19 +843,21 @@ void MatmulClient::MultiplyEncodedAsync(const grpc::ByteBuffer& request,
     grpc::ByteBuffer request;  // shares the encoding's slices
     v1::MultiplyResponse response;
     MultiplyRawDone done;
+    HandleRoute route;           // keeps a handle's channel alive
     std::shared_ptr<Call> self;  // released by the reaction
   };
   auto shared = std::make_shared<Call>();
   Call* call = shared.get();
   call->request = request;
   call->done = std::move(done);
+  call->route = std::move(route);
   PrepareContext(call->context, options.timeout, options.client_id);
   if (options.canceller != nullptr) {
     options.canceller->Attach(
         std::shared_ptr<grpc::ClientContext>(shared, &call->context));
   }
   call->self = std::move(shared);
-  NextMultiplyStub().UnaryCall(
+  call->route.multiply_stub().UnaryCall(
       &call->context, kMultiplyMethod, grpc::StubOptions(), &call->request,
       &call->response, [call](grpc::Status status) {
         std::shared_ptr<Call> owned = std::move(call->self);
@@ -641,7 +865,7 @@ void MatmulClient::MultiplyEncodedAsync(const grpc::ByteBuffer& request,
         absl::StatusOr<v1::MultiplyResponse> result =
             status.ok() ? absl::StatusOr<v1::MultiplyResponse>(
                               std::move(owned->response))
-                        : FromGrpcStatus(status);
+                        : owned->route.Finish(FromGrpcStatus(status));
         owned.reset();
         std::move(done)(std::move(result));
       });

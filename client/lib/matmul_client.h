@@ -19,6 +19,19 @@
 // expired handle is NOT_FOUND. Operands of one multiply that live on
 // different GPUs are INVALID_ARGUMENT: upload them to the same device.
 //
+// Handles name their server. A server that advertises an address
+// (matmul-server --advertise-address, or its listening IP) issues handles
+// that carry it (common/handle_id.h); a client that spreads its calls
+// (round_robin over an IP target) sends every call naming such a handle
+// (Multiply with handle operands, MultiplyAndKeep, MultiplyRaw,
+// MultiplyEncoded, MultiplyStreamed, Download, Delete) to that server, on a
+// channel of its own opened on first use and kept, and every other call over
+// the spread. Handles that name no server (an older server's, or one with
+// nothing to advertise) go over the spread as before. When the handle's
+// server cannot be reached (it is gone, and its tensors with it) the call
+// fails NOT_FOUND, saying so; operands stored on two different servers are
+// INVALID_ARGUMENT.
+//
 //   auto a = client->Upload(a_tensor);             // StatusOr<StoredTensor>
 //   auto ab = client->MultiplyAndKeep(*a, b_tensor);   // A.B stays there
 //   auto abc = client->Multiply(*ab, c_tensor);    // (A.B).C comes back
@@ -54,6 +67,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -81,9 +95,10 @@ struct ClientOptions {
   // gRPC load-balancing policy of every channel (those striped calls open
   // too), set through the default service config: "round_robin" spreads
   // calls over every address the target resolves to (dns:/// names, or
-  // "ipv4:10.0.0.1:50051,10.0.0.2:50051"); "pick_first" keeps them on one,
-  // as calls naming a stored tensor's handle need while handles do not name
-  // their server. Empty: the client sets none (gRPC's default, pick_first,
+  // "ipv4:10.0.0.1:50051,10.0.0.2:50051"), and sends the calls naming a
+  // stored tensor's handle to the server the handle names (see Stored
+  // tensors above); "pick_first" keeps them on one. Empty: the client sets
+  // none (gRPC's default, pick_first,
   // unless the resolver or a grpc.service_config channel argument names one).
   // Whatever the policy, the default service config retries a call refused
   // with UNAVAILABLE (a draining server's answer) up to three times: under
@@ -450,7 +465,7 @@ class MatmulClient {
 
   MatmulClient(std::vector<std::shared_ptr<grpc::Channel>> channels,
                std::string client_id, ChannelMaker make_channel,
-               bool pin_stripes);
+               bool pin_stripes, std::string target_authority);
 
   // `k` channels on distinct connections for a striped call. Where the
   // client spreads (round_robin), all to one server, so that the joins
@@ -460,16 +475,69 @@ class MatmulClient {
   // call fails or names no IP address: the client's own channels, starting
   // at the round-robin position, then as many extra ones as it takes
   // (opened on first use, kept).
+  // With a `server` (a stored operand's, as its handle names it), all to
+  // that server, without asking.
   std::vector<std::shared_ptr<grpc::Channel>> StripeChannels(
-      int k, absl::Duration timeout) ABSL_LOCKS_EXCLUDED(stripe_mu_);
+      int k, absl::Duration timeout, const std::string& server = "")
+      ABSL_LOCKS_EXCLUDED(stripe_mu_);
 
   // Sends an encoded request for Multiply, with a protobuf response.
   using MultiplyStub =
       grpc::TemplatedGenericStub<grpc::ByteBuffer, v1::MultiplyResponse>;
 
+  // Channel and stubs to the server a stored tensor lives on.
+  struct HomeChannel {
+    std::string address;
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<v1::MatmulService::Stub> stub;
+    std::unique_ptr<MultiplyStub> multiply_stub;
+  };
+
+  // Where a call that names stored tensors goes: to their server, or over
+  // the spread (the next channel, round-robin). Keeps the server's channel
+  // alive while held.
+  class HandleRoute {
+   public:
+    v1::MatmulService::Stub& stub() const { return *stub_; }
+    MultiplyStub& multiply_stub() const { return *multiply_stub_; }
+    const std::shared_ptr<grpc::Channel>& channel() const { return *channel_; }
+    // The server's address; empty over the spread.
+    const std::string& home() const;
+    // A call's status: UNAVAILABLE from the handle's server (it is gone, or
+    // going) becomes NOT_FOUND, naming it; anything else as it is.
+    absl::Status Finish(absl::Status status) const;
+    template <typename T>
+    absl::StatusOr<T> Finish(absl::StatusOr<T> result) const {
+      if (!result.ok()) return Finish(result.status());
+      return result;
+    }
+
+   private:
+    friend class MatmulClient;
+    std::shared_ptr<const HomeChannel> home_;  // null: over the spread
+    v1::MatmulService::Stub* stub_ = nullptr;
+    MultiplyStub* multiply_stub_ = nullptr;
+    const std::shared_ptr<grpc::Channel>* channel_ = nullptr;
+  };
+
+  // The route of a call naming handles `a` and `b` (either may be empty):
+  // the server they name, or the spread. INVALID_ARGUMENT if they name two
+  // different servers.
+  absl::StatusOr<HandleRoute> RouteHandles(absl::string_view a,
+                                           absl::string_view b = "")
+      ABSL_LOCKS_EXCLUDED(homes_mu_);
+
+  // Sends an encoded Multiply the way `route` says.
+  absl::StatusOr<v1::MultiplyResponse> MultiplyEncodedOn(
+      const HandleRoute& route, const grpc::ByteBuffer& request,
+      const MultiplyOptions& options);
+  void MultiplyEncodedAsyncOn(HandleRoute route,
+                              const grpc::ByteBuffer& request,
+                              const MultiplyOptions& options,
+                              MultiplyRawDone done);
+
   // The next channel's stub, round-robin.
   v1::MatmulService::Stub& NextStub();
-  MultiplyStub& NextMultiplyStub();
 
   // The chunked stored-tensor calls (client/lib/stored_tensor_calls.cc);
   // `tensor` stays alive until `done` has run. A download that finds the
@@ -494,8 +562,18 @@ class MatmulClient {
   std::atomic<uint64_t> next_stub_{0};
   const std::string client_id_;
   const ChannelMaker make_channel_;
-  // Striped calls go to one server at a time (StripeChannels).
+  // Striped calls go to one server at a time (StripeChannels), and calls
+  // naming a handle to the server it names (RouteHandles): the client
+  // spreads.
   const bool pin_stripes_;
+  // The target's host:port (IpTargetAuthority): a handle naming it needs no
+  // channel of its own.
+  const std::string target_authority_;
+  absl::Mutex homes_mu_;
+  // Channels to the servers handles named, by address; past kMaxHomes one
+  // is dropped (calls using it keep it until they end).
+  absl::flat_hash_map<std::string, std::shared_ptr<const HomeChannel>> homes_
+      ABSL_GUARDED_BY(homes_mu_);
   absl::Mutex stripe_mu_;
   // Channels past ClientOptions::channels that striped calls opened.
   std::vector<std::shared_ptr<grpc::Channel>> extra_channels_

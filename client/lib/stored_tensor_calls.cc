@@ -303,8 +303,19 @@ void MatmulClient::UploadChunkedAsync(std::shared_ptr<const HostTensor> tensor,
 void MatmulClient::DownloadChunkedAsync(
     const std::string& id, absl::Duration timeout, TensorDone done,
     std::shared_ptr<CallCanceller> canceller) {
+  absl::StatusOr<HandleRoute> route = RouteHandles(id);
+  if (!route.ok()) {
+    std::move(done)(route.status());
+    return;
+  }
+  // UNAVAILABLE from the handle's server becomes NOT_FOUND, naming it.
+  TensorDone finished = [done = std::move(done), route = *route](
+                            absl::StatusOr<HostTensor> tensor) mutable {
+    std::move(done)(route.Finish(std::move(tensor)));
+  };
   auto call = std::make_shared<DownloadStreamCall>(
-      std::move(done), [this, id, timeout, canceller](TensorDone done) mutable {
+      std::move(finished),
+      [this, id, timeout, canceller](TensorDone done) mutable {
         DownloadUnaryAsync(id, timeout, std::move(done), std::move(canceller));
       });
   call->request().set_handle(id);
@@ -314,8 +325,8 @@ void MatmulClient::DownloadChunkedAsync(
     canceller->Attach(
         std::shared_ptr<grpc::ClientContext>(call, &call->context()));
   }
-  NextStub().async()->DownloadStream(&call->context(), &call->request(),
-                                     call.get());
+  route->stub().async()->DownloadStream(&call->context(), &call->request(),
+                                        call.get());
   call->Go(call);
 }
 
@@ -418,19 +429,24 @@ void MatmulClient::DownloadAsync(const std::string& id, absl::Duration timeout,
 void MatmulClient::DownloadUnaryAsync(
     const std::string& id, absl::Duration timeout, TensorDone done,
     std::shared_ptr<CallCanceller> canceller) {
+  absl::StatusOr<HandleRoute> route = RouteHandles(id);
+  if (!route.ok()) {
+    std::move(done)(route.status());
+    return;
+  }
   using Call = AsyncCall<v1::DownloadRequest, v1::DownloadResponse>;
   auto call = std::make_shared<Call>();
   call->request.set_handle(id);
-  call->done = [done = std::move(done)](
+  call->done = [done = std::move(done), route = *route](
                    absl::StatusOr<v1::DownloadResponse> response) mutable {
-    std::move(done)(TensorFromDownload(std::move(response)));
+    std::move(done)(TensorFromDownload(route.Finish(std::move(response))));
   };
   PrepareContext(call->context, timeout, "");
   if (canceller != nullptr) {
     canceller->Attach(
         std::shared_ptr<grpc::ClientContext>(call, &call->context));
   }
-  v1::MatmulService::Stub::async_interface* async = NextStub().async();
+  v1::MatmulService::Stub::async_interface* async = route->stub().async();
   StartAsync(std::move(call), [async](auto&&... args) {
     async->Download(std::forward<decltype(args)>(args)...);
   });
@@ -439,12 +455,14 @@ void MatmulClient::DownloadUnaryAsync(
 absl::Status MatmulClient::Delete(const std::string& id,
                                   absl::Duration timeout) {
   if (id.empty()) return absl::InvalidArgumentError("the handle id is empty");
+  ASSIGN_OR_RETURN(const HandleRoute route, RouteHandles(id));
   grpc::ClientContext context;
   PrepareContext(context, timeout, "");
   v1::DeleteRequest request;
   request.set_handle(id);
   v1::DeleteResponse response;
-  return FromGrpcStatus(NextStub().Delete(&context, request, &response));
+  return route.Finish(
+      FromGrpcStatus(route.stub().Delete(&context, request, &response)));
 }
 
 void MatmulClient::DeleteAsync(const std::string& id, absl::Duration timeout,
@@ -454,19 +472,24 @@ void MatmulClient::DeleteAsync(const std::string& id, absl::Duration timeout,
     std::move(done)(absl::InvalidArgumentError("the handle id is empty"));
     return;
   }
+  absl::StatusOr<HandleRoute> route = RouteHandles(id);
+  if (!route.ok()) {
+    std::move(done)(route.status());
+    return;
+  }
   using Call = AsyncCall<v1::DeleteRequest, v1::DeleteResponse>;
   auto call = std::make_shared<Call>();
   call->request.set_handle(id);
-  call->done = [done = std::move(done)](
+  call->done = [done = std::move(done), route = *route](
                    absl::StatusOr<v1::DeleteResponse> response) mutable {
-    std::move(done)(response.status());
+    std::move(done)(route.Finish(response.status()));
   };
   PrepareContext(call->context, timeout, "");
   if (canceller != nullptr) {
     canceller->Attach(
         std::shared_ptr<grpc::ClientContext>(call, &call->context));
   }
-  v1::MatmulService::Stub::async_interface* async = NextStub().async();
+  v1::MatmulService::Stub::async_interface* async = route->stub().async();
   StartAsync(std::move(call), [async](auto&&... args) {
     async->Delete(std::forward<decltype(args)>(args)...);
   });

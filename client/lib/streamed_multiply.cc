@@ -223,6 +223,8 @@ absl::StatusOr<HostTensor> MatmulClient::MultiplyStreamedView(
         stream.stripes));
   }
   RETURN_IF_ERROR(CheckClientId(options.client_id));
+  // To the stored operands' server, if their handles name one.
+  ASSIGN_OR_RETURN(const HandleRoute route, RouteHandles(a.handle, b.handle));
   const StreamedOperand* operands[2] = {&a, &b};
   int64_t wire_bytes = 0;
   for (const StreamedOperand* t : operands) {
@@ -322,10 +324,9 @@ absl::StatusOr<HostTensor> MatmulClient::MultiplyStreamedView(
   };
   std::vector<std::shared_ptr<grpc::Channel>> channels;
   if (stripes == 1) {
-    const uint64_t n = next_stub_.fetch_add(1, std::memory_order_relaxed);
-    channels.push_back(channels_[n % channels_.size()]);
+    channels.push_back(route.channel());
   } else {
-    channels = StripeChannels(stripes, options.timeout);
+    channels = StripeChannels(stripes, options.timeout, route.home());
   }
   std::vector<std::unique_ptr<Call>> calls;
   for (int s = 0; s < stripes; ++s) {
@@ -476,7 +477,7 @@ absl::StatusOr<HostTensor> MatmulClient::MultiplyStreamedView(
   owner.reset();
 
   absl::MutexLock lock(&mu);
-  if (!failed.ok()) return failed;
+  if (!failed.ok()) return route.Finish(failed);
   if (!described || received.load() != expected) {
     return absl::DataLossError(absl::StrCat("the streams ended with ",
                                             received.load(), " of ", expected,

@@ -446,7 +446,7 @@ def test_sigterm_stops_the_server_cleanly(tmp_path):
 # --- stored tensors: upload, download, delete, handles in multiply --------------
 
 STORED_LINE = re.compile(
-    r"^(h-[0-9a-f]+) shape \[([0-9, ]+)\] (\w+), (\d+) bytes, on (host|device \d+), "
+    r"^(h1\.\S+\.-?\d+\.[0-9a-f]{32}|h-[0-9a-f]+) shape \[([0-9, ]+)\] (\w+), (\d+) bytes, on (host|device \d+), "
     r"expires (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)$")
 
 

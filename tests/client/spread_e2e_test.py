@@ -1,7 +1,9 @@
 """Spread by default (issue 58 item 1): matmul-bench (the C++ client library
 at its default settings) and matmul-cli, with one target naming three
 host-engine servers on loopback, send each server a fair share of the
-multiplies, counted on each server's /metrics, never from timing.
+multiplies, counted on each server's /metrics, never from timing; and
+matmul-cli's calls naming a stored tensor's handle reach the server holding
+it (issue 58 item 2).
 
 Run with /usr/bin/python3 (it has NumPy):
 
@@ -311,3 +313,42 @@ def test_bench_loses_no_call_to_a_draining_server(tmp_path):
             started[0].stop()
     assert codes == [0] * (len(started) - 1), "".join(
         "".join(s.log) for s in started)
+
+
+def test_cli_handles_find_their_server(servers, tmp_path):
+    """Issue 58 item 2 through matmul-cli (the C++ library at its defaults):
+    tensors uploaded through the spread target, one process each, land on
+    more than one server, and multiplies, downloads and deletes naming
+    their handles, through the same target, each reach the server holding
+    the handle: no NOT_FOUND, every product exact. (The library's own test,
+    30 tensors x 10 multiplies, is handle_routing_test.)"""
+    target = spread_target(servers)
+    ports = {"127.0.0.1:%d" % s.port for s in servers}
+    b = (np.arange(15, dtype=np.float64).reshape(5, 3) * 5) % 7 - 3
+    np.save(tmp_path / "b.npy", b)
+    stored = []
+    for i in range(12):
+        a = (np.arange(30, dtype=np.float64).reshape(6, 5) * 3 + i * 7) % 11 - 5
+        np.save(tmp_path / "a.npy", a)
+        r = subprocess.run([str(CLI), "upload", "--target", target, "--a",
+                            str(tmp_path / "a.npy")],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr
+        handle = r.stdout.split()[0]
+        m = re.match(r"^h1\.(.+)\.-?\d+\.[0-9a-f]{32}$", handle)
+        assert m and m.group(1) in ports, handle
+        stored.append((handle, m.group(1), a))
+    assert len({home for _, home, _ in stored}) >= 2, stored
+    out = tmp_path / "c.npy"
+    for handle, _, a in stored:
+        for _ in range(2):
+            r = subprocess.run([str(CLI), "multiply", "--target", target,
+                                "--a-handle", handle, "--b",
+                                str(tmp_path / "b.npy"), "--out", str(out)],
+                               capture_output=True, text=True, timeout=60)
+            assert r.returncode == 0, r.stdout + r.stderr
+            np.testing.assert_array_equal(np.load(out), a @ b)
+        r = subprocess.run([str(CLI), "delete", "--target", target,
+                            "--handle", handle],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr

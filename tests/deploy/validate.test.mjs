@@ -145,6 +145,21 @@ test("policy: environment variables the server does not read", () => {
   );
 });
 
+test("policy: handles name their pod (MATMUL_ADVERTISE_ADDRESS from status.podIP)", () => {
+  const drop = (d) => {
+    const c = server(d);
+    c.env = c.env.filter((e) => e.name !== "MATMUL_ADVERTISE_ADDRESS");
+  };
+  assert.match(policyAfter(base, drop), /MATMUL_ADVERTISE_ADDRESS must come from the pod's IP/);
+  assert.match(
+    policyAfter(base, (d) => {
+      drop(d);
+      server(d).env.push({ name: "MATMUL_ADVERTISE_ADDRESS", value: "10.0.0.5:50051" });
+    }),
+    /MATMUL_ADVERTISE_ADDRESS must come from the pod's IP/,
+  );
+});
+
 test("policy: services, monitor and autoscalers fit together", () => {
   assert.match(
     policyAfter(base, (d) => {

@@ -2,7 +2,8 @@
 engine, with one target naming three servers send each a fair share of the
 multiplies (counted on each server's /metrics), and a caller that names
 pick_first keeps them on one. A server that drains fails none of the calls
-the others can take (item 3). matmul-cli's and matmul-bench's share is
+the others can take (item 3). Calls naming a stored tensor's handle reach
+the server holding it, and one whose server is gone is NOT_FOUND (item 2). matmul-cli's and matmul-bench's share is
 tests/client/spread_e2e_test.py's."""
 
 from __future__ import annotations
@@ -16,10 +17,13 @@ import time
 import urllib.request
 from typing import Iterator, List
 
+import grpc
 import numpy as np
 import pytest
 
 from conftest import ENGINES, ServerProcess, make_client
+from matmul_client import MatmulError
+from matmul_client._routing import handle_home
 from matmul_client.aio import AsyncClient
 
 #: Multiplies per client, the issue's number (a few seconds each).
@@ -186,3 +190,123 @@ def test_a_draining_server_fails_no_call(engine: str) -> None:
         if servers[0]._process.poll() is None:
             servers[0].stop()
     assert statuses == [0, 0], "".join(s.output() for s in servers)
+
+
+# Issue 58 item 2: handles that name their server.
+_STORED, _USES = 30, 10
+
+
+def _stored_operand(i: int) -> np.ndarray:
+    """Small integers, so that every product is exact."""
+    return ((np.arange(30, dtype=np.float64).reshape(6, 5) * 3 + i * 7) % 11) - 5
+
+
+_RIGHT = ((np.arange(15, dtype=np.float64).reshape(5, 3) * 5) % 7) - 3
+#: round_robin sends calls only to the connections that are up: a fresh
+#: client's first few milliseconds of calls all go to the first one.
+_WARM_UP_S = 0.5
+
+
+def _warm_up(client) -> None:
+    end = time.monotonic() + _WARM_UP_S
+    while time.monotonic() < end:
+        client.multiply(_RIGHT.T, _RIGHT)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_handles_find_their_server_through_the_spread(three, engine: str) -> None:
+    """30 tensors uploaded through the spread target, each multiplied with 10
+    times through it: no NOT_FOUND, every product exact; the uploads landed
+    on more than one server, and each handle names the one holding it."""
+    ports = {f"127.0.0.1:{s.port}" for s in three}
+    with make_client(_target(three), engine, timeout=60) as client:
+        _warm_up(client)
+        handles = [client.upload(_stored_operand(i)) for i in range(_STORED)]
+        homes = [handle_home(h.id) for h in handles]
+        assert set(homes) <= ports, homes
+        assert len(set(homes)) >= 2, homes
+        for _ in range(_USES):
+            for i, h in enumerate(handles):
+                np.testing.assert_array_equal(client.multiply(h, _RIGHT), _stored_operand(i) @ _RIGHT)
+        kept = client.multiply(handles[0], _RIGHT, keep=True)
+        assert handle_home(kept.id) == homes[0]
+        np.testing.assert_array_equal(client.download(kept), _stored_operand(0) @ _RIGHT)
+        np.testing.assert_array_equal(
+            client.multiply_streamed(handles[1], _RIGHT), _stored_operand(1) @ _RIGHT
+        )
+        np.testing.assert_array_equal(
+            client.multiply_async(handles[2], _RIGHT).result(60), _stored_operand(2) @ _RIGHT
+        )
+        for h in [*handles, kept]:
+            client.delete(h)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_async_client_handles_find_their_server(three, engine: str) -> None:
+    async def run() -> None:
+        async with _async_client(_target(three), engine) as client:
+            end = time.monotonic() + _WARM_UP_S
+            while time.monotonic() < end:
+                await client.multiply(_RIGHT.T, _RIGHT)
+            handles = [await client.upload(_stored_operand(i)) for i in range(_STORED)]
+            assert len({handle_home(h.id) for h in handles}) >= 2
+            for _ in range(3):
+                for i, h in enumerate(handles):
+                    np.testing.assert_array_equal(
+                        await client.multiply(h, _RIGHT), _stored_operand(i) @ _RIGHT
+                    )
+            np.testing.assert_array_equal(await client.download(handles[0]), _stored_operand(0))
+            for h in handles:
+                await client.delete(h)
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_handle_whose_server_is_gone_is_not_found(engine: str) -> None:
+    servers = [ServerProcess() for _ in range(3)]
+    try:
+        with make_client(_target(servers), engine, timeout=60) as client:
+            _warm_up(client)
+            handles = [client.upload(_stored_operand(i)) for i in range(6)]
+            gone = f"127.0.0.1:{servers[0].port}"
+            assert servers[0].stop() == 0
+            lost = [h for h in handles if handle_home(h.id) == gone]
+            kept = [h for h in handles if handle_home(h.id) != gone]
+            for h in lost:
+                with pytest.raises(MatmulError) as raised:
+                    client.multiply(h, _RIGHT)
+                assert raised.value.code() == grpc.StatusCode.NOT_FOUND
+                assert "not reachable" in raised.value.details() and gone in raised.value.details()
+                with pytest.raises(MatmulError) as raised:
+                    client.download(h)
+                assert raised.value.code() == grpc.StatusCode.NOT_FOUND
+            for h in kept:
+                np.testing.assert_array_equal(client.download(h), _stored_operand(handles.index(h)))
+    finally:
+        for s in servers[1:]:
+            s.stop()
+
+
+@pytest.mark.parametrize(
+    "handle_id, home",
+    [
+        ("h1.127.0.0.1:41234.-1." + "0" * 32, "127.0.0.1:41234"),
+        ("h1.10.0.0.5:50051.3." + "ab" * 16, "10.0.0.5:50051"),
+        ("h1.[fd00::7]:443.0." + "f" * 32, "[fd00::7]:443"),
+        ("h1.matmul-0.matmul:50051.12." + "1" * 32, "matmul-0.matmul:50051"),
+        ("h-" + "0" * 32, None),
+        ("h1.10.0.0.5:50051.0." + "0" * 31, None),
+        ("h1.10.0.0.5:50051.0." + "A" * 32, None),
+        ("h1.10.0.0.5:50051.01." + "0" * 32, None),
+        ("h1.10.0.0.5:50051.-2." + "0" * 32, None),
+        ("h1.10.0.0.5.0." + "0" * 32, None),
+        ("h1.10.0.0.5:0.0." + "0" * 32, None),
+        ("h1.10.0.0.5:65536.0." + "0" * 32, None),
+        ("h1.::1:50051.0." + "0" * 32, None),
+        ("h2.10.0.0.5:50051.0." + "0" * 32, None),
+        ("", None),
+    ],
+)
+def test_handle_home_parses_what_the_server_composes(handle_id: str, home) -> None:
+    assert handle_home(handle_id) == home

@@ -21,11 +21,14 @@ import numpy.typing as npt
 from ._channel import (
     ChannelOption,
     TlsArgument,
+    channel_options,
     first_unconnected,
     make_channel,
     remaining_seconds,
+    tls_config,
 )
 from ._errors import MatmulError
+from ._routing import HandleRouter, ip_target_authority, routed_error
 from ._handles import Handle, HandleOrId, handle_id, ttl_seconds
 from ._info import ServerInfo
 # NATIVE_ENV and NATIVE_UNAVAILABLE are read as _client's too (bench.py, the
@@ -153,6 +156,11 @@ class Client:
         self._channel = make_channel(target, tls, options)
         self._stub = matmul_pb2_grpc.MatmulServiceStub(self._channel)
         self._channel_args = (target, tls, tuple(options))
+        # Calls naming a handle go to the server it names (_routing.py).
+        self._router = HandleRouter(
+            target, channel_options(options, tls_config(tls)), self._home_channel,
+            matmul_pb2_grpc.MatmulServiceStub,
+        )
         self._stripe_lock = threading.Lock()
         self._stripe_channels: List[grpc.Channel] = []
         self._health = health_pb2_grpc.HealthStub(self._channel)
@@ -270,12 +278,13 @@ class Client:
         request, wire = _multiply_request(
             a, b, transpose_a, transpose_b, compute, dtype, keep, result_ttl
         )
+        home = self._router.home(request.a_handle, request.b_handle)
         try:
-            response = self._stub.Multiply(
+            response = self._router.stub(home, self._stub).Multiply(
                 request, timeout=self._deadline(timeout), metadata=self._metadata
             )
         except grpc.RpcError as error:
-            raise MatmulError.from_call(error) from error
+            raise routed_error(MatmulError.from_call(error), home) from error
         return self._product(response, wire, bool(keep))
 
     def multiply_streamed(
@@ -330,6 +339,17 @@ class Client:
                 raise _native_error(error) from None
             return _native_array(product, wire)
         request, wire = _multiply_request(a, b, transpose_a, transpose_b, compute, dtype)
+        home = self._router.home(request.a_handle, request.b_handle)
+        if home is not None:
+            # A stored operand's server, on one call (the stripes' channels
+            # go over the spread).
+            try:
+                return _multiply_stream(
+                    self._router.stub(home, self._stub), request, wire, chunk_bytes,
+                    self._deadline(timeout), self._metadata,
+                )
+            except MatmulError as error:
+                raise routed_error(error, home) from None
         if stripes > 1:
             return _multiply_striped(
                 self._stripe_channels_for(stripes), request, wire, chunk_bytes,
@@ -368,7 +388,8 @@ class Client:
             a, b, transpose_a, transpose_b, compute, dtype, keep, result_ttl
         )
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        call = self._stub.Multiply.future(
+        home = self._router.home(request.a_handle, request.b_handle)
+        call = self._router.stub(home, self._stub).Multiply.future(
             request, timeout=self._deadline(timeout), metadata=self._metadata
         )
 
@@ -377,7 +398,7 @@ class Client:
             if not future.set_running_or_notify_cancel():
                 return  # The caller cancelled the future.
             if finished.code() is not grpc.StatusCode.OK:
-                future.set_exception(MatmulError.from_call(finished))
+                future.set_exception(routed_error(MatmulError.from_call(finished), home))
                 return
             try:
                 future.set_result(self._product(finished.result(), wire, bool(keep)))
@@ -510,8 +531,10 @@ class Client:
                 raise _native_error(error) from None
             return _downloaded(value)
         ident = handle_id(handle)
+        home = self._router.home(ident)
+        stub = self._router.stub(home, self._stub)
         assembler = DownloadAssembler()
-        call = self._stub.DownloadStream(
+        call = stub.DownloadStream(
             matmul_pb2.DownloadStreamRequest(handle=ident, chunk_bytes=DOWNLOAD_CHUNK_BYTES),
             timeout=self._deadline(timeout),
             metadata=self._metadata,
@@ -525,18 +548,18 @@ class Client:
             raise
         except grpc.RpcError as error:
             if error.code() is not grpc.StatusCode.UNIMPLEMENTED or assembler.started:
-                raise MatmulError.from_call(error) from error
+                raise routed_error(MatmulError.from_call(error), home) from error
         except BaseException:  # Interrupted (KeyboardInterrupt, a cancelled task).
             call.cancel()
             raise
         # A server without DownloadStream: in one message.
         request = matmul_pb2.DownloadRequest(handle=ident)
         try:
-            response = self._stub.Download(
+            response = stub.Download(
                 request, timeout=self._deadline(timeout), metadata=self._metadata
             )
         except grpc.RpcError as error:
-            raise MatmulError.from_call(error) from error
+            raise routed_error(MatmulError.from_call(error), home) from error
         tensor = response.tensor
         name = DTYPE_NAMES.get(tensor.dtype)
         if name is None:
@@ -557,10 +580,13 @@ class Client:
                 raise _native_error(error) from None
             return
         request = matmul_pb2.DeleteRequest(handle=handle_id(handle))
+        home = self._router.home(request.handle)
         try:
-            self._stub.Delete(request, timeout=self._deadline(timeout), metadata=self._metadata)
+            self._router.stub(home, self._stub).Delete(
+                request, timeout=self._deadline(timeout), metadata=self._metadata
+            )
         except grpc.RpcError as error:
-            raise MatmulError.from_call(error) from error
+            raise routed_error(MatmulError.from_call(error), home) from error
 
     def server_info(self, *, timeout: Optional[float] = None) -> ServerInfo:
         """The server's engine, devices, dtypes and limits."""
@@ -636,10 +662,22 @@ class Client:
         path, native calls in flight finish first)."""
         self._native = None
         self._channel.close()
+        for channel in self._router.take_channels():
+            channel.close()
         with self._stripe_lock:
             channels, self._stripe_channels = self._stripe_channels, []
         for channel in channels:
             channel.close()
+
+    def _home_channel(self, address: str) -> grpc.Channel:
+        """A channel to the one server at ``address`` (a handle's), with the
+        target's settings; under TLS it checks the certificate against the
+        target's name, as the spread does."""
+        target, tls, options = self._channel_args
+        extra: Tuple[ChannelOption, ...] = ()
+        if tls_config(tls) is not None and ip_target_authority(target):
+            extra = (("grpc.default_authority", ip_target_authority(target)),)
+        return make_channel(address, tls, (*options, *extra))
 
     def _stripe_channels_for(self, stripes: int) -> List[grpc.Channel]:
         """The first ``stripes`` of the connections that pure-Python striped

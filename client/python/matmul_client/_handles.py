@@ -46,7 +46,9 @@ class Handle:
     its bytes count against the quota of the client that made it.
 
     Attributes:
-        id: The server's handle id ("h-...").
+        id: The server's handle id, opaque ("h1.<server>.<device>.<random>"
+            names the server holding it, to which clients send the calls
+            that use it; "h-..." names none).
         shape: (rows, cols) or (batch, rows, cols).
         dtype: "float32", "float64", "float16" or "bfloat16".
         device: The device it lives on (-1 on the host engine); multiplies

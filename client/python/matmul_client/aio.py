@@ -38,6 +38,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._channel import ChannelOption, TlsArgument, channel_options, tls_config
+from ._routing import HandleRouter, ip_target_authority, routed_error
 from ._client import CLIENT_ID_METADATA_KEY, _check_client_id
 from ._errors import MatmulError
 from ._handles import Handle, HandleOrId, handle_id, ttl_seconds
@@ -125,6 +126,12 @@ class AsyncClient:
         self._channel: Optional[grpc.aio.Channel] = None
         self._stub: Any = None
         self._health: Any = None
+        # Calls naming a handle go to the server it names (_routing.py), on
+        # grpc.aio channels made at first use, like the spread's.
+        self._router = HandleRouter(
+            target, channel_options(self._options, tls_config(tls)), self._home_channel,
+            matmul_pb2_grpc.MatmulServiceStub,
+        )
 
     @property
     def native(self) -> bool:
@@ -165,11 +172,12 @@ class AsyncClient:
         request, wire = _multiply_request(
             a, b, transpose_a, transpose_b, compute, dtype, keep, result_ttl
         )
-        stub = self._pure()[0]
+        home = self._router.home(request.a_handle, request.b_handle)
+        stub = self._router.stub(home, self._pure()[0])
         try:
             response = await stub.Multiply(request, timeout=deadline, metadata=self._metadata)
         except grpc.RpcError as error:
-            raise MatmulError.from_call(error) from error
+            raise routed_error(MatmulError.from_call(error), home) from error
         if keep:
             if not response.HasField("c_handle"):
                 raise MatmulError(
@@ -229,17 +237,19 @@ class AsyncClient:
             for message in messages:
                 yield message
 
-        stub = self._pure()[0]
+        home = self._router.home(request.a_handle, request.b_handle)
+        stub = self._router.stub(home, self._pure()[0])
         product = _StreamProduct()
         try:
             async for response in stub.MultiplyStream(
                 requests(), timeout=deadline, metadata=self._metadata
             ):
                 product.add(response)
-        except MatmulError:
-            raise  # The stream's own error, or a malformed product (an RpcError too).
+        except MatmulError as error:
+            # The stream's own error, or a malformed product (an RpcError too).
+            raise routed_error(error, home) from None
         except grpc.RpcError as error:
-            raise MatmulError.from_call(error) from error
+            raise routed_error(MatmulError.from_call(error), home) from error
         return product.result(wire)
 
     async def upload(
@@ -320,7 +330,8 @@ class AsyncClient:
             seconds = None if deadline is None else float(deadline)
             value = await self._await_native(lambda done: native.download_async(ident, seconds, done))
             return _downloaded(value)
-        stub = self._pure()[0]
+        home = self._router.home(ident)
+        stub = self._router.stub(home, self._pure()[0])
         assembler = DownloadAssembler()
         call = stub.DownloadStream(
             matmul_pb2.DownloadStreamRequest(handle=ident, chunk_bytes=DOWNLOAD_CHUNK_BYTES),
@@ -336,7 +347,7 @@ class AsyncClient:
             raise
         except grpc.RpcError as error:
             if error.code() is not grpc.StatusCode.UNIMPLEMENTED or assembler.started:
-                raise MatmulError.from_call(error) from error
+                raise routed_error(MatmulError.from_call(error), home) from error
         except BaseException:  # Interrupted (KeyboardInterrupt, a cancelled task).
             call.cancel()
             raise
@@ -346,7 +357,7 @@ class AsyncClient:
                 matmul_pb2.DownloadRequest(handle=ident), timeout=deadline, metadata=self._metadata
             )
         except grpc.RpcError as error:
-            raise MatmulError.from_call(error) from error
+            raise routed_error(MatmulError.from_call(error), home) from error
         tensor = response.tensor
         name = DTYPE_NAMES.get(tensor.dtype)
         if name is None:
@@ -363,13 +374,14 @@ class AsyncClient:
             seconds = None if deadline is None else float(deadline)
             await self._await_native(lambda done: native.delete_async(ident, seconds, done))
             return
-        stub = self._pure()[0]
+        home = self._router.home(ident)
+        stub = self._router.stub(home, self._pure()[0])
         try:
             await stub.Delete(
                 matmul_pb2.DeleteRequest(handle=ident), timeout=deadline, metadata=self._metadata
             )
         except grpc.RpcError as error:
-            raise MatmulError.from_call(error) from error
+            raise routed_error(MatmulError.from_call(error), home) from error
 
     async def server_info(self, *, timeout: Optional[float] = None) -> ServerInfo:
         """:meth:`Client.server_info`, awaited (over grpc.aio)."""
@@ -447,6 +459,8 @@ class AsyncClient:
         if self._channel is not None:
             channel, self._channel = self._channel, None
             await channel.close()
+        for home in self._router.take_channels():
+            await home.close()
 
     async def __aenter__(self) -> "AsyncClient":
         return self
@@ -489,6 +503,19 @@ class AsyncClient:
 
     def _deadline(self, timeout: Optional[float]) -> Optional[float]:
         return self._timeout if timeout is None else timeout
+
+    def _home_channel(self, address: str) -> grpc.aio.Channel:
+        """A grpc.aio channel to the one server at ``address`` (a handle's),
+        with the target's settings; under TLS it checks the certificate
+        against the target's name, as the spread does."""
+        config = tls_config(self._tls)
+        merged = channel_options(self._options, config)
+        if config is None:
+            return grpc.aio.insecure_channel(address, options=merged)
+        authority = ip_target_authority(self._target)
+        if authority:
+            merged.append(("grpc.default_authority", authority))
+        return grpc.aio.secure_channel(address, config.credentials(), options=merged)
 
     def _pure(self) -> Tuple[Any, Any]:
         """The grpc.aio stubs, on a channel made at first use (inside the loop)."""
