@@ -1,13 +1,12 @@
 #include "gpu/batching_engine.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
-#include <limits>
 #include <utility>
 #include <variant>
 
 #include "absl/time/clock.h"
-#include "gpu/grouped_job.h"
 
 namespace matmul {
 namespace {
@@ -216,12 +215,8 @@ void BatchingEngine::Submit(std::unique_ptr<MatmulJob> job) {
   if (!full.empty()) Launch(std::move(full));
 }
 
-void BatchingEngine::StartLaunch(size_t size, bool grouped) {
+void BatchingEngine::StartLaunch(size_t size) {
   ++in_flight_;
-  if (grouped) {
-    ++launches_.grouped_launches;
-    launches_.grouped_requests += static_cast<int64_t>(size);
-  }
   size_t bucket = 0;
   while (bucket < kBatchSizeBounds.size() &&
          static_cast<int>(size) > kBatchSizeBounds[bucket]) {
@@ -243,51 +238,20 @@ std::vector<std::unique_ptr<MatmulJob>> BatchingEngine::TakeOldestGroup() {
     }
   }
   if (oldest == nullptr) return jobs;
-  return TakeWithCompanions(KeyOf(*oldest->jobs.front()));
+  return TakeGroup(KeyOf(*oldest->jobs.front()));
 }
 
-std::vector<std::unique_ptr<MatmulJob>> BatchingEngine::TakeWithCompanions(
+std::vector<std::unique_ptr<MatmulJob>> BatchingEngine::TakeGroup(
     const Key& key) {
   std::vector<std::unique_ptr<MatmulJob>> jobs;
-  const size_t most = static_cast<size_t>(std::max(1, options_.max_batch));
-  // Bytes staged (operands and product), bounded for companions only.
-  int64_t bytes = 0;
-  auto take = [&jobs, &bytes, most](Group& group, int64_t max_bytes) {
-    size_t n = 0;
-    while (n < group.jobs.size() && jobs.size() < most) {
-      const MatmulSpec& s = group.jobs[n]->spec();
-      const int64_t job_bytes = s.a_bytes() + s.b_bytes() + s.c_bytes();
-      if (bytes + job_bytes > max_bytes) break;
-      bytes += job_bytes;
-      jobs.push_back(std::move(group.jobs[n++]));
-    }
-    group.jobs.erase(group.jobs.begin(), group.jobs.begin() + n);
-    return n;
-  };
-  take(groups_[key], std::numeric_limits<int64_t>::max());
-  size_t kinds = 1;
-  // Prestaged requests are gathered by a strided batch, never grouped.
-  if (options_.grouped && jobs.size() < most &&
-      std::get<7>(key) == OperandKind::kStaged) {
-    // Kinds that differ only in shape and transposes, oldest first.
-    // (Staged ones: a grouped job stages every member's operands.)
-    std::vector<std::pair<absl::Time, Group*>> others;
-    for (auto& [other, group] : groups_) {
-      if (other != key && !group.jobs.empty() &&
-          std::get<7>(other) == OperandKind::kStaged &&
-          std::get<0>(other) == std::get<0>(key) &&
-          std::get<1>(other) == std::get<1>(key)) {
-        others.emplace_back(group.deadline, &group);
-      }
-    }
-    std::sort(others.begin(), others.end(),
-              [](const auto& x, const auto& y) { return x.first < y.first; });
-    for (auto& [deadline, group] : others) {
-      if (jobs.size() >= most) break;
-      if (take(*group, options_.max_group_bytes) > 0) ++kinds;
-    }
-  }
-  if (!jobs.empty()) StartLaunch(jobs.size(), kinds > 1);
+  Group& group = groups_[key];
+  const size_t n = std::min(
+      group.jobs.size(), static_cast<size_t>(std::max(1, options_.max_batch)));
+  jobs.reserve(n);
+  for (size_t i = 0; i < n; ++i) jobs.push_back(std::move(group.jobs[i]));
+  group.jobs.erase(group.jobs.begin(),
+                   group.jobs.begin() + static_cast<std::ptrdiff_t>(n));
+  if (!jobs.empty()) StartLaunch(jobs.size());
   return jobs;
 }
 
@@ -314,15 +278,6 @@ void BatchingEngine::Launch(std::vector<std::unique_ptr<MatmulJob>> jobs) {
     inner_->Submit(std::make_unique<SoloJob>(this, std::move(jobs.front())));
     return;
   }
-  const Key key = KeyOf(*jobs.front());
-  for (const auto& job : jobs) {
-    if (KeyOf(*job) != key) {
-      // Several kinds: one grouped job.
-      inner_->Submit(std::make_unique<GroupedJob>(std::move(jobs),
-                                                  [this]() { JobFinished(); }));
-      return;
-    }
-  }
   inner_->Submit(std::make_unique<BatchJob>(this, std::move(jobs)));
 }
 
@@ -348,9 +303,9 @@ void BatchingEngine::FlushLoop() {
       }
       for (const Key& key : expired) {
         // Past its window (or shutting down): out, slot or not, until
-        // none is left (a group may have gone along with another).
+        // none is left (at most max_batch a launch).
         while (!groups_[key].jobs.empty()) {
-          due.push_back(TakeWithCompanions(key));
+          due.push_back(TakeGroup(key));
         }
       }
       stop = stopping_;

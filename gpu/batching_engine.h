@@ -17,14 +17,6 @@
 // slot: a group that old goes out anyway. Not adaptive: the first request
 // of a group waits `window` for company, whatever the engine is doing.
 //
-// Mixed shapes (`grouped`, the default): when a group goes out, it takes
-// the waiting requests of other kinds that differ only in shape and
-// transposes (one dtype and compute mode) along, oldest group first, up to
-// `max_batch` requests and `max_group_bytes` in all, as ONE grouped job
-// (gpu/grouped_job.h: one staging slot, one device region, one grouped
-// GEMM launch) instead of one job per shape. A launch of one kind stays a
-// strided batch.
-//
 // Eligible: plain 2-D multiplies with staged or prestaged operands (no
 // stored operands, no kept result) of at most `max_flops` each, with a
 // product destination only where the operands are prestaged (and
@@ -67,15 +59,6 @@ struct BatchingOptions {
   int max_batch = 64;
   // Largest request (2·m·n·k) worth merging.
   double max_flops = 2.0 * 512 * 512 * 512;
-  // Requests of several shapes (one dtype and compute mode) waiting at
-  // once go out as one grouped job; false (the default: adaptive batching
-  // forms few groups, and on an H100 they saved no device time): one job
-  // per shape.
-  bool grouped = false;
-  // Grouped: other shapes' requests join only while the job's operands and
-  // products stay within this many bytes (they must fit one staging slot
-  // and the device at once; a request of the first group always goes).
-  int64_t max_group_bytes = int64_t{256} << 20;
   // Prestaged requests that name a product destination (shared memory's
   // c_shared) batch too, with one another: each product is written into
   // its member's destination. False (the default until it is measured on a
@@ -142,19 +125,15 @@ class BatchingEngine final : public Engine {
   // counted against the slots.
   void Launch(std::vector<std::unique_ptr<MatmulJob>> jobs);
   // Adaptive: takes the group that has waited longest, if there is one and
-  // a free slot (taking it), with its companions (TakeWithCompanions).
+  // a free slot (taking it), by TakeGroup.
   std::vector<std::unique_ptr<MatmulJob>> TakeOldestGroup()
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Takes the requests of `key`'s group and, when grouping, those of the
-  // other kinds of its dtype and compute mode, oldest group first, up to
-  // max_batch in all (a group left with some keeps its deadline); starts
-  // their launch.
-  std::vector<std::unique_ptr<MatmulJob>> TakeWithCompanions(const Key& key)
+  // Takes the requests of `key`'s group, up to max_batch (a group left with
+  // some keeps its deadline); starts their launch.
+  std::vector<std::unique_ptr<MatmulJob>> TakeGroup(const Key& key)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A launch of `size` requests begins: it takes a slot, and is counted
-  // (`grouped`: as one grouped job of several kinds).
-  void StartLaunch(size_t size, bool grouped = false)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A launch of `size` requests begins: it takes a slot, and is counted.
+  void StartLaunch(size_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FlushLoop();
 
   const std::unique_ptr<Engine> inner_;

@@ -350,24 +350,9 @@ struct DownloadOp {
 // operand reach the device in pieces while the rest of it is still arriving.
 struct AllocateOp {};
 
-// Grouped multiply: several multiplies of different shapes, one dtype and
-// compute mode (the job spec's, whose sizes are otherwise unused), run as
-// one job: their staged operands share one staging slot and one device
-// region, each member's part where GroupLayoutOf (gpu/grouped_layout.h)
-// puts it, their products come back in one returned region, and the
-// engine runs them in one launch where it can (CUDA:
-// cublasGemmGroupedBatchedEx), one after another otherwise (host).
-// Operands are staged (WriteOperands gets every member's A, and every B,
-// laid out so), never resident or prestaged, and C is returned. The
-// batching engine (gpu/batching_engine.h) makes these jobs.
-struct GroupedMultiplyOp {
-  std::vector<MatmulSpec> members;
-};
-
 // An upload's target offset or a download's source offset that leaves its
 // bytes outside the tensor fails the job with INVALID_ARGUMENT.
-using EngineOp = std::variant<MultiplyOp, UploadOp, DownloadOp, AllocateOp,
-                              GroupedMultiplyOp>;
+using EngineOp = std::variant<MultiplyOp, UploadOp, DownloadOp, AllocateOp>;
 
 // One job's description: a value the engine reads and never changes. Both
 // engines work out from it where the job's operands and result live with

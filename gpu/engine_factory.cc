@@ -53,7 +53,6 @@ absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(
   batching.window = options.batch_window;
   batching.adaptive = options.adaptive_batching;
   batching.max_batch = options.max_batch;
-  batching.grouped = options.grouped_batching;
   batching.gather_destinations = options.batch_c_shared;
   return std::unique_ptr<Engine>(
       std::make_unique<BatchingEngine>(std::move(engine), batching));

@@ -28,10 +28,6 @@ struct EngineOptions {
   absl::Duration batch_window = absl::ZeroDuration();
   bool adaptive_batching = true;
   int max_batch = 64;
-  // Several shapes waiting at once go out as one grouped job (off by
-  // default: with adaptive batching few groups form, and on an H100 it saved
-  // no device time; held for company it does, at milliseconds of latency).
-  bool grouped_batching = false;
   // Requests with both operands and the product in shared-memory regions
   // batch too (BatchingOptions::gather_destinations): on an H200, n=64 at
   // 64 in flight through shared memory went from 12,400-16,600 to

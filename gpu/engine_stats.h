@@ -89,10 +89,6 @@ struct BatchSizeCounts {
   std::array<int64_t, kBatchSizeBounds.size() + 1> counts{};
   int64_t requests = 0;  // the sum of the sizes
   int64_t launches = 0;
-  // Of those, grouped jobs (requests of several shapes in one launch, see
-  // gpu/grouped_job.h), and the requests they carried.
-  int64_t grouped_launches = 0;
-  int64_t grouped_requests = 0;
 };
 
 struct EngineStats {

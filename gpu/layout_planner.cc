@@ -38,38 +38,9 @@ absl::Status CheckTransferBounds(const JobDescription& job) {
   return absl::OkStatus();
 }
 
-// A grouped multiply: every operand staged, C returned, in the regions
-// GroupLayoutOf lays out.
-absl::StatusOr<LayoutPlan> PlanGrouped(const JobDescription& job,
-                                       const GroupedMultiplyOp& op) {
-  absl::StatusOr<GroupLayout> group = GroupLayoutOf(job.spec, op.members);
-  if (!group.ok()) return group.status();
-  LayoutPlan p;
-  p.gemm = true;
-  p.stage_a = p.stage_b = true;
-  p.return_c = true;
-  p.transient_a = p.transient_b = p.transient_c = true;
-  p.a_bytes = p.staged_a_bytes = group->a_bytes;
-  p.b_bytes = p.staged_b_bytes = group->b_bytes;
-  p.c_bytes = p.returned_c_bytes = p.c_out_bytes = group->c_bytes;
-  p.staging_bytes = p.a_bytes + p.b_bytes + p.c_bytes;
-  p.moved_bytes = p.staging_bytes;
-  p.required_device = job.device;
-  p.flops = group->flops;
-  p.group = std::make_shared<const GroupLayout>(*std::move(group));
-  return p;
-}
-
 }  // namespace
 
-double FlopsOf(const JobDescription& job) {
-  if (const auto* grouped = std::get_if<GroupedMultiplyOp>(&job.op)) {
-    double flops = 0;
-    for (const MatmulSpec& member : grouped->members) flops += member.flops();
-    return flops;
-  }
-  return job.spec.flops();
-}
+double FlopsOf(const JobDescription& job) { return job.spec.flops(); }
 
 GemmStrides StridesOf(const MatmulSpec& spec) {
   GemmStrides s;
@@ -101,9 +72,6 @@ std::optional<PrestagedOperands> PrestagedOf(const JobDescription& job) {
 }
 
 absl::StatusOr<LayoutPlan> PlanLayout(const JobDescription& job) {
-  if (const auto* grouped = std::get_if<GroupedMultiplyOp>(&job.op)) {
-    return PlanGrouped(job, *grouped);
-  }
   const MatmulSpec& spec = job.spec;
   const auto* mul = std::get_if<MultiplyOp>(&job.op);
   const auto* up = std::get_if<UploadOp>(&job.op);

@@ -19,7 +19,6 @@
 
 #include "absl/status/statusor.h"
 #include "gpu/engine.h"
-#include "gpu/grouped_layout.h"
 #include "gpu/matmul_spec.h"
 
 namespace matmul {
@@ -112,19 +111,15 @@ struct LayoutPlan {
   // job asked for; -1: any.
   int required_device = -1;
   GemmStrides strides;  // multiply only
-  // A, B and C as the job moves them, in bytes (the spec's sizes, or a
-  // grouped multiply's regions), and its floating-point operations.
+  // A, B and C as the job moves them, in bytes (the spec's sizes), and its
+  // floating-point operations.
   int64_t a_bytes = 0;
   int64_t b_bytes = 0;
   int64_t c_bytes = 0;
   double flops = 0;
-  // A grouped multiply (GroupedMultiplyOp): where each member lives. Null
-  // for every other job.
-  std::shared_ptr<const GroupLayout> group;
 };
 
-// The job's floating-point operations (a grouped multiply's members'
-// summed), without planning it.
+// The job's floating-point operations, without planning it.
 double FlopsOf(const JobDescription& job);
 
 // The plan for `job`. INVALID_ARGUMENT when an upload into a target or a

@@ -162,7 +162,7 @@ suite_tests() {
   log "== tests"
   local t
   for t in ${GPU_TESTS:-cuda_engine_test cuda_status_test timing_test \
-    stream_pool_test device_memory_test job_layout_test grouped_gemm_test \
+    stream_pool_test device_memory_test job_layout_test \
     job_graph_test cuda_shared_memory_test device_health_server_test}; do
     run_test "$t" "$t"
   done

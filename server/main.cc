@@ -89,9 +89,6 @@ ABSL_FLAG(int64_t, batch_window_us, 1000,
           "While every stream is busy, small multiplies of one shape and "
           "dtype wait at most this long to go out as one batched GEMM; 0 "
           "when each request must run on its own, whatever the throughput");
-ABSL_FLAG(bool, grouped_batching, false,
-          "Requests of several small shapes waiting together go out as one "
-          "grouped GEMM launch");
 ABSL_FLAG(int64_t, completion_poll_us, 1000,
           "CUDA engine: how long a thread polls the GPU for finished work "
           "after each submit, keeping a core busy meanwhile; 0 on a node "
@@ -170,11 +167,11 @@ const std::vector<matmul::FlagGroup>& ServerFlags() {
 const std::vector<matmul::FlagGroup>& TuningFlags() {
   static const auto* groups = new std::vector<matmul::FlagGroup>{
       {"Tuning",
-       {"batch_window_us", "grouped_batching", "completion_poll_us",
-        "max_elements_per_operand", "stripe_join_timeout=DURATION",
-        "max_concurrent_streams", "max_connection_age_grace",
-        "keepalive_timeout", "grpc_arg=NAME=INT,...", "trim_memory_after",
-        "metrics_top_clients", "advertise_address=HOST[:PORT]"}},
+       {"batch_window_us", "completion_poll_us", "max_elements_per_operand",
+        "stripe_join_timeout=DURATION", "max_concurrent_streams",
+        "max_connection_age_grace", "keepalive_timeout",
+        "grpc_arg=NAME=INT,...", "trim_memory_after", "metrics_top_clients",
+        "advertise_address=HOST[:PORT]"}},
   };
   return *groups;
 }
@@ -310,7 +307,6 @@ matmul::EngineOptions EngineOptionsFromFlags(matmul::EngineKind kind) {
   engine_options.streams_per_device = absl::GetFlag(FLAGS_streams_per_device);
   engine_options.batch_window =
       absl::Microseconds(absl::GetFlag(FLAGS_batch_window_us));
-  engine_options.grouped_batching = absl::GetFlag(FLAGS_grouped_batching);
   engine_options.completion_poll = absl::Microseconds(
       std::max<int64_t>(0, absl::GetFlag(FLAGS_completion_poll_us)));
   engine_options.pinned_pool_bytes = absl::GetFlag(FLAGS_pinned_pool_bytes);

@@ -7,7 +7,6 @@
 
 #include "absl/synchronization/notification.h"
 #include "gpu/host/host_engine.h"
-#include "gpu/layout_planner.h"
 #include "gtest/gtest.h"
 #include "tests/engine_job.h"
 #include "tests/fake_engine.h"
@@ -23,7 +22,6 @@ using testing::MakeSpec;
 // Fixed window unless `adaptive`.
 std::unique_ptr<BatchingEngine> NewEngine(absl::Duration window, int max_batch,
                                           bool adaptive = false, int lanes = 2,
-                                          bool grouped = true,
                                           bool gather_destinations = false) {
   HostEngineOptions host;
   host.lanes = lanes;
@@ -31,7 +29,6 @@ std::unique_ptr<BatchingEngine> NewEngine(absl::Duration window, int max_batch,
   options.adaptive = adaptive;
   options.window = window;
   options.max_batch = max_batch;
-  options.grouped = grouped;
   options.gather_destinations = gather_destinations;
   return std::make_unique<BatchingEngine>(*HostEngine::Create(host), options);
 }
@@ -128,11 +125,10 @@ void ExpectCorrect(Pending& p) {
 // A BatchingEngine over a FakeEngine with one slot, whose jobs wait until
 // the test lets them go; a 60 s window, so that nothing leaves on a timer.
 struct OverFake {
-  explicit OverFake(bool grouped) {
+  OverFake() {
     auto owned = std::make_unique<testing::FakeEngine>();
     fake = owned.get();
     BatchingOptions options;
-    options.grouped = grouped;
     options.window = absl::Seconds(60);
     engine = std::make_unique<BatchingEngine>(std::move(owned), options);
   }
@@ -200,8 +196,7 @@ std::vector<std::unique_ptr<Pending>> SubmitPrestagedHalfToDestinations(
 // goes alone. Without it, they all go alone.
 TEST(BatchingEngineTest, PrestagedRequestsWithDestinationsGatherApart) {
   auto engine = NewEngine(absl::Seconds(60), 64, /*adaptive=*/false,
-                          /*lanes=*/2, /*grouped=*/true,
-                          /*gather_destinations=*/true);
+                          /*lanes=*/2, /*gather_destinations=*/true);
   absl::BitGen gen;
   std::vector<std::unique_ptr<Pending>> pending =
       SubmitPrestagedHalfToDestinations(*engine, gen);
@@ -231,11 +226,9 @@ TEST(BatchingEngineTest, WithoutTheOptionRequestsWithDestinationsGoAlone) {
 }
 
 // Staged and prestaged requests of one shape never share a batch (a batch
-// either stages its members' operands or gathers them), and prestaged ones
-// never join a grouped job of other shapes, which stages every member.
-TEST(BatchingEngineGroupedTest, PrestagedRequestsBatchApartFromStagedOnes) {
-  auto engine = NewEngine(absl::Seconds(60), 64, /*adaptive=*/false,
-                          /*lanes=*/2, /*grouped=*/true);
+// either stages its members' operands or gathers them).
+TEST(BatchingEngineTest, PrestagedRequestsBatchApartFromStagedOnes) {
+  auto engine = NewEngine(absl::Seconds(60), 64);
   absl::BitGen gen;
   std::vector<std::unique_ptr<Pending>> pending;
   const MatmulSpec spec =
@@ -250,10 +243,8 @@ TEST(BatchingEngineGroupedTest, PrestagedRequestsBatchApartFromStagedOnes) {
   engine->Shutdown();  // what waits goes out, a batch a group (no timer)
   for (auto& p : pending) ExpectCorrect(*p);
   EXPECT_EQ(engine->batched_requests(), 24);
-  // Staged: both shapes in one grouped job. Prestaged: one gathered batch
-  // per shape.
-  EXPECT_EQ(engine->batches(), 3);
-  EXPECT_EQ(engine->stats().batch_sizes.grouped_launches, 1);
+  // One batch per shape, staged and prestaged apart.
+  EXPECT_EQ(engine->batches(), 4);
 }
 
 TEST(BatchingEngineTest, DifferentShapesAndDtypesBatchApart) {
@@ -396,16 +387,15 @@ TEST(BatchingEngineTest, AdaptiveWaitsNoLongerThanTheWindow) {
   EXPECT_EQ(engine->batches(), 1);
 }
 
-// Mixed shapes of one dtype and compute mode (transposes too), for the
-// grouped tests: `per_shape` requests of each, interleaved.
-std::vector<MatmulSpec> MixedShapes(int per_shape,
-                                    ComputeMode compute = ComputeMode::kStrict,
-                                    DType dtype = DType::kFloat32) {
+// Mixed shapes of one dtype (transposes too): `per_shape` requests of
+// each, interleaved.
+std::vector<MatmulSpec> MixedShapes(int per_shape) {
+  const DType dtype = DType::kFloat32;
   const MatmulSpec shapes[] = {
-      MakeSpec(dtype, 1, 1, 16, 16, 16, false, false, false, compute),
-      MakeSpec(dtype, 1, 1, 33, 7, 12, true, false, false, compute),
-      MakeSpec(dtype, 1, 1, 8, 40, 24, false, true, false, compute),
-      MakeSpec(dtype, 1, 1, 5, 9, 65, true, true, false, compute)};
+      MakeSpec(dtype, 1, 1, 16, 16, 16, false, false, false),
+      MakeSpec(dtype, 1, 1, 33, 7, 12, true, false, false),
+      MakeSpec(dtype, 1, 1, 8, 40, 24, false, true, false),
+      MakeSpec(dtype, 1, 1, 5, 9, 65, true, true, false)};
   std::vector<MatmulSpec> out;
   for (int i = 0; i < per_shape; ++i) {
     for (const MatmulSpec& s : shapes) out.push_back(s);
@@ -413,100 +403,12 @@ std::vector<MatmulSpec> MixedShapes(int per_shape,
   return out;
 }
 
-TEST(BatchingEngineGroupedTest, GroupLayoutPlacesEveryMemberAligned) {
-  JobDescription job;
-  job.spec.dtype = DType::kFloat32;
-  GroupedMultiplyOp op;
-  op.members = MixedShapes(1);
-  job.op = op;
-  absl::StatusOr<LayoutPlan> plan = PlanLayout(job);
-  ASSERT_TRUE(plan.ok()) << plan.status();
-  ASSERT_NE(plan->group, nullptr);
-  EXPECT_TRUE(plan->gemm && plan->stage_a && plan->stage_b && plan->return_c);
-  EXPECT_FALSE(plan->keep || plan->prestaged);
-  const GroupLayout& g = *plan->group;
-  ASSERT_EQ(g.members.size(), op.members.size());
-  int64_t a_end = 0, b_end = 0, c_end = 0;
-  double flops = 0;
-  for (const GroupMember& m : g.members) {
-    EXPECT_EQ(m.a_offset % kGroupAlignment, 0);
-    EXPECT_EQ(m.b_offset % kGroupAlignment, 0);
-    EXPECT_EQ(m.c_offset % kGroupAlignment, 0);
-    // In order, without overlap.
-    EXPECT_GE(m.a_offset, a_end);
-    EXPECT_GE(m.b_offset, b_end);
-    EXPECT_GE(m.c_offset, c_end);
-    a_end = m.a_offset + m.spec.a_bytes();
-    b_end = m.b_offset + m.spec.b_bytes();
-    c_end = m.c_offset + m.spec.c_bytes();
-    flops += m.spec.flops();
-  }
-  EXPECT_GE(plan->staged_a_bytes, a_end);
-  EXPECT_GE(plan->staged_b_bytes, b_end);
-  EXPECT_GE(plan->returned_c_bytes, c_end);
-  EXPECT_EQ(plan->staging_bytes, plan->staged_a_bytes + plan->staged_b_bytes +
-                                     plan->returned_c_bytes);
-  EXPECT_DOUBLE_EQ(plan->flops, flops);
-  EXPECT_DOUBLE_EQ(FlopsOf(job), flops);
-
-  // A member of another dtype, or none at all: refused.
-  op.members.push_back(
-      MakeSpec(DType::kFloat64, 1, 1, 4, 4, 4, false, false, false));
-  job.op = op;
-  EXPECT_EQ(PlanLayout(job).status().code(),
-            absl::StatusCode::kInvalidArgument);
-  job.op = GroupedMultiplyOp{};
-  EXPECT_EQ(PlanLayout(job).status().code(),
-            absl::StatusCode::kInvalidArgument);
-}
-
-// With the fake engine holding the one slot: requests of four shapes that
-// arrive meanwhile go out as ONE grouped job when it frees, every member
-// gets its own product, and their shares of the job sum to 1.
-TEST(BatchingEngineGroupedTest, MixedShapesQueuedWhileBusyGoOutAsOneJob) {
-  OverFake over(/*grouped=*/true);
-  testing::FakeEngine* fake = over.fake;
-  BatchingEngine& engine = *over.engine;
-  absl::BitGen gen;
-  auto first = Submit(
-      engine, MakeSpec(DType::kFloat32, 1, 1, 8, 8, 8, false, false, false),
-      gen);
-  fake->WaitForHeld(1);  // out at once, alone: the slot is now taken
-  std::vector<std::unique_ptr<Pending>> waiting;
-  for (const MatmulSpec& spec : MixedShapes(3)) {
-    waiting.push_back(Submit(engine, spec, gen));
-  }
-  EXPECT_EQ(fake->held(), 1u);  // they wait for the slot
-  fake->ReleaseOne();
-  ExpectCorrect(*first);
-  fake->WaitForHeld(1);
-  EXPECT_EQ(fake->held(), 1u);  // twelve requests, one job
-  fake->ReleaseOne();
-  double shares = 0;
-  for (auto& p : waiting) {
-    ExpectCorrect(*p);
-    EXPECT_GT(p->outcome.timings.share, 0);
-    shares += p->outcome.timings.share;
-  }
-  EXPECT_NEAR(shares, 1.0, 1e-12);
-  // A member's share is its part of the flops.
-  double flops = 0;
-  for (auto& p : waiting) flops += p->spec.flops();
-  EXPECT_NEAR(waiting[0]->outcome.timings.share,
-              waiting[0]->spec.flops() / flops, 1e-12);
-  const EngineStats stats = engine.stats();
-  EXPECT_EQ(stats.batch_sizes.launches, 2);
-  EXPECT_EQ(stats.batch_sizes.grouped_launches, 1);
-  EXPECT_EQ(stats.batch_sizes.grouped_requests, 12);
-  EXPECT_EQ(stats.batch_sizes.counts[4], 1);  // the twelve: in (8, 16]
-}
-
 // A batch gathered while the slot was busy says its shape does not recur
 // (its count varies from one dispatch to the next, so the CUDA engine
 // records no graph for it); a request that goes out alone keeps its own
 // description, whose shape does.
 TEST(BatchingEngineTest, AGatheredBatchSaysItsShapeDoesNotRecur) {
-  OverFake over(/*grouped=*/false);
+  OverFake over;
   testing::FakeEngine* fake = over.fake;
   BatchingEngine& engine = *over.engine;
   absl::BitGen gen;
@@ -528,113 +430,11 @@ TEST(BatchingEngineTest, AGatheredBatchSaysItsShapeDoesNotRecur) {
   for (auto& p : waiting) ExpectCorrect(*p);
 }
 
-// A member that fails to stage (its client went away) fails alone; the job
-// failing fails every member with its status; a job whose every member is
-// abandoned is dropped.
-TEST(BatchingEngineGroupedTest, OneMembersFailureLeavesTheOthersAlone) {
-  OverFake over(/*grouped=*/true);
-  testing::FakeEngine* fake = over.fake;
-  BatchingEngine& engine = *over.engine;
-  absl::BitGen gen;
-  const MatmulSpec alone =
-      MakeSpec(DType::kFloat32, 1, 1, 8, 8, 8, false, false, false);
-  auto first = Submit(engine, alone, gen);
-  fake->WaitForHeld(1);
-  std::vector<std::unique_ptr<Pending>> waiting;
-  const std::vector<MatmulSpec> mix = MixedShapes(2);
-  for (size_t i = 0; i < mix.size(); ++i) {
-    waiting.push_back(
-        Submit(engine, mix[i], gen,
-               i == 5 ? absl::CancelledError("went away") : absl::OkStatus()));
-  }
-  fake->ReleaseOne();
-  ExpectCorrect(*first);
-  fake->WaitForHeld(1);
-  // Another mix arrives while the grouped job holds the slot.
-  std::vector<std::unique_ptr<Pending>> later;
-  for (const MatmulSpec& spec : MixedShapes(1)) {
-    later.push_back(Submit(engine, spec, gen));
-  }
-  fake->ReleaseOne();
-  for (size_t i = 0; i < waiting.size(); ++i) {
-    if (i == 5) {
-      EXPECT_EQ(waiting[i]->future.get().status.code(),
-                absl::StatusCode::kCancelled);
-    } else {
-      ExpectCorrect(*waiting[i]);
-    }
-  }
-  // The second grouped job fails as a whole: each member has the status.
-  fake->WaitForHeld(1);
-  fake->ReleaseOne(absl::InternalError("device lost"));
-  for (auto& p : later) {
-    EXPECT_EQ(p->future.get().status.code(), absl::StatusCode::kInternal);
-  }
-  EXPECT_EQ(engine.stats().batch_sizes.grouped_launches, 2);
-}
-
-// On the host engine (one lane, held by a gated job): float32 requests of
-// four shapes go out as one grouped job; float64 ones, another dtype, as
-// their own batch; every product right.
-TEST(BatchingEngineGroupedTest, HostEngineRunsAGroupedJobCorrectly) {
+// Requests of several shapes that wait together while the one lane is
+// busy: one batch per shape when it frees.
+TEST(BatchingEngineTest, MixedShapesQueuedWhileBusyBatchAShape) {
   auto engine = NewEngine(absl::Seconds(60), 64, /*adaptive=*/true,
                           /*lanes=*/1);
-  absl::BitGen gen;
-  absl::Notification gate;
-  auto first = Submit(
-      *engine, MakeSpec(DType::kFloat32, 1, 1, 8, 8, 8, false, false, false),
-      gen, absl::OkStatus(), &gate);
-  std::vector<std::unique_ptr<Pending>> waiting;
-  for (const MatmulSpec& spec : MixedShapes(3)) {
-    waiting.push_back(Submit(*engine, spec, gen));
-  }
-  for (int i = 0; i < 2; ++i) {
-    waiting.push_back(Submit(
-        *engine, MakeSpec(DType::kFloat64, 1, 1, 6, 7, 8, false, false, false),
-        gen));
-  }
-  gate.Notify();
-  ExpectCorrect(*first);
-  for (auto& p : waiting) ExpectCorrect(*p);
-  const EngineStats stats = engine->stats();
-  EXPECT_EQ(stats.batch_sizes.launches, 3);  // alone, grouped, float64
-  EXPECT_EQ(stats.batch_sizes.grouped_launches, 1);
-  EXPECT_EQ(stats.batch_sizes.grouped_requests, 12);
-  EXPECT_EQ(testing::JobsOnStreams(stats.devices[0]), 3);
-}
-
-// Half precisions and tf32 group too (the members' tolerance is their
-// dtype's and mode's).
-TEST(BatchingEngineGroupedTest, HostEngineGroupsEveryDtypeAndMode) {
-  const std::pair<DType, ComputeMode> modes[] = {
-      {DType::kFloat32, ComputeMode::kTf32},
-      {DType::kFloat16, ComputeMode::kStrict},
-      {DType::kBFloat16, ComputeMode::kStrict},
-      {DType::kFloat64, ComputeMode::kStrict}};
-  for (const auto& [dtype, compute] : modes) {
-    auto engine = NewEngine(absl::Seconds(60), 64, /*adaptive=*/true,
-                            /*lanes=*/1);
-    absl::BitGen gen;
-    absl::Notification gate;
-    auto first = Submit(
-        *engine, MakeSpec(dtype, 1, 1, 4, 4, 4, false, false, false, compute),
-        gen, absl::OkStatus(), &gate);
-    std::vector<std::unique_ptr<Pending>> waiting;
-    for (const MatmulSpec& spec : MixedShapes(2, compute, dtype)) {
-      waiting.push_back(Submit(*engine, spec, gen));
-    }
-    gate.Notify();
-    ExpectCorrect(*first);
-    for (auto& p : waiting) ExpectCorrect(*p);
-    EXPECT_EQ(engine->stats().batch_sizes.grouped_launches, 1)
-        << DTypeName(dtype);
-  }
-}
-
-// Grouping off: one job per shape, as before.
-TEST(BatchingEngineGroupedTest, WithoutGroupingEachShapeIsItsOwnBatch) {
-  auto engine = NewEngine(absl::Seconds(60), 64, /*adaptive=*/true,
-                          /*lanes=*/1, /*grouped=*/false);
   absl::BitGen gen;
   absl::Notification gate;
   auto first = Submit(
@@ -649,57 +449,7 @@ TEST(BatchingEngineGroupedTest, WithoutGroupingEachShapeIsItsOwnBatch) {
   for (auto& p : waiting) ExpectCorrect(*p);
   const EngineStats stats = engine->stats();
   EXPECT_EQ(stats.batch_sizes.launches, 5);  // alone, then a batch a shape
-  EXPECT_EQ(stats.batch_sizes.grouped_launches, 0);
   EXPECT_EQ(engine->batches(), 4);
-}
-
-// The fixed window (not adaptive) groups too: at shutdown every waiting
-// request goes out, the shapes of one dtype together, at most max_batch
-// a job.
-TEST(BatchingEngineGroupedTest, ShutdownFlushesMixedShapesGrouped) {
-  auto engine = NewEngine(absl::Seconds(60), /*max_batch=*/8);
-  absl::BitGen gen;
-  std::vector<std::unique_ptr<Pending>> pending;
-  for (const MatmulSpec& spec : MixedShapes(3)) {
-    pending.push_back(Submit(*engine, spec, gen));
-  }
-  engine->Shutdown();
-  for (auto& p : pending) ExpectCorrect(*p);
-  const EngineStats stats = engine->stats();
-  EXPECT_EQ(stats.batch_sizes.requests, 12);
-  EXPECT_EQ(stats.batch_sizes.launches, 2);  // 8 and 4
-  EXPECT_EQ(stats.batch_sizes.grouped_launches, 2);
-}
-
-// Other shapes join a grouped job only within max_group_bytes: the rest
-// wait for the next launch (the first group's requests always go).
-TEST(BatchingEngineGroupedTest, CompanionsStayWithinTheByteBound) {
-  HostEngineOptions host;
-  host.lanes = 1;
-  BatchingOptions options;
-  options.grouped = true;
-  options.window = absl::Seconds(60);
-  const MatmulSpec big =
-      MakeSpec(DType::kFloat32, 1, 1, 64, 64, 64, false, false, false);
-  const MatmulSpec small =
-      MakeSpec(DType::kFloat32, 1, 1, 8, 8, 8, false, false, false);
-  const int64_t big_bytes = big.a_bytes() + big.b_bytes() + big.c_bytes();
-  options.max_group_bytes = 3 * big_bytes;  // two bigs and a small fit
-  BatchingEngine engine(*HostEngine::Create(host), options);
-  absl::BitGen gen;
-  absl::Notification gate;
-  auto first = Submit(engine, small, gen, absl::OkStatus(), &gate);
-  std::vector<std::unique_ptr<Pending>> waiting;
-  waiting.push_back(Submit(engine, small, gen));  // the oldest group
-  for (int i = 0; i < 4; ++i) waiting.push_back(Submit(engine, big, gen));
-  gate.Notify();
-  ExpectCorrect(*first);
-  for (auto& p : waiting) ExpectCorrect(*p);
-  const EngineStats stats = engine.stats();
-  // Alone; the small with two bigs (grouped); the other two bigs (a batch).
-  EXPECT_EQ(stats.batch_sizes.launches, 3);
-  EXPECT_EQ(stats.batch_sizes.grouped_launches, 1);
-  EXPECT_EQ(stats.batch_sizes.grouped_requests, 3);
 }
 
 }  // namespace

@@ -125,7 +125,7 @@ class FakeEngine final : public Engine {
       job->Done(status);
       return;
     }
-    // Sizes from the plan: a grouped multiply's are its members' regions.
+    // Sizes from the plan.
     absl::StatusOr<LayoutPlan> plan = PlanLayout(job->description());
     if (!plan.ok()) {
       job->Done(plan.status());
@@ -166,11 +166,7 @@ class FakeEngine final : public Engine {
       c = mul->c_destination;
       c_returned = 0;
     }
-    if (plan->group != nullptr) {
-      HostGemmGrouped(*plan->group, a, b, c);
-    } else {
-      HostGemm(job->spec(), a, b, c);
-    }
+    HostGemm(job->spec(), a, b, c);
     if (mul != nullptr && plan->c_to_destination && plan->gathered > 0) {
       // A gathered batch's products, each into its member's memory.
       const size_t c_one = static_cast<size_t>(plan->c_bytes / plan->gathered);

@@ -156,7 +156,7 @@ p50/p90/p99/p99.9 of the successful requests, and errors by gRPC status code.
                   and after each point to report the device's GEMM time per
                   request (matmul_device_compute_busy_seconds_total over
                   the server's OK multiplies), engine jobs per request and
-                  the batching engine's launches, grouped ones included
+                  the batching engine's launches
   --stream        each multiply over a MultiplyStream call instead of a
                   unary Multiply: the operands go out in chunks of
                   --stream-chunk-bytes from memory and the

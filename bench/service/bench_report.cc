@@ -176,9 +176,7 @@ Json PointJson(const BenchRun& run, const BenchPoint& bp) {
         {"device_busy_us_per_request", Number(d.device_busy_us_per_request)},
         {"jobs_per_request", Number(d.jobs_per_request)},
         {"launches", Number(d.launches)},
-        {"launched_requests", Number(d.launched_requests)},
-        {"grouped_launches", Number(d.grouped_launches)},
-        {"grouped_requests", Number(d.grouped_requests)}};
+        {"launched_requests", Number(d.launched_requests)}};
   }
   j["server"] = ServerJson(run.server);
   return j;
@@ -294,11 +292,11 @@ std::string ServerLine(const BenchPoint& point) {
   const ServerDelta& d = *point.server_delta;
   return absl::StrFormat(
       "  c=%d server: %.0f multiplies, device compute %.2f us/request (busy "
-      "%.2f us/request), %.3f engine jobs/request; %.0f launches, %.0f of "
-      "them grouped (%.0f requests)\n",
+      "%.2f us/request), %.3f engine jobs/request; %.0f launches (%.0f "
+      "requests)\n",
       point.point.concurrency, d.multiplies_ok, d.compute_us_per_request,
       d.device_busy_us_per_request, d.jobs_per_request, d.launches,
-      d.grouped_launches, d.grouped_requests);
+      d.launched_requests);
 }
 
 std::string ErrorLines(const BenchPoint& point) {

@@ -47,9 +47,9 @@
 //   response_bytes and flops_per_request the mix's means),
 //   server_metrics {multiplies_ok, compute_busy_s, device_busy_s,
 //   compute_us_per_request, device_busy_us_per_request, jobs_per_request,
-//   launches, launched_requests, grouped_launches, grouped_requests} (only
-//   with --server-metrics: the server's counters over the point, warm-up
-//   included, bench/service/server_scrape.h),
+//   launches, launched_requests} (only with --server-metrics: the server's
+//   counters over the point, warm-up included,
+//   bench/service/server_scrape.h),
 //   server {engine, version, streams_per_device, device_names [..],
 //           devices [{index, name, uuid, memory_bytes, multiprocessors,
 //                     copy_engines, compute_capability, staging_bytes}],

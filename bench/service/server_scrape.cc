@@ -70,10 +70,6 @@ ServerCounters ParseServerCounters(absl::string_view text) {
       c.launches += v;
     } else if (name == "matmul_batch_size_sum") {
       c.launched_requests += v;
-    } else if (name == "matmul_grouped_launches_total") {
-      c.grouped_launches += v;
-    } else if (name == "matmul_grouped_requests_total") {
-      c.grouped_requests += v;
     }
   }
   return c;
@@ -89,8 +85,6 @@ ServerDelta Subtract(const ServerCounters& before, const ServerCounters& after,
   d.device_busy_s = after.device_busy_s - before.device_busy_s;
   d.launches = after.launches - before.launches;
   d.launched_requests = after.launched_requests - before.launched_requests;
-  d.grouped_launches = after.grouped_launches - before.grouped_launches;
-  d.grouped_requests = after.grouped_requests - before.grouped_requests;
   if (d.multiplies_ok > 0) {
     d.compute_us_per_request = d.compute_busy_s * 1e6 / d.multiplies_ok;
     d.device_busy_us_per_request = d.device_busy_s * 1e6 / d.multiplies_ok;

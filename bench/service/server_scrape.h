@@ -3,7 +3,7 @@
 // point can report what the device did for it: GEMM time per request (the
 // union of compute spans, summed over devices), engine jobs per request
 // (1 when every request is its own launch), and the batching engine's
-// launches, grouped ones included. Counts taken from the server's side of
+// launches. Counts taken from the server's side of
 // the same interval (its OK Multiply count is the denominator; with
 // --stream its OK MultiplyStream multiplies), so the warm-up, which the
 // scrape brackets too, cancels out of the ratios.
@@ -32,8 +32,6 @@ struct ServerCounters {
   double engine_jobs = 0;        // matmul_stream_jobs_total
   double launches = 0;           // matmul_batch_size_count
   double launched_requests = 0;  // matmul_batch_size_sum
-  double grouped_launches = 0;   // matmul_grouped_launches_total
-  double grouped_requests = 0;   // matmul_grouped_requests_total
 };
 
 // What happened between two scrapes, per OK multiply where it says so.
@@ -46,8 +44,6 @@ struct ServerDelta {
   double jobs_per_request = 0;
   double launches = 0;
   double launched_requests = 0;
-  double grouped_launches = 0;
-  double grouped_requests = 0;
 };
 
 // Reads the counters above from Prometheus text format; absent ones are 0.

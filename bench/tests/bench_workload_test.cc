@@ -468,14 +468,14 @@ TEST(ShapeMixTest, ReportNamesTheMix) {
   ServerDelta d;
   d.multiplies_ok = 100;
   d.compute_us_per_request = 2.5;
-  d.grouped_launches = 3;
+  d.launches = 3;
   point.server_delta = d;
   const nlohmann::json j = nlohmann::json::parse(ReportJson(run, {point}));
   const nlohmann::json& p = j["points"][0];
   ASSERT_EQ(p["shape_mix"].size(), 2u);
   EXPECT_EQ(p["shape_mix"][1], "128x128x128");
   EXPECT_EQ(p["server_metrics"]["compute_us_per_request"], 2.5);
-  EXPECT_EQ(p["server_metrics"]["grouped_launches"], 3);
+  EXPECT_EQ(p["server_metrics"]["launches"], 3);
   EXPECT_NE(ServerLine(point).find("2.50 us/request"), std::string::npos);
   // Without the flags: neither key.
   BenchRun plain;
@@ -517,9 +517,7 @@ TEST(ServerScrapeTest, ParsesTargetsAndCounters) {
       "matmul_stream_jobs_total{device=\"0\",stream=\"1\",uuid=\"a\"} 60\n"
       "matmul_batch_size_bucket{le=\"1\"} 10\n"
       "matmul_batch_size_sum 900\n"
-      "matmul_batch_size_count 100\n"
-      "matmul_grouped_launches_total 20\n"
-      "matmul_grouped_requests_total 500\n";
+      "matmul_batch_size_count 100\n";
   const ServerCounters before = ParseServerCounters(kBefore);
   EXPECT_DOUBLE_EQ(before.compute_busy_s, 2.0);
   EXPECT_DOUBLE_EQ(before.device_busy_s, 3.0);
@@ -528,21 +526,19 @@ TEST(ServerScrapeTest, ParsesTargetsAndCounters) {
   EXPECT_DOUBLE_EQ(before.engine_jobs, 100);
   EXPECT_DOUBLE_EQ(before.launches, 100);
   EXPECT_DOUBLE_EQ(before.launched_requests, 900);
-  EXPECT_DOUBLE_EQ(before.grouped_launches, 20);
-  EXPECT_DOUBLE_EQ(before.grouped_requests, 500);
 
   ServerCounters after = before;
   after.multiplies_ok += 500;
   after.compute_busy_s += 0.01;
   after.device_busy_s += 0.02;
   after.engine_jobs += 25;
-  after.grouped_launches += 5;
+  after.launches += 5;
   const ServerDelta d = Subtract(before, after);
   EXPECT_DOUBLE_EQ(d.multiplies_ok, 500);
   EXPECT_NEAR(d.compute_us_per_request, 20.0, 1e-9);
   EXPECT_NEAR(d.device_busy_us_per_request, 40.0, 1e-9);
   EXPECT_DOUBLE_EQ(d.jobs_per_request, 0.05);
-  EXPECT_DOUBLE_EQ(d.grouped_launches, 5);
+  EXPECT_DOUBLE_EQ(d.launches, 5);
   // Nothing finished: no ratios.
   EXPECT_EQ(Subtract(before, before).compute_us_per_request, 0);
   // --stream: the streamed multiplies are the denominator.

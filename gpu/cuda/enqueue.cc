@@ -76,7 +76,7 @@ class StreamWork {
   void PlaceOperands();
   absl::Status UploadOperands(const std::byte* host_a, const std::byte* host_b);
   absl::Status UploadGathered();
-  // The GEMM (or the grouped GEMM) into C; sets device_c_.
+  // The GEMM into C; sets device_c_.
   absl::Status Multiply();
   absl::Status ReturnProduct();
   absl::Status Record(const CudaEvent& event) {
@@ -243,14 +243,6 @@ absl::Status StreamWork::Multiply() {
   RETURN_IF_ERROR(
       InjectFault(options_, FaultInjector::Point::kGemm, flight_.job_id));
   cublasHandle_t cublas = flight_.lane->stream->cublas.get();
-  if (l_.group != nullptr) {
-    // One launch for every member; its pointer table goes up first.
-    auto* table = reinterpret_cast<void**>(Carve(l_.table_bytes));
-    auto* host_table = reinterpret_cast<void**>(flight_.lease.data() +
-                                                l_.table_staging_offset);
-    return EnqueueGroupedGemm(cublas, stream_, *l_.group, device_a_, device_b_,
-                              c, host_table, table, site_);
-  }
   return EnqueueGemm(cublas, spec_, device_a_, device_b_, c, site_,
                      interleaved_.has_value() ? &*interleaved_ : nullptr);
 }

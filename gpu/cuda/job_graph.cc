@@ -186,13 +186,12 @@ bool JobGraphCache::Replayable(const JobLayout& l, int64_t max_device_bytes) {
   // c_destination) is never a graph's. The staging must be exactly the
   // instance's [A][B][C] (JobGraph::host_a(), host_b(), host_c()), and the
   // device memory its three aligned blocks.
-  return l.gemm && l.group == nullptr && l.stage_a && l.stage_b &&
-         !l.prestaged && !l.c_to_destination && l.transient_a &&
-         l.transient_b && l.transient_c && l.return_c && !l.keep &&
-         !l.keeps_a && l.kept_bytes == 0 && l.byte_offset == 0 &&
-         l.table_bytes == 0 && l.staged_a_bytes == l.a_bytes &&
-         l.staged_b_bytes == l.b_bytes && l.returned_c_bytes == l.c_bytes &&
-         l.c_out_bytes == l.c_bytes &&
+  return l.gemm && l.stage_a && l.stage_b && !l.prestaged &&
+         !l.c_to_destination && l.transient_a && l.transient_b &&
+         l.transient_c && l.return_c && !l.keep && !l.keeps_a &&
+         l.kept_bytes == 0 && l.byte_offset == 0 &&
+         l.staged_a_bytes == l.a_bytes && l.staged_b_bytes == l.b_bytes &&
+         l.returned_c_bytes == l.c_bytes && l.c_out_bytes == l.c_bytes &&
          l.staging_bytes == l.a_bytes + l.b_bytes + l.c_bytes &&
          l.transient_bytes > 0 && l.transient_bytes <= max_device_bytes;
 }

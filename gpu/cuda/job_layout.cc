@@ -16,13 +16,6 @@ JobLayout DeviceLayoutOf(const LayoutPlan& plan) {
       (plan.transient_b ? AlignUp(plan.b_bytes, kDeviceAlignment) : 0) +
       (plan.transient_c ? AlignUp(plan.c_bytes, kDeviceAlignment) : 0);
   l.kept_bytes = AlignUp(plan.kept_tensor_bytes, kDeviceAlignment);
-  if (plan.group != nullptr) {
-    l.table_bytes =
-        3 * plan.group->problems * static_cast<int64_t>(sizeof(void*));
-    l.table_staging_offset = AlignUp(plan.staging_bytes, kDeviceAlignment);
-    l.staging_bytes = l.table_staging_offset + l.table_bytes;
-    l.transient_bytes += AlignUp(l.table_bytes, kDeviceAlignment);
-  }
   return l;
 }
 

@@ -46,12 +46,6 @@ int64_t DeviceBytes(const MatmulSpec& spec);
 struct JobLayout : LayoutPlan {
   int64_t transient_bytes = 0;  // device memory freed when the job ends
   int64_t kept_bytes = 0;       // device memory that becomes resident
-  // A grouped multiply's pointer table: an A, a B and a C pointer per GEMM
-  // (cublasGemmGroupedBatchedEx reads them from device memory), written
-  // into the staging slot after the returned C and copied to transient
-  // device memory after C's. 0 for every other job.
-  int64_t table_bytes = 0;
-  int64_t table_staging_offset = 0;
 };
 
 // The CUDA layout of a plan.

@@ -127,9 +127,7 @@ absl::Status TakeOperand(const std::byte*& operand, int64_t size,
 absl::Status TakePrivateOperands(const LayoutPlan& plan, const MatmulJob& job,
                                  const ResidentOperands& resident,
                                  HostJobMemory& mem) {
-  if (!plan.prestaged || !plan.gemm || plan.group != nullptr) {
-    return absl::OkStatus();
-  }
+  if (!plan.prestaged || !plan.gemm) return absl::OkStatus();
   const MatmulSpec& spec = job.spec();
   if (plan.gathered == 0) {
     absl::Status taken;
@@ -395,9 +393,7 @@ void HostEngine::Run(int lane_index, Queued queued) {
   }
 
   BeginBusy();
-  if (plan.group != nullptr) {
-    HostGemmGrouped(*plan.group, mem.a, mem.b, mem.c);  // one by one
-  } else if (plan.gemm) {
+  if (plan.gemm) {
     HostGemm(spec, mem.a, mem.b, mem.c);
   } else if (plan.download) {
     std::memcpy(mem.c, mem.a, static_cast<size_t>(spec.c_bytes()));

@@ -85,11 +85,4 @@ void HostGemm(const MatmulSpec& spec, const std::byte* a, const std::byte* b,
   }
 }
 
-void HostGemmGrouped(const GroupLayout& group, const std::byte* a,
-                     const std::byte* b, std::byte* c) {
-  for (const GroupMember& m : group.members) {
-    HostGemm(m.spec, a + m.a_offset, b + m.b_offset, c + m.c_offset);
-  }
-}
-
 }  // namespace matmul

@@ -8,7 +8,6 @@
 
 #include <cstddef>
 
-#include "gpu/grouped_layout.h"
 #include "gpu/matmul_spec.h"
 
 namespace matmul {
@@ -17,11 +16,6 @@ namespace matmul {
 // Exposed for tests and references too.
 void HostGemm(const MatmulSpec& spec, const std::byte* a, const std::byte* b,
               std::byte* c);
-
-// A grouped multiply's members one after another: member i's A, B and C
-// at its offsets into the regions `a`, `b` and `c` (gpu/grouped_layout.h).
-void HostGemmGrouped(const GroupLayout& group, const std::byte* a,
-                     const std::byte* b, std::byte* c);
 
 }  // namespace matmul
 

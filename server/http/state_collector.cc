@@ -225,24 +225,6 @@ void AddDevice(DeviceFamilies& f, const DeviceStats& d) {
   AddGauge(f.healthy, {device, uuid}, d.healthy ? 1 : 0);
 }
 
-// The batching engine's families: batch sizes and grouped launches.
-void AddBatchingFamilies(const BatchSizeCounts& sizes,
-                         std::vector<MetricFamily>& out) {
-  out.push_back(BatchSizeFamily(sizes));
-  MetricFamily grouped = Family(
-      "matmul_grouped_launches_total",
-      "Jobs of the batching engine that carried requests of several shapes "
-      "in one grouped GEMM launch (also counted in matmul_batch_size).",
-      MetricType::Counter);
-  AddCounter(grouped, {}, static_cast<double>(sizes.grouped_launches));
-  out.push_back(std::move(grouped));
-  MetricFamily grouped_requests = Family(
-      "matmul_grouped_requests_total",
-      "Requests that went out in those grouped launches.", MetricType::Counter);
-  AddCounter(grouped_requests, {}, static_cast<double>(sizes.grouped_requests));
-  out.push_back(std::move(grouped_requests));
-}
-
 }  // namespace
 
 std::vector<MetricFamily> EngineFamilies(const EngineStats& stats) {
@@ -252,7 +234,7 @@ std::vector<MetricFamily> EngineFamilies(const EngineStats& stats) {
   for (MetricFamily* f : families.InOrder()) {
     if (!f->metric.empty()) out.push_back(std::move(*f));
   }
-  if (stats.batching) AddBatchingFamilies(stats.batch_sizes, out);
+  if (stats.batching) out.push_back(BatchSizeFamily(stats.batch_sizes));
   return out;
 }
 
