@@ -14,6 +14,17 @@ inline bool DeadlinePassed(std::chrono::system_clock::time_point deadline) {
          std::chrono::system_clock::now() >= deadline;
 }
 
+// Whether a cancellation gRPC reported at `deadline` is the deadline's:
+// gRPC does not say why it cancelled, and its deadline timer can fire a few
+// milliseconds before the system clock reaches the deadline (measured: up
+// to 3 ms), so a cancel within 50 ms of it counts as the deadline's.
+inline bool CancelledByDeadline(
+    std::chrono::system_clock::time_point deadline) {
+  return deadline != std::chrono::system_clock::time_point::max() &&
+         std::chrono::system_clock::now() + std::chrono::milliseconds(50) >=
+             deadline;
+}
+
 inline double SecondsSince(std::chrono::steady_clock::time_point since,
                            std::chrono::steady_clock::time_point now =
                                std::chrono::steady_clock::now()) {

@@ -353,10 +353,7 @@ void DownloadStreamReactor::OnCancel() {
   Actions actions;
   {
     absl::MutexLock lock(&mu_);
-    const bool deadline =
-        deadline_ != std::chrono::system_clock::time_point::max() &&
-        std::chrono::system_clock::now() + std::chrono::milliseconds(50) >=
-            deadline_;
+    const bool deadline = CancelledByDeadline(deadline_);
     FailLocked(absl::CancelledError(
                    "the download was cancelled or its deadline passed"),
                deadline ? RejectReason::kDeadline : RejectReason::kCancelled,

@@ -221,14 +221,7 @@ void UnaryJobReactor::FinishRpc(const grpc::Status& status) {
 }
 
 void UnaryJobReactor::RecordCancel() {
-  // gRPC does not say why it cancelled. Its deadline timer can fire a few
-  // milliseconds before the system clock reaches deadline_ (measured: up
-  // to 3 ms), so a cancel that close to the deadline counts as the
-  // deadline's.
-  const bool deadline =
-      deadline_ != std::chrono::system_clock::time_point::max() &&
-      std::chrono::system_clock::now() + std::chrono::milliseconds(50) >=
-          deadline_;
+  const bool deadline = CancelledByDeadline(deadline_);
   state_.admission.RecordRejection(deadline ? RejectReason::kDeadline
                                             : RejectReason::kCancelled);
 }
