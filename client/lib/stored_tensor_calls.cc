@@ -99,7 +99,7 @@ class UploadStreamCall final
         done_(std::move(done)) {}
 
   grpc::ClientContext& context() { return context_; }
-  v1::UploadResponse* response() { return &response_; }
+  v1::UploadStreamResponse* response() { return &response_; }
 
   // Starts the call; `self` is this call, kept until OnDone.
   void Go(std::shared_ptr<UploadStreamCall> self) {
@@ -129,8 +129,10 @@ class UploadStreamCall final
   void OnDone(const grpc::Status& status) override {
     std::shared_ptr<UploadStreamCall> self = std::move(self_);
     auto done = std::move(done_);
+    v1::UploadResponse upload;
+    *upload.mutable_handle() = std::move(*response_.mutable_handle());
     absl::StatusOr<v1::UploadResponse> response =
-        status.ok() ? absl::StatusOr<v1::UploadResponse>(std::move(response_))
+        status.ok() ? absl::StatusOr<v1::UploadResponse>(std::move(upload))
                     : FromGrpcStatus(status);
     if (status.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
       response = absl::UnimplementedError(absl::StrCat(
@@ -149,7 +151,7 @@ class UploadStreamCall final
   const int64_t chunk_bytes_;
   MatmulClient::StoredDone done_;
   grpc::ClientContext context_;
-  v1::UploadResponse response_;
+  v1::UploadStreamResponse response_;
   int64_t offset_ = 0;  // of the next chunk
   std::shared_ptr<UploadStreamCall> self_;
 };

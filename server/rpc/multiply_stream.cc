@@ -164,12 +164,15 @@ void MultiplyStreamReactor::RecordFailure(const absl::Status& status) {
 }
 
 bool MultiplyStreamReactor::FailOpen(uint64_t id, const absl::Status& status) {
+  // Copies: closing erases the slot in open_ (or shares_).
   if (auto it = open_.find(id); it != open_.end()) {
-    Fail(it->second, status);
+    const std::shared_ptr<Multiply> m = it->second;
+    Fail(m, status);
     return true;
   }
   if (auto it = shares_.find(id); it != shares_.end()) {
-    FailShare(it->second, status);
+    const std::shared_ptr<StripeShare> share = it->second;
+    FailShare(share, status);
     return true;
   }
   return false;
@@ -205,7 +208,7 @@ void MultiplyStreamReactor::Fail(const std::shared_ptr<Multiply>& m,
   Close(m, status.code());
 }
 
-void MultiplyStreamReactor::Close(const std::shared_ptr<Multiply>& m,
+void MultiplyStreamReactor::Close(std::shared_ptr<Multiply> m,
                                   absl::StatusCode code) {
   if (m->closed) return;
   m->closed = true;
@@ -252,8 +255,8 @@ void MultiplyStreamReactor::Close(const std::shared_ptr<Multiply>& m,
   m->lease.Release();  // budget, request count, and quota unless stored
 }
 
-void MultiplyStreamReactor::CloseShare(
-    const std::shared_ptr<StripeShare>& share, absl::StatusCode code) {
+void MultiplyStreamReactor::CloseShare(std::shared_ptr<StripeShare> share,
+                                       absl::StatusCode code) {
   if (share->closed) return;
   share->closed = true;
   if (auto it = shares_.find(share->id);

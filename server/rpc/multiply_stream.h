@@ -385,12 +385,13 @@ class MultiplyStreamReactor final
   // forgotten id gets one more "not open" error).
   void RememberFailed(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends `m` (answered in full or failed): metrics, log, bookkeeping.
-  void Close(const std::shared_ptr<Multiply>& m, absl::StatusCode code)
+  // By value: it erases open_'s slot, which a caller may have passed.
+  void Close(std::shared_ptr<Multiply> m, absl::StatusCode code)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends a share; unless its owner ended it (or it ended OK), the
-  // multiply fails on the owner.
-  void CloseShare(const std::shared_ptr<StripeShare>& share,
-                  absl::StatusCode code) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // multiply fails on the owner. By value, as Close.
+  void CloseShare(std::shared_ptr<StripeShare> share, absl::StatusCode code)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Queues a response message; Settle starts writing it. A striped
   // multiply's result chunk names its multiply (`striped`, on the owner)
   // or its share (on a joiner).

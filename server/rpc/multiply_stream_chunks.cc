@@ -23,8 +23,9 @@ void MultiplyStreamReactor::HandleChunk(const WireStreamRequest& request,
   chunk.data = request.data;
   chunk.bytes = request.data_bytes;
   if (auto it = open_.find(id); it != open_.end()) {
-    TakeChunk(it->second, request.operand, request.offset, std::move(chunk),
-              actions);
+    // A copy: closing the multiply erases its slot in open_.
+    const std::shared_ptr<Multiply> m = it->second;
+    TakeChunk(m, request.operand, request.offset, std::move(chunk), actions);
     return;
   }
   auto share = shares_.find(id);

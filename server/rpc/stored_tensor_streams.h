@@ -26,7 +26,7 @@ inline constexpr int64_t kDownloadStreamDefaultChunkBytes = int64_t{4} << 20;
 inline constexpr int kDownloadStreamChunksInFlight = 3;
 
 // Each starts one call; gRPC owns the returned reactor. Messages are raw:
-// UploadStreamRequests in and an UploadResponse out; a
+// UploadStreamRequests in and an UploadStreamResponse out; a
 // DownloadStreamRequest in and DownloadStreamResponses out.
 grpc::ServerReadReactor<grpc::ByteBuffer>* StartUploadStream(
     ServiceState& state, grpc::CallbackServerContext* context,

@@ -422,7 +422,7 @@ void UploadStreamReactor::ProgressLocked(Actions& actions) {
     }
     const HandleRegistry::Entry entry =
         state_.handles.Add(lease_.TakeReservation(), tensor_, shape_, ttl_);
-    v1::UploadResponse response;
+    v1::UploadStreamResponse response;
     FillHandle(entry, response.mutable_handle());
     actions.finish = ToGrpcStatus(SerializeResponse(response, response_));
     return;

@@ -685,10 +685,10 @@ TEST_F(StoredTensorClientTest, A12GiBTensorRoundTripsBitExact) {
 grpc::Status RawUpload(v1::MatmulService::Stub& stub,
                        const std::vector<v1::UploadStreamRequest>& messages,
                        const std::string& client_id = "",
-                       v1::UploadResponse* response = nullptr) {
+                       v1::UploadStreamResponse* response = nullptr) {
   grpc::ClientContext context;
   if (!client_id.empty()) context.AddMetadata("x-matmul-client", client_id);
-  v1::UploadResponse ignored;
+  v1::UploadStreamResponse ignored;
   std::unique_ptr<grpc::ClientWriter<v1::UploadStreamRequest>> writer =
       stub.UploadStream(&context, response != nullptr ? response : &ignored);
   for (const v1::UploadStreamRequest& m : messages) {
@@ -771,7 +771,7 @@ TEST_F(StoredTensorClientTest, ChunksThatDoNotAddUpAreInvalidArgument) {
   // Nothing stored, nothing charged: the whole quota is free.
   EXPECT_EQ(StoredHandles(), 0);
   EXPECT_EQ(StoredBytes(), 0);
-  v1::UploadResponse response;
+  v1::UploadStreamResponse response;
   const grpc::Status whole =
       RawUpload(*stub, {StartOf({10, 25}), ChunkOf(0, 600), ChunkOf(600, 400)},
                 "raw", &response);
@@ -790,7 +790,7 @@ TEST_F(StoredTensorClientTest, CancelledChunkedUploadStoresAndChargesNothing) {
     // Half the bytes, then the client cancels.
     grpc::ClientContext context;
     context.AddMetadata("x-matmul-client", "quitter");
-    v1::UploadResponse response;
+    v1::UploadStreamResponse response;
     std::unique_ptr<grpc::ClientWriter<v1::UploadStreamRequest>> writer =
         stub->UploadStream(&context, &response);
     ASSERT_TRUE(writer->Write(StartOf({1024, 1024})));
@@ -804,7 +804,7 @@ TEST_F(StoredTensorClientTest, CancelledChunkedUploadStoresAndChargesNothing) {
     context.AddMetadata("x-matmul-client", "quitter");
     context.set_deadline(std::chrono::system_clock::now() +
                          std::chrono::milliseconds(500));
-    v1::UploadResponse response;
+    v1::UploadStreamResponse response;
     std::unique_ptr<grpc::ClientWriter<v1::UploadStreamRequest>> writer =
         stub->UploadStream(&context, &response);
     ASSERT_TRUE(writer->Write(StartOf({1024, 1024})));
