@@ -323,7 +323,8 @@ absl::StatusOr<MatmulClient::HandleRoute> MatmulClient::RouteHandles(
       return absl::InvalidArgumentError(absl::StrCat(
           "a and b are stored on different servers (", home_a->address, " and ",
           home_b->address,
-          "): the stored operands of one multiply must live on one server"));
+          "): the stored operands of one multiply must live on one server "
+          "(upload one near the other: the upload's `near` option)"));
     }
     const std::optional<HandleHome>& home =
         home_a.has_value() ? home_a : home_b;

@@ -249,6 +249,12 @@ struct UploadOptions {
   // kUploadDefaultChunkBytes above). Positive: chunks of about this many
   // bytes (whole elements, at most 64 MiB), whatever the tensor's size.
   int64_t chunk_bytes = 0;
+  // A stored tensor's handle: store this one on the server that holds it
+  // (and on its device, unless `device` says otherwise), so that the two
+  // can be operands of one multiply. Empty: over the spread, like any call
+  // that names no handle. A handle that names no server (from a server
+  // with no address to advertise) places nothing.
+  std::string near;
 };
 
 // A tensor stored on the server (matmul.v1.TensorHandle).

@@ -19,6 +19,7 @@
 #include "client/lib/matmul_client.h"
 #include "client/lib/tensor_proto.h"
 #include "client/lib/unary_call.h"
+#include "common/handle_id.h"
 #include "common/status_macros.h"
 #include "proto/dtype_mapping.h"
 
@@ -55,6 +56,17 @@ absl::StatusOr<HostTensor> TensorFromDownload(
 bool Chunked(const HostTensor& tensor, const UploadOptions& options) {
   return options.chunk_bytes > 0 ||
          static_cast<int64_t>(tensor.data.size()) > kUploadChunkedAboveBytes;
+}
+
+// `options`, with the device of the tensor it is stored near (`near`)
+// unless it names one.
+UploadOptions WithNearDevice(const UploadOptions& options) {
+  if (options.near.empty() || options.device.has_value()) return options;
+  const std::optional<HandleHome> home = HandleHomeOf(options.near);
+  if (!home.has_value() || home->device < 0) return options;
+  UploadOptions placed = options;
+  placed.device = home->device;
+  return placed;
 }
 
 // The first message of an UploadStream: the UploadRequest without the data.
@@ -285,6 +297,16 @@ void MatmulClient::UploadChunkedAsync(std::shared_ptr<const HostTensor> tensor,
     std::move(done)(start.status());
     return;
   }
+  absl::StatusOr<HandleRoute> route = RouteHandles(options.near);
+  if (!route.ok()) {
+    std::move(done)(route.status());
+    return;
+  }
+  // UNAVAILABLE from the server of `near` becomes NOT_FOUND, naming it.
+  done = [done = std::move(done),
+          route = *route](absl::StatusOr<StoredTensor> stored) mutable {
+    std::move(done)(route.Finish(std::move(stored)));
+  };
   const int64_t elem = static_cast<int64_t>(DTypeSize(tensor->dtype));
   int64_t chunk =
       options.chunk_bytes > 0 ? options.chunk_bytes : kUploadDefaultChunkBytes;
@@ -297,8 +319,8 @@ void MatmulClient::UploadChunkedAsync(std::shared_ptr<const HostTensor> tensor,
     options.canceller->Attach(
         std::shared_ptr<grpc::ClientContext>(call, &call->context()));
   }
-  NextStub().async()->UploadStream(&call->context(), call->response(),
-                                   call.get());
+  route->stub().async()->UploadStream(&call->context(), call->response(),
+                                      call.get());
   call->Go(call);
 }
 
@@ -332,9 +354,10 @@ void MatmulClient::DownloadChunkedAsync(
   call->Go(call);
 }
 
-absl::StatusOr<StoredTensor> MatmulClient::Upload(
-    const HostTensor& tensor, const UploadOptions& options) {
-  RETURN_IF_ERROR(CheckClientId(options.client_id));
+absl::StatusOr<StoredTensor> MatmulClient::Upload(const HostTensor& tensor,
+                                                  const UploadOptions& given) {
+  RETURN_IF_ERROR(CheckClientId(given.client_id));
+  const UploadOptions options = WithNearDevice(given);
   auto chunked = [&](const UploadOptions& with) {
     // The caller's tensor outlives the call: no copy.
     std::shared_ptr<const HostTensor> borrowed(&tensor,
@@ -349,12 +372,15 @@ absl::StatusOr<StoredTensor> MatmulClient::Upload(
   } else {
     ASSIGN_OR_RETURN(const v1::UploadRequest request,
                      MakeUploadRequest(tensor, options));
+    ASSIGN_OR_RETURN(const HandleRoute route, RouteHandles(options.near));
     grpc::ClientContext context;
     PrepareContext(context, options.timeout, options.client_id);
     v1::UploadResponse response;
-    const grpc::Status status = NextStub().Upload(&context, request, &response);
-    stored = status.ok() ? StoredFromUpload(std::move(response))
-                         : absl::StatusOr<StoredTensor>(FromGrpcStatus(status));
+    const grpc::Status status =
+        route.stub().Upload(&context, request, &response);
+    stored = route.Finish(
+        status.ok() ? StoredFromUpload(std::move(response))
+                    : absl::StatusOr<StoredTensor>(FromGrpcStatus(status)));
   }
   // A server whose messages are smaller than this client's choice (one
   // message up to kUploadChunkedAboveBytes, then kUploadDefaultChunkBytes
@@ -376,11 +402,12 @@ absl::StatusOr<StoredTensor> MatmulClient::Upload(
 }
 
 void MatmulClient::UploadAsync(const HostTensor& tensor,
-                               const UploadOptions& options, StoredDone done) {
-  if (absl::Status s = CheckClientId(options.client_id); !s.ok()) {
+                               const UploadOptions& given, StoredDone done) {
+  if (absl::Status s = CheckClientId(given.client_id); !s.ok()) {
     std::move(done)(s);
     return;
   }
+  const UploadOptions options = WithNearDevice(given);
   if (Chunked(tensor, options)) {
     UploadChunkedAsync(std::make_shared<const HostTensor>(tensor), options,
                        std::move(done));
@@ -392,19 +419,24 @@ void MatmulClient::UploadAsync(const HostTensor& tensor,
     std::move(done)(request.status());
     return;
   }
+  absl::StatusOr<HandleRoute> route = RouteHandles(options.near);
+  if (!route.ok()) {
+    std::move(done)(route.status());
+    return;
+  }
   using Call = AsyncCall<v1::UploadRequest, v1::UploadResponse>;
   auto call = std::make_shared<Call>();
   call->request = *std::move(request);
-  call->done = [done = std::move(done)](
+  call->done = [done = std::move(done), route = *route](
                    absl::StatusOr<v1::UploadResponse> response) mutable {
-    std::move(done)(StoredFromUpload(std::move(response)));
+    std::move(done)(route.Finish(StoredFromUpload(std::move(response))));
   };
   PrepareContext(call->context, options.timeout, options.client_id);
   if (options.canceller != nullptr) {
     options.canceller->Attach(
         std::shared_ptr<grpc::ClientContext>(call, &call->context));
   }
-  v1::MatmulService::Stub::async_interface* async = NextStub().async();
+  v1::MatmulService::Stub::async_interface* async = route->stub().async();
   StartAsync(std::move(call), [async](auto&&... args) {
     async->Upload(std::forward<decltype(args)>(args)...);
   });

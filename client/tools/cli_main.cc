@@ -71,6 +71,8 @@ ABSL_FLAG(std::string, ttl, "",
 ABSL_FLAG(std::string, handle, "", "A stored tensor's id");
 ABSL_FLAG(std::string, device, "",
           "Device to store on (see info; default: the least loaded)");
+ABSL_FLAG(std::string, near, "",
+          "upload: store beside this stored tensor (its server and device)");
 ABSL_FLAG(bool, transpose_a, false,
           "Multiply by A with its last two axes swapped");
 ABSL_FLAG(bool, transpose_b, false,
@@ -105,7 +107,7 @@ const std::vector<FlagGroup>& CliFlags() {
         "grpc_arg=NAME=INT,...", "lb_policy=round_robin|pick_first"}},
       {"Operands and product",
        {"a=A.npy", "b=B.npy", "a_handle=ID", "b_handle=ID", "out=C.npy", "keep",
-        "ttl=SECONDS", "handle=ID", "device=N"}},
+        "ttl=SECONDS", "handle=ID", "device=N", "near=ID"}},
       {"Computation",
        {"transpose_a", "transpose_b", "compute=strict|tf32", "dtype=DTYPE",
         "bf16_out=float32|bits"}},
@@ -126,7 +128,8 @@ constexpr char kUsage[] =
              [--stream [--chunk-mib N] [--stripes K]]
              [--shared-memory] [--grpc-arg NAME=INT[,NAME=INT...]]
              [--lb-policy round_robin|pick_first]
-  matmul-cli upload --target HOST:PORT --a A.npy [--device N] [--ttl SECONDS]
+  matmul-cli upload --target HOST:PORT --a A.npy [--device N] [--near ID]
+             [--ttl SECONDS]
              [--dtype auto|float32|float64|float16|bfloat16]
              [--timeout SECONDS] [--client-id NAME]
   matmul-cli download --target HOST:PORT --handle ID --out C.npy
@@ -147,6 +150,10 @@ least loaded device) and prints one line that starts with the handle id:
 multiply takes --a-handle / --b-handle instead of a file, and with --keep
 leaves the product on the server and prints its line (instead of writing
 --out). download writes a stored tensor to a .npy file; delete frees it.
+Through a target of several servers, calls naming a handle go to the server
+holding it; upload --near ID stores A beside that tensor (its server, and
+its device unless --device says otherwise), so that the two can be
+multiplied together.
 Unless deleted, a stored tensor expires after --ttl seconds (default: the
 server's; see info). The server charges stored tensors to --client-id
 (sent as x-matmul-client metadata), or else to this machine's address.
@@ -181,7 +188,7 @@ byte goes through the socket. Not with --keep, --stream or handles.
 // switches.
 int RunUpload(const std::vector<std::string>& args) {
   FlagSpec spec;
-  spec.valued = {"target", "a",       "device",    "ttl",
+  spec.valued = {"target", "a",       "device",    "near",     "ttl",
                  "dtype",  "timeout", "client-id", "lb-policy"};
   spec.required = {"target", "a"};
   absl::StatusOr<Args> flags = ParseArgs(args, spec);
@@ -201,6 +208,9 @@ int RunUpload(const std::vector<std::string>& args) {
                        it->second, "\""));
     }
     options.device = device;
+  }
+  if (auto it = flags->values.find("near"); it != flags->values.end()) {
+    options.near = it->second;
   }
   absl::StatusOr<std::optional<DType>> dtype = ParseDtypeFlag(*flags);
   if (!dtype.ok()) return Usage(dtype.status().message());

@@ -3,6 +3,7 @@
 // "ipv4:A,B,C" target that spreads (round_robin). Every call naming a
 // handle must reach the server holding it; a handle whose server is gone is
 // NOT_FOUND, saying so. Products are of small integers, so exact.
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -268,6 +269,59 @@ TEST_F(HandleRoutingTest, OperandsOnTwoServersAreInvalidArgument) {
   absl::StatusOr<HostTensor> c = client->Multiply(by_server[0], by_server[1]);
   EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(c.status().message(), HasSubstr("different servers"));
+}
+
+TEST_F(HandleRoutingTest, AnUploadNearAHandleLandsOnItsServer) {
+  std::unique_ptr<MatmulClient> client = NewClient();
+  ASSERT_NE(client, nullptr);
+  std::vector<int> landed(kServers, 0);
+  for (int i = 0; i < 12; ++i) {
+    const HostTensor a = Integers(6, 5, i), b = Integers(5, 4, i + 100);
+    absl::StatusOr<StoredTensor> sa = client->Upload(a);
+    ASSERT_TRUE(sa.ok()) << sa.status();
+    UploadOptions near;
+    near.near = sa->id;
+    // One message, in chunks (UploadStream), and asynchronously.
+    absl::StatusOr<StoredTensor> sb;
+    if (i % 3 == 0) {
+      sb = client->Upload(b, near);
+    } else if (i % 3 == 1) {
+      near.chunk_bytes = 40;
+      sb = client->Upload(b, near);
+    } else {
+      absl::Notification done;
+      client->UploadAsync(b, near, [&](absl::StatusOr<StoredTensor> s) {
+        sb = std::move(s);
+        done.Notify();
+      });
+      done.WaitForNotification();
+    }
+    ASSERT_TRUE(sb.ok()) << sb.status();
+    ASSERT_GE(ServerOf(sa->id), 0);
+    EXPECT_EQ(ServerOf(sb->id), ServerOf(sa->id)) << "upload " << i;
+    ++landed[ServerOf(sa->id)];
+    ExpectExact(client->Multiply(*sa, *sb), Product(a, b),
+                absl::StrCat("pair ", i));
+  }
+  // The first uploads themselves spread.
+  EXPECT_GE(*std::max_element(landed.begin(), landed.end()), 1);
+  EXPECT_LT(*std::max_element(landed.begin(), landed.end()), 12);
+}
+
+TEST_F(HandleRoutingTest, AnUploadNearAGoneServerIsNotFound) {
+  std::unique_ptr<MatmulClient> client = NewClient();
+  ASSERT_NE(client, nullptr);
+  absl::StatusOr<StoredTensor> stored = client->Upload(Integers(4, 4, 1));
+  ASSERT_TRUE(stored.ok());
+  const int holder = ServerOf(stored->id);
+  ASSERT_GE(holder, 0);
+  servers_[holder]->Shutdown();
+  servers_[holder].reset();
+  UploadOptions near;
+  near.near = stored->id;
+  absl::StatusOr<StoredTensor> b = client->Upload(Integers(4, 4, 2), near);
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kNotFound) << b.status();
+  EXPECT_THAT(b.status().message(), HasSubstr("not reachable"));
 }
 
 TEST_F(HandleRoutingTest, AHandleWhoseServerIsGoneIsNotFoundSayingSo) {

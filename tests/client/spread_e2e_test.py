@@ -352,3 +352,32 @@ def test_cli_handles_find_their_server(servers, tmp_path):
                             "--handle", handle],
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_cli_upload_near_a_handle(servers, tmp_path):
+    """matmul-cli upload --near ID stores beside that tensor: through the
+    spread target, both operands of a multiply by handles on one server,
+    and the product exact."""
+    target = spread_target(servers)
+    b = (np.arange(15, dtype=np.float64).reshape(5, 3) * 5) % 7 - 3
+    np.save(tmp_path / "b.npy", b)
+    out = tmp_path / "c.npy"
+
+    def upload(path, *extra):
+        r = subprocess.run([str(CLI), "upload", "--target", target, "--a", str(path), *extra],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr
+        return r.stdout.split()[0]
+
+    for i in range(6):
+        a = (np.arange(30, dtype=np.float64).reshape(6, 5) * 3 + i * 7) % 11 - 5
+        np.save(tmp_path / "a.npy", a)
+        a_handle = upload(tmp_path / "a.npy")
+        b_handle = upload(tmp_path / "b.npy", "--near", a_handle)
+        home = re.compile(r"^h1\.(.+)\.-?\d+\.[0-9a-f]{32}$")
+        assert home.match(b_handle).group(1) == home.match(a_handle).group(1), (a_handle, b_handle)
+        r = subprocess.run([str(CLI), "multiply", "--target", target, "--a-handle", a_handle,
+                            "--b-handle", b_handle, "--out", str(out)],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr
+        np.testing.assert_array_equal(np.load(out), a @ b)

@@ -807,8 +807,11 @@ TEST_F(StoredTensorClientTest, CancelledChunkedUploadStoresAndChargesNothing) {
     v1::UploadStreamResponse response;
     std::unique_ptr<grpc::ClientWriter<v1::UploadStreamRequest>> writer =
         stub->UploadStream(&context, &response);
-    ASSERT_TRUE(writer->Write(StartOf({1024, 1024})));
-    ASSERT_TRUE(writer->Write(ChunkOf(0, 1 << 20)));
+    // On a busy machine the deadline may pass before a write: the call
+    // then ends as it does after one, which is what this checks.
+    if (writer->Write(StartOf({1024, 1024}))) {
+      (void)writer->Write(ChunkOf(0, 1 << 20));
+    }
     absl::SleepFor(absl::Seconds(1));
     EXPECT_EQ(writer->Finish().error_code(),
               grpc::StatusCode::DEADLINE_EXCEEDED);

@@ -3,7 +3,8 @@ engine, with one target naming three servers send each a fair share of the
 multiplies (counted on each server's /metrics), and a caller that names
 pick_first keeps them on one. A server that drains fails none of the calls
 the others can take (item 3). Calls naming a stored tensor's handle reach
-the server holding it, and one whose server is gone is NOT_FOUND (item 2). matmul-cli's and matmul-bench's share is
+the server holding it, and one whose server is gone is NOT_FOUND (item 2);
+an upload near a handle lands on its server. matmul-cli's and matmul-bench's share is
 tests/client/spread_e2e_test.py's."""
 
 from __future__ import annotations
@@ -138,15 +139,15 @@ def test_caller_may_choose_pick_first(three, engine: str) -> None:
     assert sum(got) == 30 and sorted(got) == [0, 0, 30], got
 
 
-def test_native_striped_multiply_reaches_one_server(three) -> None:
+@pytest.mark.parametrize("engine", ENGINES)
+def test_striped_multiply_reaches_one_server(three, engine: str) -> None:
     """A striped multiply's calls must all reach one server (the joins find
-    their start there); the native core sends them where a call over the
-    spread went. (The pure-Python engine does not yet: its stripes spread,
-    and their joins fail NOT_FOUND on a target with several servers.)"""
+    their start there): both engines send them where a call over the spread
+    went (a GetServerInfo's peer)."""
     a = np.arange(48 * 40, dtype=np.float32).reshape(48, 40)
     b = np.arange(40 * 24, dtype=np.float32).reshape(40, 24)
-    with make_client(_target(three), "native", timeout=60) as client:
-        for _ in range(6):
+    with make_client(_target(three), engine, timeout=60) as client:
+        for _ in range(12):
             np.testing.assert_array_equal(client.multiply_streamed(a, b, stripes=4), a @ b)
 
 
@@ -258,6 +259,47 @@ def test_async_client_handles_find_their_server(three, engine: str) -> None:
             np.testing.assert_array_equal(await client.download(handles[0]), _stored_operand(0))
             for h in handles:
                 await client.delete(h)
+
+    asyncio.run(run())
+
+
+_LEFT = ((np.arange(24, dtype=np.float64).reshape(4, 6) * 3) % 5) - 2
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_an_upload_near_a_handle_lands_on_its_server(three, engine: str) -> None:
+    """Two stored operands of one multiply: the second uploaded near the
+    first lands on its server, and the two multiply exactly through the
+    spread target, near given as a Handle or as its id. (The C++ test sends
+    such uploads in chunks too.)"""
+    with make_client(_target(three), engine, timeout=60) as client:
+        _warm_up(client)
+        firsts = [client.upload(_stored_operand(i)) for i in range(9)]
+        assert len({handle_home(h.id) for h in firsts}) >= 2
+        for i, first in enumerate(firsts):
+            left = _LEFT + i
+            second = client.upload(left, near=first if i % 2 else first.id)
+            assert handle_home(second.id) == handle_home(first.id)
+            np.testing.assert_array_equal(client.multiply(second, first), left @ _stored_operand(i))
+            client.delete(second)
+        for h in firsts:
+            client.delete(h)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_async_upload_near_a_handle_lands_on_its_server(three, engine: str) -> None:
+    async def run() -> None:
+        async with _async_client(_target(three), engine) as client:
+            end = time.monotonic() + _WARM_UP_S
+            while time.monotonic() < end:
+                await client.multiply(_RIGHT.T, _RIGHT)
+            firsts = [await client.upload(_stored_operand(i)) for i in range(6)]
+            for i, first in enumerate(firsts):
+                second = await client.upload(_LEFT, near=first)
+                assert handle_home(second.id) == handle_home(first.id)
+                np.testing.assert_array_equal(
+                    await client.multiply(second, first), _LEFT @ _stored_operand(i)
+                )
 
     asyncio.run(run())
 

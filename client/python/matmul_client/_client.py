@@ -10,9 +10,10 @@ multiply in ``_streamed``, the native core's loading and conversions in
 from __future__ import annotations
 
 import concurrent.futures
+import random
 import threading
 import time
-from typing import Any, List, Literal, Optional, Sequence, Tuple, Union, overload
+from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, Union, overload
 
 import grpc
 import numpy as np
@@ -28,7 +29,7 @@ from ._channel import (
     tls_config,
 )
 from ._errors import MatmulError
-from ._routing import HandleRouter, ip_target_authority, routed_error
+from ._routing import HandleRouter, handle_device, ip_target_authority, routed_error, target_addresses
 from ._handles import Handle, HandleOrId, handle_id, ttl_seconds
 from ._info import ServerInfo
 # NATIVE_ENV and NATIVE_UNAVAILABLE are read as _client's too (bench.py, the
@@ -80,6 +81,9 @@ __all__ = ["CLIENT_ID_METADATA_KEY", "NATIVE_ENV", "NATIVE_UNAVAILABLE", "Client
 #: The metadata key naming the client the server charges stored tensors to.
 CLIENT_ID_METADATA_KEY = "x-matmul-client"
 _MAX_CLIENT_ID_LENGTH = 256
+#: How many servers' striped connections a client keeps (the C++ library's
+#: kMaxPinnedServers).
+_MAX_PINNED_SERVERS = 16
 
 
 def _check_client_id(client_id: Optional[str]) -> Optional[str]:
@@ -163,6 +167,11 @@ class Client:
         )
         self._stripe_lock = threading.Lock()
         self._stripe_channels: List[grpc.Channel] = []
+        # When the client spreads: striped multiplies' channels to the one
+        # server each went to, by its address, oldest first; the index of
+        # the address the last one went to.
+        self._pinned_stripes: Dict[str, List[grpc.Channel]] = {}
+        self._next_pinned = random.randrange(1 << 30)
         self._health = health_pb2_grpc.HealthStub(self._channel)
         self._native: Any = None
         if native is not False:
@@ -352,8 +361,8 @@ class Client:
                 raise routed_error(error, home) from None
         if stripes > 1:
             return _multiply_striped(
-                self._stripe_channels_for(stripes), request, wire, chunk_bytes,
-                self._deadline(timeout), self._metadata,
+                self._stripe_channels_for(stripes), request, wire,
+                chunk_bytes, self._deadline(timeout), self._metadata,
             )
         return _multiply_stream(
             self._stub, request, wire, chunk_bytes, self._deadline(timeout), self._metadata
@@ -421,6 +430,7 @@ class Client:
         ttl: Optional[float] = None,
         dtype: Any = None,
         timeout: Optional[float] = None,
+        near: Optional[HandleOrId] = None,
     ) -> Handle:
         """Stores ``array`` (2-D or 3-D) on the server and returns its :class:`Handle`.
 
@@ -438,6 +448,11 @@ class Client:
             dtype: As in :meth:`multiply`: None keeps the array's dtype,
                 "bfloat16" rounds it to bfloat16, a NumPy dtype converts it.
             timeout: Deadline in seconds; None for the client's default.
+            near: A stored tensor (a :class:`Handle` or its id): store this
+                one on the server that holds it, and on its device unless
+                ``device`` says otherwise, so that the two can be operands of
+                one multiply. None: over the spread, like any call that names
+                no handle.
 
         Raises:
             TypeError, ValueError: As for a multiply operand; a bad ttl.
@@ -454,8 +469,11 @@ class Client:
             )
         if device is not None and (isinstance(device, bool) or not isinstance(device, (int, np.integer))):
             raise TypeError(f"device: expected None or a device index, got {type(device).__name__}")
+        near_id = "" if near is None else handle_id(near)
+        if device is None and near_id:
+            device = handle_device(near_id)
         if self._native is not None:
-            args = _native_upload_args(x, dtype, device, ttl, self._deadline(timeout))
+            args = _native_upload_args(x, dtype, device, ttl, self._deadline(timeout), near_id)
             try:
                 value = self._native.upload(*args)
             except _native.StatusError as error:
@@ -464,6 +482,7 @@ class Client:
         wire = resolve_single_wire_type(x, dtype, "array")
         values = upload_values(x, wire)
         ttl_s = ttl_seconds(ttl, "ttl")
+        home = self._router.home(near_id)
         if not chunked(values):
             request = matmul_pb2.UploadRequest(
                 tensor=matmul_pb2.Tensor(shape=values.shape, dtype=wire.proto, data=values.tobytes()),
@@ -472,33 +491,35 @@ class Client:
             if device is not None:
                 request.device = int(device)
             try:
-                response = self._stub.Upload(
+                response = self._router.stub(home, self._stub).Upload(
                     request, timeout=self._deadline(timeout), metadata=self._metadata
                 )
                 return Handle.from_proto(response.handle, self)
             except grpc.RpcError as error:
                 if not too_large(error):
-                    raise MatmulError.from_call(error) from error
+                    raise routed_error(MatmulError.from_call(error), home) from error
                 # Over this server's message size: in chunks under it.
-                return self._upload_stream(values, wire, device, ttl_s, timeout, smaller=True)
-        return self._upload_stream(values, wire, device, ttl_s, timeout, smaller=False)
+                return self._upload_stream(values, wire, device, ttl_s, timeout, home, smaller=True)
+        return self._upload_stream(values, wire, device, ttl_s, timeout, home, smaller=False)
 
     def _upload_stream(
         self, values: np.ndarray, wire: WireType, device: Optional[int], ttl_s: int,
-        timeout: Optional[float], smaller: bool,
+        timeout: Optional[float], home: Optional[str], smaller: bool,
     ) -> Handle:
-        """``values`` stored by an UploadStream; ``smaller``: in chunks under
-        the server's message size (GetServerInfo), as they are when chunks of
-        the default size are refused as too large."""
+        """``values`` stored by an UploadStream, on ``home`` (None: over the
+        spread); ``smaller``: in chunks under the server's message size
+        (GetServerInfo), as they are when chunks of the default size are
+        refused as too large."""
+        stub = self._router.stub(home, self._stub)
         chunk = None
         for attempt in range(2):
-            if smaller:
-                info = self._stub.GetServerInfo(
-                    matmul_pb2.GetServerInfoRequest(), timeout=self._deadline(timeout), metadata=self._metadata
-                )
-                chunk = chunk_under(info.limits.max_message_bytes)
             try:
-                response = self._stub.UploadStream(
+                if smaller:
+                    info = stub.GetServerInfo(
+                        matmul_pb2.GetServerInfoRequest(), timeout=self._deadline(timeout), metadata=self._metadata
+                    )
+                    chunk = chunk_under(info.limits.max_message_bytes)
+                response = stub.UploadStream(
                     upload_messages(values, wire, device, ttl_s, chunk),
                     timeout=self._deadline(timeout),
                     metadata=self._metadata,
@@ -508,7 +529,7 @@ class Client:
                 if error.code() is grpc.StatusCode.UNIMPLEMENTED:
                     raise unimplemented_upload(error) from error
                 if smaller or not too_large(error):
-                    raise MatmulError.from_call(error) from error
+                    raise routed_error(MatmulError.from_call(error), home) from error
                 smaller = True
         raise AssertionError("unreachable")
 
@@ -635,6 +656,8 @@ class Client:
         end = None if limit is None else time.monotonic() + limit
         with self._stripe_lock:
             channels = [self._channel] + list(self._stripe_channels)
+            for pinned in self._pinned_stripes.values():
+                channels.extend(pinned)
         unconnected = first_unconnected(channels, end)
         if unconnected is not None:
             raise MatmulError(
@@ -666,6 +689,9 @@ class Client:
             channel.close()
         with self._stripe_lock:
             channels, self._stripe_channels = self._stripe_channels, []
+            for pinned in self._pinned_stripes.values():
+                channels.extend(pinned)
+            self._pinned_stripes = {}
         for channel in channels:
             channel.close()
 
@@ -681,7 +707,23 @@ class Client:
 
     def _stripe_channels_for(self, stripes: int) -> List[grpc.Channel]:
         """The first ``stripes`` of the connections that pure-Python striped
-        multiplies use, opened on first use and kept until :meth:`close`."""
+        multiplies use, opened on first use and kept until :meth:`close`.
+
+        Every call of a striped multiply must reach one server (the joins
+        find their start there): when the client spreads over several
+        servers, each striped multiply picks the next of the addresses the
+        target names (round-robin, from a random one) and its stripes go on
+        connections to that server alone. (The C++ library asks the spread
+        with a call and follows its peer; grpcio's calls do not tell their
+        peer.) A target whose servers cannot be told leaves the stripes on
+        the spread."""
+        if self._router.spreads:
+            addresses = target_addresses(self._channel_args[0])
+            if len(addresses) > 1:
+                with self._stripe_lock:
+                    self._next_pinned = (self._next_pinned + 1) % len(addresses)
+                    address = addresses[self._next_pinned]
+                return self._pinned_stripe_channels(address, stripes)
         with self._stripe_lock:
             target, tls, options = self._channel_args
             while len(self._stripe_channels) < stripes:
@@ -695,6 +737,34 @@ class Client:
                     )
                 )
             return self._stripe_channels[:stripes]
+
+    def _pinned_stripe_channels(self, address: str, stripes: int) -> List[grpc.Channel]:
+        """``stripes`` connections to the one server at ``address``
+        (host:port), opened on first use; past _MAX_PINNED_SERVERS servers
+        the oldest's are closed."""
+        target, tls, options = self._channel_args
+        extra: Tuple[ChannelOption, ...] = ()
+        if tls_config(tls) is not None and ip_target_authority(target):
+            extra = (("grpc.default_authority", ip_target_authority(target)),)
+        closed: List[grpc.Channel] = []
+        with self._stripe_lock:
+            pinned = self._pinned_stripes.get(address)
+            if pinned is None:
+                if len(self._pinned_stripes) >= _MAX_PINNED_SERVERS:
+                    closed = self._pinned_stripes.pop(next(iter(self._pinned_stripes)))
+                pinned = self._pinned_stripes[address] = []
+            while len(pinned) < stripes:
+                pinned.append(
+                    make_channel(
+                        address, tls,
+                        (*options, *extra, ("matmul.stripe", len(pinned)),
+                         ("grpc.use_local_subchannel_pool", 1)),
+                    )
+                )
+            chosen = pinned[:stripes]
+        for channel in closed:
+            channel.close()
+        return chosen
 
     def __enter__(self) -> "Client":
         return self

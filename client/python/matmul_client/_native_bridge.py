@@ -152,14 +152,16 @@ def _native_array(product: np.ndarray, wire: WireType) -> np.ndarray:
 
 
 def _native_upload_args(
-    x: np.ndarray, dtype: Any, device: Optional[int], ttl: Optional[float], timeout: Optional[float]
+    x: np.ndarray, dtype: Any, device: Optional[int], ttl: Optional[float], timeout: Optional[float],
+    near: str = "",
 ) -> Tuple[Any, ...]:
-    """Validates upload's arguments into the native core's."""
+    """Validates upload's arguments into the native core's (``near``: a
+    handle id, or "")."""
     wire = resolve_single_wire_type(x, dtype, "array")
     values = np.ascontiguousarray(wire.to_wire(x))
     return (
         values, wire.proto, -1 if device is None else int(device), ttl_seconds(ttl, "ttl"),
-        _float_or_none(timeout),
+        _float_or_none(timeout), near,
     )
 
 

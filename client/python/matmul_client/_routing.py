@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import threading
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import grpc
 
@@ -45,6 +46,15 @@ def handle_home(handle_id: str) -> Optional[str]:
     return address
 
 
+def handle_device(handle_id: str) -> Optional[int]:
+    """The device a handle id names (None: it names none, or the host
+    engine's -1)."""
+    if handle_home(handle_id) is None:
+        return None
+    device = int(_ID.fullmatch(handle_id).group("device"))  # type: ignore[union-attr]
+    return device if device >= 0 else None
+
+
 def ip_target_authority(target: str) -> str:
     """The host:port of a target whose servers have IP addresses (dns:,
     ipv4:, ipv6: and scheme-less host:port), as the C++ library reads it;
@@ -59,6 +69,34 @@ def ip_target_authority(target: str) -> str:
     if target.startswith(("unix:", "unix-abstract:", "vsock:")) or "/" in target:
         return ""
     return target
+
+
+def target_addresses(target: str) -> List[str]:
+    """The servers (host:port, an IPv6 host in brackets) that an IP target
+    names, as round_robin spreads over them: the list of an ipv4: or ipv6:
+    target, or what a dns: (or scheme-less) target's name resolves to now.
+    [] where there are none to tell (other targets, a name that does not
+    resolve)."""
+    authority = ip_target_authority(target)
+    if not authority:
+        return []
+    if target.startswith(("ipv4:", "ipv6:")):
+        return [a for a in authority.split(",") if a]
+    host, sep, port = authority.rpartition(":")
+    if not sep or not port.isdigit():
+        return []
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    try:
+        infos = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return []
+    out: List[str] = []
+    for family, _, _, _, address in infos:
+        ip = address[0]
+        text = f"[{ip}]:{port}" if family == socket.AF_INET6 else f"{ip}:{port}"
+        if text not in out:
+            out.append(text)
+    return out
 
 
 def spreads(target: str, merged_options: Sequence[Tuple[str, Any]]) -> bool:
@@ -107,6 +145,11 @@ class HandleRouter:
         self._lock = threading.Lock()
         self._homes: Dict[str, Tuple[Any, Any]] = {}
 
+    @property
+    def spreads(self) -> bool:
+        """Whether the client's calls spread over several servers."""
+        return self._enabled
+
     def home(self, *ids: Optional[str]) -> Optional[str]:
         """The server the ids name (None: the spread). MatmulError
         INVALID_ARGUMENT if they name two."""
@@ -118,7 +161,8 @@ class HandleRouter:
             raise MatmulError(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"a and b are stored on different servers ({a} and {b}): the stored "
-                "operands of one multiply must live on one server",
+                "operands of one multiply must live on one server (upload one near the "
+                "other: the upload's `near` option)",
             )
         home = homes.pop() if homes else None
         return None if home == self._authority else home

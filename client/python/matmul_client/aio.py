@@ -38,7 +38,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._channel import ChannelOption, TlsArgument, channel_options, tls_config
-from ._routing import HandleRouter, ip_target_authority, routed_error
+from ._routing import HandleRouter, handle_device, ip_target_authority, routed_error
 from ._client import CLIENT_ID_METADATA_KEY, _check_client_id
 from ._errors import MatmulError
 from ._handles import Handle, HandleOrId, handle_id, ttl_seconds
@@ -260,6 +260,7 @@ class AsyncClient:
         ttl: Optional[float] = None,
         dtype: Any = None,
         timeout: Optional[float] = None,
+        near: Optional[HandleOrId] = None,
     ) -> Handle:
         """:meth:`Client.upload`, awaited (the array is copied before the
         first await). Cancelling the task cancels the RPC."""
@@ -271,16 +272,20 @@ class AsyncClient:
             )
         if device is not None and (isinstance(device, bool) or not isinstance(device, (int, np.integer))):
             raise TypeError(f"device: expected None or a device index, got {type(device).__name__}")
+        near_id = "" if near is None else handle_id(near)
+        if device is None and near_id:
+            device = handle_device(near_id)
         deadline = self._deadline(timeout)
         if self._native is not None:
-            args = _native_upload_args(x, dtype, device, ttl, deadline)
+            args = _native_upload_args(x, dtype, device, ttl, deadline, near_id)
             native = self._native
             value = await self._await_native(lambda done: native.upload_async(*args, done))
             return _handle_from_native(value, self)
         wire = resolve_single_wire_type(x, dtype, "array")
         values = upload_values(x, wire)
         ttl_s = ttl_seconds(ttl, "ttl")
-        stub = self._pure()[0]
+        home = self._router.home(near_id)
+        stub = self._router.stub(home, self._pure()[0])
         if chunked(values) and np.may_share_memory(values, x):
             values = values.copy()  # the caller may change x once we await
         smaller = False
@@ -296,18 +301,18 @@ class AsyncClient:
                 return Handle.from_proto(response.handle, self)
             except grpc.RpcError as error:
                 if not too_large(error):
-                    raise MatmulError.from_call(error) from error
+                    raise routed_error(MatmulError.from_call(error), home) from error
                 smaller = True  # over this server's message size
         # In chunks; under the server's message size (GetServerInfo) where
         # it refused the default ones as too large.
         chunk = None
         for attempt in range(2):
-            if smaller:
-                info = await stub.GetServerInfo(
-                    matmul_pb2.GetServerInfoRequest(), timeout=deadline, metadata=self._metadata
-                )
-                chunk = chunk_under(info.limits.max_message_bytes)
             try:
+                if smaller:
+                    info = await stub.GetServerInfo(
+                        matmul_pb2.GetServerInfoRequest(), timeout=deadline, metadata=self._metadata
+                    )
+                    chunk = chunk_under(info.limits.max_message_bytes)
                 response = await stub.UploadStream(
                     upload_messages(values, wire, device, ttl_s, chunk), timeout=deadline, metadata=self._metadata
                 )
@@ -316,7 +321,7 @@ class AsyncClient:
                 if error.code() is grpc.StatusCode.UNIMPLEMENTED:
                     raise unimplemented_upload(error) from error
                 if smaller or not too_large(error):
-                    raise MatmulError.from_call(error) from error
+                    raise routed_error(MatmulError.from_call(error), home) from error
                 smaller = True
         raise AssertionError("unreachable")
 

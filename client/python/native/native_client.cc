@@ -167,19 +167,23 @@ PyCall NativeClient::MultiplyAsync(const py::object& a, int a_dtype,
 }
 
 UploadOptions NativeClient::MakeUploadOptions(int device, int64_t ttl_seconds,
-                                              std::optional<double> timeout) {
+                                              std::optional<double> timeout,
+                                              const std::string& near) {
   UploadOptions options;
   if (device >= 0) options.device = device;
   options.ttl = absl::Seconds(ttl_seconds);
   options.timeout = Timeout(timeout);
+  options.near = near;
   return options;
 }
 
 py::object NativeClient::Upload(const py::array& x, int dtype, int device,
                                 int64_t ttl_seconds,
-                                std::optional<double> timeout) {
+                                std::optional<double> timeout,
+                                const std::string& near) {
   const WireOperand w = CheckOperand(x, dtype, "array");
-  const UploadOptions options = MakeUploadOptions(device, ttl_seconds, timeout);
+  const UploadOptions options =
+      MakeUploadOptions(device, ttl_seconds, timeout, near);
   absl::StatusOr<StoredTensor> stored;
   {
     py::gil_scoped_release release;
@@ -191,9 +195,10 @@ py::object NativeClient::Upload(const py::array& x, int dtype, int device,
 PyCall NativeClient::UploadAsync(const py::array& x, int dtype, int device,
                                  int64_t ttl_seconds,
                                  std::optional<double> timeout,
+                                 const std::string& near,
                                  const py::object& done) {
   const WireOperand w = CheckOperand(x, dtype, "array");
-  UploadOptions options = MakeUploadOptions(device, ttl_seconds, timeout);
+  UploadOptions options = MakeUploadOptions(device, ttl_seconds, timeout, near);
   options.canceller = std::make_shared<CallCanceller>();
   PyCall call(options.canceller);
   std::shared_ptr<const Held> held(new Held{done, py::none(), Self()},

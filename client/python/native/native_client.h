@@ -93,12 +93,14 @@ class NativeClient {
                                int64_t chunk_bytes, const py::object& done,
                                int stripes);
 
+  // `near`: a handle id to store the tensor beside, or "".
   py::object Upload(const py::array& x, int dtype, int device,
-                    int64_t ttl_seconds, std::optional<double> timeout);
+                    int64_t ttl_seconds, std::optional<double> timeout,
+                    const std::string& near);
 
   PyCall UploadAsync(const py::array& x, int dtype, int device,
                      int64_t ttl_seconds, std::optional<double> timeout,
-                     const py::object& done);
+                     const std::string& near, const py::object& done);
 
   // (array, dtype enum): the array in the tensor's little-endian wire dtype.
   py::object Download(const std::string& id, std::optional<double> timeout);
@@ -143,7 +145,8 @@ class NativeClient {
                           bool keep, int64_t result_ttl);
 
   static UploadOptions MakeUploadOptions(int device, int64_t ttl_seconds,
-                                         std::optional<double> timeout);
+                                         std::optional<double> timeout,
+                                         const std::string& near);
 
   // This client's Python object (pybind11 finds the existing instance).
   py::object Self();

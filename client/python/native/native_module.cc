@@ -137,10 +137,11 @@ PYBIND11_MODULE(_native, m) {
            py::arg("result_dtype"), py::arg("chunk_bytes"), py::arg("done"),
            py::arg("stripes") = 1)
       .def("upload", &NativeClient::Upload, py::arg("array"), py::arg("dtype"),
-           py::arg("device"), py::arg("ttl_seconds"), py::arg("timeout"))
+           py::arg("device"), py::arg("ttl_seconds"), py::arg("timeout"),
+           py::arg("near"))
       .def("upload_async", &NativeClient::UploadAsync, py::arg("array"),
            py::arg("dtype"), py::arg("device"), py::arg("ttl_seconds"),
-           py::arg("timeout"), py::arg("done"))
+           py::arg("timeout"), py::arg("near"), py::arg("done"))
       .def("download", &NativeClient::Download, py::arg("id"),
            py::arg("timeout"))
       .def("download_async", &NativeClient::DownloadAsync, py::arg("id"),
