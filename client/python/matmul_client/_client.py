@@ -695,15 +695,16 @@ class Client:
         for channel in channels:
             channel.close()
 
-    def _home_channel(self, address: str) -> grpc.Channel:
-        """A channel to the one server at ``address`` (a handle's), with the
-        target's settings; under TLS it checks the certificate against the
-        target's name, as the spread does."""
+    def _home_channel(self, address: str, *more: ChannelOption) -> grpc.Channel:
+        """A channel to the one server at ``address`` (a handle's, or a
+        striped multiply's), with the target's settings and ``more``; under
+        TLS it checks the certificate against the target's name, as the
+        spread does."""
         target, tls, options = self._channel_args
         extra: Tuple[ChannelOption, ...] = ()
         if tls_config(tls) is not None and ip_target_authority(target):
             extra = (("grpc.default_authority", ip_target_authority(target)),)
-        return make_channel(address, tls, (*options, *extra))
+        return make_channel(address, tls, (*options, *extra, *more))
 
     def _stripe_channels_for(self, stripes: int) -> List[grpc.Channel]:
         """The first ``stripes`` of the connections that pure-Python striped
@@ -742,10 +743,6 @@ class Client:
         """``stripes`` connections to the one server at ``address``
         (host:port), opened on first use; past _MAX_PINNED_SERVERS servers
         the oldest's are closed."""
-        target, tls, options = self._channel_args
-        extra: Tuple[ChannelOption, ...] = ()
-        if tls_config(tls) is not None and ip_target_authority(target):
-            extra = (("grpc.default_authority", ip_target_authority(target)),)
         closed: List[grpc.Channel] = []
         with self._stripe_lock:
             pinned = self._pinned_stripes.get(address)
@@ -755,10 +752,8 @@ class Client:
                 pinned = self._pinned_stripes[address] = []
             while len(pinned) < stripes:
                 pinned.append(
-                    make_channel(
-                        address, tls,
-                        (*options, *extra, ("matmul.stripe", len(pinned)),
-                         ("grpc.use_local_subchannel_pool", 1)),
+                    self._home_channel(
+                        address, ("matmul.stripe", len(pinned)), ("grpc.use_local_subchannel_pool", 1)
                     )
                 )
             chosen = pinned[:stripes]
