@@ -192,12 +192,10 @@ class MultiplyStreamSession {
   // Whether the engine should drop this call's queued steps.
   absl::Status Abandoned() const;
 
-  bool finished() const { return flow_.finished(); }
   // Multiplies and shares open on this call.
   int OpenCount() const {
     return static_cast<int>(open_.size() + shares_.size());
   }
-  const StreamFlow& flow() const { return flow_; }
 
   // A received chunk: its bytes (pieces of the message's slices, which it
   // holds) and where they go in the multiply's device tensor.
