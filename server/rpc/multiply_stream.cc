@@ -1,20 +1,12 @@
 #include "server/rpc/multiply_stream.h"
 
-#include <algorithm>
-#include <limits>
-#include <optional>
-#include <string>
+#include <memory>
 #include <utility>
+#include <vector>
 
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
-#include "common/log.h"
 #include "gpu/engine.h"
-#include "matmul/v1/matmul.pb.h"
-#include "server/admission/admission.h"
-#include "server/request_validation.h"
-#include "server/rpc/call_helpers.h"
 #include "server/rpc/grpc_status.h"
+#include "server/rpc/multiply_wire.h"
 #include "server/rpc/stored_tensors.h"
 
 namespace matmul {
@@ -36,376 +28,115 @@ grpc::ByteBuffer MultiplyStreamReactor::ToByteBuffer(StreamAnswer answer) {
 
 MultiplyStreamReactor::MultiplyStreamReactor(
     ServiceState& state, grpc::CallbackServerContext* context)
-    : state_(state), context_(context), client_(ClientKey(*context)) {
+    : state_(state),
+      context_(context),
+      session_(state, this, ClientKey(*context), DeadlineOf(*context)) {
   state_.calls.AddOpen(this);
 }
 
-void MultiplyStreamReactor::Start() {
-  Actions actions;
+void MultiplyStreamReactor::Run(const Visit& visit) {
+  StreamActions actions;
   {
     absl::MutexLock lock(&mu_);
-    // A stream opened once the drain began (after StartDraining looked at
-    // the registered calls) ends at once too.
-    if (state_.admission.draining()) flow_.Draining();
-    Settle(actions);
+    visit(session_, actions);
+    session_.Settle(actions);
   }
   Perform(actions);
 }
 
-absl::Status MultiplyStreamReactor::Abandoned() const {
+void MultiplyStreamReactor::Start() {
+  Run([](MultiplyStreamSession& session, StreamActions& actions) {
+    session.Start(actions);
+  });
+}
+
+absl::Status MultiplyStreamReactor::Abandoned() {
   absl::MutexLock lock(&mu_);
-  if (flow_.cancelled() || flow_.finished()) {
-    return absl::CancelledError("the stream was cancelled");
-  }
-  return absl::OkStatus();
+  return session_.Abandoned();
 }
 
 void MultiplyStreamReactor::OnReadDone(bool ok) {
-  Actions actions;
-  {
-    absl::MutexLock lock(&mu_);
-    flow_.ReadDone(ok);
-    if (!ok) {
-      // Multiplies still missing bytes can never complete. A read that
-      // failed because the client cancelled the call is not a short
-      // operand: OnCancel answers those multiplies CANCELLED (which of the
-      // two runs first is gRPC's choice).
-      const bool cancelled = flow_.cancelled() || context_->IsCancelled();
-      std::vector<std::shared_ptr<Multiply>> incomplete, striped;
-      for (const auto& [id, share] : shares_) {
-        // A joined multiply: its owner decides.
-        Post(share->owner, [owned = share->owned,
-                            s = share->stripe](MultiplyStreamReactor& owner) {
-          owner.StripeSideClosed(owned, s);
-        });
-      }
-      for (const auto& [id, m] : open_) {
-        if (m->stripes > 1) {
-          m->stripe.SideClosed(0);
-          striped.push_back(m);
-        } else if (!cancelled && !m->intake.complete()) {
-          incomplete.push_back(m);
-        }
-      }
-      for (const auto& m : striped) CheckStarved(m);
-      for (const auto& m : incomplete) {
-        const int op = m->intake.missing();
-        Fail(m, absl::InvalidArgumentError(
-                    absl::StrCat("the client closed the stream before operand ",
-                                 StreamOperandName(op), " of request ", m->id,
-                                 " arrived: ", m->intake.received(op), " of ",
-                                 m->intake.need(op), " bytes")));
-      }
-    } else if (!flow_.finished()) {
-      std::vector<grpc::Slice> slices;
-      if (!read_buffer_.Dump(&slices).ok()) slices.clear();
-      read_buffer_.Clear();
-      Handle(std::move(slices), actions);
-    }
-    Settle(actions);
+  if (!ok) {
+    const bool cancelled = context_->IsCancelled();
+    Run([cancelled](MultiplyStreamSession& session, StreamActions& actions) {
+      session.ReadClosed(cancelled, actions);
+    });
+    return;
   }
-  Perform(actions);
-}
-
-void MultiplyStreamReactor::Handle(std::vector<grpc::Slice> slices,
-                                   Actions& actions) {
+  // One read at a time: read_buffer_ is this read's until the next
+  // StartRead, which only the session's moves start.
+  std::vector<grpc::Slice> slices;
+  if (!read_buffer_.Dump(&slices).ok()) slices.clear();
+  read_buffer_.Clear();
   std::vector<ByteChunk> chunks;
   chunks.reserve(slices.size());
   for (const grpc::Slice& s : slices) chunks.emplace_back(s.begin(), s.size());
   absl::StatusOr<WireStreamRequest> request =
       DecodeMultiplyStreamRequest(chunks);
-  if (!request.ok()) {
-    // Nothing can be attributed to a multiply: the stream itself is bad.
-    CloseAll(absl::StatusCode::kInvalidArgument);
-    flow_.End(request.status(), actions.moves);
-    state_.admission.RecordRejection(RequestFault(request.status()));
-    return;
+  // A chunk's bytes stay in the message's slices, which it holds (moving
+  // the vector keeps each slice where it is).
+  std::shared_ptr<const void> hold;
+  if (request.ok() && request->kind == WireStreamRequest::Kind::kChunk) {
+    hold = std::make_shared<const std::vector<grpc::Slice>>(std::move(slices));
   }
-  switch (request->kind) {
-    case WireStreamRequest::Kind::kStart:
-      HandleStart(*request, actions);
-      return;
-    case WireStreamRequest::Kind::kChunk:
-      // The chunk's bytes stay in the message's slices, which it holds.
-      HandleChunk(
-          *request,
-          std::make_shared<const std::vector<grpc::Slice>>(std::move(slices)),
-          actions);
-      return;
-    case WireStreamRequest::Kind::kJoin:
-      HandleJoin(*request);
-      return;
-    case WireStreamRequest::Kind::kNone:
-      SendError(request->request_id,
-                absl::InvalidArgumentError(
-                    "MultiplyStreamRequest: none of start, chunk and join is "
-                    "set"));
-      return;
+  StreamActions actions;
+  {
+    absl::MutexLock lock(&mu_);
+    session_.Read(std::move(request), std::move(hold), actions);
+    session_.Settle(actions);
   }
-}
-
-void MultiplyStreamReactor::SendError(uint64_t id, const absl::Status& status) {
-  const grpc::Status g = ToGrpcStatus(status);
-  Queue(StreamAnswer::Error(id, static_cast<int32_t>(g.error_code()),
-                            g.error_message()),
-        false);
-}
-
-void MultiplyStreamReactor::RememberFailed(uint64_t id) {
-  failed_.Remember(id);
-}
-
-void MultiplyStreamReactor::RecordFailure(const absl::Status& status) {
-  if (std::optional<RejectReason> reason = RejectionOf(status)) {
-    state_.metrics->RecordRejection(*reason);
-  } else if (status.code() == absl::StatusCode::kInvalidArgument) {
-    state_.metrics->RecordRejection(RejectReason::kInvalid);
-  }
-}
-
-bool MultiplyStreamReactor::FailOpen(uint64_t id, const absl::Status& status) {
-  // Copies: closing erases the slot in open_ (or shares_).
-  if (auto it = open_.find(id); it != open_.end()) {
-    const std::shared_ptr<Multiply> m = it->second;
-    Fail(m, status);
-    return true;
-  }
-  if (auto it = shares_.find(id); it != shares_.end()) {
-    const std::shared_ptr<StripeShare> share = it->second;
-    FailShare(share, status);
-    return true;
-  }
-  return false;
-}
-
-void MultiplyStreamReactor::FailShare(const std::shared_ptr<StripeShare>& share,
-                                      const absl::Status& status) {
-  if (share->closed) return;
-  RecordFailure(status);
-  SendError(share->id, status);
-  CloseShare(share, status.code());
-}
-
-void MultiplyStreamReactor::CloseAll(absl::StatusCode code) {
-  std::vector<std::shared_ptr<Multiply>> all;
-  for (const auto& [id, m] : open_) all.push_back(m);
-  std::vector<std::shared_ptr<StripeShare>> shares;
-  for (const auto& [id, share] : shares_) shares.push_back(share);
-  for (const auto& share : shares) CloseShare(share, code);
-  for (const auto& m : all) Close(m, code);
-}
-
-void MultiplyStreamReactor::Fail(const std::shared_ptr<Multiply>& m,
-                                 const absl::Status& status) {
-  if (m->closed) return;
-  RecordFailure(status);
-  SendError(m->id, status);
-  // Chunks the client sent before it saw the error are dropped quietly.
-  if (!m->intake.complete()) {
-    RememberFailed(m->id);
-  }
-  if (m->stripes > 1) EndStripes(m, status);
-  Close(m, status.code());
-}
-
-void MultiplyStreamReactor::Close(std::shared_ptr<Multiply> m,
-                                  absl::StatusCode code) {
-  if (m->closed) return;
-  m->closed = true;
-  if (auto it = open_.find(m->id); it != open_.end() && it->second == m) {
-    open_.erase(it);
-  }
-  if (m->stripes > 1 && !m->stripes_ended) {
-    // This call ended (cancelled, cut, or a bad message): the multiply
-    // fails on the joined streams.
-    EndStripes(
-        m, absl::CancelledError(absl::StrCat(
-               "stripe 0's call of this striped multiply (request_id ", m->id,
-               " there) ended (", absl::StatusCodeToString(code), ")")));
-  }
-  for (Chunk& chunk : m->waiting) {
-    if (chunk.held_by != nullptr) {
-      DropChunk(chunk);
-    } else {
-      flow_.Release(chunk.bytes);
-    }
-  }
-  const double seconds = SecondsSince(m->started);
-  state_.metrics->RecordRequest(RpcMethod::kMultiplyStream,
-                                static_cast<grpc::StatusCode>(code), seconds);
-  const int64_t operand_bytes = m->intake.need_total();
-  if (code == absl::StatusCode::kOk && operand_bytes >= (int64_t{256} << 20)) {
-    // What shows that H2D overlapped receipt: how much of the operands was
-    // already on the device when their last byte arrived.
-    LogLine(absl::StrFormat(
-        "stream request %d: %d x %d x %d, %d operand bytes in %d chunks "
-        "received %.3f-%.3f s, %.1f%% already on the GPU at the last chunk; "
-        "computed at %.3f s, answered at %.3f s",
-        m->id, m->spec.m, m->spec.k, m->spec.n, operand_bytes, m->chunks,
-        m->first_chunk_s, m->last_chunk_s,
-        100.0 * static_cast<double>(m->uploaded_by_last_chunk) /
-            static_cast<double>(operand_bytes),
-        m->computed_s, seconds));
-  }
-  m->waiting.clear();
-  m->operand[0].reset();
-  m->operand[1].reset();
-  m->buffer.reset();
-  m->panels.clear();
-  m->lease.Release();  // budget, request count, and quota unless stored
-}
-
-void MultiplyStreamReactor::CloseShare(std::shared_ptr<StripeShare> share,
-                                       absl::StatusCode code) {
-  if (share->closed) return;
-  share->closed = true;
-  if (auto it = shares_.find(share->id);
-      it != shares_.end() && it->second == share) {
-    shares_.erase(it);
-  }
-  // Unless its owner ended it, the multiply fails there (and on its other
-  // streams).
-  if (!share->owner_done && code != absl::StatusCode::kOk) {
-    Post(share->owner,
-         [owned = share->owned, s = share->stripe,
-          why = absl::CancelledError(absl::StrCat(
-              "stripe ", share->stripe,
-              "'s call of this striped multiply (request_id ", share->id,
-              " there) ended (", absl::StatusCodeToString(code), ")"))](
-             MultiplyStreamReactor& owner) {
-           owner.StripeEnded(owned, s, why);
-         });
-  }
-  share->owner->Unref();  // Post holds its own reference
-  share->owner = nullptr;
-  share->owned.reset();
-  share->early.clear();  // their staging goes back
-}
-
-void MultiplyStreamReactor::Queue(StreamAnswer message, bool result_chunk,
-                                  std::shared_ptr<Multiply> striped,
-                                  std::shared_ptr<StripeShare> share) {
-  if (!result_chunk) flow_.ReplyQueued();
-  writes_.push_back(
-      {std::move(message), result_chunk, std::move(striped), std::move(share)});
-}
-
-void MultiplyStreamReactor::Settle(Actions& actions) {
-  for (auto& call : outbox_) actions.calls.push_back(std::move(call));
-  outbox_.clear();
-  if (flow_.Settle(OpenCount() > 0, !writes_.empty(), actions.moves)) {
-    write_buffer_ = ToByteBuffer(std::move(writes_.front().message));
-    writing_result_chunk_ = writes_.front().result_chunk;
-    writing_striped_ = std::move(writes_.front().striped);
-    writing_share_ = std::move(writes_.front().share);
-    writes_.pop_front();
-  }
+  Perform(actions);
 }
 
 void MultiplyStreamReactor::Draining() {
-  Actions actions;
-  {
-    absl::MutexLock lock(&mu_);
-    flow_.Draining();
-    Settle(actions);
-  }
-  Perform(actions);
+  Run([](MultiplyStreamSession& session, StreamActions& actions) {
+    session.Drain(actions);
+  });
 }
 
 void MultiplyStreamReactor::CutForDrain() {
-  Actions actions;
-  {
-    absl::MutexLock lock(&mu_);
-    flow_.Cancelled();  // no more reads; queued steps are dropped
-    const bool any = OpenCount() > 0;
-    CloseAll(absl::StatusCode::kUnavailable);
-    if (any) {
-      state_.admission.RecordRejection(RejectReason::kDraining);
-    }
-    if (!flow_.finished()) {
-      flow_.End(absl::UnavailableError(
-                    "the server is shutting down and its drain ended before "
-                    "this stream's multiplies finished; retry them"),
-                actions.moves);
-    }
-    Settle(actions);  // the calls to other calls
-  }
-  Perform(actions);
+  Run([](MultiplyStreamSession& session, StreamActions& actions) {
+    session.CutForDrain(actions);
+  });
 }
 
-void MultiplyStreamReactor::Perform(Actions& actions) {
+void MultiplyStreamReactor::JoinResolved(uint64_t join_id,
+                                         absl::StatusOr<StripeMatch> match) {
+  Run([join_id, &match](MultiplyStreamSession& session,
+                        StreamActions& actions) {
+    session.JoinResolved(join_id, std::move(match), actions);
+  });
+}
+
+void MultiplyStreamReactor::Perform(StreamActions& actions) {
   // First, so that a joiner has queued a multiply's result header before
   // the downloads of its chunks are submitted.
   for (auto& call : actions.calls) call();
   for (std::unique_ptr<MatmulJob>& job : actions.jobs) {
-    refs_.fetch_add(1, std::memory_order_relaxed);
-    engine_.load(std::memory_order_acquire)->Submit(std::move(job));
+    Ref();  // the job's, until its Done has run
+    actions.engine->Submit(std::move(job));
   }
   if (actions.moves.read) StartRead(&read_buffer_);
-  if (actions.moves.write) StartWrite(&write_buffer_);
+  if (actions.moves.write) {
+    write_buffer_ = ToByteBuffer(std::move(*actions.write));
+    StartWrite(&write_buffer_);
+  }
   if (actions.moves.finish) Finish(ToGrpcStatus(actions.moves.finish_status));
 }
 
 void MultiplyStreamReactor::OnWriteDone(bool ok) {
-  Actions actions;
-  {
-    absl::MutexLock lock(&mu_);
-    flow_.WriteDone(actions.moves);
-    write_buffer_.Clear();
-    if (writing_striped_ != nullptr) {
-      ResultChunkGone(writing_striped_);
-      writing_striped_.reset();
-    } else if (writing_share_ != nullptr) {
-      ShareChunkGone(writing_share_);
-      writing_share_.reset();
-    } else if (writing_result_chunk_) {
-      --result_chunks_in_flight_;
-    } else {
-      flow_.ReplySent();
-    }
-    writing_result_chunk_ = false;
-    if (!ok) {
-      // The client is gone: nothing more can be sent.
-      for (const PendingWrite& w : writes_) {
-        if (w.striped != nullptr) {
-          ResultChunkGone(w.striped);
-        } else if (w.share != nullptr) {
-          ShareChunkGone(w.share);
-        } else if (w.result_chunk) {
-          --result_chunks_in_flight_;
-        } else {
-          flow_.ReplySent();
-        }
-      }
-      writes_.clear();
-      CloseAll(absl::StatusCode::kCancelled);
-      if (!flow_.finished()) {
-        flow_.End(absl::CancelledError("the client went away"), actions.moves);
-      }
-      Settle(actions);  // the calls to other calls
-    } else {
-      PumpDownloads(actions);
-      Settle(actions);
-    }
-  }
-  Perform(actions);
+  write_buffer_.Clear();
+  Run([ok](MultiplyStreamSession& session, StreamActions& actions) {
+    session.WriteDone(ok, actions);
+  });
 }
 
 void MultiplyStreamReactor::OnCancel() {
-  Actions actions;
+  StreamActions actions;
   {
     absl::MutexLock lock(&mu_);
-    flow_.Cancelled();
-    const bool any = OpenCount() > 0;
-    CloseAll(absl::StatusCode::kCancelled);
-    if (any) {
-      state_.metrics->RecordRejection(RejectReason::kCancelled);
-    }
-    if (!flow_.finished()) {
-      flow_.End(absl::CancelledError("the stream was cancelled"),
-                actions.moves);
-    }
-    Settle(actions);  // the calls to other calls
+    session_.Cancel(actions);
+    session_.Settle(actions);  // the calls to other calls
   }
   state_.stripes.Forget(this);  // a join it had waiting
   Perform(actions);

@@ -3,10 +3,10 @@
 // tensors its handles name, where each chunked operand goes in the one
 // device tensor that holds both, whether A is multiplied in row panels, the
 // result chunk size, a kept product's lifetime, its stripes, and the bytes
-// admission charges it. No gRPC and no reactor: the MultiplyStream reactor
-// (server/rpc/multiply_stream_start.cc) checks what depends on the call
-// (ids open, the open count, draining), calls this, admits the plan and
-// stages its operands.
+// admission charges it. No gRPC and no reactor: the MultiplyStream session
+// (server/stream/multiply_stream_session_start.cc) checks what depends on
+// the call (ids open, the open count, draining), calls this, admits the
+// plan and stages its operands.
 //
 // Refusals, in the order they are checked:
 //   INVALID_ARGUMENT    a shared-memory operand or product; a bad shape,

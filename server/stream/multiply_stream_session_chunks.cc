@@ -1,4 +1,4 @@
-// MultiplyStreamReactor, chunk intake: an operand chunk read on this call
+// MultiplyStreamSession, chunk intake: an operand chunk read on this call
 // (or, for a striped multiply, forwarded by a joining call) is checked
 // against what its operand has received so far and staged at its offset.
 // Chunks may come in any order; each operand byte comes exactly once.
@@ -11,10 +11,10 @@
 #include "absl/strings/str_cat.h"
 #include "matmul/v1/matmul.pb.h"
 #include "server/rpc/call_helpers.h"
-#include "server/rpc/multiply_stream.h"
+#include "server/stream/multiply_stream_session.h"
 
 namespace matmul {
-void MultiplyStreamReactor::HandleChunk(const WireStreamRequest& request,
+void MultiplyStreamSession::HandleChunk(const WireStreamRequest& request,
                                         std::shared_ptr<const void> hold,
                                         Actions& actions) {
   const uint64_t id = request.request_id;
@@ -41,25 +41,24 @@ void MultiplyStreamReactor::HandleChunk(const WireStreamRequest& request,
   // A joined multiply: its owner checks and stages the chunk, which this
   // stream's window holds until then.
   flow_.Hold(std::max<int64_t>(chunk.bytes, 0));
-  Ref();
-  chunk.held_by = this;
+  self_->Ref();
+  chunk.held_by = self_;
   Post(share->second->owner,
        [owned = share->second->owned, op = request.operand,
-        offset = request.offset,
-        chunk = std::move(chunk)](MultiplyStreamReactor& owner) mutable {
-         owner.StripeChunk(owned, op, offset, std::move(chunk));
+        offset = request.offset, chunk = std::move(chunk)](
+           MultiplyStreamSession& owner, Actions& actions) {
+         owner.StripeChunk(owned, op, offset, chunk, actions);
        });
 }
 
-void MultiplyStreamReactor::TakeChunk(const std::shared_ptr<Multiply>& m,
+void MultiplyStreamSession::TakeChunk(const std::shared_ptr<Multiply>& m,
                                       int operand, int64_t offset, Chunk chunk,
                                       Actions& actions) {
   // Fails `m`; a forwarded chunk goes back to its joiner's window.
-  auto fail = [&](const absl::Status& status)
-                  ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-                    DropChunk(chunk);
-                    Fail(m, status);
-                  };
+  auto fail = [&](const absl::Status& status) {
+    DropChunk(chunk);
+    Fail(m, status);
+  };
   if (m->schedule.all_submitted()) {
     fail(absl::InvalidArgumentError(absl::StrCat(
         "chunk for request_id ", m->id, " after all its operand bytes")));

@@ -1,7 +1,7 @@
-// MultiplyStreamReactor, engine side: the jobs of a multiply's steps
+// MultiplyStreamSession, engine side: the jobs of a multiply's steps
 // (allocate, upload each chunk, multiply, download each result chunk) and
 // what happens when each one is done. The message side is in
-// multiply_stream.cc.
+// multiply_stream_session.cc.
 #include <algorithm>
 #include <memory>
 #include <optional>
@@ -14,8 +14,8 @@
 #include "gpu/engine.h"
 #include "matmul/v1/matmul.pb.h"
 #include "server/rpc/call_helpers.h"
-#include "server/rpc/multiply_stream.h"
 #include "server/rpc/stored_tensors.h"
+#include "server/stream/multiply_stream_session.h"
 
 namespace matmul {
 namespace {
@@ -46,16 +46,19 @@ MatmulSpec VectorSpec(DType dtype, int64_t elements, bool download) {
 
 }  // namespace
 
-// The engine's view of one step of a multiply.
-class MultiplyStreamReactor::StepJob final : public MatmulJob {
+// The engine's view of one step of a multiply. It holds a reference on
+// its call from its submission (the call's Perform) until Done has run.
+class MultiplyStreamSession::StepJob final : public MatmulJob {
  public:
   // `offset`: an upload's or a download's place in the multiply's tensor;
   // `chunk`: an upload's bytes.
-  StepJob(MultiplyStreamReactor* reactor, std::shared_ptr<Multiply> multiply,
+  StepJob(MultiplyStreamSession* session, std::shared_ptr<Multiply> multiply,
           Step step, int64_t held_bytes, JobDescription description,
           int64_t offset, Chunk chunk)
       : MatmulJob(std::move(description)),
-        reactor_(reactor),
+        state_(session->state_),
+        client_(session->client_),
+        call_(session->self_),
         multiply_(std::move(multiply)),
         step_(step),
         held_bytes_(held_bytes),
@@ -68,25 +71,35 @@ class MultiplyStreamReactor::StepJob final : public MatmulJob {
       return absl::InternalError(absl::StrCat(
           "staging size mismatch: ", a.size(), " vs ", chunk_.bytes));
     }
-    reactor_->state_.staging_copier.Copy(chunk_.data, a.data());
-    reactor_->state_.copied_operand_bytes.fetch_add(chunk_.bytes,
-                                                    std::memory_order_relaxed);
-    reactor_->state_.metrics->RecordPayload(
-        PayloadPath::kStream, PayloadDirection::kIn, chunk_.bytes);
+    state_.staging_copier.Copy(chunk_.data, a.data());
+    state_.copied_operand_bytes.fetch_add(chunk_.bytes,
+                                          std::memory_order_relaxed);
+    state_.metrics->RecordPayload(PayloadPath::kStream, PayloadDirection::kIn,
+                                  chunk_.bytes);
     return absl::OkStatus();
   }
   void Done(absl::StatusOr<JobResult> result) override {
     if (result.ok()) {
-      reactor_->state_.metrics->client_usage().Record(
-          reactor_->client_, result->timings(), JobBusBytes(description()));
+      state_.metrics->client_usage().Record(client_, result->timings(),
+                                            JobBusBytes(description()));
     }
-    reactor_->StepDone(multiply_, step_, held_bytes_, offset_, chunk_.held_by,
-                       std::move(result));
+    // Shared: a Visit is copyable, a JobResult is not.
+    auto held = std::make_shared<absl::StatusOr<JobResult>>(std::move(result));
+    StreamCall* const call = call_;
+    call->Run([multiply = multiply_, step = step_, held_bytes = held_bytes_,
+               offset = offset_, held_by = chunk_.held_by,
+               held](MultiplyStreamSession& session, Actions& actions) {
+      session.StepDone(multiply, step, held_bytes, offset, held_by,
+                       std::move(*held), actions);
+    });
+    call->Unref();  // the job's; the call may be gone after it
   }
-  absl::Status Abandoned() const override { return reactor_->Abandoned(); }
+  absl::Status Abandoned() const override { return call_->Abandoned(); }
 
  private:
-  MultiplyStreamReactor* const reactor_;
+  ServiceState& state_;
+  const std::string& client_;  // the session's, for usage
+  StreamCall* const call_;
   const std::shared_ptr<Multiply> multiply_;
   const Step step_;
   const int64_t held_bytes_;
@@ -94,7 +107,7 @@ class MultiplyStreamReactor::StepJob final : public MatmulJob {
   Chunk chunk_;
 };
 
-std::unique_ptr<MatmulJob> MultiplyStreamReactor::NewJob(
+std::unique_ptr<MatmulJob> MultiplyStreamSession::NewJob(
     const std::shared_ptr<Multiply>& m, Step step, int64_t held_bytes,
     Chunk* chunk, size_t panel) {
   JobDescription work;
@@ -145,94 +158,86 @@ std::unique_ptr<MatmulJob> MultiplyStreamReactor::NewJob(
                                    offset, std::move(bytes_in));
 }
 
-void MultiplyStreamReactor::StepDone(const std::shared_ptr<Multiply>& m,
+void MultiplyStreamSession::StepDone(const std::shared_ptr<Multiply>& m,
                                      Step step, int64_t held_bytes,
-                                     int64_t offset,
-                                     MultiplyStreamReactor* held_by,
-                                     absl::StatusOr<JobResult> result) {
-  Actions actions;
-  {
-    absl::MutexLock lock(&mu_);
-    if (held_by != nullptr) {
-      // Staged: the joiner that read the chunk may read on.
-      Post(held_by, [held_bytes](MultiplyStreamReactor& joiner) {
-        joiner.StripeHeld(held_bytes);
-      });
-      held_by->Unref();  // the chunk's; Post holds its own
-    } else {
-      flow_.Release(held_bytes);
-    }
-    if (step == Step::kUpload) --m->uploads_in_flight;
-    if (step == Step::kDownload) --m->downloads_in_flight;
-    // A download that sends nothing gives its place in the window back.
-    auto download_gone = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      if (step != Step::kDownload) return;
-      if (m->stripes > 1) {
-        --m->result_chunks_out;
-      } else {
-        --result_chunks_in_flight_;
-      }
-    };
-    if (m->closed || flow_.finished()) {
-      download_gone();
-    } else if (!result.ok()) {
-      download_gone();
-      Fail(m, result.status());
-    } else {
-      switch (step) {
-        case Step::kAllocate:
-          Allocated(m, result->resident(), actions);
-          break;
-        case Step::kUpload: {
-          m->uploaded += held_bytes;
-          // `offset` is the chunk's place in the buffer: B's lie past A's.
-          const int op = m->intake.OperandAt(offset);
-          m->schedule.Uploaded(op, offset - m->intake.at(op), held_bytes);
-          MaybeMultiply(m, actions);
-          break;
-        }
-        case Step::kMultiply: {
-          // `offset`: the panel's first row.
-          auto p = std::find_if(
-              m->panels.begin(), m->panels.end(),
-              [offset](const Multiply::Panel& p) { return p.row0 == offset; });
-          if (p == m->panels.end() || result->resident() == nullptr) {
-            Fail(m, absl::InternalError("the engine kept no product"));
-            break;
-          }
-          p->product = result->resident();
-          p->a.reset();
-          if (m->rows_computed == 0) m->placement = result->placement();
-          m->rows_computed += p->rows;
-          if (m->rows_computed == m->spec.m) {
-            m->computed_s = SecondsSince(m->started);
-            // The operands' memory can go now.
-            m->operand[0].reset();
-            m->operand[1].reset();
-            m->buffer.reset();
-          }
-          MaybeAnswer(m, actions);
-          break;
-        }
-        case Step::kDownload: {
-          SendResultChunk(m, offset, std::move(*result));
-          if (m->downloads_in_flight == 0 &&
-              m->downloaded == m->spec.c_bytes()) {
-            if (m->stripes > 1) EndStripes(m, absl::OkStatus());
-            Close(m, absl::StatusCode::kOk);
-          }
-          PumpDownloads(actions);
-          break;
-        }
-      }
-    }
-    Settle(actions);
+                                     int64_t offset, StreamCall* held_by,
+                                     absl::StatusOr<JobResult> result,
+                                     Actions& actions) {
+  if (held_by != nullptr) {
+    // Staged: the joiner that read the chunk may read on.
+    Post(held_by, [held_bytes](MultiplyStreamSession& joiner, Actions&) {
+      joiner.StripeHeld(held_bytes);
+    });
+    held_by->Unref();  // the chunk's; Post holds its own
+  } else {
+    flow_.Release(held_bytes);
   }
-  Perform(actions);
-  Unref();
+  if (step == Step::kUpload) --m->uploads_in_flight;
+  if (step == Step::kDownload) --m->downloads_in_flight;
+  // A download that sends nothing gives its place in the window back.
+  auto download_gone = [&]() {
+    if (step != Step::kDownload) return;
+    if (m->stripes > 1) {
+      --m->result_chunks_out;
+    } else {
+      --result_chunks_in_flight_;
+    }
+  };
+  if (m->closed || flow_.finished()) {
+    download_gone();
+  } else if (!result.ok()) {
+    download_gone();
+    Fail(m, result.status());
+  } else {
+    switch (step) {
+      case Step::kAllocate:
+        Allocated(m, result->resident(), actions);
+        break;
+      case Step::kUpload: {
+        m->uploaded += held_bytes;
+        // `offset` is the chunk's place in the buffer: B's lie past A's.
+        const int op = m->intake.OperandAt(offset);
+        m->schedule.Uploaded(op, offset - m->intake.at(op), held_bytes);
+        MaybeMultiply(m, actions);
+        break;
+      }
+      case Step::kMultiply: {
+        // `offset`: the panel's first row.
+        auto p = std::find_if(
+            m->panels.begin(), m->panels.end(),
+            [offset](const Multiply::Panel& p) { return p.row0 == offset; });
+        if (p == m->panels.end() || result->resident() == nullptr) {
+          Fail(m, absl::InternalError("the engine kept no product"));
+          break;
+        }
+        p->product = result->resident();
+        p->a.reset();
+        if (m->rows_computed == 0) m->placement = result->placement();
+        m->rows_computed += p->rows;
+        if (m->rows_computed == m->spec.m) {
+          m->computed_s = SecondsSince(m->started);
+          // The operands' memory can go now.
+          m->operand[0].reset();
+          m->operand[1].reset();
+          m->buffer.reset();
+        }
+        MaybeAnswer(m, actions);
+        break;
+      }
+      case Step::kDownload: {
+        SendResultChunk(m, offset, std::move(*result));
+        if (m->downloads_in_flight == 0 && m->downloaded == m->spec.c_bytes()) {
+          if (m->stripes > 1) EndStripes(m, absl::OkStatus());
+          Close(m, absl::StatusCode::kOk);
+        }
+        PumpDownloads(actions);
+        break;
+      }
+    }
+  }
 }
 
-void MultiplyStreamReactor::Allocated(const std::shared_ptr<Multiply>& m,
+void MultiplyStreamSession::Allocated(const std::shared_ptr<Multiply>& m,
                                       std::shared_ptr<ResidentTensor> buffer,
                                       Actions& actions) {
   m->buffer = std::move(buffer);
@@ -269,7 +274,7 @@ void MultiplyStreamReactor::Allocated(const std::shared_ptr<Multiply>& m,
   MaybeMultiply(m, actions);
 }
 
-void MultiplyStreamReactor::MaybeMultiply(const std::shared_ptr<Multiply>& m,
+void MultiplyStreamSession::MaybeMultiply(const std::shared_ptr<Multiply>& m,
                                           Actions& actions) {
   if (!m->allocated) return;
   const std::optional<PanelSchedule::Panel> ready = m->schedule.Ready();
@@ -295,7 +300,7 @@ void MultiplyStreamReactor::MaybeMultiply(const std::shared_ptr<Multiply>& m,
       NewJob(m, Step::kMultiply, 0, nullptr, m->panels.size() - 1));
 }
 
-void MultiplyStreamReactor::PumpDownloads(Actions& actions) {
+void MultiplyStreamSession::PumpDownloads(Actions& actions) {
   for (const auto& [id, m] : open_) {
     if (!m->described || m->keep) continue;
     // A striped multiply has a window per stream (charged in its plan's
@@ -323,7 +328,7 @@ void MultiplyStreamReactor::PumpDownloads(Actions& actions) {
   }
 }
 
-void MultiplyStreamReactor::MaybeAnswer(const std::shared_ptr<Multiply>& m,
+void MultiplyStreamSession::MaybeAnswer(const std::shared_ptr<Multiply>& m,
                                         Actions& actions) {
   if (m->closed || m->rows_computed == 0) return;
   if (m->described) {
@@ -355,7 +360,7 @@ void MultiplyStreamReactor::MaybeAnswer(const std::shared_ptr<Multiply>& m,
     response.set_request_id(stripe.request_id);
     Post(stripe.call,
          [share = stripe.share, message = StreamAnswer::Message(response)](
-             MultiplyStreamReactor& joiner) {
+             MultiplyStreamSession& joiner, Actions&) {
            joiner.StripeHeader(share, message);
          });
   }
@@ -367,7 +372,7 @@ void MultiplyStreamReactor::MaybeAnswer(const std::shared_ptr<Multiply>& m,
   PumpDownloads(actions);
 }
 
-void MultiplyStreamReactor::SendResultChunk(const std::shared_ptr<Multiply>& m,
+void MultiplyStreamSession::SendResultChunk(const std::shared_ptr<Multiply>& m,
                                             int64_t offset, JobResult result) {
   // The stream it goes on: this one, or for a striped multiply the one
   // with the fewest of its chunks unwritten (then the fewest sent).
@@ -389,7 +394,7 @@ void MultiplyStreamReactor::SendResultChunk(const std::shared_ptr<Multiply>& m,
     return;
   }
   Post(stripe.call, [share = stripe.share, message = std::move(message)](
-                        MultiplyStreamReactor& joiner) {
+                        MultiplyStreamSession& joiner, Actions&) {
     joiner.StripeResultChunk(share, message);
   });
 }

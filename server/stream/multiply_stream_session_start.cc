@@ -1,4 +1,4 @@
-// MultiplyStreamReactor, a multiply's start: what depends on the call is
+// MultiplyStreamSession, a multiply's start: what depends on the call is
 // checked here (an id still open, the open count, draining), the start is
 // planned (PlanStreamStart: shapes, dtypes, limits, stored operands,
 // stripes), the plan admitted and its operands' staging set up; or the
@@ -13,21 +13,21 @@
 #include "server/admission/admission.h"
 #include "server/request_validation.h"
 #include "server/rpc/call_helpers.h"
-#include "server/rpc/grpc_status.h"
-#include "server/rpc/multiply_stream.h"
+#include "server/stream/multiply_stream_session.h"
 #include "server/stream/plan_stream_start.h"
 
 namespace matmul {
 
-void MultiplyStreamReactor::RefuseStart(uint64_t id,
+void MultiplyStreamSession::RefuseStart(uint64_t id,
                                         const absl::Status& status) {
   state_.metrics->RecordRequest(RpcMethod::kMultiplyStream,
-                                ToGrpcStatus(status).error_code(), 0);
+                                static_cast<grpc::StatusCode>(status.code()),
+                                0);
   SendError(id, status);
   RememberFailed(id);  // its chunks are dropped quietly
 }
 
-void MultiplyStreamReactor::HandleStart(const WireStreamRequest& request,
+void MultiplyStreamSession::HandleStart(const WireStreamRequest& request,
                                         Actions& actions) {
   const uint64_t id = request.request_id;
   if (FailOpen(
@@ -60,7 +60,7 @@ void MultiplyStreamReactor::HandleStart(const WireStreamRequest& request,
   std::shared_ptr<Multiply> m = NewMultiply(id, std::move(*plan));
   m->started = started;
   if (!AdmitStart(m)) return;
-  engine_.store(m->lease.engine(), std::memory_order_release);
+  engine_ = m->lease.engine();
   open_[id] = m;
   if (m->buffer_bytes > 0) {
     actions.jobs.push_back(NewJob(m, Step::kAllocate, 0, nullptr));
@@ -70,8 +70,8 @@ void MultiplyStreamReactor::HandleStart(const WireStreamRequest& request,
   }
 }
 
-std::shared_ptr<MultiplyStreamReactor::Multiply>
-MultiplyStreamReactor::NewMultiply(uint64_t id, StreamStartPlan plan) {
+std::shared_ptr<MultiplyStreamSession::Multiply>
+MultiplyStreamSession::NewMultiply(uint64_t id, StreamStartPlan plan) {
   auto m = std::make_shared<Multiply>();
   m->id = id;
   m->spec = plan.spec;
@@ -97,7 +97,7 @@ MultiplyStreamReactor::NewMultiply(uint64_t id, StreamStartPlan plan) {
   return m;
 }
 
-bool MultiplyStreamReactor::AdmitStart(const std::shared_ptr<Multiply>& m) {
+bool MultiplyStreamSession::AdmitStart(const std::shared_ptr<Multiply>& m) {
   Operation op;
   op.kind = OperationKind::kStreamMultiply;
   op.spec = &m->spec;
@@ -106,7 +106,7 @@ bool MultiplyStreamReactor::AdmitStart(const std::shared_ptr<Multiply>& m) {
     op.stored_bytes = *m->stored_bytes;
     op.client = client_;
   }
-  op.deadline = DeadlineOf(*context_);
+  op.deadline = deadline_;
   absl::StatusOr<Lease> lease = state_.admission.Admit(op);
   if (!lease.ok()) {
     RefuseStart(m->id, lease.status());  // counted by the admission core
@@ -115,8 +115,8 @@ bool MultiplyStreamReactor::AdmitStart(const std::shared_ptr<Multiply>& m) {
   m->lease = std::move(*lease);
   if (m->stripes <= 1) return true;
   std::vector<StripeRegistry::Resolution> resolved;
-  if (absl::Status opened = state_.stripes.Open(client_, m->stripe_key,
-                                                m->stripes, this, m, &resolved);
+  if (absl::Status opened = state_.stripes.Open(
+          client_, m->stripe_key, m->stripes, self_, m, &resolved);
       !opened.ok()) {
     m->lease.Release();
     state_.admission.RecordRejection(RejectReason::kInvalid);
