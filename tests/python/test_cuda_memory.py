@@ -60,6 +60,13 @@ def test_views_of_gpu_arrays() -> None:
     assert (view.shape, view.wire, view.transposed, view.stream) == (
         (4, 3), matmul_pb2.DTYPE_FLOAT32, False, 7)
     assert view.nbytes == 48
+    # No stream to wait for; 0 read as the legacy default stream; no key
+    # (version 2): the whole context.
+    assert view_of("a", FakeGpuArray((4, 3))).stream is None
+    assert view_of("a", FakeGpuArray((4, 3), stream=0)).stream == 1
+    old = FakeGpuArray((4, 3))
+    del old.__cuda_array_interface__["stream"]
+    assert view_of("a", old).stream == -1
     # The transpose of a C-contiguous 3 x 4 float64 array: sent as a transpose.
     t = view_of("b", FakeGpuArray((4, 3), "<f8", strides=(8, 32)))
     assert (t.shape, t.transposed, t.wire) == ((3, 4), True, matmul_pb2.DTYPE_FLOAT64)

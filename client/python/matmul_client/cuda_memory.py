@@ -24,8 +24,9 @@ allocators; not stream-ordered pools or PyTorch's expandable segments):
 ValueError otherwise.
 
 Ordering: before each multiply the client synchronizes the stream each
-array names (``__cuda_array_interface__["stream"]``), so the operands'
-writes are complete; when the call returns, the server's product write is
+array names (``__cuda_array_interface__["stream"]``; the array's whole
+context where the interface names none, as PyTorch's version 2 does), so
+the operands' writes are complete; when the call returns, the server's product write is
 complete too. The caller must not free a registered allocation while the
 client lives (the server holds it open); :meth:`Client.close` ends the
 registrations.
@@ -53,6 +54,9 @@ _CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE = 10
 _CU_MEMORYTYPE_DEVICE = 2
 _CU_IPC_HANDLE_SIZE = 64
 _KDL_CUDA = 2  # DLPack's kDLCUDA
+#: An array whose interface names no stream (version 2, as PyTorch's):
+#: its producer's pending work is waited for with cuCtxSynchronize.
+_WHOLE_CONTEXT = -1
 
 _TYPESTRS = {
     "<f4": (np.dtype(np.float32), matmul_pb2.DTYPE_FLOAT32),
@@ -166,7 +170,17 @@ class _Driver:
         self._check(self._uuid_call(uuid, device), "cuDeviceGetUuid")
         return bytes(uuid)
 
-    def synchronize(self, stream: int) -> None:
+    def synchronize(self, stream: int, pointer: int) -> None:
+        """Waits for ``stream`` (the CUDA array interface's number: 1 the
+        legacy default stream, 2 the per-thread one, else a CUstream), or
+        for the whole context of ``pointer`` (_WHOLE_CONTEXT)."""
+        if stream == _WHOLE_CONTEXT:
+            self.push_context_of(pointer)
+            try:
+                self._check(self.lib.cuCtxSynchronize(), "cuCtxSynchronize")
+            finally:
+                self.pop_context()
+            return
         self._check(self.lib.cuStreamSynchronize(ctypes.c_void_p(stream)), "cuStreamSynchronize")
 
     def alloc(self, nbytes: int) -> int:
@@ -175,7 +189,11 @@ class _Driver:
         return pointer.value
 
     def free(self, pointer: int) -> None:
-        self.lib.cuMemFree_v2(ctypes.c_uint64(pointer))
+        self.push_context_of(pointer)
+        try:
+            self.lib.cuMemFree_v2(ctypes.c_uint64(pointer))
+        finally:
+            self.pop_context()
 
 
 class _View:
@@ -243,9 +261,17 @@ def view_of(name: str, x: Any) -> _View:
         if str(getattr(x, "dtype", "")).endswith("bfloat16"):
             wire = matmul_pb2.DTYPE_BFLOAT16
         pointer, _ = interface["data"]
-        stream = interface.get("stream")
+        # Version 3 names the stream to wait for (None: nothing to wait
+        # for; 0, which the protocol disallows, read as the legacy default
+        # stream); an interface without the key (PyTorch's, version 2)
+        # promises nothing, so the whole context is waited for.
+        if "stream" not in interface:
+            stream: Optional[int] = _WHOLE_CONTEXT
+        else:
+            stream = interface["stream"]
+            stream = None if stream is None else (int(stream) or 1)
         return _View(name, int(pointer or 0), tuple(int(d) for d in interface["shape"]), wire,
-                     interface.get("strides"), None if stream is None else int(stream), None)
+                     interface.get("strides"), stream, None)
     return _dlpack_view(name, x)
 
 
@@ -504,8 +530,8 @@ class CudaMemory:
         result, out_view = self._product(out, shape, wire, like, gpu[0])
         # The operands' (and out's) writers are done before the server reads.
         for view in gpu + [out_view]:
-            if view.stream is not None and view.stream != 0:
-                _Driver.get().synchronize(view.stream)
+            if view.stream is not None:
+                _Driver.get().synchronize(view.stream, view.pointer)
         request = matmul_pb2.MultiplyRequest(
             transpose_a=flags[0], transpose_b=flags[1], compute_mode=_COMPUTE_MODES[compute])
         for field, view, tensor in (("a", views[0], inline[0]), ("b", views[1], inline[1])):
