@@ -224,7 +224,9 @@ bool Refusals(v1::MatmulService::Stub& stub) {
                 static_cast<int>(other->status.error_code()));
     ok = false;
   }
-  auto past = Register(stub, device, int64_t{1} << 40, nullptr);
+  // 64 MiB: past the 1 MiB allocation (whatever its granularity), within
+  // the stored-bytes quota (checked first, RESOURCE_EXHAUSTED).
+  auto past = Register(stub, device, int64_t{64} << 20, nullptr);
   if (past->open ||
       past->status.error_code() != grpc::StatusCode::INVALID_ARGUMENT) {
     std::printf("FAIL bytes past the allocation: code %d\n",

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 import urllib.request
 from typing import Any, Dict, Iterator
 
@@ -136,7 +137,7 @@ def cuda_server() -> Iterator[ServerProcess]:
     _torch_cuda()
     folder = tempfile.mkdtemp(prefix="matmul-cuda-", dir="/tmp")
     socket = os.path.join(folder, "matmul.sock")
-    server = ServerProcess("--unix_socket", socket, "--engine", "cuda", metrics=True)
+    server = ServerProcess("--unix_socket", socket, metrics=True, engine="cuda")
     server.socket = socket  # type: ignore[attr-defined]
     yield server
     status = server.stop()
@@ -185,10 +186,7 @@ def test_torch_tensors_multiply_in_place_with_no_host_copy(
     assert payload_bytes(cuda_server, "inline") == inline_before
     assert payload_bytes(cuda_server, "cuda_memory") > gpu_before
     # The client closed: its registrations are gone.
-    deadline = 30.0
-    import time
-
-    end = time.monotonic() + deadline
+    end = time.monotonic() + 30
     while cuda_server.gauge("matmul_shared_memory_regions") != 0:
         assert time.monotonic() < end, "regions stayed registered after close"
         time.sleep(0.05)
