@@ -40,6 +40,7 @@ install(TARGETS matmul_client matmul_proto matmul_common
 # the rest of the tree (check_install.sh compiles each installed header on
 # its own, so a missing one fails CI).
 install(FILES
+  ${PROJECT_SOURCE_DIR}/client/lib/cuda_memory_session.h
   ${PROJECT_SOURCE_DIR}/client/lib/dtype_conversion.h
   ${PROJECT_SOURCE_DIR}/client/lib/grpc_status.h
   ${PROJECT_SOURCE_DIR}/client/lib/host_tensor.h

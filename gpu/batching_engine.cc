@@ -167,9 +167,9 @@ bool BatchingEngine::Eligible(const MatmulJob& job) const {
   const auto* mul = std::get_if<MultiplyOp>(&job.op());
   return mul != nullptr && mul->resident_a == nullptr &&
          mul->resident_b == nullptr && !mul->keep_result &&
-         mul->gathered.empty() && job.description().device < 0 &&
-         s.batch == 1 && s.a_batch == 1 && s.b_batch == 1 &&
-         s.flops() <= options_.max_flops &&
+         mul->c_target == nullptr && mul->gathered.empty() &&
+         job.description().device < 0 && s.batch == 1 && s.a_batch == 1 &&
+         s.b_batch == 1 && s.flops() <= options_.max_flops &&
          // A product destination only where the batch is gathered (a staged
          // batch returns its products from its staging).
          (mul->c_destination == nullptr ||

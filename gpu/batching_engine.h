@@ -91,6 +91,11 @@ class BatchingEngine final : public Engine {
       void* data, int64_t bytes) override {
     return inner_->RegisterHostMemory(data, bytes);
   }
+  absl::StatusOr<std::shared_ptr<ResidentTensor>> ImportDeviceMemory(
+      absl::Span<const std::byte> ipc_handle, int64_t bytes,
+      absl::Span<const std::byte> device_uuid) override {
+    return inner_->ImportDeviceMemory(ipc_handle, bytes, device_uuid);
+  }
   void Shutdown() override;
 
   // Requests merged so far, and the batches they made (for tests, metrics).

@@ -20,6 +20,7 @@
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/dtype.h"
@@ -70,9 +71,7 @@ class ResidentTensor {
   int64_t batch() const { return batch_; }
   int64_t rows() const { return rows_; }
   int64_t cols() const { return cols_; }
-  int64_t bytes() const {
-    return batch_ * rows_ * cols_ * static_cast<int64_t>(DTypeSize(dtype_));
-  }
+  int64_t bytes() const { return bytes_; }
   // Engine memory holding the row-major data (device pointer on CUDA).
   const void* data() const { return data_; }
 
@@ -84,6 +83,17 @@ class ResidentTensor {
         batch_(batch),
         rows_(rows),
         cols_(cols),
+        bytes_(batch * rows * cols * static_cast<int64_t>(DTypeSize(dtype))),
+        data_(data) {}
+  // Raw engine memory of `bytes` bytes with no element type of its own (a
+  // client's imported GPU memory): seen through ResidentViews only.
+  ResidentTensor(int device, int64_t bytes, void* data)
+      : device_(device),
+        dtype_(DType::kFloat32),
+        batch_(1),
+        rows_(1),
+        cols_(bytes / static_cast<int64_t>(DTypeSize(DType::kFloat32))),
+        bytes_(bytes),
         data_(data) {}
 
  private:
@@ -92,6 +102,7 @@ class ResidentTensor {
   const int64_t batch_;
   const int64_t rows_;
   const int64_t cols_;
+  const int64_t bytes_;
   void* const data_;
 };
 
@@ -324,6 +335,13 @@ struct MultiplyOp {
   // RegisterHostMemory on the CUDA engine) instead of into staging, and
   // JobResult::c() is empty. It must stay valid until the job is Done.
   std::byte* c_destination = nullptr;
+  // If set (and neither keep_result nor c_destination is), the GEMM writes
+  // C straight into this engine memory (its data(), at least
+  // spec.c_bytes() long: a view of a client's imported GPU memory, see
+  // Engine::ImportDeviceMemory), with no copy back; JobResult::c() is empty
+  // and the job runs on its device. It must stay alive until the job is
+  // Done (the job holds it).
+  std::shared_ptr<ResidentTensor> c_target = nullptr;
 };
 
 // Upload: one tensor, described by the spec as A (a_batch x m x k), staged
@@ -463,6 +481,31 @@ class Engine {
     (void)data;
     (void)bytes;
     return HostMemoryRegistration();
+  }
+
+  // Opens a range of another process's GPU memory: `ipc_handle` (the
+  // 64-byte CUDA IPC handle of an allocation's base), its first `bytes`,
+  // on the GPU whose UUID is `device_uuid` (16 bytes). The answer is raw
+  // engine memory (ResidentTensor(device, bytes, data)) on that device that
+  // jobs read operands from (MultiplyOp::resident_a/b, through views) and
+  // write products into (MultiplyOp::c_target); the handle is closed when
+  // the last reference goes, which must be after every job using it is
+  // Done and before the engine is destroyed. FAILED_PRECONDITION for a
+  // device the engine does not drive, or a handle that does not open (the
+  // CUDA error named); INVALID_ARGUMENT for bytes past the allocation's
+  // end or malformed arguments. The default (host engine) answers
+  // FAILED_PRECONDITION: it has no GPU memory.
+  virtual absl::StatusOr<std::shared_ptr<ResidentTensor>> ImportDeviceMemory(
+      absl::Span<const std::byte> ipc_handle, int64_t bytes,
+      absl::Span<const std::byte> device_uuid) {
+    (void)ipc_handle;
+    (void)bytes;
+    (void)device_uuid;
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the ", info().name,
+        " engine has no GPU memory: CUDA memory regions need the server to "
+        "run the CUDA engine (--engine=cuda); use shared memory "
+        "(RegisterSharedMemory) instead"));
   }
 
   // Runs every job already submitted to completion, then stops the engine's

@@ -27,6 +27,19 @@ struct StreamSpan {
   absl::Time end;
 };
 
+// A GPU's 16-byte UUID as nvidia-smi spells it:
+// GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx.
+inline std::string FormatGpuUuid(const unsigned char (&uuid)[16]) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out = "GPU-";
+  for (int i = 0; i < 16; ++i) {
+    out += kHex[uuid[i] >> 4];
+    out += kHex[uuid[i] & 0xf];
+    if (i == 3 || i == 5 || i == 7 || i == 9) out += '-';
+  }
+  return out;
+}
+
 // A compute device as the engine sees it.
 struct DeviceInfo {
   int index = 0;

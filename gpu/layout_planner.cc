@@ -58,6 +58,7 @@ ResidentOperands ResidentOperandsOf(const JobDescription& job) {
   if (const auto* mul = std::get_if<MultiplyOp>(&job.op)) {
     r.a = mul->resident_a;
     r.b = mul->resident_b;
+    r.c = mul->c_target;
   } else if (const auto* up = std::get_if<UploadOp>(&job.op)) {
     r.target = up->target;
   } else if (const auto* down = std::get_if<DownloadOp>(&job.op)) {
@@ -91,7 +92,7 @@ absl::StatusOr<LayoutPlan> PlanLayout(const JobDescription& job) {
     if (spec.batch != members || spec.a_batch != members ||
         spec.b_batch != members || mul->prestaged.has_value() ||
         r.a != nullptr || r.b != nullptr || mul->keep_result ||
-        mul->c_destination != nullptr) {
+        mul->c_destination != nullptr || r.c != nullptr) {
       return absl::InvalidArgumentError(absl::StrCat(
           "a gathered multiply of ", members,
           " members needs batch, a_batch and b_batch of that many, and no "
@@ -115,7 +116,19 @@ absl::StatusOr<LayoutPlan> PlanLayout(const JobDescription& job) {
     p.gathered = members;
   }
   p.required_device = job.device;
-  for (const auto& t : {r.a, r.b, r.target}) {
+  if (r.c != nullptr) {
+    if (mul->keep_result || mul->c_destination != nullptr) {
+      return absl::InvalidArgumentError(
+          "a multiply writes its product into at most one of c_target, "
+          "c_destination and a kept tensor");
+    }
+    if (r.c->bytes() < spec.c_bytes()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the product's ", spec.c_bytes(),
+                       " bytes do not fit its ", r.c->bytes(), "-byte target"));
+    }
+  }
+  for (const auto& t : {r.a, r.b, r.target, r.c}) {
     if (t == nullptr) continue;
     if (p.required_device >= 0 && p.required_device != t->device()) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -137,10 +150,11 @@ absl::StatusOr<LayoutPlan> PlanLayout(const JobDescription& job) {
     p.kept = {spec.batch, spec.m, spec.n};
     p.kept_tensor_bytes = spec.c_bytes();
   }
-  p.return_c = !p.keep && !p.upload;
+  p.c_in_place = p.gemm && r.c != nullptr;
+  p.return_c = !p.keep && !p.upload && !p.c_in_place;
   p.transient_a = p.stage_a && !p.upload;
   p.transient_b = p.stage_b;
-  p.transient_c = p.gemm && !p.keep;
+  p.transient_c = p.gemm && !p.keep && !p.c_in_place;
 
   const int64_t staged =
       (p.stage_a ? spec.a_bytes() : 0) + (p.stage_b ? spec.b_bytes() : 0);

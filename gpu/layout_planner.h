@@ -47,11 +47,13 @@ struct TensorShape {
 
 // The engine memory a job reads or writes in place, taken from its
 // operation: `a` is a multiply's resident A or a download's source, `b` a
-// multiply's resident B, `target` an upload's target. Null where none.
+// multiply's resident B, `target` an upload's target, `c` a multiply's
+// c_target. Null where none.
 struct ResidentOperands {
   std::shared_ptr<ResidentTensor> a;
   std::shared_ptr<ResidentTensor> b;
   std::shared_ptr<ResidentTensor> target;
+  std::shared_ptr<ResidentTensor> c;
 };
 
 ResidentOperands ResidentOperandsOf(const JobDescription& job);
@@ -85,6 +87,9 @@ struct LayoutPlan {
   // ... or, for a multiply with MultiplyOp::c_destination, straight into
   // the caller's host memory there; staging then holds no C.
   bool c_to_destination = false;
+  // ... or, for a multiply with MultiplyOp::c_target, written by the GEMM
+  // straight into that engine memory: nothing comes back, no C of its own.
+  bool c_in_place = false;
   // Engine memory for operands that live only as long as the job: staged A
   // (not for uploads, whose A is kept or written in place), staged B, and
   // a multiply's C unless kept (a download reads C in place).

@@ -147,6 +147,8 @@ absl::string_view RpcMethodName(RpcMethod method) {
       return "UnregisterSharedMemory";
     case RpcMethod::kListSharedMemory:
       return "ListSharedMemory";
+    case RpcMethod::kRegisterCudaMemory:
+      return "RegisterCudaMemory";
   }
   return "unknown";
 }
@@ -161,6 +163,8 @@ absl::string_view PayloadPathName(PayloadPath path) {
       return "handle";
     case PayloadPath::kSharedMemory:
       return "shared_memory";
+    case PayloadPath::kCudaMemory:
+      return "cuda_memory";
   }
   return "unknown";
 }

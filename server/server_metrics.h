@@ -53,8 +53,10 @@ enum class RpcMethod {
   kRegisterSharedMemory,
   kUnregisterSharedMemory,
   kListSharedMemory,
+  // As kRegisterSharedMemory.
+  kRegisterCudaMemory,
 };
-inline constexpr int kNumRpcMethods = 9;
+inline constexpr int kNumRpcMethods = 10;
 absl::string_view RpcMethodName(RpcMethod method);
 
 // Where a Multiply spent its time (label `stage`). queue .. d2h come from the
@@ -117,8 +119,16 @@ inline std::optional<RejectReason> RejectionOf(const absl::Status& status) {
 // MultiplyStream's chunks, as stored tensors (Upload in, Download out), or
 // through a registered shared-memory region (read from it: in; written into
 // it: out).
-enum class PayloadPath { kInline, kStream, kHandle, kSharedMemory };
-inline constexpr int kNumPayloadPaths = 4;
+// kCudaMemory: bytes a multiply read from or wrote into a client's GPU
+// memory (RegisterCudaMemory), which cross neither the wire nor host memory.
+enum class PayloadPath {
+  kInline,
+  kStream,
+  kHandle,
+  kSharedMemory,
+  kCudaMemory
+};
+inline constexpr int kNumPayloadPaths = 5;
 absl::string_view PayloadPathName(PayloadPath path);
 enum class PayloadDirection { kIn, kOut };
 

@@ -257,6 +257,49 @@ TEST(LayoutPlannerTest, ProductIntoADestinationIsMovedButNotStaged) {
   EXPECT_EQ(p->moved_bytes, 24 + 48 + 32);
 }
 
+TEST(LayoutPlannerTest, AProductInPlaceIsNeitherReturnedNorAllocated) {
+  // A client's GPU memory (RegisterCudaMemory): A and C in it, B staged.
+  MultiplyOp op = Multiply(Resident(1, 1, 2, 3), nullptr);
+  op.c_target = Resident(1, 1, 2, 4);
+  JobDescription job;
+  job.op = std::move(op);
+  absl::StatusOr<LayoutPlan> p = Plan(Product(2, 3, 4), std::move(job));
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_TRUE(p->c_in_place);
+  EXPECT_FALSE(p->return_c);
+  EXPECT_FALSE(p->c_to_destination);
+  EXPECT_FALSE(p->keep);
+  EXPECT_FALSE(p->transient_c);
+  EXPECT_EQ(p->returned_c_bytes, 0);
+  EXPECT_EQ(p->c_out_bytes, 0);
+  EXPECT_EQ(p->staging_bytes, 48);  // B only
+  EXPECT_EQ(p->moved_bytes, 48);
+  EXPECT_EQ(p->required_device, 1);
+}
+
+TEST(LayoutPlannerTest, AProductTargetTooSmallOrBesideAnotherIsInvalid) {
+  MultiplyOp small;
+  small.c_target = Resident(0, 1, 1, 7);  // 28 bytes, C is 32
+  JobDescription job;
+  job.op = small;
+  absl::StatusOr<LayoutPlan> p = Plan(Product(2, 3, 4), job);
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(p.status().message(), HasSubstr("do not fit"));
+  MultiplyOp kept;
+  kept.c_target = Resident(0, 1, 2, 4);
+  kept.keep_result = true;
+  job.op = kept;
+  p = Plan(Product(2, 3, 4), job);
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
+  // A target on another GPU than a resident operand.
+  MultiplyOp apart = Multiply(Resident(0, 1, 2, 3), nullptr);
+  apart.c_target = Resident(1, 1, 2, 4);
+  job.op = apart;
+  p = Plan(Product(2, 3, 4), job);
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(p.status().message(), HasSubstr("different GPUs"));
+}
+
 TEST(LayoutPlannerTest, UploadOfANewTensorKeepsA) {
   JobDescription o;
   o.op = UploadOp{nullptr, 64};  // the offset is ignored without a target

@@ -34,6 +34,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "bench/service/bench_cuda_memory.h"
 #include "bench/service/bench_options.h"
 #include "bench/service/bench_report.h"
 #include "bench/service/bench_shared_memory.h"
@@ -259,13 +260,14 @@ int Main(int argc, char** argv) {
                                c.seed);
   if (!workload.ok()) return Fail(workload.status().message());
   // Payload: the tensors' data the messages carry.
-  run.request_bytes = c.resident == Resident::kNone && !c.shared_memory
+  const bool in_regions = c.shared_memory || c.cuda_memory;
+  run.request_bytes = c.resident == Resident::kNone && !in_regions
                           ? workload->request_bytes
                           : 0;
-  run.response_bytes = c.resident == Resident::kAll || c.shared_memory
-                           ? 0
-                           : workload->response_bytes;
+  run.response_bytes =
+      c.resident == Resident::kAll || in_regions ? 0 : workload->response_bytes;
   run.shared_memory = c.shared_memory;
+  run.cuda_memory = c.cuda_memory;
   run.flops_per_request = workload->flops_per_request;
   run.distinct_requests = static_cast<int>(workload->requests.size());
 
@@ -319,15 +321,21 @@ int Main(int argc, char** argv) {
   // server never sees one point's regions beside the next one's.
   std::unique_ptr<MatmulClient> shared_client;
   std::unique_ptr<SharedMemoryPoint> shared;
+  std::unique_ptr<CudaMemoryPoint> cuda;  // --cuda-memory
   double shared_setup_s = 0;
   // A point left calls behind: their callbacks may still read the regions.
   bool shared_abandoned = false;
   absl::Cleanup keep_shared = [&] {
     if (!shared_abandoned) return;
     (void)shared.release();
+    (void)cuda.release();
     (void)shared_client.release();
   };
-  if (c.shared_memory) {
+  if (c.cuda_memory && !BenchHasCuda()) {
+    return Fail(
+        CudaMemoryPoint::Create(nullptr, *workload, 1).status().message());
+  }
+  if (in_regions) {
     ClientOptions options;
     options.client_id = c.client_id;
     options.load_balancing_policy = c.lb_policy;
@@ -337,12 +345,19 @@ int Main(int argc, char** argv) {
     if (!client.ok()) return Fail(client.status().message());
     shared_client = *std::move(client);
     const absl::Time start = absl::Now();
-    absl::StatusOr<std::unique_ptr<SharedMemoryPoint>> created =
-        SharedMemoryPoint::Create(
-            shared_client.get(), *workload,
-            *std::max_element(c.concurrency.begin(), c.concurrency.end()));
-    if (!created.ok()) return Fail(created.status().message());
-    shared = *std::move(created);
+    const int slots =
+        *std::max_element(c.concurrency.begin(), c.concurrency.end());
+    if (c.cuda_memory) {
+      absl::StatusOr<std::unique_ptr<CudaMemoryPoint>> created =
+          CudaMemoryPoint::Create(shared_client.get(), *workload, slots);
+      if (!created.ok()) return Fail(created.status().message());
+      cuda = *std::move(created);
+    } else {
+      absl::StatusOr<std::unique_ptr<SharedMemoryPoint>> created =
+          SharedMemoryPoint::Create(shared_client.get(), *workload, slots);
+      if (!created.ok()) return Fail(created.status().message());
+      shared = *std::move(created);
+    }
     shared_setup_s = absl::ToDoubleSeconds(absl::Now() - start);
   }
 
@@ -422,6 +437,12 @@ int Main(int argc, char** argv) {
           point_checker = shared->Checker(verifier.get());
         }
       }
+      if (cuda != nullptr) {
+        bp.upload_s = std::exchange(shared_setup_s, 0.0);
+        requests.assign(cuda->requests().begin(),
+                        cuda->requests().begin() + concurrency);
+        if (verifier != nullptr) point_checker = cuda->Checker(verifier.get());
+      }
       bp.request_message_bytes =
           static_cast<int64_t>(requests.front()->ByteSizeLong());
 
@@ -436,7 +457,7 @@ int Main(int argc, char** argv) {
             client->get(), requests, point_checker,
             c.protobuf_requests ? LoadGenerator::Encoding::kProtobuf
                                 : LoadGenerator::Encoding::kZeroCopy);
-        generator->set_exclusive_requests(c.shared_memory);
+        generator->set_exclusive_requests(in_regions);
       }
       bp.timestamp = Rfc3339Now();
       // --server-metrics: the server's counters around the point.

@@ -50,6 +50,7 @@ ABSL_FLAG(bool, protobuf_requests, false, "");
 ABSL_FLAG(bool, blocking_calls, false, "");
 ABSL_FLAG(bool, stable, false, "");
 ABSL_FLAG(bool, shared_memory, false, "");
+ABSL_FLAG(bool, cuda_memory, false, "");
 ABSL_FLAG(std::string, stable_windows, "", "");
 ABSL_FLAG(std::string, shape_mix, "", "");
 ABSL_FLAG(std::string, server_metrics, "", "");
@@ -67,7 +68,8 @@ const char kBenchUsage[] = R"(usage:
                [--duration SECONDS | --requests N] [--warmup SECONDS]
                [--channels N] [--timeout SECONDS]
                [--verify] [--verify-every N] [--distinct N] [--seed N]
-               [--protobuf-requests] [--shared-memory] [--blocking-calls]
+               [--protobuf-requests] [--shared-memory] [--cuda-memory]
+               [--blocking-calls]
                [--resident[=operands|all|none]] [--client-id NAME]
                [--grpc-arg NAME=INT,...] [--lb-policy round_robin|pick_first]
                [--json FILE] [--label TEXT] [--progress]
@@ -120,6 +122,12 @@ p50/p90/p99/p99.9 of the successful requests, and errors by gRPC status code.
                   payload crosses the socket (payload GB/s is 0; TFLOP/s is
                   the figure; upload_s of the first point is the time the
                   registrations took). Not with --resident
+  --cuda-memory   as --shared-memory, but each region is GPU memory the
+                  bench allocates (cudaMalloc on its device 0) and
+                  registers (RegisterCudaMemory): the server's GPU reads A
+                  and B and writes C in place, with no host copy. Needs a
+                  bench built with CUDA and a server on the CUDA engine
+                  driving that GPU. Not with --resident or --shared-memory
   --client-id     sent as x-matmul-client on every call: the name the
                   server charges stored tensors to (default
                   matmul-bench-HOST-PID)
@@ -240,7 +248,7 @@ absl::StatusOr<Flags> ParseFlags(const std::vector<std::string>& args) {
                                                 "lb-policy"};
   static const std::set<std::string> kSwitches = {
       "verify",        "progress", "protobuf-requests", "stable",
-      "shared-memory", "stream",   "blocking-calls"};
+      "shared-memory", "stream",   "blocking-calls",    "cuda-memory"};
   // A switch that may take a value: --resident, --resident=operands, or
   // --resident operands; given alone it is --resident=all.
   static const std::set<std::string> kResidentValues = {"none", "operands",
@@ -371,6 +379,8 @@ absl::Status StreamOptionsFrom(const Flags& flags, BenchConfig& c) {
            Excluded{c.resident != Resident::kNone, "--resident",
                     "sends the operands' data in chunks"},
            Excluded{c.shared_memory, "--shared-memory",
+                    "sends the operands' data in chunks"},
+           Excluded{c.cuda_memory, "--cuda-memory",
                     "sends the operands' data in chunks"},
            Excluded{c.protobuf_requests, "--protobuf-requests",
                     "frames its chunks from memory, with no request to "
@@ -542,6 +552,11 @@ absl::StatusOr<BenchConfig> MakeConfig(const Flags& flags) {
   if (c.shared_memory && c.resident != Resident::kNone) {
     return absl::InvalidArgumentError(
         "--shared-memory and --resident exclude each other");
+  }
+  c.cuda_memory = flags.switches.count("cuda-memory") > 0;
+  if (c.cuda_memory && (c.resident != Resident::kNone || c.shared_memory)) {
+    return absl::InvalidArgumentError(
+        "--cuda-memory excludes --resident and --shared-memory");
   }
   c.client_id = flags.Has("client-id")
                     ? flags.values.at("client-id")

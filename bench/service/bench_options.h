@@ -52,6 +52,8 @@ struct BenchConfig {
   int stable_windows = 0;
   Resident resident = Resident::kNone;
   bool shared_memory = false;
+  // --cuda-memory (bench_cuda_memory.h).
+  bool cuda_memory = false;
   std::string client_id;
   GrpcArgs grpc_args;
   // --lb-policy: ClientOptions::load_balancing_policy.

@@ -146,6 +146,7 @@ Json PointJson(const BenchRun& run, const BenchPoint& bp) {
   j["abandoned"] = r.abandoned;
   j["resident"] = std::string(ResidentName(run.resident));
   j["shared_memory"] = run.shared_memory;
+  j["cuda_memory"] = run.cuda_memory;
   j["streamed"] = run.stream.has_value();
   j["blocking_calls"] = p.blocking_calls;
   j["stream"] = StreamJson(run);
@@ -256,6 +257,8 @@ std::string RunDescription(const BenchRun& run) {
           ? "; resident: operands stored, products returned"
           : "",
       run.shared_memory ? "; through shared memory (a region per slot)" : "",
+      run.cuda_memory ? "; through the bench's GPU memory (a region per slot)"
+                      : "",
       run.blocking_calls ? "; blocking calls (a thread per request in flight)"
                          : "",
       run.stream.has_value()
@@ -356,6 +359,7 @@ std::string ReportJson(const BenchRun& run,
   config["verify"] = run.verify;
   config["resident"] = std::string(ResidentName(run.resident));
   config["shared_memory"] = run.shared_memory;
+  config["cuda_memory"] = run.cuda_memory;
   config["streamed"] = run.stream.has_value();
   config["blocking_calls"] = run.blocking_calls;
   config["stream"] = StreamJson(run);

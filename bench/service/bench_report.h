@@ -100,6 +100,8 @@ struct BenchRun {
   Resident resident = Resident::kNone;
   // --shared-memory: operands and products in registered regions.
   bool shared_memory = false;
+  // --cuda-memory: operands and products in the bench's GPU memory.
+  bool cuda_memory = false;
   // --stream: each multiply over MultiplyStream, in chunks of about
   // chunk_bytes, striped over `stripes` calls (unset: unary Multiply).
   std::optional<StreamOptions> stream;

@@ -461,6 +461,7 @@ class MatmulClient {
   // Registers regions and sends their calls through NextStub and
   // PrepareContext.
   friend class SharedMemorySession;
+  friend class CudaMemorySession;
 
   // Makes channel `index` of the client (Create's target and settings, its
   // own connection); with an `address` (a peer as gRPC names it,

@@ -7,6 +7,7 @@
 #include "gpu/cuda/cuda_engine.h"
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <utility>
@@ -161,6 +162,31 @@ absl::StatusOr<HostMemoryRegistration> CudaEngine::RegisterHostMemory(
     // a failure can only be logged.
     CUDA_LOG_IF_ERROR(cudaHostUnregister(data));
   });
+}
+
+absl::StatusOr<std::shared_ptr<ResidentTensor>> CudaEngine::ImportDeviceMemory(
+    absl::Span<const std::byte> ipc_handle, int64_t bytes,
+    absl::Span<const std::byte> device_uuid) {
+  if (device_uuid.size() != 16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device_uuid: expected the 16 bytes of a GPU's UUID, got ",
+                     device_uuid.size()));
+  }
+  unsigned char raw[16];
+  std::memcpy(raw, device_uuid.data(), sizeof raw);
+  const std::string uuid = FormatGpuUuid(raw);
+  std::string used;
+  for (const DeviceInfo& device : info_.devices) {
+    if (device.uuid == uuid) {
+      return imported_.Import(device.index, ipc_handle, bytes);
+    }
+    absl::StrAppend(&used, used.empty() ? "" : ", ", device.uuid);
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "device_uuid: the memory is on GPU ", uuid,
+      ", which this server does not use (it drives ", used,
+      "); run the server where that GPU is visible (CUDA_VISIBLE_DEVICES) or "
+      "allocate on one of these"));
 }
 
 void CudaEngine::Shutdown() {

@@ -46,6 +46,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "gpu/cuda/cuda_engine_options.h"
+#include "gpu/cuda/imported_memory.h"
 #include "gpu/engine.h"
 #include "gpu/span_history.h"
 
@@ -75,6 +76,11 @@ class CudaEngine final : public Engine {
   // registration goes.
   absl::StatusOr<HostMemoryRegistration> RegisterHostMemory(
       void* data, int64_t bytes) override;
+  // cudaIpcOpenMemHandle on the device whose UUID is `device_uuid`, once
+  // per handle (ImportedMemoryTable).
+  absl::StatusOr<std::shared_ptr<ResidentTensor>> ImportDeviceMemory(
+      absl::Span<const std::byte> ipc_handle, int64_t bytes,
+      absl::Span<const std::byte> device_uuid) override;
   void Shutdown() override;
 
  private:
@@ -89,6 +95,7 @@ class CudaEngine final : public Engine {
   std::vector<std::unique_ptr<Device>> devices_;
   std::vector<Lane*> lanes_;  // every device's lanes, owned by the devices
   SpanHistory spans_;
+  ImportedMemoryTable imported_;
   std::atomic<int64_t> next_job_{1};
   // Submit holds it shared while it enqueues; Shutdown exclusively.
   absl::Mutex shutdown_mu_;

@@ -233,8 +233,14 @@ absl::Status StreamWork::UploadGathered() {
 }
 
 absl::Status StreamWork::Multiply() {
+  // A product in place (MultiplyOp::c_target: a client's imported GPU
+  // memory) is written there by the GEMM itself, with no copy.
   std::byte* c =
-      l_.keep ? static_cast<std::byte*>(flight_.kept) : Carve(l_.c_bytes);
+      l_.keep ? static_cast<std::byte*>(flight_.kept)
+      : l_.c_in_place
+          ? static_cast<std::byte*>(const_cast<void*>(
+                std::get<MultiplyOp>(flight_.job->op()).c_target->data()))
+          : Carve(l_.c_bytes);
   device_c_ = c;
   if (options_.poison_outputs) {
     CUDA_RETURN_IF_ERROR_AT(site_,

@@ -100,6 +100,8 @@ absl::Status PlaceHostJob(const LayoutPlan& plan, const MatmulJob& job,
           : prestaged ? prestaged->b
                       : mem.b_slot;
   mem.c = plan.keep ? mem.kept.get()
+          : plan.c_in_place
+              ? static_cast<std::byte*>(const_cast<void*>(resident.c->data()))
           : plan.c_to_destination
               ? std::get<MultiplyOp>(job.op()).c_destination
               : staging + (upload ? 0 : plan.c_staging_offset());

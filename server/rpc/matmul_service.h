@@ -8,6 +8,7 @@
 //   DownloadStream            server/rpc/stored_tensor_streams.h
 //   GetServerInfo             server/rpc/server_info.h
 //   RegisterSharedMemory,
+//   RegisterCudaMemory,
 //   UnregisterSharedMemory,
 //   ListSharedMemory          server/rpc/shared_memory.h
 // No handler thread ever waits for compute: an adapter validates its
@@ -52,6 +53,9 @@ using StoredTensorStreamsBase =
 // hand; the others parse them into their request message
 // (server/rpc/raw_messages.h), so that bytes which are not one get
 // INVALID_ARGUMENT saying so rather than gRPC's bare UNIMPLEMENTED.
+using CudaMemoryBase =
+    v1::MatmulService::WithRawCallbackMethod_RegisterCudaMemory<
+        StoredTensorStreamsBase>;
 using MatmulServiceBase = v1::MatmulService::WithRawCallbackMethod_Multiply<
     v1::MatmulService::WithRawCallbackMethod_GetServerInfo<
         v1::MatmulService::WithRawCallbackMethod_Upload<
@@ -64,7 +68,7 @@ using MatmulServiceBase = v1::MatmulService::WithRawCallbackMethod_Multiply<
                                     WithRawCallbackMethod_UnregisterSharedMemory<
                                         v1::MatmulService::
                                             WithRawCallbackMethod_ListSharedMemory<
-                                                StoredTensorStreamsBase>>>>>>>>>;
+                                                CudaMemoryBase>>>>>>>>>;
 
 class MatmulServiceImpl final : public MatmulServiceBase {
  public:
@@ -198,6 +202,11 @@ class MatmulServiceImpl final : public MatmulServiceBase {
       grpc::CallbackServerContext* context,
       const grpc::ByteBuffer* request) override {
     return StartRegisterSharedMemory(state_, context, request);
+  }
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* RegisterCudaMemory(
+      grpc::CallbackServerContext* context,
+      const grpc::ByteBuffer* request) override {
+    return StartRegisterCudaMemory(state_, context, request);
   }
   grpc::ServerUnaryReactor* UnregisterSharedMemory(
       grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,

@@ -148,10 +148,19 @@ absl::Status MultiplyReactor::Respond(const MatmulSpec& spec,
     state_.metrics->RecordPayload(PayloadPath::kSharedMemory,
                                   PayloadDirection::kIn, from_regions);
   }
-  if (plan_.c_in_region != nullptr) {
+  const int64_t from_gpu = (plan_.in_cuda[0] != nullptr ? spec.a_bytes() : 0) +
+                           (plan_.in_cuda[1] != nullptr ? spec.b_bytes() : 0);
+  if (from_gpu > 0) {
+    state_.metrics->RecordPayload(PayloadPath::kCudaMemory,
+                                  PayloadDirection::kIn, from_gpu);
+  }
+  if (wire_.c_shared.present) {
     // The product is in the region already (the engine wrote it there
-    // before the job was done); the answer says where.
-    state_.metrics->RecordPayload(PayloadPath::kSharedMemory,
+    // before the job was done: into GPU memory, its stream synchronized);
+    // the answer says where.
+    state_.metrics->RecordPayload(plan_.in_cuda[2] != nullptr
+                                      ? PayloadPath::kCudaMemory
+                                      : PayloadPath::kSharedMemory,
                                   PayloadDirection::kOut, spec.c_bytes());
     v1::MultiplyResponse response;
     v1::Tensor* c = response.mutable_c();

@@ -42,9 +42,32 @@ absl::Status FindInRegion(const SharedMemoryRegistry& regions,
     return absl::Status(mapped.code(),
                         absl::StrCat(name, ": ", mapped.message()));
   }
-  at = (*region)->data() + ref.offset;
+  if ((*region)->kind() == SharedMemoryRegion::Kind::kCuda) {
+    // Where in the client's GPU memory: the engine's address of it.
+    at = static_cast<std::byte*>(
+             const_cast<void*>((*region)->device_memory()->data())) +
+         ref.offset;
+  } else {
+    at = (*region)->data() + ref.offset;
+  }
   found = std::move(*region);
   return absl::OkStatus();
+}
+
+// A view of `bytes` of a CUDA region at `offset`, seen as `dtype` elements
+// (GPU memory: the engine reads it in place). Element-aligned, as cuBLAS
+// needs.
+absl::StatusOr<std::shared_ptr<ResidentTensor>> CudaView(
+    const SharedMemoryRegion& region, const WireSharedRef& ref,
+    const char* name, DType dtype, int64_t bytes) {
+  const auto size = static_cast<int64_t>(DTypeSize(dtype));
+  if (ref.offset % size != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, ".offset: ", ref.offset, " is not a multiple of the dtype's ",
+        size, " bytes; GPU memory is read and written in whole elements"));
+  }
+  return ResidentView::Create(region.device_memory(), ref.offset, dtype, 1, 1,
+                              bytes / size);
 }
 
 // Resolves the operands and product given in regions (Tensor.shared,
@@ -73,6 +96,12 @@ absl::Status ResolveShared(const WireMultiplyRequest& wire,
         !s.ok()) {
       return s;
     }
+    if (region->kind() == SharedMemoryRegion::Kind::kCuda) {
+      absl::StatusOr<std::shared_ptr<ResidentTensor>> view =
+          CudaView(*region, *refs[i], names[i], spec.dtype, bytes[i]);
+      if (!view.ok()) return view.status();
+      plan.in_cuda[i] = std::move(*view);
+    }
     // One hold per region, however many of A, B and C are in it: it counts
     // one multiply in flight.
     bool held = false;
@@ -84,7 +113,8 @@ absl::Status ResolveShared(const WireMultiplyRequest& wire,
   // The product must not overwrite an operand: what the operand holds when
   // it is read would then depend on the order of the engine's copies.
   for (int i = 0; i < 2; ++i) {
-    if (at[2] != nullptr && at[i] != nullptr && at[2] < at[i] + bytes[i] &&
+    if (at[2] != nullptr && at[i] != nullptr &&
+        refs[2]->region_id == refs[i]->region_id && at[2] < at[i] + bytes[i] &&
         at[i] < at[2] + bytes[2]) {
       return absl::InvalidArgumentError(absl::StrCat(
           "c_shared: the product's ", bytes[2], " bytes at offset ",
@@ -92,9 +122,11 @@ absl::Status ResolveShared(const WireMultiplyRequest& wire,
           " bytes at offset ", refs[i]->offset));
     }
   }
-  plan.in_region[0] = at[0];
-  plan.in_region[1] = at[1];
-  plan.c_in_region = at[2];
+  // Host memory only: an operand or product in GPU memory is a view
+  // (in_cuda), read and written by the engine in place.
+  plan.in_region[0] = plan.in_cuda[0] == nullptr ? at[0] : nullptr;
+  plan.in_region[1] = plan.in_cuda[1] == nullptr ? at[1] : nullptr;
+  plan.c_in_region = plan.in_cuda[2] == nullptr ? at[2] : nullptr;
   return absl::OkStatus();
 }
 
@@ -199,6 +231,9 @@ absl::StatusOr<MultiplyPlan> PlanMultiply(const WireMultiplyRequest& wire,
   if (absl::Status s = ResolveShared(wire, *spec, ctx, plan); !s.ok()) {
     return s;
   }
+  if (plan.in_cuda[0] != nullptr) multiply.resident_a = plan.in_cuda[0];
+  if (plan.in_cuda[1] != nullptr) multiply.resident_b = plan.in_cuda[1];
+  multiply.c_target = plan.in_cuda[2];
   const std::byte* const* in_region = plan.in_region;
   const bool a_elsewhere =
       in_region[0] != nullptr || multiply.resident_a != nullptr;
@@ -243,8 +278,7 @@ absl::StatusOr<MultiplyPlan> PlanMultiply(const WireMultiplyRequest& wire,
   plan.held_bytes =
       (multiply.resident_a || in_region[0] != nullptr ? 0 : spec->a_bytes()) +
       (multiply.resident_b || in_region[1] != nullptr ? 0 : spec->b_bytes()) +
-      (multiply.keep_result || plan.c_in_region != nullptr ? 0
-                                                           : spec->c_bytes());
+      (multiply.keep_result || wire.c_shared.present ? 0 : spec->c_bytes());
   if (any_shared && plan.held_bytes > ctx.limits.max_inflight_bytes) {
     // What the validation skipped: never admissible, not load.
     return absl::ResourceExhaustedError(absl::StrCat(

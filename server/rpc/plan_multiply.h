@@ -11,7 +11,10 @@
 //   INVALID_ARGUMENT    an operand given two ways (data, shared, handle);
 //                       keep_result with c_shared; a bad shape, dtype or byte
 //                       count (ValidateMultiplyHeader); a region offset < 0
-//                       or a range past its region's end; a product that
+//                       or a range past its region's end (a product that
+//                       does not fit its region); an offset into a CUDA
+//                       region that is not a multiple of the dtype's size;
+//                       a product that
 //                       overlaps an operand in a region; a TTL < 0 or over
 //                       the maximum (HandleRegistry::Ttl)
 //   NOT_FOUND           an unknown handle (HandleRegistry::Get); an unknown
@@ -82,6 +85,10 @@ struct MultiplyPlan {
   // The bytes the job's WriteOperands must get for A and B where staged:
   // an inline operand's data, or an operand in a region's whole size.
   int64_t staged_bytes[2] = {0, 0};
+  // Operands and product in CUDA regions (a client's GPU memory): views of
+  // it, which the job reads (resident_a/b) and writes (c_target) in place
+  // on the region's GPU; null otherwise. Such an operand has no in_region.
+  std::shared_ptr<ResidentTensor> in_cuda[3];
   // One hold per region used (SharedMemoryRegion::Use), to be kept until
   // the job is done.
   SharedMemoryRegion::Use regions[3];

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/bounded_text.h"
+#include "common/status_macros.h"
 #include "matmul/v1/matmul.pb.h"
 #include "server/rpc/call_helpers.h"
 #include "server/rpc/call_registry.h"
@@ -29,6 +30,9 @@ void FillRegion(const SharedMemoryRegion& region, v1::SharedMemoryRegion* out) {
   out->set_bytes(region.bytes());
   out->set_pinned(region.pinned());
   out->set_multiplies_in_flight(region.multiplies_in_flight());
+  const bool cuda = region.kind() == SharedMemoryRegion::Kind::kCuda;
+  out->set_kind(cuda ? v1::REGION_KIND_CUDA : v1::REGION_KIND_SYSTEM);
+  out->set_device_uuid(region.device_uuid());
 }
 
 // One RegisterSharedMemory call. It holds the region's registration for as
@@ -44,8 +48,10 @@ void FillRegion(const SharedMemoryRegion& region, v1::SharedMemoryRegion* out) {
 class RegisterReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
                               public DrainableCall {
  public:
-  RegisterReactor(ServiceState& state, grpc::CallbackServerContext* context)
-      : state_(state), context_(context) {
+  // `cuda`: a RegisterCudaMemory call; RegisterSharedMemory otherwise.
+  RegisterReactor(ServiceState& state, grpc::CallbackServerContext* context,
+                  bool cuda)
+      : state_(state), context_(context), cuda_(cuda) {
     state_.calls.AddOpen(this);
   }
 
@@ -59,7 +65,8 @@ class RegisterReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
   }
   void OnDone() override {
     state_.calls.Remove(this);
-    state_.metrics->RecordRequest(RpcMethod::kRegisterSharedMemory,
+    state_.metrics->RecordRequest(cuda_ ? RpcMethod::kRegisterCudaMemory
+                                        : RpcMethod::kRegisterSharedMemory,
                                   code_.load(std::memory_order_acquire),
                                   setup_seconds_.load());
     Unref();
@@ -80,6 +87,11 @@ class RegisterReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
  private:
   ~RegisterReactor() override = default;
 
+  // Parses the request and registers its region.
+  absl::StatusOr<std::shared_ptr<SharedMemoryRegion>> Register(
+      const grpc::ByteBuffer* request, const PeerCredentials& peer);
+  // The one response, describing `region`.
+  absl::Status Describe(const SharedMemoryRegion& region);
   // The region left the registry (Unregister: `unregistered`).
   void OnRemoved(bool unregistered);
   // Removes the region, if any, and finishes the call, once.
@@ -88,12 +100,12 @@ class RegisterReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
 
   ServiceState& state_;
   grpc::CallbackServerContext* const context_;
+  const bool cuda_;
   const std::chrono::steady_clock::time_point started_ =
       std::chrono::steady_clock::now();
   std::atomic<double> setup_seconds_{0};
   std::atomic<grpc::StatusCode> code_{grpc::StatusCode::UNKNOWN};
   std::atomic<int> refs_{1};  // gRPC's, until OnDone
-  v1::RegisterSharedMemoryRequest request_;
   grpc::ByteBuffer response_;
 
   absl::Mutex mu_;
@@ -106,11 +118,38 @@ class RegisterReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
   std::string region_id_ ABSL_GUARDED_BY(mu_);
 };
 
+absl::StatusOr<std::shared_ptr<SharedMemoryRegion>> RegisterReactor::Register(
+    const grpc::ByteBuffer* request, const PeerCredentials& peer) {
+  auto on_removed = [this](bool unregistered) { OnRemoved(unregistered); };
+  if (cuda_) {
+    v1::RegisterCudaMemoryRequest parsed;
+    RETURN_IF_ERROR(ParseRequest(*context_, request, parsed));
+    return state_.regions.RegisterCuda(
+        ClientKey(*context_), peer, parsed.ipc_handle(), parsed.bytes(),
+        parsed.device_uuid(), *state_.admission.engine(), on_removed);
+  }
+  v1::RegisterSharedMemoryRequest parsed;
+  RETURN_IF_ERROR(ParseRequest(*context_, request, parsed));
+  return state_.regions.Register(ClientKey(*context_), peer, parsed.name(),
+                                 parsed.bytes(), *state_.admission.engine(),
+                                 on_removed);
+}
+
+absl::Status RegisterReactor::Describe(const SharedMemoryRegion& region) {
+  if (cuda_) {
+    v1::RegisterCudaMemoryResponse response;
+    FillRegion(region, response.mutable_region());
+    return SerializeResponse(response, &response_);
+  }
+  v1::RegisterSharedMemoryResponse response;
+  FillRegion(region, response.mutable_region());
+  return SerializeResponse(response, &response_);
+}
+
 void RegisterReactor::Start(const grpc::ByteBuffer* request) {
   absl::StatusOr<PeerCredentials> peer =
       SharedMemoryPeer(*context_, state_.regions);
   absl::Status status = peer.status();
-  if (status.ok()) status = ParseRequest(*context_, request, request_);
   // Draining, or the engine still starting: the admission core's check.
   if (status.ok()) status = state_.admission.CheckOpen();
   if (!status.ok()) {
@@ -126,10 +165,7 @@ void RegisterReactor::Start(const grpc::ByteBuffer* request) {
   // flight, so they take nothing of the in-flight budget.
   Ref();  // the registry's, given back by on_removed
   absl::StatusOr<std::shared_ptr<SharedMemoryRegion>> region =
-      state_.regions.Register(
-          ClientKey(*context_), *peer, request_.name(), request_.bytes(),
-          *state_.admission.engine(),
-          [this](bool unregistered) { OnRemoved(unregistered); });
+      Register(request, *peer);
   setup_seconds_.store(SecondsSince(started_));
   if (!region.ok()) {
     Unref();  // on_removed is never called
@@ -140,9 +176,7 @@ void RegisterReactor::Start(const grpc::ByteBuffer* request) {
     End(ToGrpcStatus(region.status()));
     return;
   }
-  v1::RegisterSharedMemoryResponse response;
-  FillRegion(**region, response.mutable_region());
-  if (absl::Status s = SerializeResponse(response, &response_); !s.ok()) {
+  if (absl::Status s = Describe(**region); !s.ok()) {
     state_.regions.Remove((*region)->id());
     End(ToGrpcStatus(s));
     return;
@@ -254,7 +288,15 @@ absl::StatusOr<PeerCredentials> SharedMemoryPeer(
 grpc::ServerWriteReactor<grpc::ByteBuffer>* StartRegisterSharedMemory(
     ServiceState& state, grpc::CallbackServerContext* context,
     const grpc::ByteBuffer* request) {
-  auto* reactor = new RegisterReactor(state, context);
+  auto* reactor = new RegisterReactor(state, context, /*cuda=*/false);
+  reactor->Start(request);
+  return reactor;
+}
+
+grpc::ServerWriteReactor<grpc::ByteBuffer>* StartRegisterCudaMemory(
+    ServiceState& state, grpc::CallbackServerContext* context,
+    const grpc::ByteBuffer* request) {
+  auto* reactor = new RegisterReactor(state, context, /*cuda=*/true);
   reactor->Start(request);
   return reactor;
 }

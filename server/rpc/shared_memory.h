@@ -11,8 +11,10 @@
 //                           holds a drain up).
 //   UnregisterSharedMemory  unary: ends one of the caller's registrations.
 //   ListSharedMemory        unary: the caller's regions, oldest first.
+//   RegisterCudaMemory      as RegisterSharedMemory, for a range of the
+//                           client's GPU memory (a CUDA IPC handle).
 //
-// All three only for peers on the server's Unix socket
+// All four only for peers on the server's Unix socket
 // (server/unix_socket_listener.h), PERMISSION_DENIED over TCP since a
 // region names memory on the server's host, and only for peers whose
 // credentials (SO_PEERCRED) the allow-list admits: the server's own user
@@ -39,6 +41,11 @@ absl::StatusOr<PeerCredentials> SharedMemoryPeer(
 
 // Each starts one call; gRPC owns the returned reactor.
 grpc::ServerWriteReactor<grpc::ByteBuffer>* StartRegisterSharedMemory(
+    ServiceState& state, grpc::CallbackServerContext* context,
+    const grpc::ByteBuffer* request);
+// RegisterCudaMemory: as RegisterSharedMemory, for a range of the client's
+// GPU memory (SharedMemoryRegistry::RegisterCuda).
+grpc::ServerWriteReactor<grpc::ByteBuffer>* StartRegisterCudaMemory(
     ServiceState& state, grpc::CallbackServerContext* context,
     const grpc::ByteBuffer* request);
 grpc::ServerUnaryReactor* UnregisterSharedMemory(

@@ -62,8 +62,11 @@ absl::Status ErrnoStatus(int error, absl::string_view what,
 }  // namespace
 
 SharedMemoryRegion::~SharedMemoryRegion() {
-  // Unpinned before it is unmapped; the quota goes with reservation_.
+  // Unpinned before it is unmapped; the quota goes with reservation_. GPU
+  // memory is closed here unless a job still holds a view of it (then when
+  // that job is done).
   registration_ = HostMemoryRegistration();
+  device_memory_.reset();
   if (data_ != nullptr) munmap(data_, static_cast<size_t>(bytes_));
   if (fd_ >= 0) close(fd_);
   if (gauges_ != nullptr) {
@@ -73,6 +76,8 @@ SharedMemoryRegion::~SharedMemoryRegion() {
 }
 
 absl::Status SharedMemoryRegion::CheckStillMapped() const {
+  // GPU memory cannot be truncated under us: it stays allocated while open.
+  if (kind_ == Kind::kCuda) return absl::OkStatus();
   struct stat st;
   if (fstat(fd_, &st) != 0) {
     return absl::InternalError(
@@ -127,16 +132,8 @@ SharedMemoryRegistry::Register(const std::string& owner,
     return absl::InvalidArgumentError(absl::StrCat(
         "bytes: expected a positive number of bytes to map, got ", bytes));
   }
-  {
-    absl::MutexLock lock(&mu_);
-    int64_t& held = per_owner_[owner];
-    if (held >= limits_.max_regions_per_client) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "client ", BoundedForMessage(owner), " already holds ", held,
-          " shared-memory regions, the most allowed per client; unregister "
-          "some first"));
-    }
-    ++held;  // a registration under way
+  if (absl::Status begun = BeginRegistration(owner); !begun.ok()) {
+    return begun;
   }
   auto region = std::shared_ptr<SharedMemoryRegion>(new SharedMemoryRegion);
   absl::Status status = [&]() -> absl::Status {
@@ -197,8 +194,83 @@ SharedMemoryRegistry::Register(const std::string& owner,
     region->id_ = std::move(*id);
     return absl::OkStatus();
   }();
+  return EndRegistration(owner, std::move(region), std::move(status),
+                         std::move(on_removed));
+}
+
+absl::StatusOr<std::shared_ptr<SharedMemoryRegion>>
+SharedMemoryRegistry::RegisterCuda(const std::string& owner,
+                                   const PeerCredentials& peer,
+                                   const std::string& ipc_handle, int64_t bytes,
+                                   const std::string& device_uuid,
+                                   Engine& engine, OnRemoved on_removed) {
+  if (absl::Status ok = CheckPeer(peer); !ok.ok()) return ok;
+  if (bytes <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bytes: expected a positive number of bytes to use, got ", bytes));
+  }
+  if (absl::Status begun = BeginRegistration(owner); !begun.ok()) {
+    return begun;
+  }
+  auto region = std::shared_ptr<SharedMemoryRegion>(new SharedMemoryRegion);
+  absl::Status status = [&]() -> absl::Status {
+    region->kind_ = SharedMemoryRegion::Kind::kCuda;
+    region->owner_ = owner;
+    // The quota before the memory: a client over it opens nothing.
+    absl::StatusOr<HandleRegistry::Reservation> reservation =
+        handles_->Reserve(owner, bytes);
+    if (!reservation.ok()) return reservation.status();
+    region->reservation_ = std::move(*reservation);
+    absl::StatusOr<std::shared_ptr<ResidentTensor>> memory =
+        engine.ImportDeviceMemory(
+            absl::MakeConstSpan(
+                reinterpret_cast<const std::byte*>(ipc_handle.data()),
+                ipc_handle.size()),
+            bytes,
+            absl::MakeConstSpan(
+                reinterpret_cast<const std::byte*>(device_uuid.data()),
+                device_uuid.size()));
+    if (!memory.ok()) return memory.status();
+    region->device_memory_ = std::move(*memory);
+    region->bytes_ = bytes;
+    if (device_uuid.size() == 16) {
+      unsigned char raw[16];
+      std::memcpy(raw, device_uuid.data(), sizeof raw);
+      region->device_uuid_ = FormatGpuUuid(raw);
+    }
+    region->gauges_ = gauges_;
+    gauges_->regions.fetch_add(1, std::memory_order_relaxed);
+    gauges_->bytes.fetch_add(bytes, std::memory_order_relaxed);
+    absl::StatusOr<std::string> id = NewCapabilityId("cuda-");
+    if (!id.ok()) return id.status();
+    region->id_ = std::move(*id);
+    return absl::OkStatus();
+  }();
+  return EndRegistration(owner, std::move(region), std::move(status),
+                         std::move(on_removed));
+}
+
+absl::Status SharedMemoryRegistry::BeginRegistration(const std::string& owner) {
+  absl::MutexLock lock(&mu_);
+  int64_t& held = per_owner_[owner];
+  if (held >= limits_.max_regions_per_client) {
+    const int64_t count = held;
+    if (held == 0) per_owner_.erase(owner);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "client ", BoundedForMessage(owner), " already holds ", count,
+        " shared-memory regions, the most allowed per client; unregister "
+        "some first"));
+  }
+  ++held;  // a registration under way
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<SharedMemoryRegion>>
+SharedMemoryRegistry::EndRegistration(
+    const std::string& owner, std::shared_ptr<SharedMemoryRegion> region,
+    absl::Status status, OnRemoved on_removed) {
   if (!status.ok()) {
-    region.reset();  // unmaps what was mapped, outside the lock
+    region.reset();  // unmaps (closes) what was opened, outside the lock
     absl::MutexLock lock(&mu_);
     if (--per_owner_[owner] == 0) per_owner_.erase(owner);
     return status;

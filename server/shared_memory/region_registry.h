@@ -57,9 +57,13 @@ struct SharedMemoryLimits {
 // The longest name accepted, leading slash included (NAME_MAX).
 inline constexpr size_t kMaxSharedMemoryNameBytes = 255;
 
-// One mapped region. Immutable but for the in-flight count; thread-safe.
+// One registered region: a mapped POSIX shared-memory object (kSystem) or
+// a client's GPU memory opened through its CUDA IPC handle (kCuda).
+// Immutable but for the in-flight count; thread-safe.
 class SharedMemoryRegion {
  public:
+  enum class Kind { kSystem, kCuda };
+
   ~SharedMemoryRegion();
   SharedMemoryRegion(const SharedMemoryRegion&) = delete;
   SharedMemoryRegion& operator=(const SharedMemoryRegion&) = delete;
@@ -69,7 +73,16 @@ class SharedMemoryRegion {
   const std::string& owner() const { return owner_; }
   int64_t bytes() const { return bytes_; }
   bool pinned() const { return registration_.pinned(); }
+  Kind kind() const { return kind_; }
+  // The mapping (kSystem); null for a kCuda region.
   std::byte* data() const { return data_; }
+  // The engine memory of a kCuda region (raw: seen through ResidentViews),
+  // on its GPU; null for a kSystem region.
+  const std::shared_ptr<ResidentTensor>& device_memory() const {
+    return device_memory_;
+  }
+  // kCuda: the GPU's UUID as nvidia-smi spells it; empty otherwise.
+  const std::string& device_uuid() const { return device_uuid_; }
   int64_t multiplies_in_flight() const {
     return in_flight_.load(std::memory_order_relaxed);
   }
@@ -104,7 +117,10 @@ class SharedMemoryRegion {
   SharedMemoryRegion() = default;
 
   std::string id_;
+  Kind kind_ = Kind::kSystem;
   std::string name_;
+  std::shared_ptr<ResidentTensor> device_memory_;
+  std::string device_uuid_;
   std::string owner_;
   int fd_ = -1;
   std::byte* data_ = nullptr;
@@ -152,6 +168,21 @@ class SharedMemoryRegistry {
       const std::string& name, int64_t bytes, Engine& engine,
       OnRemoved on_removed);
 
+  // Registers `bytes` of a client's GPU memory, from the allocation that
+  // `ipc_handle` (a CUDA IPC handle) names, on the GPU whose 16-byte UUID is
+  // `device_uuid`: the engine opens it (Engine::ImportDeviceMemory) and
+  // keeps it open until the region goes and no multiply uses it. Region ids
+  // are "cuda-" and 128 random bits. PERMISSION_DENIED for a peer CheckPeer
+  // refuses; INVALID_ARGUMENT for bytes <= 0; RESOURCE_EXHAUSTED past the
+  // client's region count or the stored-bytes quotas (checked before the
+  // handle is opened); the engine's error otherwise (FAILED_PRECONDITION on
+  // the host engine, for a GPU the server does not use, or a handle that
+  // does not open). `on_removed` as Register's.
+  absl::StatusOr<std::shared_ptr<SharedMemoryRegion>> RegisterCuda(
+      const std::string& owner, const PeerCredentials& peer,
+      const std::string& ipc_handle, int64_t bytes,
+      const std::string& device_uuid, Engine& engine, OnRemoved on_removed);
+
   // `owner`'s region `id`; NOT_FOUND for an unknown id or another client's.
   absl::StatusOr<std::shared_ptr<SharedMemoryRegion>> Find(
       const std::string& owner, const std::string& id) const;
@@ -180,6 +211,14 @@ class SharedMemoryRegistry {
     std::shared_ptr<SharedMemoryRegion> region;
     OnRemoved on_removed;
   };
+  // Counts a registration under way against `owner`'s region limit;
+  // RESOURCE_EXHAUSTED past it.
+  absl::Status BeginRegistration(const std::string& owner);
+  // Ends a registration begun with BeginRegistration: adds `region` to the
+  // registry, or, if `status` is not OK, drops it and uncounts it.
+  absl::StatusOr<std::shared_ptr<SharedMemoryRegion>> EndRegistration(
+      const std::string& owner, std::shared_ptr<SharedMemoryRegion> region,
+      absl::Status status, OnRemoved on_removed);
   // Removes `id` and hands back its entry (empty region if none).
   Entry TakeLocked(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

@@ -46,8 +46,9 @@ def _free_port() -> int:
 class ServerProcess:
     """A matmul-server child process on 127.0.0.1; ``target`` is its address."""
 
-    def __init__(self, *flags: str, metrics: bool = False) -> None:
-        """``metrics``: serve /metrics on a free loopback port (``gauge``)."""
+    def __init__(self, *flags: str, metrics: bool = False, engine: str = "host") -> None:
+        """``metrics``: serve /metrics on a free loopback port (``gauge``);
+        ``engine``: --engine (the CUDA engine only for GPU tests)."""
         binary = Path(os.environ.get("MATMUL_BIN_DIR", _REPO_ROOT / "build" / "bin")) / "matmul-server"
         if not binary.is_file():
             raise FileNotFoundError(f"{binary} not found: build matmul-server or set MATMUL_BIN_DIR")
@@ -62,7 +63,7 @@ class ServerProcess:
             self._process = subprocess.Popen(
                 [str(binary), "--host", "127.0.0.1", "--port", "0",
                  "--metrics-port", str(_free_port() if metrics else 0),
-                 "--engine", "host", *flags],
+                 "--engine", engine, *flags],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,

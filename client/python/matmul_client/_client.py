@@ -28,6 +28,7 @@ from ._channel import (
     remaining_seconds,
     tls_config,
 )
+from .cuda_memory import CudaMemory, uses_gpu_memory
 from ._errors import MatmulError
 from ._routing import HandleRouter, handle_device, ip_target_authority, routed_error, target_addresses
 from ._handles import Handle, HandleOrId, handle_id, ttl_seconds
@@ -172,6 +173,7 @@ class Client:
         # the address the last one went to.
         self._pinned_stripes: Dict[str, List[grpc.Channel]] = {}
         self._next_pinned = random.randrange(1 << 30)
+        self._cuda_memory: Any = None  # cuda_memory.CudaMemory, on first use
         self._health = health_pb2_grpc.HealthStub(self._channel)
         self._native: Any = None
         if native is not False:
@@ -204,7 +206,8 @@ class Client:
         timeout: Optional[float] = ...,
         keep: Literal[False] = ...,
         result_ttl: None = ...,
-    ) -> np.ndarray: ...
+        out: Any = ...,
+    ) -> Any: ...
 
     @overload
     def multiply(
@@ -233,7 +236,8 @@ class Client:
         timeout: Optional[float] = None,
         keep: bool = False,
         result_ttl: Optional[float] = None,
-    ) -> Union[np.ndarray, Handle]:
+        out: Any = None,
+    ) -> Any:
         """Returns ``numpy.matmul(op(a), op(b))``, computed by the server.
 
         op(x) is x, or x with its last two axes swapped when transpose_x is
@@ -263,6 +267,23 @@ class Client:
                 :class:`Handle` instead of the array.
             result_ttl: With keep: how long the product lives unless deleted,
                 in seconds (rounded up); None for the server's default.
+            out: With GPU operands only: a GPU array (C-contiguous, the
+                product's shape and the operands' dtype) the server writes
+                the product into, returned.
+
+        GPU arrays (``__cuda_array_interface__``, or ``__dlpack__`` on a
+        CUDA device: PyTorch, CuPy, JAX) are taken as they are when the
+        client is on the server's node (a ``unix:`` target, the server on
+        the CUDA engine): their allocations are registered with the server
+        once (``RegisterCudaMemory``, see :mod:`matmul_client.cuda_memory`)
+        and the server's GPU reads the operands and writes the product in
+        place, with no host copy. The product is then ``out``, a new tensor
+        of the input's library where it has ``new_empty`` (a PyTorch tensor
+        on the same GPU), or a :class:`~matmul_client.cuda_memory.DeviceBuffer`
+        (``__cuda_array_interface__``) the client allocated. ``dtype`` and
+        ``keep`` are not taken with GPU arrays. The stream each array names
+        is synchronized before the request is sent; the product is complete
+        when the call returns.
 
         Raises:
             TypeError: Unsupported or mismatched dtypes.
@@ -272,8 +293,20 @@ class Client:
                 INVALID_ARGUMENT for mismatched inner dimensions,
                 NOT_FOUND for a deleted or expired handle,
                 RESOURCE_EXHAUSTED over its limits or the client's quota of
-                stored tensors, DEADLINE_EXCEEDED, UNAVAILABLE).
+                stored tensors, DEADLINE_EXCEEDED, UNAVAILABLE), or, for
+                GPU arrays, FAILED_PRECONDITION (a host-engine server, or
+                one not driving the array's GPU) and PERMISSION_DENIED (not
+                over the Unix socket).
         """
+        if out is not None or uses_gpu_memory(a, b):
+            if keep or result_ttl is not None or dtype is not None:
+                raise ValueError("keep, result_ttl and dtype are not taken with GPU arrays")
+            if not uses_gpu_memory(a, b):
+                raise TypeError("out= is for GPU operands; pass a and b on the GPU")
+            return self._cuda().multiply(
+                a, b, out=out, transpose_a=transpose_a, transpose_b=transpose_b,
+                compute=compute, timeout=timeout,
+            )
         if self._native is not None:
             args, wire = _native_args(
                 a, b, transpose_a, transpose_b, compute, dtype, keep, result_ttl,
@@ -680,9 +713,21 @@ class Client:
 
         return SharedMemory(self, nbytes, **kwargs)
 
+    def _cuda(self) -> Any:
+        """This client's GPU-memory registrations, made on first use."""
+        with self._stripe_lock:
+            if self._cuda_memory is None:
+                self._cuda_memory = CudaMemory(self)
+            return self._cuda_memory
+
     def close(self) -> None:
         """Closes the channel; calls in flight are cancelled (on the native
-        path, native calls in flight finish first)."""
+        path, native calls in flight finish first). GPU-memory
+        registrations end."""
+        with self._stripe_lock:
+            cuda, self._cuda_memory = self._cuda_memory, None
+        if cuda is not None:
+            cuda.close()
         self._native = None
         self._channel.close()
         for channel in self._router.take_channels():
