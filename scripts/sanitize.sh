@@ -66,7 +66,8 @@ TSAN_EXCLUDED=(server_test multiply_stream_test multiply_stream_stripe_test
                matmul_client_test metrics_endpoint_test
                stored_tensor_client_test metrics_device_health_test
                device_health_server_test shared_memory_test
-               shared_memory_client_test)
+               shared_memory_client_test cuda_memory_test
+               cuda_memory_client_test)
 
 run_tsan() {
   local build=${TSAN_BUILD_DIR:-build-tsan}
