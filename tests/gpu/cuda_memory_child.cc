@@ -29,6 +29,7 @@
 #include "common/dtype.h"
 #include "common/float16.h"
 #include "matmul/v1/matmul.grpc.pb.h"
+#include "proto/dtype_mapping.h"
 
 namespace {
 
@@ -75,20 +76,6 @@ std::unique_ptr<Registration> Register(v1::MatmulService::Stub& stub,
   return r;
 }
 
-v1::Dtype WireOf(DType t) {
-  switch (t) {
-    case DType::kFloat32:
-      return v1::DTYPE_FLOAT32;
-    case DType::kFloat64:
-      return v1::DTYPE_FLOAT64;
-    case DType::kFloat16:
-      return v1::DTYPE_FLOAT16;
-    case DType::kBFloat16:
-      return v1::DTYPE_BFLOAT16;
-  }
-  return v1::DTYPE_FLOAT32;
-}
-
 // `value` (a small integer) as `t`'s bytes at `out`.
 void Put(DType t, double value, std::byte* out) {
   switch (t) {
@@ -116,7 +103,7 @@ void Put(DType t, double value, std::byte* out) {
 void SetShape(v1::Tensor* t, int64_t rows, int64_t cols, DType dtype) {
   t->add_shape(rows);
   t->add_shape(cols);
-  t->set_dtype(WireOf(dtype));
+  t->set_dtype(DTypeToProto(dtype));
 }
 
 grpc::Status Multiply(v1::MatmulService::Stub& stub,
